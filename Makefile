@@ -1,0 +1,30 @@
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint bench bench-quick clean
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/compacted-sink demo --lake lake-demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check sinks checkpoints streaming tests bench
+	$(VENV)/bin/ruff format --check sinks checkpoints streaming tests bench
+
+bench: $(STAMP)
+	$(PY) -m bench.run --out bench
+
+bench-quick: $(STAMP)
+	$(PY) -m bench.run --quick --out bench/quick
+
+clean:
+	rm -rf lake-demo .pytest_cache

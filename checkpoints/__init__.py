@@ -1,0 +1,10 @@
+"""The cleaner-offset checkpoint table shared by many compacted logs."""
+
+from checkpoints.checkpoint_table import (
+    CHECKPOINT_SCHEMA,
+    CheckpointEntry,
+    CleanerOffsetCheckpoint,
+    CleanerState,
+)
+
+__all__ = ["CHECKPOINT_SCHEMA", "CheckpointEntry", "CleanerOffsetCheckpoint", "CleanerState"]

@@ -1,0 +1,161 @@
+"""The cleaner-offset checkpoint table: Kafka's ``cleaner-offset-checkpoint``, as a Delta table.
+
+One row per (log, partition): the first dirty offset (where the last pass ended),
+the cleaner's state for that partition, and the last pass's figures. Many logs
+share one table. Rows are upserted with a Delta MERGE, so a reader sees either
+the old row or the new one. The log itself also records each pass's end offset
+(see `sinks.log_table`), so a crash between a pass's commit and its checkpoint
+row is repaired by rolling the checkpoint forward from the log.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Literal
+
+import pyarrow as pa
+from deltalake import DeltaTable
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
+
+CleanerState = Literal["idle", "in_progress", "paused", "uncleanable"]
+
+CHECKPOINT_SCHEMA = pa.schema(
+    [
+        ("log_path", pa.string()),
+        ("partition", pa.int32()),
+        ("first_dirty_offset", pa.int64()),
+        ("first_uncleanable_offset", pa.int64()),
+        ("cleaner_state", pa.string()),
+        ("state_owner", pa.string()),
+        ("state_heartbeat_ms", pa.int64()),
+        ("uncleanable_reason", pa.string()),
+        ("uncleanable_since_ms", pa.int64()),
+        ("failed_attempts", pa.int32()),
+        ("last_clean_ms", pa.int64()),
+        ("last_pass_duration_ms", pa.int64()),
+        ("bytes_read", pa.int64()),
+        ("bytes_written", pa.int64()),
+        ("records_read", pa.int64()),
+        ("records_written", pa.int64()),
+        ("max_dirty_ratio", pa.float64()),
+        ("log_version", pa.int64()),
+        ("updated_ms", pa.int64()),
+    ]
+)
+_COMPACT_EVERY = 50  # versions between compactions of the checkpoint table's small files
+_RETRIES = 10
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointEntry:
+    """One (log, partition) row of the checkpoint table.
+
+    ``first_dirty_offset`` is where the clean section ends; the pass figures are
+    those of the last pass (``last_clean_ms`` is its start, epoch ms).
+    """
+
+    log_path: str
+    partition: int
+    first_dirty_offset: int
+    first_uncleanable_offset: int | None = None
+    cleaner_state: CleanerState = "idle"
+    state_owner: str | None = None
+    state_heartbeat_ms: int | None = None
+    uncleanable_reason: str | None = None
+    uncleanable_since_ms: int | None = None
+    failed_attempts: int = 0
+    last_clean_ms: int | None = None
+    last_pass_duration_ms: int | None = None
+    bytes_read: int | None = None
+    bytes_written: int | None = None
+    records_read: int | None = None
+    records_written: int | None = None
+    max_dirty_ratio: float | None = None
+    log_version: int | None = None
+    updated_ms: int | None = None
+
+    def with_changes(self, **changes: object) -> CheckpointEntry:
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+
+_FIELD_NAMES = [f.name for f in fields(CheckpointEntry)]
+assert _FIELD_NAMES == CHECKPOINT_SCHEMA.names
+
+
+class CleanerOffsetCheckpoint:
+    """The checkpoint table at ``uri``, created on first write. Safe to share between logs."""
+
+    def __init__(self, uri: str, storage_options: Mapping[str, str] | None = None) -> None:
+        self.uri = uri
+        self.storage_options = dict(storage_options or {})
+
+    def read(self, log_path: str | None = None) -> dict[tuple[str, int], CheckpointEntry]:
+        """Every row (or one log's rows), keyed by (log_path, partition)."""
+        table = self._table()
+        if table is None:
+            return {}
+        rows = table.to_pyarrow_table().to_pylist()
+        entries = (CheckpointEntry(**{k: r[k] for k in _FIELD_NAMES}) for r in rows)
+        return {
+            (e.log_path, e.partition): e
+            for e in entries
+            if log_path is None or e.log_path == log_path
+        }
+
+    def logs(self) -> list[str]:
+        """Every log registered in this checkpoint table."""
+        return sorted({log for log, _ in self.read()})
+
+    def write(self, entries: Iterable[CheckpointEntry]) -> None:
+        """Upsert rows by (log_path, partition) in one commit; retried on conflicts."""
+        stamp = int(time.time() * 1000)
+        rows = [asdict(e.with_changes(updated_ms=stamp)) for e in entries]
+        if not rows:
+            return
+        source = pa.Table.from_pylist(rows, schema=CHECKPOINT_SCHEMA)
+        for attempt in range(_RETRIES):
+            table = self._table() or self._create()
+            try:
+                (
+                    table.merge(
+                        source,
+                        predicate='t.log_path = s.log_path AND t."partition" = s."partition"',
+                        source_alias="s",
+                        target_alias="t",
+                    )
+                    .when_matched_update_all()
+                    .when_not_matched_insert_all()
+                    .execute()
+                )
+                break
+            except CommitFailedError:
+                if attempt == _RETRIES - 1:
+                    raise
+                time.sleep(0.05 * (attempt + 1))
+        table.update_incremental()
+        if table.version() % _COMPACT_EVERY == 0:
+            table.optimize.compact()
+
+    def _table(self) -> DeltaTable | None:
+        try:
+            return DeltaTable(self.uri, storage_options=self.storage_options or None)
+        except TableNotFoundError:
+            return None
+
+    def _create(self) -> DeltaTable:
+        try:
+            DeltaTable.create(
+                self.uri,
+                CHECKPOINT_SCHEMA,
+                mode="ignore",
+                storage_options=self.storage_options or None,
+                name="cleaner-offset-checkpoint",
+            )
+        except Exception:
+            if self._table() is None:
+                raise
+        table = self._table()
+        assert table is not None
+        return table

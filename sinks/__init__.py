@@ -1,0 +1,26 @@
+"""The compacted-state sink: Kafka's log compaction for Delta Lake tables on Spark."""
+
+from sinks.cleaner_stats import CleanerStats
+from sinks.config import CleanerConfig
+from sinks.errors import (
+    BadInputError,
+    CleanerError,
+    CommitConflictError,
+    CompactedSinkError,
+    ConfigError,
+    SchemaMismatchError,
+)
+from sinks.sink import AppendReport, CompactedStateSink
+
+__all__ = [
+    "AppendReport",
+    "BadInputError",
+    "CleanerConfig",
+    "CleanerError",
+    "CleanerStats",
+    "CommitConflictError",
+    "CompactedSinkError",
+    "CompactedStateSink",
+    "ConfigError",
+    "SchemaMismatchError",
+]

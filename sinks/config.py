@@ -1,0 +1,159 @@
+"""`CleanerConfig`: the topic-level settings of Kafka's log cleaner, in snake_case.
+
+Ports `CleanerConfig` / `LogConfig` from Kafka: an immutable value with Kafka's
+dotted property names as constants and their defaults. `from_properties` reads
+the dotted names (as a job's TOML or a topic's config would carry them) and
+every error names the offending key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any, Literal
+
+from sinks.errors import ConfigError
+
+CleanupPolicy = Literal["compact", "delete", "compact,delete"]
+
+CLEANUP_POLICY = "cleanup.policy"
+MIN_CLEANABLE_DIRTY_RATIO = "min.cleanable.dirty.ratio"
+DELETE_RETENTION_MS = "delete.retention.ms"
+MIN_COMPACTION_LAG_MS = "min.compaction.lag.ms"
+MAX_COMPACTION_LAG_MS = "max.compaction.lag.ms"
+SEGMENT_BYTES = "segment.bytes"
+RETENTION_MS = "retention.ms"
+RETENTION_BYTES = "retention.bytes"
+MESSAGE_MAX_BYTES = "message.max.bytes"
+FILE_DELETE_DELAY_MS = "file.delete.delay.ms"
+
+LONG_MAX = 2**63 - 1
+
+# Kafka's segment.bytes default is 1 GiB of log; a Parquet file of that size is
+# too coarse for Spark's parallelism, so files default to 128 MiB.
+DEFAULT_SEGMENT_BYTES = 128 * 1024 * 1024
+
+_POLICIES = ("compact", "delete", "compact,delete")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CleanerConfig:
+    """How one log is cleaned and retained. Immutable; defaults are Kafka's unless noted.
+
+    - ``cleanup_policy``: ``"compact"``, ``"delete"`` or ``"compact,delete"``.
+    - ``min_cleanable_dirty_ratio``: clean a partition once its dirty ratio exceeds this.
+    - ``delete_retention_ms``: how long a tombstone stays after the pass that first kept it.
+    - ``min_compaction_lag_ms`` / ``max_compaction_lag_ms``: a record stays uncompacted at
+      least / at most this long.
+    - ``segment_bytes``: the largest Parquet file a pass writes (default 128 MiB, not 1 GiB).
+    - ``retention_ms`` / ``retention_bytes``: time and size retention (``-1`` = unlimited),
+      applied when the policy contains ``delete``.
+    - ``message_max_bytes``: the largest value accepted (Kafka's ``message.max.bytes``).
+    - ``file_delete_delay_ms``: how old a data file no commit references must be before
+      recovery deletes it (the grace period that protects an append still in flight).
+    """
+
+    cleanup_policy: CleanupPolicy = "compact"
+    min_cleanable_dirty_ratio: float = 0.5
+    delete_retention_ms: int = 86_400_000
+    min_compaction_lag_ms: int = 0
+    max_compaction_lag_ms: int = LONG_MAX
+    segment_bytes: int = DEFAULT_SEGMENT_BYTES
+    retention_ms: int = 604_800_000
+    retention_bytes: int = -1
+    message_max_bytes: int = 1_048_588
+    file_delete_delay_ms: int = 60_000
+
+    def __post_init__(self) -> None:
+        _check_policy(CLEANUP_POLICY, self.cleanup_policy)
+        ratio = self.min_cleanable_dirty_ratio
+        if not isinstance(ratio, int | float) or not 0.0 <= ratio <= 1.0:
+            raise ConfigError(f"{MIN_CLEANABLE_DIRTY_RATIO} must be in [0, 1], got {ratio!r}")
+        for name in (
+            DELETE_RETENTION_MS,
+            MIN_COMPACTION_LAG_MS,
+            MAX_COMPACTION_LAG_MS,
+            FILE_DELETE_DELAY_MS,
+        ):
+            _check_int(name, getattr(self, _FIELD_OF[name]), minimum=0)
+        _check_int(SEGMENT_BYTES, self.segment_bytes, minimum=1)
+        _check_int(MESSAGE_MAX_BYTES, self.message_max_bytes, minimum=1)
+        for name in (RETENTION_MS, RETENTION_BYTES):
+            _check_int(name, getattr(self, _FIELD_OF[name]), minimum=-1)
+        if self.max_compaction_lag_ms < self.min_compaction_lag_ms:
+            raise ConfigError(
+                f"{MAX_COMPACTION_LAG_MS} ({self.max_compaction_lag_ms}) must not be below "
+                f"{MIN_COMPACTION_LAG_MS} ({self.min_compaction_lag_ms})"
+            )
+
+    @property
+    def compact(self) -> bool:
+        """True when the policy cleans by key."""
+        return "compact" in self.cleanup_policy
+
+    @property
+    def delete(self) -> bool:
+        """True when the policy applies time and size retention."""
+        return "delete" in self.cleanup_policy
+
+    @classmethod
+    def from_properties(cls, properties: Mapping[str, Any]) -> CleanerConfig:
+        """Build a config from Kafka's dotted names; values may be strings, as in a properties file.
+
+        Raises `ConfigError` naming the key for an unknown key or an invalid value.
+        """
+        kwargs: dict[str, Any] = {}
+        for key, raw in properties.items():
+            field = _FIELD_OF.get(key)
+            if field is None:
+                known = ", ".join(sorted(_FIELD_OF))
+                raise ConfigError(f"unknown cleaner property {key!r}; known: {known}")
+            kwargs[field] = _parse(key, raw, _TYPE_OF[field])
+        return cls(**kwargs)
+
+    def to_properties(self) -> dict[str, str]:
+        """The config as Kafka's dotted names with string values (inverse of `from_properties`)."""
+        return {key: str(getattr(self, field)) for key, field in _FIELD_OF.items()}
+
+
+_FIELD_OF = {
+    CLEANUP_POLICY: "cleanup_policy",
+    MIN_CLEANABLE_DIRTY_RATIO: "min_cleanable_dirty_ratio",
+    DELETE_RETENTION_MS: "delete_retention_ms",
+    MIN_COMPACTION_LAG_MS: "min_compaction_lag_ms",
+    MAX_COMPACTION_LAG_MS: "max_compaction_lag_ms",
+    SEGMENT_BYTES: "segment_bytes",
+    RETENTION_MS: "retention_ms",
+    RETENTION_BYTES: "retention_bytes",
+    MESSAGE_MAX_BYTES: "message_max_bytes",
+    FILE_DELETE_DELAY_MS: "file_delete_delay_ms",
+}
+_TYPE_OF = {f.name: f.type for f in fields(CleanerConfig)}
+
+
+def _parse(key: str, raw: Any, type_name: Any) -> Any:
+    text = str(raw).strip()
+    try:
+        if type_name in ("int", int):
+            if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
+                raise ValueError
+            return int(text) if not isinstance(raw, float) else int(raw)
+        if type_name in ("float", float):
+            return float(text)
+    except ValueError:
+        raise ConfigError(f"{key} must be a {type_name}, got {raw!r}") from None
+    if key == CLEANUP_POLICY:
+        text = ",".join(part.strip() for part in text.split(","))
+        if text == "delete,compact":
+            text = "compact,delete"
+    return text
+
+
+def _check_policy(key: str, value: Any) -> None:
+    if value not in _POLICIES:
+        raise ConfigError(f"{key} must be one of {', '.join(_POLICIES)}, got {value!r}")
+
+
+def _check_int(key: str, value: Any, *, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{key} must be an integer >= {minimum}, got {value!r}")

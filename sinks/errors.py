@@ -1,0 +1,37 @@
+"""The sink's exception tree: one root, a handful of leaves.
+
+Every error raised by this package derives from `CompactedSinkError`, so a job
+can catch the family in one clause. Lower-level failures (delta-rs, Spark) are
+wrapped with the log and partition they concern and chained with ``from``.
+"""
+
+from __future__ import annotations
+
+
+class CompactedSinkError(Exception):
+    """Raised when anything in the compacted-state sink fails; the root of the tree."""
+
+
+class ConfigError(CompactedSinkError, ValueError):
+    """Raised when a configuration key is unknown or its value is invalid; names the key."""
+
+
+class BadInputError(CompactedSinkError, ValueError):
+    """Raised when a batch cannot be written as it is; says what, which column, how many rows."""
+
+
+class SchemaMismatchError(BadInputError):
+    """Raised when a batch's columns do not match the log's schema; names the column."""
+
+
+class CommitConflictError(CompactedSinkError):
+    """Raised when a Delta commit kept conflicting with concurrent writers after all retries."""
+
+
+class CleanerError(CompactedSinkError):
+    """Raised when a cleaning pass over one partition of a log fails."""
+
+    def __init__(self, message: str, *, log_path: str, partition: int) -> None:
+        super().__init__(f"{message} (log {log_path}, partition {partition})")
+        self.log_path = log_path
+        self.partition = partition

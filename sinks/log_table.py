@@ -1,0 +1,224 @@
+"""The log: one Delta table per state store, read and committed through delta-rs.
+
+Ports the parts of Kafka's `UnifiedLog` the cleaner needs: its segments, the log
+start and end offsets, and the atomic swap of cleaned segments. The log keeps its
+own offsets in Delta ``txn`` actions, committed in the same commit as the data:
+
+- ``compacted-sink/log-end-offset/<p>``: the next offset of partition p, so
+  offsets keep counting after a restart or after retention deleted every file;
+- ``compacted-sink/log-start-offset/<p>``: set by retention and ``delete_records``;
+- ``compacted-sink/cleaner-offset/<p>``: where the last committed pass ended, so a
+  crash between a pass's commit and its checkpoint row is repaired from the log;
+- ``compacted-sink/partitions``: one more than the highest partition ever written.
+
+Every snapshot is read once and then used as a value: a pass commits against the
+snapshot it planned from, never a refreshed one (delta-rs does not check that a
+remove names a live file).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from functools import cached_property
+from typing import Any
+
+import pyarrow as pa
+from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
+from deltalake.transaction import CommitProperties, Transaction
+from deltalake.transaction import RemoveAction as _RemoveAction
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import StructType
+
+from sinks.log_to_clean import Segment
+from sinks.segment_writer import WrittenSegment
+from sinks.storage import join
+
+TXN_PREFIX = "compacted-sink/"
+LOG_END_OFFSET_TXN = TXN_PREFIX + "log-end-offset/{}"
+LOG_START_OFFSET_TXN = TXN_PREFIX + "log-start-offset/{}"
+CLEANER_OFFSET_TXN = TXN_PREFIX + "cleaner-offset/{}"
+PARTITIONS_TXN = TXN_PREFIX + "partitions"
+COMMIT_INFO_KEY = "compactedSink"
+
+AsOf = int | str | datetime
+
+
+def now_ms() -> int:
+    """Wall-clock time in epoch milliseconds."""
+    return int(time.time() * 1000)
+
+
+class LogTable:
+    """A log's Delta table at ``uri``: snapshots, reads into Spark, and commits."""
+
+    def __init__(self, uri: str, storage_options: Mapping[str, str] | None = None) -> None:
+        self.uri = uri
+        self.storage_options = dict(storage_options or {})
+
+    def snapshot(self, as_of: AsOf | None = None) -> LogSnapshot | None:
+        """The log as of now (or a Delta version / timestamp); None when no table exists yet."""
+        try:
+            table = DeltaTable(self.uri, storage_options=self.storage_options or None)
+        except TableNotFoundError:
+            return None
+        if as_of is not None:
+            table.load_as_version(as_of)
+        return LogSnapshot(self.uri, table)
+
+    def create(self, schema: StructType) -> LogSnapshot:
+        """Create the table with ``schema`` unless it exists; returns the current snapshot."""
+        try:
+            DeltaTable.create(
+                self.uri,
+                log_arrow_schema(schema),
+                mode="ignore",
+                storage_options=self.storage_options or None,
+                name=self.uri.rstrip("/").rsplit("/", 1)[-1],
+                description="compacted-state log",
+            )
+        except Exception:
+            # Another writer may have created it between our check and our create.
+            if self.snapshot() is None:
+                raise
+        snapshot = self.snapshot()
+        assert snapshot is not None
+        return snapshot
+
+    def read(
+        self, spark: SparkSession, snapshot: LogSnapshot, segments: Sequence[Segment] | None = None
+    ) -> DataFrame:
+        """The records of ``segments`` (default: every live segment) as a DataFrame.
+
+        Records below a partition's log start offset are filtered out.
+        """
+        chosen = snapshot.all_segments() if segments is None else list(segments)
+        if not chosen:
+            return spark.createDataFrame([], snapshot.spark_schema)
+        paths = [join(self.uri, s.path) for s in chosen]
+        df = spark.read.schema(snapshot.spark_schema).parquet(*paths)
+        starts = {p: snapshot.log_start_offset(p) for p in {s.partition for s in chosen}}
+        floors = {p: start for p, start in starts.items() if start > 0}
+        if floors:
+            floor = F.create_map(*[F.lit(x) for kv in floors.items() for x in kv])[F.col("partition")]
+            df = df.filter(F.col("offset") >= F.coalesce(floor, F.lit(0)))
+        return df
+
+
+class LogSnapshot:
+    """One version of a log: its segments per partition and its recorded offsets."""
+
+    def __init__(self, uri: str, table: DeltaTable) -> None:
+        self.uri = uri
+        self.table = table
+        self.version = table.version()
+
+    @cached_property
+    def spark_schema(self) -> StructType:
+        return StructType.fromJson(json.loads(self.table.schema().to_json()))
+
+    @cached_property
+    def arrow_schema(self) -> pa.Schema:
+        return log_arrow_schema(self.spark_schema)
+
+    @cached_property
+    def segments(self) -> dict[int, list[Segment]]:
+        """Live segments per partition, ordered by base offset."""
+        actions = pa.table(self.table.get_add_actions(flatten=True))
+        by_partition: dict[int, list[Segment]] = {}
+        for row in actions.to_pylist():
+            segment = _segment(row)
+            by_partition.setdefault(segment.partition, []).append(segment)
+        return {p: sorted(s) for p, s in sorted(by_partition.items())}
+
+    def all_segments(self) -> list[Segment]:
+        return [s for segments in self.segments.values() for s in segments]
+
+    @cached_property
+    def partitions(self) -> list[int]:
+        """Every partition ever written, including those whose files are all gone."""
+        known = self.txn_version(PARTITIONS_TXN) or 0
+        return sorted(set(range(known)) | set(self.segments))
+
+    def txn_version(self, app_id: str) -> int | None:
+        """The version recorded for ``app_id`` by a Delta ``txn`` action, if any."""
+        return self.table.transaction_version(app_id)
+
+    def log_end_offset(self, partition: int) -> int:
+        """The offset the next appended record of ``partition`` gets."""
+        recorded = self.txn_version(LOG_END_OFFSET_TXN.format(partition)) or 0
+        segments = self.segments.get(partition, [])
+        return max(recorded, segments[-1].next_offset if segments else 0)
+
+    def log_start_offset(self, partition: int) -> int:
+        """The first offset of ``partition`` still visible (moved by retention and delete_records)."""
+        return self.txn_version(LOG_START_OFFSET_TXN.format(partition)) or 0
+
+    def cleaner_offset(self, partition: int) -> int | None:
+        """Where the last committed pass over ``partition`` ended, as the log records it."""
+        return self.txn_version(CLEANER_OFFSET_TXN.format(partition))
+
+    def log_end_offsets(self) -> dict[int, int]:
+        return {p: self.log_end_offset(p) for p in self.partitions}
+
+    def commit(
+        self,
+        *,
+        adds: Iterable[WrittenSegment] = (),
+        removes: Iterable[Segment] = (),
+        data_change: bool,
+        transactions: Mapping[str, int],
+        info: Mapping[str, Any],
+    ) -> None:
+        """Commit adds and removes atomically against this snapshot's version.
+
+        delta-rs rebases over concurrent commits that do not conflict (an append
+        beside a pass); it raises ``CommitFailedError`` when one does (a concurrent
+        pass removed a file this one removes, or another writer moved the same
+        partition's log end offset). The caller decides whether to re-plan. ``info`` lands in the commit's
+        metadata under ``compactedSink``.
+        """
+        stamp = now_ms()
+        actions: list[Any] = [
+            _RemoveAction(s.path, data_change, stamp, s.size_bytes, {}) for s in removes
+        ]
+        actions += [a.add_action(data_change=data_change, modification_time=stamp) for a in adds]
+        self.table.create_write_transaction(
+            actions,
+            "append",
+            self.arrow_schema,
+            commit_properties=CommitProperties(
+                app_transactions=[Transaction(k, v, stamp) for k, v in transactions.items()],
+                custom_metadata={COMMIT_INFO_KEY: dict(info)},
+            ),
+        )
+
+
+def log_arrow_schema(schema: StructType) -> pa.Schema:
+    """The Arrow schema data files are written with: Delta's types, every field nullable."""
+    arrow = to_arrow_schema(schema, timezone="UTC")
+    return pa.schema([f.with_nullable(True) for f in arrow])
+
+
+def _segment(row: Mapping[str, Any]) -> Segment:
+    return Segment(
+        partition=int(row["min.partition"]),
+        base_offset=int(row["min.offset"]),
+        last_offset=int(row["max.offset"]),
+        path=row["path"],
+        size_bytes=int(row["size_bytes"]),
+        num_records=int(row["num_records"]),
+        min_timestamp_ms=_millis(row.get("min.timestamp")),
+        max_timestamp_ms=_millis(row.get("max.timestamp")),
+        min_delete_horizon_ms=row.get("min.delete_horizon_ms"),
+    )
+
+
+def _millis(value: datetime | None) -> int | None:
+    return None if value is None else int(value.timestamp() * 1000)

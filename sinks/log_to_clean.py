@@ -1,0 +1,223 @@
+"""Pure planning for the cleaner: which offsets of a partition are cleanable, how dirty it is.
+
+Ports `LogCleanerManager.cleanableOffsets`, `LogToClean` and
+`LogCleaner.groupSegmentsBySize` from Kafka, over plain numbers read from the
+Delta log (one `Segment` per Parquet data file). No Spark, no I/O.
+
+Offset ranges are half-open throughout: ``[first_dirty_offset,
+first_uncleanable_offset)`` is the cleanable section; a segment covers
+``[base_offset, last_offset + 1)``. Every data file holds records of exactly one
+partition, so a partition's segments never overlap and sort by base offset.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, order=True)
+class Segment:
+    """One data file of the log: Kafka's log segment. Ordered by (partition, base offset)."""
+
+    partition: int
+    base_offset: int
+    last_offset: int
+    path: str = field(compare=False)
+    size_bytes: int = field(compare=False)
+    num_records: int = field(compare=False)
+    min_timestamp_ms: int | None = field(default=None, compare=False)
+    max_timestamp_ms: int | None = field(default=None, compare=False)
+    min_delete_horizon_ms: int | None = field(default=None, compare=False)
+
+    @property
+    def next_offset(self) -> int:
+        """The offset just past this segment's last record."""
+        return self.last_offset + 1
+
+
+@dataclass(frozen=True)
+class OffsetsToClean:
+    """The cleanable section ``[first_dirty_offset, first_uncleanable_offset)`` of a partition.
+
+    ``force_checkpoint`` is True when the checkpointed offset was out of range and
+    was reset, so the checkpoint must be rewritten even if nothing is cleaned.
+    """
+
+    first_dirty_offset: int
+    first_uncleanable_offset: int
+    force_checkpoint: bool = False
+
+
+def cleanable_offsets(
+    segments: Sequence[Segment],
+    *,
+    checkpoint_dirty_offset: int | None,
+    log_start_offset: int,
+    log_end_offset: int,
+    now_ms: int,
+    min_compaction_lag_ms: int,
+) -> OffsetsToClean:
+    """Where cleaning of one partition may start and must stop (Kafka's cleanableOffsets).
+
+    The first dirty offset is the checkpointed one; a checkpoint below the log
+    start offset or above the log end offset is reset to the log start offset,
+    as Kafka does. The first uncleanable offset is the base offset of the first
+    dirty segment holding a record younger than ``min_compaction_lag_ms`` (Kafka
+    also rounds to a segment), or the log end offset.
+    """
+    force = False
+    first_dirty = log_start_offset if checkpoint_dirty_offset is None else checkpoint_dirty_offset
+    if first_dirty < log_start_offset or first_dirty > log_end_offset:
+        first_dirty, force = log_start_offset, checkpoint_dirty_offset is not None
+
+    first_uncleanable = log_end_offset
+    if min_compaction_lag_ms > 0:
+        cutoff = now_ms - min_compaction_lag_ms
+        for segment in sorted(segments):
+            if segment.last_offset < first_dirty:
+                continue
+            if segment.max_timestamp_ms is None or segment.max_timestamp_ms > cutoff:
+                first_uncleanable = max(first_dirty, min(segment.base_offset, log_end_offset))
+                break
+    return OffsetsToClean(first_dirty, first_uncleanable, force)
+
+
+@dataclass(frozen=True)
+class LogToClean:
+    """One partition of one log as a cleaning candidate, ordered by its cleanable ratio.
+
+    ``clean_bytes`` lie below the first dirty offset; ``cleanable_bytes`` between
+    the first dirty and the first uncleanable offset; bytes at or above the first
+    uncleanable offset count in neither.
+    """
+
+    log_path: str
+    partition: int
+    first_dirty_offset: int
+    first_uncleanable_offset: int
+    clean_bytes: int
+    cleanable_bytes: int
+    oldest_dirty_timestamp_ms: int | None = None
+    earliest_delete_horizon_ms: int | None = None
+
+    @property
+    def total_bytes(self) -> int:
+        return self.clean_bytes + self.cleanable_bytes
+
+    @property
+    def cleanable_ratio(self) -> float:
+        """``cleanable / (clean + cleanable)``; 0.0 for an empty partition."""
+        return self.cleanable_bytes / self.total_bytes if self.total_bytes else 0.0
+
+    def has_expired_tombstones(self, now_ms: int) -> bool:
+        """True when a stamped tombstone's delete horizon lies before ``now_ms``."""
+        horizon = self.earliest_delete_horizon_ms
+        return horizon is not None and horizon < now_ms
+
+    def compaction_delay_ms(self, now_ms: int) -> int:
+        """How long the oldest dirty record has waited to be cleaned (0 when none)."""
+        if self.cleanable_bytes == 0 or self.oldest_dirty_timestamp_ms is None:
+            return 0
+        return max(0, now_ms - self.oldest_dirty_timestamp_ms)
+
+    def is_cleanable(
+        self,
+        *,
+        now_ms: int,
+        min_cleanable_dirty_ratio: float,
+        max_compaction_lag_ms: int,
+        force: bool = False,
+    ) -> bool:
+        """SPEC rule 4: past the ratio, past the max lag, or holding an expired tombstone.
+
+        With ``force``, any cleanable bytes or expired tombstone will do.
+        """
+        if self.has_expired_tombstones(now_ms):
+            return True
+        if self.cleanable_bytes == 0:
+            return False
+        if force or self.cleanable_ratio > min_cleanable_dirty_ratio:
+            return True
+        return self.compaction_delay_ms(now_ms) > max_compaction_lag_ms
+
+
+def log_to_clean(
+    log_path: str,
+    partition: int,
+    segments: Iterable[Segment],
+    offsets: OffsetsToClean,
+) -> LogToClean:
+    """Measure a partition's clean and cleanable bytes from its segments."""
+    clean = cleanable = 0
+    oldest_dirty: int | None = None
+    horizon: int | None = None
+    for segment in segments:
+        if segment.base_offset >= offsets.first_uncleanable_offset:
+            continue
+        if segment.min_delete_horizon_ms is not None:
+            horizon = _min(horizon, segment.min_delete_horizon_ms)
+        if segment.last_offset < offsets.first_dirty_offset:
+            clean += segment.size_bytes
+        else:
+            cleanable += segment.size_bytes
+            oldest_dirty = _min(oldest_dirty, segment.min_timestamp_ms)
+    return LogToClean(
+        log_path=log_path,
+        partition=partition,
+        first_dirty_offset=offsets.first_dirty_offset,
+        first_uncleanable_offset=offsets.first_uncleanable_offset,
+        clean_bytes=clean,
+        cleanable_bytes=cleanable,
+        oldest_dirty_timestamp_ms=oldest_dirty,
+        earliest_delete_horizon_ms=horizon,
+    )
+
+
+def dirty_ratio(logs: Iterable[LogToClean]) -> float:
+    """The dirty ratio over many partitions: their cleanable bytes over their total bytes."""
+    cleanable = total = 0
+    for log in logs:
+        cleanable += log.cleanable_bytes
+        total += log.total_bytes
+    return cleanable / total if total else 0.0
+
+
+def filthiest_first(logs: Iterable[LogToClean]) -> list[LogToClean]:
+    """Candidates ordered dirtiest first (Kafka's grabFilthiestCompactedLog order)."""
+    return sorted(logs, key=lambda log: (-log.cleanable_ratio, log.log_path, log.partition))
+
+
+def segments_to_clean(segments: Iterable[Segment], first_uncleanable_offset: int) -> list[Segment]:
+    """The segments a pass reads: every segment wholly below the first uncleanable offset."""
+    return sorted(s for s in segments if s.last_offset < first_uncleanable_offset)
+
+
+def group_segments_by_size(segments: Sequence[Segment], max_size: int) -> list[list[Segment]]:
+    """Group consecutive segments so each group's total size stays within ``max_size``.
+
+    A pass writes one output file per group; the retained records of a group are
+    never more than its input, so no output file exceeds ``segment.bytes`` unless
+    a single input segment already did. Every group holds at least one segment.
+    Ports Kafka's ``groupSegmentsBySize``.
+    """
+    groups: list[list[Segment]] = []
+    current: list[Segment] = []
+    size = 0
+    for segment in segments:
+        if current and size + segment.size_bytes > max_size:
+            groups.append(current)
+            current, size = [], 0
+        current.append(segment)
+        size += segment.size_bytes
+    if current:
+        groups.append(current)
+    return groups
+
+
+def _min(a: int | None, b: int | None) -> int | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return min(a, b)

@@ -1,0 +1,268 @@
+"""Writing log segments on executors: Parquet files plus the Delta statistics of each.
+
+The executor-side half of Kafka's segment append: each Spark task writes the
+rows it holds, already sorted by (partition, offset), into Parquet files under
+the table, one or more per partition (and per output group for a cleaner pass),
+rolling to a new file past ``max_file_bytes``. The driver receives only small
+descriptions of the written files and commits them; a file no commit names is
+an orphan that recovery removes. Nothing here touches driver-only state.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from deltalake.transaction import AddAction
+from pyspark.sql import DataFrame
+
+from sinks.storage import arrow_filesystem
+
+WRITTEN_SEGMENT_DDL = (
+    "path string, size_bytes long, partition int, base_offset long, last_offset long, "
+    "num_records long, stats string"
+)
+_FLUSH_ROWS = 131_072
+_FLUSH_BYTES = 64 * 1024 * 1024
+_STRING_STATS_PREFIX = 32  # Delta's default truncation for string statistics
+
+
+@dataclass(frozen=True)
+class WrittenSegment:
+    """A Parquet file an executor wrote, described for the driver's commit."""
+
+    path: str
+    size_bytes: int
+    partition: int
+    base_offset: int
+    last_offset: int
+    num_records: int
+    stats: str
+
+    def add_action(self, *, data_change: bool, modification_time: int) -> AddAction:
+        """The Delta add action for this file (``data_change=False`` for a cleaner's rewrite)."""
+        return AddAction(
+            self.path, self.size_bytes, {}, modification_time, data_change, self.stats
+        )
+
+
+def write_segments(
+    df: DataFrame,
+    *,
+    table_uri: str,
+    schema: pa.Schema,
+    stats_columns: Sequence[str],
+    max_file_bytes: int,
+    group_column: str | None = None,
+    storage_options: Mapping[str, str] | None = None,
+) -> list[WrittenSegment]:
+    """Write ``df`` (already partitioned so each task holds whole partitions) as segments.
+
+    Each task sorts its rows by (partition, group, offset) and writes one file per
+    partition and group, or more when a file passes ``max_file_bytes``. ``schema``
+    is the log's Arrow schema; ``group_column`` is dropped before writing.
+    Not idempotent: every call writes new files.
+    """
+    order = ["partition", *([group_column] if group_column else []), "offset"]
+    task = SegmentWriterTask(
+        table_uri=table_uri,
+        schema=schema,
+        stats_columns=tuple(stats_columns),
+        max_file_bytes=max_file_bytes,
+        group_column=group_column,
+        storage_options=dict(storage_options or {}),
+    )
+    rows = df.sortWithinPartitions(*order).mapInArrow(task, WRITTEN_SEGMENT_DDL).collect()
+    return [WrittenSegment(**row.asDict()) for row in rows]
+
+
+@dataclass(frozen=True)
+class SegmentWriterTask:
+    """The picklable function each Spark task runs (``mapInArrow``)."""
+
+    table_uri: str
+    schema: pa.Schema
+    stats_columns: tuple[str, ...]
+    max_file_bytes: int
+    group_column: str | None
+    storage_options: dict[str, str]
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        fs, root = arrow_filesystem(self.table_uri, self.storage_options)
+        written: list[dict[str, Any]] = []
+        current: _OpenSegment | None = None
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            for run_key, rows in self._runs(pa.Table.from_batches([batch])):
+                if current is not None and current.run_key != run_key:
+                    written.append(current.close())
+                    current = None
+                if current is None:
+                    current = _OpenSegment(fs, root, run_key, rows, self)
+                current.write(rows)
+                if current.size_bytes >= self.max_file_bytes:
+                    written.append(current.close())
+                    current = None
+        if current is not None:
+            written.append(current.close())
+        if written:
+            yield pa.RecordBatch.from_pylist(written, schema=_WRITTEN_ARROW_SCHEMA)
+
+    def _runs(self, table: pa.Table) -> Iterator[tuple[tuple[int, ...], pa.Table]]:
+        """Split sorted rows into runs of one (partition, group) each."""
+        keys = [table.column("partition").to_numpy(zero_copy_only=False)]
+        if self.group_column:
+            keys.append(table.column(self.group_column).to_numpy(zero_copy_only=False))
+            table = table.drop_columns([self.group_column])
+        table = table.select(self.schema.names).cast(self.schema)
+        change = np.zeros(table.num_rows, dtype=bool)
+        for key in keys:
+            change[1:] |= key[1:] != key[:-1]
+        bounds = [0, *np.flatnonzero(change).tolist(), table.num_rows]
+        for start, end in zip(bounds, bounds[1:], strict=False):
+            yield tuple(int(k[start]) for k in keys), table.slice(start, end - start)
+
+
+class _OpenSegment:
+    """One Parquet file being written, with its running statistics."""
+
+    def __init__(
+        self, fs: Any, root: str, run_key: tuple[int, ...], first: pa.Table, task: SegmentWriterTask
+    ) -> None:
+        self.run_key = run_key
+        self.partition = run_key[0]
+        self.base_offset = int(first.column("offset")[0].as_py())
+        self.path = f"partition-{self.partition}/{self.base_offset:020d}-{uuid.uuid4().hex}.parquet"
+        self._fs, self._root, self._task = fs, root, task
+        fs.create_dir(f"{root}/partition-{self.partition}", recursive=True)
+        self._stream = fs.open_output_stream(f"{root}/{self.path}")
+        self._writer = pq.ParquetWriter(self._stream, task.schema, compression="zstd")
+        self._pending: list[pa.Table] = []
+        self._pending_rows = self._pending_bytes = 0
+        self._stats = _RunningStats(task.schema, task.stats_columns)
+        self.size_bytes = 0
+
+    def write(self, rows: pa.Table) -> None:
+        self._stats.update(rows)
+        self._pending.append(rows)
+        self._pending_rows += rows.num_rows
+        self._pending_bytes += rows.nbytes
+        if self._pending_rows >= _FLUSH_ROWS or self._pending_bytes >= min(
+            _FLUSH_BYTES, self._task.max_file_bytes
+        ):
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._pending:
+            self._writer.write_table(pa.concat_tables(self._pending))
+            self._pending, self._pending_rows, self._pending_bytes = [], 0, 0
+            self.size_bytes = self._stream.tell()
+
+    def close(self) -> dict[str, Any]:
+        self._flush()
+        self._writer.close()
+        self._stream.close()
+        size = self._fs.get_file_info(f"{self._root}/{self.path}").size
+        return {
+            "path": self.path,
+            "size_bytes": size,
+            "partition": self.partition,
+            "base_offset": self.base_offset,
+            "last_offset": self._stats.maximum["offset"],
+            "num_records": self._stats.num_records,
+            "stats": self._stats.to_json(),
+        }
+
+
+_WRITTEN_ARROW_SCHEMA = pa.schema(
+    [
+        ("path", pa.string()),
+        ("size_bytes", pa.int64()),
+        ("partition", pa.int32()),
+        ("base_offset", pa.int64()),
+        ("last_offset", pa.int64()),
+        ("num_records", pa.int64()),
+        ("stats", pa.string()),
+    ]
+)
+
+
+class _RunningStats:
+    """Delta file statistics (numRecords, minValues, maxValues, nullCount), built batch by batch."""
+
+    def __init__(self, schema: pa.Schema, columns: Sequence[str]) -> None:
+        self.num_records = 0
+        self._min_max = [c for c in columns if _has_min_max(schema.field(c).type)]
+        names = [*columns, *([] if "value" in columns else ["value"])]
+        self._null_counted = [
+            c for c in names if c in schema.names and not pa.types.is_nested(schema.field(c).type)
+        ]
+        self.minimum: dict[str, Any] = {}
+        self.maximum: dict[str, Any] = {}
+        self.null_count = dict.fromkeys(self._null_counted, 0)
+
+    def update(self, rows: pa.Table) -> None:
+        self.num_records += rows.num_rows
+        for name in self._null_counted:
+            self.null_count[name] += rows.column(name).null_count
+        for name in self._min_max:
+            column = rows.column(name)
+            if column.null_count == len(column):
+                continue
+            bounds = pc.min_max(column).as_py()
+            lo, hi = bounds["min"], bounds["max"]
+            self.minimum[name] = lo if name not in self.minimum else min(self.minimum[name], lo)
+            self.maximum[name] = hi if name not in self.maximum else max(self.maximum[name], hi)
+
+    def to_json(self) -> str:
+        minimum = {k: v for k, v in ((k, _stat_value(v, low=True)) for k, v in self.minimum.items()) if v is not None}
+        maximum = {k: v for k, v in ((k, _stat_value(v, low=False)) for k, v in self.maximum.items()) if v is not None}
+        return json.dumps(
+            {
+                "numRecords": self.num_records,
+                "minValues": minimum,
+                "maxValues": maximum,
+                "nullCount": self.null_count,
+            },
+            separators=(",", ":"),
+        )
+
+
+def _has_min_max(arrow_type: pa.DataType) -> bool:
+    return (
+        pa.types.is_integer(arrow_type)
+        or pa.types.is_floating(arrow_type)
+        or pa.types.is_string(arrow_type)
+        or pa.types.is_large_string(arrow_type)
+        or pa.types.is_timestamp(arrow_type)
+        or pa.types.is_date(arrow_type)
+    )
+
+
+def _stat_value(value: Any, *, low: bool) -> Any:
+    """A statistic in Delta's JSON form; None when it cannot be stated safely."""
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=dt.UTC)
+        millis = value.replace(microsecond=value.microsecond // 1000 * 1000)
+        if not low and millis != value:
+            millis += dt.timedelta(milliseconds=1)  # a maximum may only be rounded up
+        return millis.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    if isinstance(value, dt.date):
+        return value.isoformat()
+    if isinstance(value, str):
+        if len(value) <= _STRING_STATS_PREFIX:
+            return value
+        return value[:_STRING_STATS_PREFIX] if low else None  # a truncated maximum would lie
+    if isinstance(value, float) and value != value:
+        return None
+    return value

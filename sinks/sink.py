@@ -1,0 +1,431 @@
+"""`CompactedStateSink`: the foreachBatch hook and the front object over one compacted log.
+
+Ports the roles of Kafka's partition leader (append, assign offsets, log end
+offset) and of `LogCleanerManager` for one log (measure dirtiness, pick the
+filthiest partitions, checkpoint where cleaning ended). Appends go to the dirty
+end of the log; when a partition's dirty ratio passes
+``min.cleanable.dirty.ratio`` the hook cleans it in the same call.
+
+Exactly once: each append commits a Delta ``txn`` action (app id, batch id).
+A batch id already recorded for the app id is skipped, by this object or by a
+new one on the same path after a restart. Inside a streaming query the app id is
+``<sink_id>/query=<query id>``: a restarted query keeps its id (it lives in the
+query's checkpoint), and a query started from a fresh checkpoint, whose batch ids
+restart at 0, is not mistaken for the old one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from deltalake.exceptions import CommitFailedError
+from pyspark.sql import DataFrame, SparkSession
+
+from checkpoints import CheckpointEntry, CleanerOffsetCheckpoint
+from sinks.cleaner import Cleaner, drop_tombstones, latest_records, stats_columns
+from sinks.cleaner_stats import CleanerStats
+from sinks.config import CleanerConfig
+from sinks.errors import CleanerError, CommitConflictError
+from sinks.log_table import (
+    LOG_END_OFFSET_TXN,
+    PARTITIONS_TXN,
+    AsOf,
+    LogSnapshot,
+    LogTable,
+    now_ms,
+)
+from sinks.log_to_clean import (
+    LogToClean,
+    cleanable_offsets,
+    dirty_ratio,
+    filthiest_first,
+    log_to_clean,
+)
+from sinks.records import (
+    INPUT_ORDER,
+    PARTITION,
+    VALUE,
+    assign_offsets,
+    check_schema,
+    drop_below_log_end,
+    inspect_batch,
+    prepare_batch,
+    raise_for_problems,
+)
+from sinks.segment_writer import WrittenSegment, write_segments
+from sinks.storage import delete_files, normalize_uri, sibling
+
+logger = logging.getLogger("compacted_sink")
+
+CHECKPOINT_TABLE_NAME = "_cleaner-offset-checkpoint"
+_APPEND_ATTEMPTS = 8
+_QUERY_ID_PROPERTY = "sql.streaming.queryId"
+
+
+@dataclass(frozen=True)
+class AppendReport:
+    """What one call of the hook did; ``skipped`` when the batch id was already committed."""
+
+    batch_id: int
+    records: int
+    partitions: tuple[int, ...]
+    files: int
+    bytes: int
+    skipped: bool
+    dirty_ratio: float
+    duration_ms: int
+    delta_version: int | None
+    clean: CleanerStats | None = None
+
+    def summary(self) -> str:
+        if self.skipped:
+            head = f"batch {self.batch_id}: already committed, skipped"
+        else:
+            head = (
+                f"batch {self.batch_id}: appended {self.records} records to "
+                f"{len(self.partitions)} partition(s) in {self.files} file(s) "
+                f"({self.bytes} B) in {self.duration_ms / 1000:.1f} s"
+            )
+        tail = f"; dirty ratio {self.dirty_ratio:.2f}"
+        return head + tail + (f"; {self.clean.summary()}" if self.clean else "")
+
+
+class CompactedStateSink:
+    """A compacted log of keyed records in a Delta table, fed by ``foreachBatch``.
+
+    ``path`` is the table's location (created on the first batch). ``key_columns``
+    are compared exactly. ``sequence_column`` orders records instead of the offset
+    (ties broken by offset). ``checkpoint_table`` defaults to
+    ``_cleaner-offset-checkpoint`` beside the table. ``sink_id`` defaults to one
+    derived from the path. ``clock`` returns epoch milliseconds.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        key_columns: Sequence[str] = ("key",),
+        config: CleanerConfig | None = None,
+        *,
+        sequence_column: str | None = None,
+        checkpoint_table: str | None = None,
+        dead_letter_table: str | None = None,
+        sink_id: str | None = None,
+        clock: Callable[[], int] | None = None,
+        storage_options: dict[str, str] | None = None,
+    ) -> None:
+        if isinstance(key_columns, str):
+            key_columns = (key_columns,)
+        if not key_columns:
+            raise ValueError("key_columns must name at least one column")
+        self.path = normalize_uri(path)
+        self.key_columns = tuple(key_columns)
+        self.config = config or CleanerConfig()
+        self.sequence_column = sequence_column
+        self.checkpoint_path = normalize_uri(
+            checkpoint_table or sibling(self.path, CHECKPOINT_TABLE_NAME)
+        )
+        self.dead_letter_table = normalize_uri(dead_letter_table) if dead_letter_table else None
+        self.sink_id = sink_id or _default_sink_id(self.path)
+        self.clock = clock or now_ms
+        self.storage_options = dict(storage_options or {})
+        self.log_table = LogTable(self.path, self.storage_options)
+        self.checkpoints = CleanerOffsetCheckpoint(self.checkpoint_path, self.storage_options)
+        self.cleaner = Cleaner(
+            self.log_table,
+            key_columns=self.key_columns,
+            sequence_column=sequence_column,
+            delete_retention_ms=self.config.delete_retention_ms,
+            segment_bytes=self.config.segment_bytes,
+        )
+        self.last_append: AppendReport | None = None
+
+    def __repr__(self) -> str:
+        return f"CompactedStateSink({self.path!r}, key_columns={self.key_columns!r})"
+
+    # -- the foreachBatch hook ---------------------------------------------------------
+
+    def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
+        """Append one micro-batch exactly once, then clean what became cleanable.
+
+        Idempotent per (app id, batch id): a batch already committed writes nothing.
+        Bad input raises `BadInputError` (null keys, wrong schema, repeated or null
+        Kafka offsets, oversized values) before anything is written.
+        """
+        started = time.monotonic()
+        spark = batch_df.sparkSession
+        app_id = self._app_id(spark)
+        snapshot = self.log_table.snapshot()
+        if snapshot is not None and (snapshot.txn_version(app_id) or -1) >= batch_id:
+            logger.info("batch %s of %s already committed; skipped", batch_id, app_id)
+            self._finish(batch_id, snapshot, started, skipped=True)
+            return
+
+        prepared = prepare_batch(
+            batch_df,
+            key_columns=self.key_columns,
+            sequence_column=self.sequence_column,
+            now_ms=self.clock(),
+        )
+        if snapshot is None:
+            snapshot = self.log_table.create(_without_input_order(prepared.df).schema)
+        check_schema(prepared.df.schema, snapshot.spark_schema)
+        records = prepared.df.persist()
+        try:
+            report = inspect_batch(
+                records,
+                key_columns=self.key_columns,
+                has_offsets=prepared.has_offsets,
+                message_max_bytes=self.config.message_max_bytes,
+            )
+            raise_for_problems(
+                report.problems(
+                    key_columns=self.key_columns,
+                    has_offsets=prepared.has_offsets,
+                    message_max_bytes=self.config.message_max_bytes,
+                ),
+                batch_id=batch_id,
+            )
+            if report.rows == 0:
+                snapshot = self._commit_empty(snapshot, app_id, batch_id)
+                self._finish(batch_id, snapshot, started, skipped=False)
+                return
+            snapshot, written = self._append(
+                spark, snapshot, records, prepared.has_offsets, app_id, batch_id
+            )
+        finally:
+            records.unpersist()
+        self._finish(batch_id, snapshot, started, skipped=written is None, written=written)
+
+    def _append(
+        self,
+        spark: SparkSession,
+        snapshot: LogSnapshot,
+        records: DataFrame,
+        has_offsets: bool,
+        app_id: str,
+        batch_id: int,
+    ) -> tuple[LogSnapshot, list[WrittenSegment] | None]:
+        """Write and commit the batch; rewrite it when another writer moved our offsets."""
+        for _attempt in range(_APPEND_ATTEMPTS):
+            end_offsets = snapshot.log_end_offsets()
+            if has_offsets:
+                numbered = drop_below_log_end(records, end_offsets).repartition(PARTITION)
+            else:
+                numbered = assign_offsets(records, end_offsets)
+            written = write_segments(
+                numbered,
+                table_uri=self.path,
+                schema=snapshot.arrow_schema,
+                stats_columns=stats_columns(snapshot, self.key_columns, self.sequence_column),
+                max_file_bytes=self.config.segment_bytes,
+                storage_options=self.storage_options,
+            )
+            while True:
+                try:
+                    self._commit_append(snapshot, written, app_id, batch_id)
+                    return self._refreshed(snapshot), written
+                except CommitFailedError as e:
+                    logger.info("append of batch %s conflicted (%s); refreshing", batch_id, e)
+                    snapshot = self._refreshed(snapshot)
+                    if (snapshot.txn_version(app_id) or -1) >= batch_id:
+                        self._discard(written)
+                        return snapshot, None
+                    moved = {
+                        p
+                        for p in {w.partition for w in written}
+                        if snapshot.log_end_offset(p) != end_offsets.get(p, 0)
+                    }
+                    if moved:
+                        self._discard(written)
+                        break  # offsets taken by another writer: number the batch again
+        raise CommitConflictError(
+            f"batch {batch_id} of {self.path}: append kept conflicting after "
+            f"{_APPEND_ATTEMPTS} attempts; nothing was committed"
+        )
+
+    def _commit_append(
+        self, snapshot: LogSnapshot, written: list[WrittenSegment], app_id: str, batch_id: int
+    ) -> None:
+        ends: dict[int, int] = {}
+        for w in written:
+            ends[w.partition] = max(ends.get(w.partition, 0), w.last_offset + 1)
+        transactions = {app_id: batch_id}
+        transactions.update({LOG_END_OFFSET_TXN.format(p): end for p, end in ends.items()})
+        partitions = max([*ends, *snapshot.partitions, -1]) + 1
+        if partitions > (snapshot.txn_version(PARTITIONS_TXN) or 0):
+            transactions[PARTITIONS_TXN] = partitions
+        snapshot.commit(
+            adds=written,
+            data_change=True,
+            transactions=transactions,
+            info={"operation": "append", "appId": app_id, "batchId": batch_id},
+        )
+
+    def _commit_empty(self, snapshot: LogSnapshot, app_id: str, batch_id: int) -> LogSnapshot:
+        """Record an empty batch's id so that it stays skipped after a restart."""
+        snapshot.commit(
+            data_change=False,
+            transactions={app_id: batch_id},
+            info={"operation": "append", "appId": app_id, "batchId": batch_id},
+        )
+        return self._refreshed(snapshot)
+
+    def _discard(self, written: list[WrittenSegment]) -> None:
+        delete_files(self.path, [w.path for w in written], self.storage_options)
+
+    def _finish(
+        self,
+        batch_id: int,
+        snapshot: LogSnapshot,
+        started: float,
+        *,
+        skipped: bool,
+        written: list[WrittenSegment] | None = None,
+    ) -> None:
+        append_ms = int((time.monotonic() - started) * 1000)
+        stats = self.clean() if self.config.compact else None
+        written = written or []
+        self.last_append = AppendReport(
+            batch_id=batch_id,
+            records=sum(w.num_records for w in written),
+            partitions=tuple(sorted({w.partition for w in written})),
+            files=len(written),
+            bytes=sum(w.size_bytes for w in written),
+            skipped=skipped,
+            dirty_ratio=self.dirty_ratio(),
+            duration_ms=append_ms,
+            delta_version=snapshot.version,
+            clean=stats,
+        )
+        logger.info("%s", self.last_append.summary())
+
+    # -- cleaning ----------------------------------------------------------------------
+
+    def logs_to_clean(self, snapshot: LogSnapshot | None = None) -> list[LogToClean]:
+        """Every partition as a cleaning candidate, measured now (no Spark job)."""
+        snapshot = snapshot or self.log_table.snapshot()
+        if snapshot is None:
+            return []
+        checkpointed = self.checkpoints.read(self.path)
+        now = self.clock()
+        candidates = []
+        for p in snapshot.partitions:
+            recorded = snapshot.cleaner_offset(p)
+            if recorded is None and (self.path, p) in checkpointed:
+                recorded = checkpointed[(self.path, p)].first_dirty_offset
+            segments = snapshot.segments.get(p, [])
+            offsets = cleanable_offsets(
+                segments,
+                checkpoint_dirty_offset=recorded,
+                log_start_offset=snapshot.log_start_offset(p),
+                log_end_offset=snapshot.log_end_offset(p),
+                now_ms=now,
+                min_compaction_lag_ms=self.config.min_compaction_lag_ms,
+            )
+            candidates.append(log_to_clean(self.path, p, segments, offsets))
+        return candidates
+
+    def dirty_ratio(self) -> float:
+        """The dirty ratio over all partitions: cleanable bytes over clean plus cleanable."""
+        return dirty_ratio(self.logs_to_clean())
+
+    def clean(self, force: bool = False) -> CleanerStats | None:
+        """Clean every cleanable partition in one pass now; None when nothing is cleanable.
+
+        Without ``force`` a partition qualifies by SPEC rule 4 (ratio, max lag, or an
+        expired tombstone); with it, any cleanable bytes or expired tombstone will do.
+        Raises `CleanerError` when the pass fails; the log is then unchanged.
+        """
+        snapshot = self.log_table.snapshot()
+        if snapshot is None:
+            return None
+        start = self.clock()
+        chosen = [
+            log
+            for log in filthiest_first(self.logs_to_clean(snapshot))
+            if log.is_cleanable(
+                now_ms=start,
+                min_cleanable_dirty_ratio=self.config.min_cleanable_dirty_ratio,
+                max_compaction_lag_ms=self.config.max_compaction_lag_ms,
+                force=force,
+            )
+        ]
+        if not chosen:
+            return None
+        spark = SparkSession.active()
+        try:
+            stats = self.cleaner.clean(spark, snapshot, chosen, pass_start_ms=start)
+        except CommitFailedError as e:
+            raise CleanerError(
+                f"another cleaner committed first ({e}); this pass was dropped",
+                log_path=self.path,
+                partition=chosen[0].partition,
+            ) from e
+        self._checkpoint(chosen, stats)
+        logger.info("%s", stats.summary())
+        return stats
+
+    def _checkpoint(self, cleaned: Sequence[LogToClean], stats: CleanerStats) -> None:
+        self.checkpoints.write(
+            CheckpointEntry(
+                log_path=self.path,
+                partition=log.partition,
+                first_dirty_offset=stats.end_offsets[log.partition],
+                first_uncleanable_offset=log.first_uncleanable_offset,
+                last_clean_ms=stats.start_ms,
+                last_pass_duration_ms=stats.duration_ms,
+                bytes_read=stats.bytes_read,
+                bytes_written=stats.bytes_written,
+                records_read=stats.records_read,
+                records_written=stats.records_written,
+                max_dirty_ratio=log.cleanable_ratio,
+                log_version=stats.delta_version,
+            )
+            for log in cleaned
+        )
+
+    # -- reading -----------------------------------------------------------------------
+
+    def log(self, as_of: AsOf | None = None) -> DataFrame:
+        """Every stored record at or above its partition's log start offset, with metadata."""
+        spark = SparkSession.active()
+        snapshot = self.log_table.snapshot(as_of)
+        if snapshot is None:
+            raise FileNotFoundError(f"no compacted log at {self.path}")
+        return self.log_table.read(spark, snapshot)
+
+    def state(self, as_of: AsOf | None = None) -> DataFrame:
+        """One row per live key (key columns + ``value``): the latest record unless a tombstone.
+
+        ``as_of`` (a Delta version, or a timestamp) reads the log as it was then.
+        """
+        keys = [*self.key_columns]
+        return (
+            self.log(as_of)
+            .transform(lambda d: latest_records(d, keys, self.sequence_column))
+            .transform(drop_tombstones)
+            .select(*keys, VALUE)
+        )
+
+    def _refreshed(self, snapshot: LogSnapshot) -> LogSnapshot:
+        fresh = self.log_table.snapshot()
+        assert fresh is not None
+        return fresh
+
+    def _app_id(self, spark: SparkSession) -> str:
+        query_id = spark.sparkContext.getLocalProperty(_QUERY_ID_PROPERTY)
+        return f"{self.sink_id}/query={query_id}" if query_id else self.sink_id
+
+
+def _default_sink_id(path: str) -> str:
+    digest = hashlib.sha256(path.encode()).hexdigest()[:12]
+    return f"compacted-sink-{digest}"
+
+
+def _without_input_order(df: DataFrame) -> DataFrame:
+    return df.drop(INPUT_ORDER) if INPUT_ORDER in df.columns else df
+
