@@ -21,8 +21,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from functools import cached_property
 from typing import Any
 
@@ -106,7 +105,9 @@ class LogTable:
         starts = {p: snapshot.log_start_offset(p) for p in {s.partition for s in chosen}}
         floors = {p: start for p, start in starts.items() if start > 0}
         if floors:
-            floor = F.create_map(*[F.lit(x) for kv in floors.items() for x in kv])[F.col("partition")]
+            floor = F.create_map(*[F.lit(x) for kv in floors.items() for x in kv])[
+                F.col("partition")
+            ]
             df = df.filter(F.col("offset") >= F.coalesce(floor, F.lit(0)))
         return df
 
@@ -157,7 +158,7 @@ class LogSnapshot:
         return max(recorded, segments[-1].next_offset if segments else 0)
 
     def log_start_offset(self, partition: int) -> int:
-        """The first offset of ``partition`` still visible (moved by retention and delete_records)."""
+        """The first visible offset of ``partition`` (moved by retention and delete_records)."""
         return self.txn_version(LOG_START_OFFSET_TXN.format(partition)) or 0
 
     def cleaner_offset(self, partition: int) -> int | None:
@@ -181,8 +182,8 @@ class LogSnapshot:
         delta-rs rebases over concurrent commits that do not conflict (an append
         beside a pass); it raises ``CommitFailedError`` when one does (a concurrent
         pass removed a file this one removes, or another writer moved the same
-        partition's log end offset). The caller decides whether to re-plan. ``info`` lands in the commit's
-        metadata under ``compactedSink``.
+        partition's log end offset). The caller decides whether to re-plan.
+        ``info`` lands in the commit's metadata under ``compactedSink``.
         """
         stamp = now_ms()
         actions: list[Any] = [
@@ -221,4 +222,9 @@ def _segment(row: Mapping[str, Any]) -> Segment:
 
 
 def _millis(value: datetime | None) -> int | None:
-    return None if value is None else int(value.timestamp() * 1000)
+    """Epoch milliseconds of a statistic; a naive value is UTC, as Delta's statistics are."""
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return int(value.timestamp() * 1000)

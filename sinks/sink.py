@@ -159,7 +159,7 @@ class CompactedStateSink:
         spark = batch_df.sparkSession
         app_id = self._app_id(spark)
         snapshot = self.log_table.snapshot()
-        if snapshot is not None and (snapshot.txn_version(app_id) or -1) >= batch_id:
+        if snapshot is not None and _committed(snapshot, app_id, batch_id):
             logger.info("batch %s of %s already committed; skipped", batch_id, app_id)
             self._finish(batch_id, snapshot, started, skipped=True)
             return
@@ -170,10 +170,10 @@ class CompactedStateSink:
             sequence_column=self.sequence_column,
             now_ms=self.clock(),
         )
-        if snapshot is None:
-            snapshot = self.log_table.create(_without_input_order(prepared.df).schema)
-        check_schema(prepared.df.schema, snapshot.spark_schema)
+        if snapshot is not None:
+            check_schema(prepared.df.schema, snapshot.spark_schema)
         records = prepared.df.persist()
+        written: list[WrittenSegment] | None = []
         try:
             report = inspect_batch(
                 records,
@@ -189,13 +189,16 @@ class CompactedStateSink:
                 ),
                 batch_id=batch_id,
             )
+            if snapshot is None:
+                # Only a valid batch creates the log: bad input leaves no trace at all.
+                snapshot = self.log_table.create(_without_input_order(prepared.df).schema)
+                check_schema(prepared.df.schema, snapshot.spark_schema)
             if report.rows == 0:
                 snapshot = self._commit_empty(snapshot, app_id, batch_id)
-                self._finish(batch_id, snapshot, started, skipped=False)
-                return
-            snapshot, written = self._append(
-                spark, snapshot, records, prepared.has_offsets, app_id, batch_id
-            )
+            else:
+                snapshot, written = self._append(
+                    spark, snapshot, records, prepared.has_offsets, app_id, batch_id
+                )
         finally:
             records.unpersist()
         self._finish(batch_id, snapshot, started, skipped=written is None, written=written)
@@ -231,7 +234,7 @@ class CompactedStateSink:
                 except CommitFailedError as e:
                     logger.info("append of batch %s conflicted (%s); refreshing", batch_id, e)
                     snapshot = self._refreshed(snapshot)
-                    if (snapshot.txn_version(app_id) or -1) >= batch_id:
+                    if _committed(snapshot, app_id, batch_id):
                         self._discard(written)
                         return snapshot, None
                     moved = {
@@ -287,7 +290,8 @@ class CompactedStateSink:
         written: list[WrittenSegment] | None = None,
     ) -> None:
         append_ms = int((time.monotonic() - started) * 1000)
-        stats = self.clean() if self.config.compact else None
+        candidates = self.logs_to_clean(snapshot)
+        stats = self._clean(snapshot, candidates, force=False) if self.config.compact else None
         written = written or []
         self.last_append = AppendReport(
             batch_id=batch_id,
@@ -296,7 +300,7 @@ class CompactedStateSink:
             files=len(written),
             bytes=sum(w.size_bytes for w in written),
             skipped=skipped,
-            dirty_ratio=self.dirty_ratio(),
+            dirty_ratio=dirty_ratio(candidates) if stats is None else self.dirty_ratio(),
             duration_ms=append_ms,
             delta_version=snapshot.version,
             clean=stats,
@@ -306,21 +310,27 @@ class CompactedStateSink:
     # -- cleaning ----------------------------------------------------------------------
 
     def logs_to_clean(self, snapshot: LogSnapshot | None = None) -> list[LogToClean]:
-        """Every partition as a cleaning candidate, measured now (no Spark job)."""
+        """Every partition as a cleaning candidate, measured now (no Spark job).
+
+        The first dirty offset comes from the cleaner's ``txn`` entry in the log;
+        the checkpoint table is read only for partitions the log has none for
+        (a log cleaned before the log carried it, or a checkpoint set by hand).
+        """
         snapshot = snapshot or self.log_table.snapshot()
         if snapshot is None:
             return []
-        checkpointed = self.checkpoints.read(self.path)
+        recorded = {p: snapshot.cleaner_offset(p) for p in snapshot.partitions}
+        if any(offset is None for offset in recorded.values()):
+            for (_, p), entry in self.checkpoints.read(self.path).items():
+                if recorded.get(p, 0) is None:
+                    recorded[p] = entry.first_dirty_offset
         now = self.clock()
         candidates = []
         for p in snapshot.partitions:
-            recorded = snapshot.cleaner_offset(p)
-            if recorded is None and (self.path, p) in checkpointed:
-                recorded = checkpointed[(self.path, p)].first_dirty_offset
             segments = snapshot.segments.get(p, [])
             offsets = cleanable_offsets(
                 segments,
-                checkpoint_dirty_offset=recorded,
+                checkpoint_dirty_offset=recorded[p],
                 log_start_offset=snapshot.log_start_offset(p),
                 log_end_offset=snapshot.log_end_offset(p),
                 now_ms=now,
@@ -338,15 +348,22 @@ class CompactedStateSink:
 
         Without ``force`` a partition qualifies by SPEC rule 4 (ratio, max lag, or an
         expired tombstone); with it, any cleanable bytes or expired tombstone will do.
-        Raises `CleanerError` when the pass fails; the log is then unchanged.
+        The returned stats cover every partition the pass cleaned. Raises
+        `CleanerError` when the pass fails; the log is then unchanged.
         """
         snapshot = self.log_table.snapshot()
         if snapshot is None:
             return None
+        return self._clean(snapshot, self.logs_to_clean(snapshot), force=force)
+
+    def _clean(
+        self, snapshot: LogSnapshot, candidates: Sequence[LogToClean], *, force: bool
+    ) -> CleanerStats | None:
+        """One pass over the cleanable ``candidates``, planned from ``snapshot``."""
         start = self.clock()
         chosen = [
             log
-            for log in filthiest_first(self.logs_to_clean(snapshot))
+            for log in filthiest_first(candidates)
             if log.is_cleanable(
                 now_ms=start,
                 min_cleanable_dirty_ratio=self.config.min_cleanable_dirty_ratio,
@@ -421,6 +438,12 @@ class CompactedStateSink:
         return f"{self.sink_id}/query={query_id}" if query_id else self.sink_id
 
 
+def _committed(snapshot: LogSnapshot, app_id: str, batch_id: int) -> bool:
+    """True when ``snapshot`` records ``batch_id`` (or a later one) for ``app_id``."""
+    recorded = snapshot.txn_version(app_id)
+    return recorded is not None and recorded >= batch_id
+
+
 def _default_sink_id(path: str) -> str:
     digest = hashlib.sha256(path.encode()).hexdigest()[:12]
     return f"compacted-sink-{digest}"
@@ -428,4 +451,3 @@ def _default_sink_id(path: str) -> str:
 
 def _without_input_order(df: DataFrame) -> DataFrame:
     return df.drop(INPUT_ORDER) if INPUT_ORDER in df.columns else df
-

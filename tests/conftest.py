@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Iterator
@@ -61,3 +62,20 @@ def lake(tmp_path):
     path = tmp_path / "lake"
     path.mkdir()
     return path
+
+
+def read_commits(table_path) -> list[list[dict]]:
+    """Every commit of a Delta table as its list of actions, oldest first (from _delta_log)."""
+    log_dir = os.path.join(str(table_path), "_delta_log")
+    names = sorted(n for n in os.listdir(log_dir) if n.endswith(".json"))
+    commits = []
+    for name in names:
+        with open(os.path.join(log_dir, name)) as f:
+            commits.append([json.loads(line) for line in f if line.strip()])
+    return commits
+
+
+@pytest.fixture
+def delta_commits():
+    """``delta_commits(path)``: the actions of every commit of the Delta table at ``path``."""
+    return read_commits

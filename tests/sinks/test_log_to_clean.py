@@ -16,8 +16,16 @@ from sinks.log_to_clean import (
 )
 
 
-def seg(base: int, last: int, size: int = 100, *, max_ts: int | None = 0, min_ts: int | None = 0,
-        horizon: int | None = None, partition: int = 0) -> Segment:
+def seg(
+    base: int,
+    last: int,
+    size: int = 100,
+    *,
+    max_ts: int | None = 0,
+    min_ts: int | None = 0,
+    horizon: int | None = None,
+    partition: int = 0,
+) -> Segment:
     return Segment(
         partition=partition,
         base_offset=base,
@@ -34,8 +42,12 @@ def seg(base: int, last: int, size: int = 100, *, max_ts: int | None = 0, min_ts
 def test_cleanable_offsets_start_at_checkpoint_and_end_at_log_end():
     segments = [seg(0, 9), seg(10, 19), seg(20, 29)]
     offsets = cleanable_offsets(
-        segments, checkpoint_dirty_offset=10, log_start_offset=0, log_end_offset=30,
-        now_ms=1_000, min_compaction_lag_ms=0,
+        segments,
+        checkpoint_dirty_offset=10,
+        log_start_offset=0,
+        log_end_offset=30,
+        now_ms=1_000,
+        min_compaction_lag_ms=0,
     )
     assert (offsets.first_dirty_offset, offsets.first_uncleanable_offset) == (10, 30)
     assert not offsets.force_checkpoint
@@ -44,8 +56,12 @@ def test_cleanable_offsets_start_at_checkpoint_and_end_at_log_end():
 def test_dirty_offset_reset_when_checkpoint_above_log_end():
     # LogCleanerManagerTest.testDirtyOffsetResetIfLargerThanEndOffset
     offsets = cleanable_offsets(
-        [seg(0, 9)], checkpoint_dirty_offset=200, log_start_offset=0, log_end_offset=10,
-        now_ms=0, min_compaction_lag_ms=0,
+        [seg(0, 9)],
+        checkpoint_dirty_offset=200,
+        log_start_offset=0,
+        log_end_offset=10,
+        now_ms=0,
+        min_compaction_lag_ms=0,
     )
     assert offsets.first_dirty_offset == 0
     assert offsets.force_checkpoint
@@ -54,8 +70,12 @@ def test_dirty_offset_reset_when_checkpoint_above_log_end():
 def test_dirty_offset_reset_when_checkpoint_below_log_start():
     # LogCleanerManagerTest.testCleanableOffsetsNeedsCheckpointReset
     offsets = cleanable_offsets(
-        [seg(5, 9)], checkpoint_dirty_offset=2, log_start_offset=5, log_end_offset=10,
-        now_ms=0, min_compaction_lag_ms=0,
+        [seg(5, 9)],
+        checkpoint_dirty_offset=2,
+        log_start_offset=5,
+        log_end_offset=10,
+        now_ms=0,
+        min_compaction_lag_ms=0,
     )
     assert offsets.first_dirty_offset == 5
     assert offsets.force_checkpoint
@@ -63,8 +83,12 @@ def test_dirty_offset_reset_when_checkpoint_below_log_start():
 
 def test_no_checkpoint_starts_at_log_start_without_forcing():
     offsets = cleanable_offsets(
-        [seg(3, 9)], checkpoint_dirty_offset=None, log_start_offset=3, log_end_offset=10,
-        now_ms=0, min_compaction_lag_ms=0,
+        [seg(3, 9)],
+        checkpoint_dirty_offset=None,
+        log_start_offset=3,
+        log_end_offset=10,
+        now_ms=0,
+        min_compaction_lag_ms=0,
     )
     assert offsets.first_dirty_offset == 3 and not offsets.force_checkpoint
 
@@ -73,11 +97,19 @@ def test_cleanable_offsets_for_time():
     # LogCleanerManagerTest.testCleanableOffsetsForTime: segments older than the
     # lag are cleanable, the first younger one bounds the range.
     now, lag = 10_000, 1_000
-    segments = [seg(0, 9, max_ts=now - 5_000), seg(10, 19, max_ts=now - 2_000),
-                seg(20, 29, max_ts=now - 10), seg(30, 39, max_ts=now - 5_000)]
+    segments = [
+        seg(0, 9, max_ts=now - 5_000),
+        seg(10, 19, max_ts=now - 2_000),
+        seg(20, 29, max_ts=now - 10),
+        seg(30, 39, max_ts=now - 5_000),
+    ]
     offsets = cleanable_offsets(
-        segments, checkpoint_dirty_offset=0, log_start_offset=0, log_end_offset=40,
-        now_ms=now, min_compaction_lag_ms=lag,
+        segments,
+        checkpoint_dirty_offset=0,
+        log_start_offset=0,
+        log_end_offset=40,
+        now_ms=now,
+        min_compaction_lag_ms=lag,
     )
     assert offsets.first_uncleanable_offset == 20
 
@@ -85,8 +117,12 @@ def test_cleanable_offsets_for_time():
 def test_cleanable_offsets_for_time_all_young():
     now = 10_000
     offsets = cleanable_offsets(
-        [seg(0, 9, max_ts=now), seg(10, 19, max_ts=now)], checkpoint_dirty_offset=None,
-        log_start_offset=0, log_end_offset=20, now_ms=now, min_compaction_lag_ms=1,
+        [seg(0, 9, max_ts=now), seg(10, 19, max_ts=now)],
+        checkpoint_dirty_offset=None,
+        log_start_offset=0,
+        log_end_offset=20,
+        now_ms=now,
+        min_compaction_lag_ms=1,
     )
     assert offsets.first_uncleanable_offset == 0
 
@@ -96,8 +132,12 @@ def test_log_to_clean_with_uncleanable_section():
     # first uncleanable offset count in neither section.
     segments = [seg(0, 9, 100), seg(10, 19, 200), seg(20, 29, 300), seg(30, 39, 400)]
     offsets = cleanable_offsets(
-        segments, checkpoint_dirty_offset=10, log_start_offset=0, log_end_offset=40,
-        now_ms=0, min_compaction_lag_ms=0,
+        segments,
+        checkpoint_dirty_offset=10,
+        log_start_offset=0,
+        log_end_offset=40,
+        now_ms=0,
+        min_compaction_lag_ms=0,
     )
     full = log_to_clean("log", 0, segments, offsets)
     assert (full.clean_bytes, full.cleanable_bytes) == (100, 900)
@@ -107,18 +147,35 @@ def test_log_to_clean_with_uncleanable_section():
 
 
 def test_empty_partition_has_ratio_zero():
-    ltc = log_to_clean("log", 0, [], cleanable_offsets(
-        [], checkpoint_dirty_offset=None, log_start_offset=0, log_end_offset=0,
-        now_ms=0, min_compaction_lag_ms=0))
+    ltc = log_to_clean(
+        "log",
+        0,
+        [],
+        cleanable_offsets(
+            [],
+            checkpoint_dirty_offset=None,
+            log_start_offset=0,
+            log_end_offset=0,
+            now_ms=0,
+            min_compaction_lag_ms=0,
+        ),
+    )
     assert ltc.cleanable_ratio == 0.0
-    assert not ltc.is_cleanable(now_ms=0, min_cleanable_dirty_ratio=0.0,
-                                max_compaction_lag_ms=0, force=True)
+    assert not ltc.is_cleanable(
+        now_ms=0, min_cleanable_dirty_ratio=0.0, max_compaction_lag_ms=0, force=True
+    )
 
 
 def _ltc(partition: int, clean: int, cleanable: int, log: str = "log", **kw) -> LogToClean:
-    return LogToClean(log_path=log, partition=partition, first_dirty_offset=0,
-                      first_uncleanable_offset=0, clean_bytes=clean, cleanable_bytes=cleanable,
-                      **kw)
+    return LogToClean(
+        log_path=log,
+        partition=partition,
+        first_dirty_offset=0,
+        first_uncleanable_offset=0,
+        clean_bytes=clean,
+        cleanable_bytes=cleanable,
+        **kw,
+    )
 
 
 def test_filthiest_log_first():
@@ -129,24 +186,31 @@ def test_filthiest_log_first():
 
 def test_is_cleanable_by_ratio_lag_tombstone_and_force():
     ltc = _ltc(0, 60, 40, oldest_dirty_timestamp_ms=1_000)
-    assert not ltc.is_cleanable(now_ms=2_000, min_cleanable_dirty_ratio=0.5,
-                                max_compaction_lag_ms=10_000)
-    assert ltc.is_cleanable(now_ms=2_000, min_cleanable_dirty_ratio=0.3,
-                            max_compaction_lag_ms=10_000)
-    assert ltc.is_cleanable(now_ms=20_000, min_cleanable_dirty_ratio=0.5,
-                            max_compaction_lag_ms=10_000)
-    assert ltc.is_cleanable(now_ms=2_000, min_cleanable_dirty_ratio=0.5,
-                            max_compaction_lag_ms=10_000, force=True)
+    assert not ltc.is_cleanable(
+        now_ms=2_000, min_cleanable_dirty_ratio=0.5, max_compaction_lag_ms=10_000
+    )
+    assert ltc.is_cleanable(
+        now_ms=2_000, min_cleanable_dirty_ratio=0.3, max_compaction_lag_ms=10_000
+    )
+    assert ltc.is_cleanable(
+        now_ms=20_000, min_cleanable_dirty_ratio=0.5, max_compaction_lag_ms=10_000
+    )
+    assert ltc.is_cleanable(
+        now_ms=2_000, min_cleanable_dirty_ratio=0.5, max_compaction_lag_ms=10_000, force=True
+    )
     stamped = _ltc(0, 100, 0, earliest_delete_horizon_ms=1_500)
-    assert not stamped.is_cleanable(now_ms=1_500, min_cleanable_dirty_ratio=0.5,
-                                    max_compaction_lag_ms=10**9)
-    assert stamped.is_cleanable(now_ms=1_501, min_cleanable_dirty_ratio=0.5,
-                                max_compaction_lag_ms=10**9)
+    assert not stamped.is_cleanable(
+        now_ms=1_500, min_cleanable_dirty_ratio=0.5, max_compaction_lag_ms=10**9
+    )
+    assert stamped.is_cleanable(
+        now_ms=1_501, min_cleanable_dirty_ratio=0.5, max_compaction_lag_ms=10**9
+    )
 
 
 def test_ratio_must_exceed_threshold():
-    assert not _ltc(0, 50, 50).is_cleanable(now_ms=0, min_cleanable_dirty_ratio=0.5,
-                                            max_compaction_lag_ms=10**9)
+    assert not _ltc(0, 50, 50).is_cleanable(
+        now_ms=0, min_cleanable_dirty_ratio=0.5, max_compaction_lag_ms=10**9
+    )
 
 
 def test_dirty_ratio_over_partitions():
@@ -162,7 +226,9 @@ def test_segments_to_clean_stop_below_first_uncleanable():
 def test_segment_grouping():
     # LogCleanerTest.testSegmentGrouping: consecutive, every group within the
     # size limit unless a single segment exceeds it, nothing lost or reordered.
-    segments = [seg(i * 10, i * 10 + 9, size) for i, size in enumerate([30, 30, 30, 90, 10, 200, 5])]
+    segments = [
+        seg(i * 10, i * 10 + 9, size) for i, size in enumerate([30, 30, 30, 90, 10, 200, 5])
+    ]
     groups = group_segments_by_size(segments, 100)
     assert [s for g in groups for s in g] == segments
     for group in groups:
