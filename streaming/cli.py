@@ -1,4 +1,11 @@
-"""The console entry point ``compacted-sink``: jobs, the cleaner loop, status, replay, demo."""
+"""The console entry point ``compacted-sink``: jobs, the cleaner loop, status, export, replay, demo.
+
+Usable as a Databricks python-wheel task (entry point ``compacted-sink``, the
+subcommand and its options as parameters): inside a cluster the active
+SparkSession is used; elsewhere a local one is started. Results go to stdout,
+progress lines to stderr. Exit codes: 0 done, 1 failed (or a verification did
+not match), 2 bad configuration (the message names the key and the file).
+"""
 
 from __future__ import annotations
 
@@ -7,10 +14,72 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from sinks.errors import CompactedSinkError, ConfigError
+
+EXIT_FAILED = 1
+EXIT_CONFIG = 2
+
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="compacted-sink", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    try:
+        return args.handler(args)
+    except ConfigError as e:
+        print(f"compacted-sink {args.command}: configuration error: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    except CompactedSinkError as e:
+        print(f"compacted-sink {args.command}: {type(e).__name__}: {e}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="compacted-sink", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = commands.add_parser("run", help="run the streaming job a TOML file describes")
+    run.add_argument("job", help="job file (TOML)")
+    run.set_defaults(handler=_run)
+
+    clean = commands.add_parser(
+        "clean", help="clean the filthiest logs, then back off (Kafka's CleanerThread)"
+    )
+    _log_selection(clean)
+    clean.add_argument("--once", action="store_true", help="clean each cleanable log once, exit")
+    clean.add_argument("--force", action="store_true", help="clean any cleanable bytes")
+    clean.add_argument(
+        "--backoff-ms", type=int, default=15_000, help="log.cleaner.backoff.ms (default 15000)"
+    )
+    clean.set_defaults(handler=_clean)
+
+    status = commands.add_parser("status", help="cleaner gauges per log and partition")
+    _log_selection(status)
+    status.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    status.add_argument("--plot", metavar="FILE.png", help="draw dirty ratio and size over time")
+    status.set_defaults(handler=_status)
+
+    export = commands.add_parser("export", help="export a log's state to Avro container files")
+    export.add_argument("log", help="the log's path")
+    export.add_argument("--to", required=True, help="output directory (must hold no export)")
+    export.add_argument("--codec", default="deflate", help="Avro codec (default deflate)")
+    export.add_argument("--as-of", help="a Delta version or timestamp (default: now)")
+    export.add_argument("--verify", action="store_true", help="compare the export with state()")
+    export.add_argument("--config", help="job file giving the log's key columns")
+    export.set_defaults(handler=_export)
+
+    replay = commands.add_parser(
+        "replay", help="rebuild a log's state into a new log, from an export or another log"
+    )
+    replay.add_argument("source", help="an export directory, or a log path")
+    replay.add_argument("--to", required=True, help="the new log's path")
+    replay.add_argument("--as-of", help="read a source log at this Delta version or timestamp")
+    replay.add_argument("--key-columns", help="comma-separated (default: from the source)")
+    replay.add_argument("--batch-id", type=int, default=0, help="exactly-once id (default 0)")
+    replay.add_argument(
+        "--verify", action="store_true", help="compare the new state with the source"
+    )
+    replay.set_defaults(handler=_replay)
 
     demo = commands.add_parser("demo", help="stream keyed updates into a local compacted log")
     demo.add_argument("--lake", default="lake-demo", help="lake directory (wiped first)")
@@ -18,18 +87,184 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument("--rows-per-batch", type=int, default=1_000)
     demo.add_argument("--keys", type=int, default=2_000)
     demo.add_argument("--partitions", type=int, default=4)
+    demo.set_defaults(handler=_demo)
+    return parser
 
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    if args.command == "demo":
-        return _demo(args)
-    parser.error(f"unknown command {args.command}")
-    return 2
+
+def _log_selection(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("logs", nargs="*", help="log paths")
+    parser.add_argument(
+        "--config", action="append", default=[], help="job file(s) naming logs and their settings"
+    )
+    parser.add_argument(
+        "--checkpoint-table",
+        action="append",
+        default=[],
+        help="every log registered in this cleaner-offset checkpoint table",
+    )
+
+
+def _session(app: str):
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    from streaming.session import local_session
+
+    return local_session(app)
+
+
+def _out(line: str) -> None:
+    print(line, flush=True)
+
+
+def _err(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from streaming.job import load_job
+    from streaming.runner import start
+
+    job = load_job(args.job)
+    spark = _session(f"compacted-sink-run-{job.file.stem}")
+    for key, value in job.spark.items():
+        spark.conf.set(key, value)
+    query, sinks = start(spark, job, out=_err)
+    _err(f"run: query {query.name} started ({len(sinks)} log(s)); {args.job}")
+    try:
+        query.awaitTermination()
+    except KeyboardInterrupt:
+        query.stop()
+    for sink in sinks:
+        _out(f"{sink.path}: dirty ratio {sink.dirty_ratio():.2f}")
+    return 0
+
+
+def _refs(args: argparse.Namespace):
+    from streaming.registry import discover_logs
+
+    return discover_logs(
+        paths=args.logs, job_files=args.config, checkpoint_tables=args.checkpoint_table
+    )
+
+
+def _clean(args: argparse.Namespace) -> int:
+    from streaming.cleaner_thread import CleanerThread
+
+    refs = _refs(args)
+    for ref in refs:
+        if ref.inferred:
+            _err(
+                f"clean: {ref.spec.path}: no job file given; key columns "
+                f"{list(ref.spec.key_columns)} read from its schema, default cleaner settings"
+            )
+    _session("compacted-sink-clean")
+    thread = CleanerThread(refs, force=args.force, backoff_ms=args.backoff_ms, out=_out)
+    if args.once:
+        thread.run_once()
+        return 0
+    _err(f"clean: cleaning {len(refs)} log(s); backing off {args.backoff_ms} ms when idle")
+    try:
+        thread.run()
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from streaming.status import history, log_status, plot_history, render_json, render_table
+
+    refs = _refs(args)
+    statuses = []
+    for ref in refs:
+        status = log_status(ref.sink(), settings_inferred=ref.inferred)
+        if status is not None:
+            statuses.append(status)
+    _out(render_json(statuses) if args.json else render_table(statuses))
+    if args.plot:
+        series = {ref.spec.path: history(ref.sink()) for ref in refs}
+        ratios = {ref.spec.config.min_cleanable_dirty_ratio for ref in refs}
+        plot_history(series, args.plot, threshold=ratios.pop() if len(ratios) == 1 else None)
+        _err(f"status: plot written to {args.plot}")
+    return 0
+
+
+def _as_of(text: str | None):
+    if text is None:
+        return None
+    return int(text) if text.isdigit() else text
+
+
+def _export(args: argparse.Namespace) -> int:
+    from sinks.replay import export_state, verify_export
+    from sinks.storage import normalize_uri
+    from streaming.progress import spark_progress
+    from streaming.registry import discover_logs
+
+    wanted = normalize_uri(args.log)
+    refs = discover_logs(paths=[wanted], job_files=[args.config] if args.config else [])
+    found = [r for r in refs if r.spec.path == wanted]
+    if not found:
+        raise ConfigError(f"export: no compacted log at {args.log}")
+    sink = found[0].sink()
+    spark = _session("compacted-sink-export")
+    with spark_progress(spark, "export", out=_err):
+        report = export_state(
+            sink, args.to, codec=args.codec, as_of=_as_of(args.as_of), progress=_err
+        )
+    _out(report.summary())
+    if args.verify:
+        with spark_progress(spark, "verify", out=_err):
+            verification = verify_export(sink, args.to)
+        _out(verification.summary())
+        return 0 if verification.ok else EXIT_FAILED
+    return 0
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from sinks import CompactedStateSink
+    from sinks.replay import read_export, read_manifest, restore
+    from sinks.storage import normalize_uri
+    from streaming.progress import spark_progress
+    from streaming.registry import infer_log
+
+    spark = _session("compacted-sink-replay")
+    source_path = normalize_uri(args.source)
+    if infer_log(source_path) is not None:
+        ref = infer_log(source_path)
+        assert ref is not None
+        source_sink = ref.sink()
+        source = source_sink.state(as_of=_as_of(args.as_of))
+        keys = ref.spec.key_columns
+        name = f"{source_path} (state as of {args.as_of or 'now'})"
+    else:
+        manifest = read_manifest(source_path)
+        source = read_export(spark, source_path)
+        keys = tuple(manifest["key_columns"])
+        name = f"export {source_path} ({manifest['keys']} keys, Delta v{manifest['log_version']})"
+    if args.key_columns:
+        keys = tuple(k.strip() for k in args.key_columns.split(","))
+    target = CompactedStateSink(args.to, key_columns=keys)
+    with spark_progress(spark, "replay", out=_err):
+        report = restore(source, target, source_name=name, batch_id=args.batch_id, progress=_err)
+    _out(report.summary())
+    if args.verify:
+        restored = target.state()
+        missing = source.exceptAll(restored).count()
+        extra = restored.exceptAll(source).count()
+        verdict = "matches" if missing == extra == 0 else "DOES NOT match"
+        _out(
+            f"state() of {target.path} {verdict} the source: {restored.count()} keys, "
+            f"{missing} missing, {extra} unexpected"
+        )
+        return 0 if missing == extra == 0 else EXIT_FAILED
+    return 0
 
 
 def _demo(args: argparse.Namespace) -> int:
     from streaming.demo import DemoSettings, run
-    from streaming.session import local_session
 
     settings = DemoSettings(
         lake=args.lake,
@@ -38,8 +273,8 @@ def _demo(args: argparse.Namespace) -> int:
         keys=args.keys,
         partitions=args.partitions,
     )
-    ok = run(local_session("compacted-sink-demo"), settings, out=lambda line: print(line, flush=True))
-    return 0 if ok else 1
+    ok = run(_session("compacted-sink-demo"), settings, out=_out)
+    return 0 if ok else EXIT_FAILED
 
 
 if __name__ == "__main__":

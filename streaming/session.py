@@ -9,7 +9,7 @@ from pyspark.sql import SparkSession
 
 
 def local_session(app_name: str = "compacted-sink", master: str | None = None) -> SparkSession:
-    """A SparkSession for jobs and notebooks: ``local[*]`` unless ``master`` (or SPARK_MASTER) says."""
+    """A SparkSession for jobs and notebooks: ``local[*]`` unless ``master`` or SPARK_MASTER say."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = (
         SparkSession.builder.master(master or os.environ.get("SPARK_MASTER", "local[*]"))

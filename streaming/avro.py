@@ -1,0 +1,387 @@
+"""Avro values in Confluent's wire format, decoded with fastavro on the executors.
+
+A Confluent-serialized value is a magic byte 0, a 4-byte big-endian schema id,
+and the Avro binary body written with that (writer) schema. `ConfluentAvroDecoder`
+finds the schema ids of a batch (one small Spark job), fetches the writer
+schemas on the driver (from a `SchemaStore`: a local directory or file, or a
+schema registry over HTTP), and ships them to a ``mapInArrow`` task that decodes
+each value into the reader schema's struct.
+
+Invariants: a null value (a tombstone) stays null and is not an error; a value
+that cannot be decoded becomes null *and* gets a reason in the ``_decode_error``
+column (the column the sink's dead-letter path reads), so it is never mistaken
+for a tombstone. `DecodingHook` applies SPEC rule 12: it fails the batch saying
+how many rows and why, or, when the sink quarantines, lets the sink send them to
+its dead-letter table. With ``keep_raw`` the original bytes stay in ``value_raw``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+import urllib.request
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import fastavro
+import pyarrow as pa
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+from pyspark.sql.pandas.types import to_arrow_schema
+
+from sinks.errors import BadInputError, CompactedSinkError
+
+DECODE_ERROR = "_decode_error"
+"""Why a row's payload could not be decoded (null if it could); read by the dead-letter path."""
+RAW_SUFFIX = "_raw"
+MAGIC_BYTE = 0
+_HEADER = struct.Struct(">bI")
+
+
+class SchemaNotFoundError(CompactedSinkError):
+    """Raised when a reader schema or a schema registry cannot be read."""
+
+
+class SchemaStore:
+    """Writer schemas by Confluent schema id: local ones first, then a registry, cached.
+
+    ``directory`` holds ``<id>.avsc`` (or ``<id>.json``) files; ``file`` is one JSON
+    object mapping ids to schemas; ``registry_url`` is a Confluent-compatible
+    schema registry (``GET /schemas/ids/<id>``). Lookups happen on the driver only.
+    """
+
+    def __init__(
+        self,
+        schemas: Mapping[int, Any] | None = None,
+        *,
+        registry_url: str | None = None,
+        timeout_s: float = 10.0,
+    ) -> None:
+        self._schemas = {int(k): _as_schema(v) for k, v in (schemas or {}).items()}
+        self.registry_url = registry_url.rstrip("/") if registry_url else None
+        self.timeout_s = timeout_s
+
+    @classmethod
+    def from_path(cls, path: str | Path, *, registry_url: str | None = None) -> SchemaStore:
+        """Schemas from a directory of ``<id>.avsc`` files, or a JSON file of ``{id: schema}``."""
+        source = Path(path)
+        if source.is_dir():
+            schemas = {}
+            for file in sorted(source.iterdir()):
+                if file.suffix in (".avsc", ".json") and file.stem.isdigit():
+                    schemas[int(file.stem)] = json.loads(file.read_text())
+            return cls(schemas, registry_url=registry_url)
+        if source.is_file():
+            return cls(json.loads(source.read_text()), registry_url=registry_url)
+        raise SchemaNotFoundError(f"no schema directory or file at {path}")
+
+    @property
+    def ids(self) -> list[int]:
+        return sorted(self._schemas)
+
+    def get(self, schema_id: int) -> dict | None:
+        """The writer schema with this id; None when neither files nor registry know it."""
+        if schema_id not in self._schemas and self.registry_url:
+            found = self._fetch(f"/schemas/ids/{schema_id}", missing_ok=True)
+            if found is not None:
+                self._schemas[schema_id] = _as_schema(found["schema"])
+        return self._schemas.get(schema_id)
+
+    def latest(self, subject: str | None = None) -> dict:
+        """A reader schema: the subject's latest in the registry, else the highest local id."""
+        if subject is not None:
+            if not self.registry_url:
+                raise SchemaNotFoundError(f"subject {subject!r} given without a registry_url")
+            found = self._fetch(f"/subjects/{subject}/versions/latest")
+            assert found is not None
+            self._schemas[int(found["id"])] = _as_schema(found["schema"])
+            return self._schemas[int(found["id"])]
+        if not self._schemas:
+            raise SchemaNotFoundError("no local schemas to take a reader schema from")
+        return self._schemas[max(self._schemas)]
+
+    def _fetch(self, path: str, *, missing_ok: bool = False) -> dict | None:
+        request = urllib.request.Request(
+            f"{self.registry_url}{path}",
+            headers={"Accept": "application/vnd.schemaregistry.v1+json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as e:
+            if e.code == 404 and missing_ok:
+                return None
+            raise SchemaNotFoundError(f"schema registry {self.registry_url}{path}: {e}") from e
+        except OSError as e:
+            raise SchemaNotFoundError(f"schema registry {self.registry_url}{path}: {e}") from e
+
+
+def _as_schema(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def encode_confluent(schema_id: int, schema: Any, record: Any) -> bytes:
+    """One value in Confluent's wire format (for producers, tests and examples)."""
+    body = io.BytesIO()
+    fastavro.schemaless_writer(body, fastavro.parse_schema(schema), record)
+    return _HEADER.pack(MAGIC_BYTE, schema_id) + body.getvalue()
+
+
+class ConfluentAvroDecoder:
+    """Decodes the ``column`` of a DataFrame from Confluent Avro into the reader schema's type.
+
+    ``reader_schema`` defaults to the store's latest schema; every batch decodes
+    into it (Avro schema resolution), so the log's schema stays the same when
+    producers move to a newer compatible writer schema.
+    """
+
+    def __init__(
+        self,
+        store: SchemaStore,
+        *,
+        reader_schema: Any | None = None,
+        subject: str | None = None,
+        column: str = "value",
+        keep_raw: bool = False,
+    ) -> None:
+        self.store = store
+        self.reader_schema = (
+            _as_schema(reader_schema) if reader_schema is not None else store.latest(subject)
+        )
+        self.data_type = avro_to_spark(self.reader_schema)
+        self.column = column
+        self.keep_raw = keep_raw
+
+    def output_schema(self, input_schema: T.StructType) -> T.StructType:
+        fields = []
+        for f in input_schema.fields:
+            if f.name == self.column:
+                fields.append(T.StructField(self.column, self.data_type, True))
+                if self.keep_raw:
+                    fields.append(T.StructField(self.column + RAW_SUFFIX, T.BinaryType(), True))
+            else:
+                fields.append(f)
+        fields.append(T.StructField(DECODE_ERROR, T.StringType(), True))
+        return T.StructType(fields)
+
+    def decode(self, df: DataFrame) -> DataFrame:
+        """``df`` with ``column`` decoded and ``_decode_error`` added; runs one job to find ids."""
+        value = F.col(self.column)
+        headers = (
+            df.filter(value.isNotNull() & (F.octet_length(value) >= _HEADER.size))
+            .select(F.substring(value, 1, _HEADER.size).alias("h"))
+            .distinct()
+            .collect()
+        )
+        writers = {}
+        for row in headers:
+            magic, schema_id = _HEADER.unpack(bytes(row["h"]))
+            if magic == MAGIC_BYTE:
+                schema = self.store.get(schema_id)
+                if schema is not None:
+                    writers[schema_id] = schema
+        schema = self.output_schema(df.schema)
+        task = _DecodeTask(
+            column=self.column,
+            keep_raw=self.keep_raw,
+            writer_schemas=json.dumps({str(k): v for k, v in writers.items()}),
+            reader_schema=json.dumps(self.reader_schema),
+            output_schema=schema.json(),
+        )
+        return df.mapInArrow(task, schema)
+
+
+@dataclass(frozen=True)
+class _DecodeTask:
+    """The picklable function each task runs: Confluent bytes in, reader-schema structs out."""
+
+    column: str
+    keep_raw: bool
+    writer_schemas: str
+    reader_schema: str
+    output_schema: str
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        reader = fastavro.parse_schema(json.loads(self.reader_schema))
+        writers = {
+            int(k): fastavro.parse_schema(v) for k, v in json.loads(self.writer_schemas).items()
+        }
+        out_schema = to_arrow_schema(
+            T.StructType.fromJson(json.loads(self.output_schema)), timezone="UTC"
+        )
+        value_type = out_schema.field(self.column).type
+        for batch in batches:
+            decoded, errors = [], []
+            raw = batch.column(self.column).to_pylist()
+            for payload in raw:
+                record, error = _decode(payload, writers, reader)
+                decoded.append(_arrow_value(record))
+                errors.append(error)
+            columns = []
+            for name in out_schema.names:
+                if name == self.column:
+                    columns.append(pa.array(decoded, type=value_type))
+                elif name == self.column + RAW_SUFFIX and self.keep_raw:
+                    columns.append(pa.array(raw, type=pa.binary()))
+                elif name == DECODE_ERROR:
+                    columns.append(pa.array(errors, type=pa.string()))
+                else:
+                    columns.append(batch.column(name))
+            yield pa.RecordBatch.from_arrays(columns, schema=out_schema)
+
+
+def _decode(
+    payload: bytes | None, writers: Mapping[int, Any], reader: Any
+) -> tuple[Any, str | None]:
+    if payload is None:
+        return None, None  # a tombstone stays a tombstone
+    if len(payload) < _HEADER.size:
+        return None, f"value of {len(payload)} bytes is shorter than the Confluent header"
+    magic, schema_id = _HEADER.unpack_from(payload)
+    if magic != MAGIC_BYTE:
+        return None, f"magic byte {magic} is not Confluent's 0"
+    writer = writers.get(schema_id)
+    if writer is None:
+        return None, f"unknown schema id {schema_id}"
+    try:
+        body = io.BytesIO(payload[_HEADER.size :])
+        record = fastavro.schemaless_reader(body, writer, reader)
+    except Exception as e:  # fastavro raises many types for a corrupt body
+        return None, f"Avro body does not decode with schema id {schema_id}: {type(e).__name__}"
+    if body.tell() != len(payload) - _HEADER.size:
+        return None, f"Avro body has trailing bytes after schema id {schema_id}'s record"
+    return record, None
+
+
+def _arrow_value(value: Any) -> Any:
+    """fastavro's Python values as pyarrow takes them (UUIDs become text)."""
+    if isinstance(value, dict):
+        return {k: _arrow_value(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_arrow_value(v) for v in value]
+    if type(value).__name__ == "UUID":
+        return str(value)
+    return value
+
+
+# -- Avro schemas as Spark types -------------------------------------------------------
+
+_PRIMITIVES: dict[str, T.DataType] = {
+    "boolean": T.BooleanType(),
+    "int": T.IntegerType(),
+    "long": T.LongType(),
+    "float": T.FloatType(),
+    "double": T.DoubleType(),
+    "bytes": T.BinaryType(),
+    "string": T.StringType(),
+}
+_LOGICAL: dict[str, Callable[[dict], T.DataType]] = {
+    "date": lambda s: T.DateType(),
+    "timestamp-millis": lambda s: T.TimestampType(),
+    "timestamp-micros": lambda s: T.TimestampType(),
+    "local-timestamp-millis": lambda s: T.TimestampNTZType(),
+    "local-timestamp-micros": lambda s: T.TimestampNTZType(),
+    "decimal": lambda s: T.DecimalType(s["precision"], s.get("scale", 0)),
+    "uuid": lambda s: T.StringType(),
+}
+
+
+def avro_to_spark(schema: Any) -> T.DataType:
+    """The Spark type of an Avro schema. Raises `SchemaNotFoundError` for what it cannot map."""
+    return _to_spark(schema, {}, "value")
+
+
+def _to_spark(schema: Any, named: dict[str, T.DataType], where: str) -> T.DataType:
+    if isinstance(schema, str):
+        if schema in _PRIMITIVES:
+            return _PRIMITIVES[schema]
+        if schema in named:
+            return named[schema]
+        raise SchemaNotFoundError(f"{where}: Avro type {schema!r} is not supported or not defined")
+    if isinstance(schema, list):
+        branches = [b for b in schema if b != "null"]
+        if len(branches) != 1:
+            raise SchemaNotFoundError(f"{where}: a union other than [null, T] is not supported")
+        return _to_spark(branches[0], named, where)
+    kind = schema.get("type")
+    logical = schema.get("logicalType")
+    if logical in _LOGICAL:
+        return _LOGICAL[logical](schema)
+    if kind == "record":
+        struct = T.StructType(
+            [
+                T.StructField(
+                    f["name"], _to_spark(f["type"], named, f"{where}.{f['name']}"), _nullable(f)
+                )
+                for f in schema["fields"]
+            ]
+        )
+        named[schema["name"]] = struct
+        if schema.get("namespace"):
+            named[f"{schema['namespace']}.{schema['name']}"] = struct
+        return struct
+    if kind == "enum":
+        named[schema["name"]] = T.StringType()
+        return T.StringType()
+    if kind == "fixed":
+        named[schema["name"]] = T.BinaryType()
+        return T.BinaryType()
+    if kind == "array":
+        return T.ArrayType(_to_spark(schema["items"], named, f"{where}[]"), True)
+    if kind == "map":
+        return T.MapType(T.StringType(), _to_spark(schema["values"], named, f"{where}{{}}"), True)
+    return _to_spark(kind, named, where)
+
+
+def _nullable(field: Mapping[str, Any]) -> bool:
+    kind = field["type"]
+    return isinstance(kind, list) and "null" in kind
+
+
+class DecodingHook:
+    """A foreachBatch hook: decode the batch, apply SPEC rule 12, then hand it to ``hook``.
+
+    When rows are undecodable and ``quarantine`` is False the batch fails with
+    `BadInputError` saying how many and why, and nothing is written; with
+    ``quarantine`` (the sink has a dead-letter table) the ``_decode_error``
+    column goes to the sink, which sends those rows to its dead-letter table.
+    """
+
+    def __init__(
+        self,
+        hook: Callable[[DataFrame, int], None],
+        decoder: ConfluentAvroDecoder,
+        *,
+        quarantine: bool = False,
+    ) -> None:
+        self.hook = hook
+        self.decoder = decoder
+        self.quarantine = quarantine
+
+    def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
+        decoded = self.decoder.decode(batch_df).persist()
+        try:
+            reasons = (
+                decoded.filter(F.col(DECODE_ERROR).isNotNull())
+                .groupBy(DECODE_ERROR)
+                .count()
+                .collect()
+            )
+            bad = sum(r["count"] for r in reasons)
+            if bad and not self.quarantine:
+                total = decoded.count()
+                why = "; ".join(
+                    f"{r['count']}: {r[DECODE_ERROR]}"
+                    for r in sorted(reasons, key=lambda r: -r["count"])[:5]
+                )
+                raise BadInputError(
+                    f"batch {batch_id}: {bad} of {total} rows have an undecodable Avro "
+                    f"'{self.decoder.column}' ({why}); nothing was written"
+                )
+            self.hook(decoded if bad else decoded.drop(DECODE_ERROR), batch_id)
+        finally:
+            decoded.unpersist()

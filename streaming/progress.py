@@ -1,0 +1,124 @@
+"""Progress: a line per micro-batch, and progress lines for long work (a pass, a replay, an export).
+
+Three pieces, all printing plain text lines (to stderr by default, so a job's
+stdout stays machine-readable):
+
+- `ProgressHook` wraps a sink's foreachBatch hook and prints the sink's own
+  summary of each batch: records appended, dirty ratio, and the pass summary
+  when the append triggered a clean.
+- `ProgressListener` is a `StreamingQueryListener`: Spark's view of each
+  micro-batch (input rows, rate, duration), for queries whose sink is not ours.
+- `spark_progress` is a context manager that polls Spark's status tracker while
+  long work runs and prints ``<label>: done/total tasks (percent), elapsed``.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming import StreamingQueryListener
+
+from sinks import CompactedStateSink
+
+Out = Callable[[str], None]
+
+
+def stderr_line(line: str) -> None:
+    """Print one progress line to stderr, flushed (the default ``out``)."""
+    print(line, file=sys.stderr, flush=True)
+
+
+class ProgressHook:
+    """A foreachBatch hook: runs ``sink`` on the batch, then prints its one-line summary.
+
+    Idempotent exactly as the sink is (a replayed batch prints "already committed").
+    """
+
+    def __init__(
+        self, sink: CompactedStateSink, *, out: Out = stderr_line, label: str = ""
+    ) -> None:
+        self.sink = sink
+        self.out = out
+        self.label = label
+
+    def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
+        self.sink(batch_df, batch_id)
+        report = self.sink.last_append
+        if report is not None:
+            self.out(f"{self.label}{report.summary()}")
+
+
+class ProgressListener(StreamingQueryListener):
+    """Prints one line per micro-batch from Spark's `StreamingQueryProgress`."""
+
+    def __init__(self, out: Out = stderr_line) -> None:
+        self.out = out
+
+    def onQueryStarted(self, event) -> None:  # noqa: N802 (Spark's name)
+        self.out(f"query {event.name or event.id} started (run {event.runId})")
+
+    def onQueryProgress(self, event) -> None:  # noqa: N802
+        p = event.progress
+        total_ms = (p.durationMs or {}).get("triggerExecution", 0)
+        rate = p.processedRowsPerSecond or 0.0
+        self.out(
+            f"query {p.name or p.id} batch {p.batchId}: {p.numInputRows} input rows, "
+            f"{rate:.0f} rows/s, {total_ms / 1000:.1f} s"
+        )
+
+    def onQueryIdle(self, event) -> None:  # noqa: N802
+        pass
+
+    def onQueryTerminated(self, event) -> None:  # noqa: N802
+        tail = f" with error: {event.exception.splitlines()[0]}" if event.exception else ""
+        self.out(f"query {event.id} terminated{tail}")
+
+
+@contextmanager
+def spark_progress(
+    spark: SparkSession, label: str, *, out: Out = stderr_line, every_s: float = 2.0
+) -> Iterator[None]:
+    """Print ``label: done/total tasks`` lines while the block runs Spark jobs.
+
+    Polls the status tracker of the block's job group in a daemon thread; prints
+    only when the count changed, and a final line with the elapsed time.
+    """
+    context = spark.sparkContext
+    group = f"compacted-sink-{label}-{time.monotonic_ns()}"
+    context.setJobGroup(group, label, interruptOnCancel=False)
+    tracker = context.statusTracker()
+    stop = threading.Event()
+    started = time.monotonic()
+
+    def poll() -> None:
+        last = None
+        while not stop.wait(every_s):
+            done = total = 0
+            for job_id in tracker.getJobIdsForGroup(group):
+                job = tracker.getJobInfo(job_id)
+                for stage_id in job.stageIds if job else []:
+                    stage = tracker.getStageInfo(stage_id)
+                    if stage:
+                        done += stage.numCompletedTasks
+                        total += stage.numTasks
+            if total and (done, total) != last:
+                last = (done, total)
+                out(
+                    f"{label}: {done}/{total} tasks ({done / total:.0%}), "
+                    f"{time.monotonic() - started:.0f} s"
+                )
+
+    thread = threading.Thread(target=poll, name=f"progress-{label}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        context.setLocalProperty("spark.jobGroup.id", None)
+        out(f"{label}: done in {time.monotonic() - started:.1f} s")

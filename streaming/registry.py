@@ -1,0 +1,89 @@
+"""Which logs an operator's command works on, and with what settings.
+
+A cleaner-offset checkpoint table lists the logs it has cleaned (Kafka's
+``cleaner-offset-checkpoint`` lists the partitions of a log dir), but not their
+key columns or cleaner settings. Those come from the job files that write the
+logs; a registered log no job file describes gets the default `CleanerConfig`
+and key columns read from its schema (the sink writes the key columns first,
+before ``value``), and `LogRef.inferred` says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from checkpoints import CleanerOffsetCheckpoint
+from sinks import CleanerConfig, CompactedStateSink
+from sinks.errors import ConfigError
+from sinks.log_table import LogTable
+from sinks.records import VALUE
+from sinks.storage import normalize_uri
+from streaming.job import LogSpec, load_job
+
+
+@dataclass(frozen=True)
+class LogRef:
+    """A log to operate on; ``inferred`` when its settings were not given by a job file."""
+
+    spec: LogSpec
+    inferred: bool = False
+
+    def sink(self) -> CompactedStateSink:
+        return self.spec.sink()
+
+
+def discover_logs(
+    *,
+    paths: Sequence[str] = (),
+    job_files: Sequence[str] = (),
+    checkpoint_tables: Sequence[str] = (),
+) -> list[LogRef]:
+    """The logs named by path, by job file, or registered in a checkpoint table, deduplicated.
+
+    Settings from a job file win; other logs get inferred settings. A log whose
+    table does not exist (yet) is skipped. Raises `ConfigError` when nothing is named.
+    """
+    specs: dict[str, LogRef] = {}
+    for file in job_files:
+        for spec in load_job(file).logs:
+            specs.setdefault(normalize_uri(spec.path), LogRef(spec))
+    candidates = [normalize_uri(p) for p in paths]
+    for table in checkpoint_tables:
+        checkpoint = CleanerOffsetCheckpoint(normalize_uri(table))
+        for log in checkpoint.logs():
+            candidates.append(log)
+            if log not in specs:
+                ref = infer_log(log, checkpoint_table=normalize_uri(table))
+                if ref is not None:
+                    specs[log] = ref
+    for path in candidates:
+        if path not in specs:
+            ref = infer_log(path)
+            if ref is not None:
+                specs[path] = ref
+    if not specs and not (paths or job_files or checkpoint_tables):
+        raise ConfigError("name at least one log path, --config job file or --checkpoint-table")
+    return [specs[p] for p in sorted(specs)]
+
+
+def infer_log(path: str, *, checkpoint_table: str | None = None) -> LogRef | None:
+    """Settings for a log no job file describes; None when no table exists at ``path``."""
+    snapshot = LogTable(normalize_uri(path)).snapshot()
+    if snapshot is None:
+        return None
+    spec = LogSpec(
+        path=normalize_uri(path),
+        key_columns=key_columns_of(snapshot.spark_schema.names),
+        config=CleanerConfig(),
+        checkpoint_table=checkpoint_table,
+    )
+    return LogRef(spec, inferred=True)
+
+
+def key_columns_of(columns: Iterable[str]) -> tuple[str, ...]:
+    """The key columns of a log's schema: every column before ``value``."""
+    names = list(columns)
+    if VALUE not in names or names.index(VALUE) == 0:
+        raise ConfigError(f"cannot tell the key columns of a log with columns {names}")
+    return tuple(names[: names.index(VALUE)])

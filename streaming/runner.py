@@ -1,0 +1,111 @@
+"""Starting the streaming query a job file describes: source → (Avro decoding) → sink(s).
+
+One query per job. Its foreachBatch hook is the sink (wrapped to print one
+progress line per micro-batch), or a `TopicRouter` over one sink per topic, with
+`DecodingHook` in front when the job has an ``[avro]`` section. Exactly-once
+comes from the sinks (their Delta ``txn`` per batch id) and the query's own
+checkpoint location, which the job names or which defaults to ``_chk/<log name>``
+beside the (first) log.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming import StreamingQuery
+
+from sinks import CompactedStateSink
+from sinks.storage import join, sibling
+from streaming.job import JobConfig
+from streaming.kafka import TopicRouter, kafka_shaped_files, kafka_stream
+from streaming.progress import ProgressHook, stderr_line
+
+Hook = Callable[[DataFrame, int], None]
+
+
+def build_source(spark: SparkSession, job: JobConfig) -> DataFrame:
+    """The job's input stream, in the Kafka source's shape."""
+    source = job.source
+    if source["format"] == "files":
+        return kafka_shaped_files(
+            spark,
+            source["path"],
+            file_format=source.get("file_format", "parquet"),
+            max_files_per_trigger=source.get("max_files_per_trigger"),
+        )
+    if source["format"] == "kafka":
+        return kafka_stream(spark, {str(k): str(v) for k, v in source["options"].items()})
+    from streaming.demo import DemoSettings, keyed_updates
+
+    settings = DemoSettings(
+        keys=int(source.get("keys", 2_000)),
+        partitions=int(source.get("partitions", 4)),
+        rows_per_batch=int(source.get("rows_per_batch", 1_000)),
+    )
+    return keyed_updates(spark, settings)
+
+
+def build_hook(
+    job: JobConfig, *, out: Callable[[str], None] = stderr_line
+) -> tuple[Hook, list[CompactedStateSink]]:
+    """The query's foreachBatch hook and the sinks behind it."""
+    sinks = [log.sink() for log in job.logs]
+    if job.routed:
+        routes: dict[str, Hook] = {
+            log.topic or "": ProgressHook(sink, out=out, label=f"[{log.topic}] ")
+            for log, sink in zip(job.logs, sinks, strict=True)
+        }
+        hook: Hook = TopicRouter(routes)
+    else:
+        hook = ProgressHook(sinks[0], out=out)
+    if job.avro is not None:
+        from streaming.avro import ConfluentAvroDecoder, DecodingHook, SchemaStore
+
+        avro = job.avro
+        if "schemas" in avro:
+            store = SchemaStore.from_path(avro["schemas"], registry_url=avro.get("registry_url"))
+        else:
+            store = SchemaStore(registry_url=avro.get("registry_url"))
+        reader = None
+        if "reader_schema" in avro:
+            reader = json.loads(Path(avro["reader_schema"]).read_text())
+        decoder = ConfluentAvroDecoder(
+            store,
+            reader_schema=reader,
+            subject=avro.get("subject"),
+            keep_raw=bool(avro.get("keep_raw", False)),
+        )
+        quarantine = all(log.dead_letter_table for log in job.logs)
+        hook = DecodingHook(hook, decoder, quarantine=quarantine)
+    return hook, sinks
+
+
+def checkpoint_location(job: JobConfig) -> str:
+    """Where the query keeps its offsets: the job's setting, or ``_chk/<log name>`` beside it."""
+    for log in job.logs:
+        if log.checkpoint_location:
+            return log.checkpoint_location
+    first = job.logs[0].path
+    return join(sibling(first, "_chk"), first.rstrip("/").rsplit("/", 1)[-1])
+
+
+def start(
+    spark: SparkSession, job: JobConfig, *, out: Callable[[str], None] = stderr_line
+) -> tuple[StreamingQuery, list[CompactedStateSink]]:
+    """Start the job's query (not waiting for it); returns it with the sinks it writes."""
+    hook, sinks = build_hook(job, out=out)
+    writer = (
+        build_source(spark, job)
+        .writeStream.foreachBatch(hook)
+        .queryName(job.file.stem)
+        .option("checkpointLocation", checkpoint_location(job))
+    )
+    trigger = job.trigger
+    if trigger.get("available_now") or trigger.get("once"):
+        writer = writer.trigger(availableNow=True)
+    elif "processing_time" in trigger:
+        writer = writer.trigger(processingTime=str(trigger["processing_time"]))
+    return writer.start(), sinks

@@ -1,0 +1,347 @@
+"""`status`: Kafka's log-cleaner gauges, per log and partition, read from Delta metadata alone.
+
+Ports what Kafka's ``LogCleaner`` and ``LogCleanerManager`` publish as metrics:
+``max-dirty-percent``, ``max-clean-time-secs``, ``max-buffer-utilization`` (here:
+recopy percent, bytes written over bytes read), ``max-compaction-delay-secs``,
+``uncleanable-partitions-count`` and ``uncleanable-bytes``. Every figure comes
+from the Delta log's file statistics, the log's ``txn`` offsets and the
+cleaner-offset checkpoint table: no Spark job runs, so status is cheap.
+
+`history` walks the log's Delta versions (each commit's ``compactedSink``
+metadata says whether it was an append or a pass) and `plot_history` draws
+dirty ratio and log size over time.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+
+from deltalake import DeltaTable
+
+from sinks import CleanerConfig, CompactedStateSink
+from sinks.log_table import COMMIT_INFO_KEY, now_ms
+from sinks.log_to_clean import LogToClean, dirty_ratio
+
+
+@dataclass(frozen=True)
+class PartitionStatus:
+    """One partition's gauges. Offsets are half-open: the cleanable section is
+    ``[first_dirty_offset, first_uncleanable_offset)``."""
+
+    partition: int
+    log_start_offset: int
+    first_dirty_offset: int
+    first_uncleanable_offset: int
+    log_end_offset: int
+    files: int
+    records: int
+    size_bytes: int
+    dirty_ratio: float
+    cleanable: bool
+    cleanable_because: str | None
+    max_dirty_ratio: float | None
+    last_clean_ms: int | None
+    last_pass_duration_ms: int | None
+    recopy_ratio: float | None
+    compaction_delay_ms: int
+    cleaner_state: str
+    uncleanable_reason: str | None
+
+
+@dataclass(frozen=True)
+class LogStatus:
+    """A log's gauges: its partitions, and Kafka's per-cleaner maxima over them."""
+
+    path: str
+    version: int
+    min_cleanable_dirty_ratio: float
+    partitions: tuple[PartitionStatus, ...]
+    settings_inferred: bool = False
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(p.size_bytes for p in self.partitions)
+
+    @property
+    def dirty_ratio(self) -> float:
+        cleanable = sum(p.dirty_ratio * p.size_bytes for p in self.partitions)
+        return cleanable / self.size_bytes if self.size_bytes else 0.0
+
+    @property
+    def max_dirty_ratio(self) -> float:
+        return max((p.dirty_ratio for p in self.partitions), default=0.0)
+
+    @property
+    def uncleanable(self) -> tuple[PartitionStatus, ...]:
+        return tuple(p for p in self.partitions if p.cleaner_state == "uncleanable")
+
+    def to_dict(self) -> dict:
+        return {
+            "path": self.path,
+            "version": self.version,
+            "min_cleanable_dirty_ratio": self.min_cleanable_dirty_ratio,
+            "size_bytes": self.size_bytes,
+            "dirty_ratio": round(self.dirty_ratio, 6),
+            "max_dirty_ratio": round(self.max_dirty_ratio, 6),
+            "uncleanable_partitions": [p.partition for p in self.uncleanable],
+            "uncleanable_bytes": sum(p.size_bytes for p in self.uncleanable),
+            "settings_inferred": self.settings_inferred,
+            "partitions": [asdict(p) for p in self.partitions],
+        }
+
+
+def log_status(
+    sink: CompactedStateSink, *, now: int | None = None, settings_inferred: bool = False
+) -> LogStatus | None:
+    """The gauges of ``sink``'s log now; None when the log does not exist yet. Read-only."""
+    snapshot = sink.log_table.snapshot()
+    if snapshot is None:
+        return None
+    now = now_ms() if now is None else now
+    config = sink.config
+    entries = sink.checkpoints.read(sink.path)
+    partitions = []
+    for log in sink.logs_to_clean(snapshot):
+        segments = snapshot.segments.get(log.partition, [])
+        entry = entries.get((sink.path, log.partition))
+        because = _cleanable_because(log, now, config)
+        recopy = None
+        if entry is not None and entry.bytes_read:
+            recopy = (entry.bytes_written or 0) / entry.bytes_read
+        partitions.append(
+            PartitionStatus(
+                partition=log.partition,
+                log_start_offset=snapshot.log_start_offset(log.partition),
+                first_dirty_offset=log.first_dirty_offset,
+                first_uncleanable_offset=log.first_uncleanable_offset,
+                log_end_offset=snapshot.log_end_offset(log.partition),
+                files=len(segments),
+                records=sum(s.num_records for s in segments),
+                size_bytes=sum(s.size_bytes for s in segments),
+                dirty_ratio=log.cleanable_ratio,
+                cleanable=because is not None,
+                cleanable_because=because,
+                max_dirty_ratio=entry.max_dirty_ratio if entry else None,
+                last_clean_ms=entry.last_clean_ms if entry else None,
+                last_pass_duration_ms=entry.last_pass_duration_ms if entry else None,
+                recopy_ratio=recopy,
+                compaction_delay_ms=log.compaction_delay_ms(now),
+                cleaner_state=entry.cleaner_state if entry else "idle",
+                uncleanable_reason=entry.uncleanable_reason if entry else None,
+            )
+        )
+    return LogStatus(
+        path=sink.path,
+        version=snapshot.version,
+        min_cleanable_dirty_ratio=config.min_cleanable_dirty_ratio,
+        partitions=tuple(partitions),
+        settings_inferred=settings_inferred,
+    )
+
+
+_COLUMNS = (
+    ("part", ">"),
+    ("start", ">"),
+    ("first dirty", ">"),
+    ("uncleanable", ">"),
+    ("end", ">"),
+    ("files", ">"),
+    ("size", ">"),
+    ("dirty %", ">"),
+    ("max dirty %", ">"),
+    ("last pass (UTC)", "<"),
+    ("took", ">"),
+    ("recopy %", ">"),
+    ("delay", ">"),
+    ("state", "<"),
+)
+
+
+def render_table(statuses: Sequence[LogStatus]) -> str:
+    """A plain-text report: one heading line per log, one row per partition, reasons below."""
+    blocks = []
+    for status in statuses:
+        cleanable = [
+            f"p{p.partition} ({p.cleanable_because})" for p in status.partitions if p.cleanable
+        ]
+        heading = (
+            f"{status.path}  (Delta v{status.version}, {len(status.partitions)} partitions, "
+            f"{_size(status.size_bytes)}; dirty {status.dirty_ratio:.1%}, max dirty "
+            f"{status.max_dirty_ratio:.1%}, min.cleanable.dirty.ratio "
+            f"{status.min_cleanable_dirty_ratio}; cleanable now: {' '.join(cleanable) or 'none'}; "
+            f"uncleanable: {len(status.uncleanable)})"
+        )
+        if status.settings_inferred:
+            heading += "  [settings inferred: no job file given]"
+        rows = [[name for name, _ in _COLUMNS]]
+        for p in status.partitions:
+            rows.append(
+                [
+                    str(p.partition),
+                    str(p.log_start_offset),
+                    str(p.first_dirty_offset),
+                    str(p.first_uncleanable_offset),
+                    str(p.log_end_offset),
+                    str(p.files),
+                    _size(p.size_bytes),
+                    f"{p.dirty_ratio:.1%}",
+                    "-" if p.max_dirty_ratio is None else f"{p.max_dirty_ratio:.1%}",
+                    _time(p.last_clean_ms),
+                    "-"
+                    if p.last_pass_duration_ms is None
+                    else f"{p.last_pass_duration_ms / 1000:.1f} s",
+                    "-" if p.recopy_ratio is None else f"{p.recopy_ratio:.0%}",
+                    _duration(p.compaction_delay_ms),
+                    p.cleaner_state,
+                ]
+            )
+        widths = [max(len(r[i]) for r in rows) for i in range(len(_COLUMNS))]
+        lines = [heading]
+        for row in rows:
+            cells = [
+                cell.rjust(w) if align == ">" else cell.ljust(w)
+                for cell, w, (_, align) in zip(row, widths, _COLUMNS, strict=True)
+            ]
+            lines.append("  " + "  ".join(cells).rstrip())
+        for p in status.uncleanable:
+            lines.append(
+                f"  p{p.partition} uncleanable: {p.uncleanable_reason or 'no reason recorded'}"
+            )
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks) if blocks else "no logs found"
+
+
+def render_json(statuses: Sequence[LogStatus]) -> str:
+    return json.dumps({"logs": [s.to_dict() for s in statuses]}, indent=2)
+
+
+@dataclass(frozen=True)
+class HistoryPoint:
+    """The log at one Delta version: its size and dirty ratio, and what the commit was."""
+
+    version: int
+    timestamp_ms: int
+    operation: str
+    size_bytes: int
+    dirty_ratio: float
+
+
+def history(sink: CompactedStateSink, *, max_points: int = 120) -> list[HistoryPoint]:
+    """Size and dirty ratio of the log at (at most ``max_points``) versions, oldest first.
+
+    The first dirty offset at each version comes from the cleaner-offset ``txn``
+    the log recorded by then, so the ratio is the one the cleaner saw at the time.
+    """
+    table = DeltaTable(sink.path, storage_options=sink.storage_options or None)
+    commits = {c["version"]: c for c in table.history() if "version" in c}
+    versions = sorted(commits)
+    if len(versions) > max_points:
+        step = (len(versions) - 1) / (max_points - 1)
+        versions = sorted({versions[round(i * step)] for i in range(max_points)})
+    points = []
+    for version in versions:
+        snapshot = sink.log_table.snapshot(version)
+        if snapshot is None:
+            continue
+        info = commits[version].get(COMMIT_INFO_KEY) or {}
+        if isinstance(info, str):
+            info = json.loads(info)
+        logs = sink.logs_to_clean(snapshot)
+        points.append(
+            HistoryPoint(
+                version=version,
+                timestamp_ms=int(commits[version]["timestamp"]),
+                operation=info.get("operation", commits[version].get("operation", "?")),
+                size_bytes=sum(s.size_bytes for s in snapshot.all_segments()),
+                dirty_ratio=dirty_ratio(logs),
+            )
+        )
+    return points
+
+
+def plot_history(
+    series: dict[str, list[HistoryPoint]], file: str, *, threshold: float | None
+) -> str:
+    """Draw dirty ratio and log size over time for each log into a PNG; returns the file."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (ratio_axis, size_axis) = plt.subplots(2, 1, figsize=(10, 7), sharex=True)
+    for path, points in series.items():
+        if not points:
+            continue
+        name = path.rstrip("/").rsplit("/", 1)[-1]
+        times = [datetime.fromtimestamp(p.timestamp_ms / 1000, UTC) for p in points]
+        ratio_axis.plot(
+            times, [100 * p.dirty_ratio for p in points], drawstyle="steps-post", label=name
+        )
+        size_axis.plot(
+            times, [p.size_bytes / 1024 for p in points], drawstyle="steps-post", label=name
+        )
+        passes = [(t, p) for t, p in zip(times, points, strict=True) if p.operation == "clean"]
+        if passes:
+            size_axis.plot(
+                [t for t, _ in passes],
+                [p.size_bytes / 1024 for _, p in passes],
+                "v",
+                markersize=4,
+                label=f"{name}: cleaning pass",
+            )
+    if threshold is not None:
+        ratio_axis.axhline(
+            100 * threshold, linestyle="--", color="grey", label="min.cleanable.dirty.ratio"
+        )
+    ratio_axis.set_ylabel("dirty ratio (%)")
+    ratio_axis.set_title("compacted log: dirty ratio and size per Delta commit")
+    size_axis.set_ylabel("log size (KiB)")
+    size_axis.set_xlabel("commit time (UTC)")
+    for axis in (ratio_axis, size_axis):
+        axis.grid(alpha=0.3)
+        axis.legend(loc="upper left", fontsize="small")
+    figure.autofmt_xdate()
+    figure.tight_layout()
+    figure.savefig(file, dpi=110)
+    plt.close(figure)
+    return file
+
+
+def _cleanable_because(log: LogToClean, now: int, config: CleanerConfig) -> str | None:
+    """Why SPEC rule 4 makes the partition cleanable now, or None when it is not."""
+    if log.has_expired_tombstones(now):
+        return "expired tombstones"
+    if log.cleanable_bytes and log.cleanable_ratio > config.min_cleanable_dirty_ratio:
+        return "dirty ratio"
+    if log.cleanable_bytes and log.compaction_delay_ms(now) > config.max_compaction_lag_ms:
+        return "max.compaction.lag.ms"
+    return None
+
+
+def _size(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"
+
+
+def _time(ms: int | None) -> str:
+    if ms is None:
+        return "never"
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _duration(ms: int) -> str:
+    if ms <= 0:
+        return "0 s"
+    seconds = ms / 1000
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
