@@ -1,0 +1,447 @@
+"""Cleaner state per log and partition: Kafka's `LogCleanerManager` states, in the checkpoint table.
+
+Kafka keeps ``LogCleaningInProgress``, ``LogCleaningAborted`` and
+``LogCleaningPaused`` in memory, guarded by a lock, because one broker owns its
+logs. Here cleaners run in different processes, so the state lives in the
+checkpoint table's ``cleaner_state`` column and moves by compare-and-set: a
+Delta MERGE whose update only applies when the row is still the one read
+(same ``updated_ms``, state and owner). Two processes racing for one row both
+rewrite the same file; delta-rs fails the second commit, which then re-reads.
+
+States of one (log, partition):
+
+- ``idle`` (or no row): anyone may start a pass.
+- ``in_progress``: ``state_owner`` is cleaning; ``state_heartbeat_ms`` proves it
+  lives. A heartbeat older than ``heartbeat_timeout_ms`` means the owner died
+  (the process was killed mid-pass): another cleaner may take over.
+- ``paused``: `pause_cleaning` was called (around ``delete_records`` and
+  restores); nobody cleans until `resume_cleaning`.
+- ``uncleanable``: the last pass failed with ``uncleanable_reason``; the partition
+  is retried once ``uncleanable_since_ms`` plus an exponential backoff (doubling
+  per failed attempt, capped) has passed, not abandoned until restart.
+
+The state is advisory for correctness: a pass that loses its claim (expired,
+paused) can still only commit against the snapshot it planned from, and delta-rs
+rejects a swap whose removed files another commit already removed. The states
+save wasted passes and make pauses and failures visible to ``status``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict
+
+import pyarrow as pa
+from deltalake import DeltaTable
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
+
+from checkpoints import CheckpointEntry, CleanerOffsetCheckpoint
+from checkpoints.checkpoint_table import CHECKPOINT_SCHEMA
+from sinks.errors import CleanerError, CommitConflictError
+
+IDLE = "idle"
+IN_PROGRESS = "in_progress"
+PAUSED = "paused"
+UNCLEANABLE = "uncleanable"
+
+HEARTBEAT_TIMEOUT_MS = 120_000
+BACKOFF_BASE_MS = 15_000  # Kafka's log.cleaner.backoff.ms
+BACKOFF_MAX_MS = 3_600_000
+_CAS_ATTEMPTS = 20
+_REASON_CHARS = 2_000
+
+
+def default_owner() -> str:
+    """A cleaner's identity: host, process id and a random suffix (pids are reused)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def uncleanable_backoff_ms(
+    failed_attempts: int, *, base_ms: int = BACKOFF_BASE_MS, max_ms: int = BACKOFF_MAX_MS
+) -> int:
+    """How long an uncleanable partition waits before its next try: ``base * 2^(n-1)``, capped."""
+    if failed_attempts <= 0:
+        return 0
+    return min(max_ms, base_ms * 2 ** min(failed_attempts - 1, 40))
+
+
+def may_start_cleaning(
+    entry: CheckpointEntry | None,
+    *,
+    owner: str,
+    now_ms: int,
+    heartbeat_timeout_ms: int = HEARTBEAT_TIMEOUT_MS,
+    backoff_base_ms: int = BACKOFF_BASE_MS,
+    backoff_max_ms: int = BACKOFF_MAX_MS,
+) -> bool:
+    """Whether ``owner`` may start a pass over the partition whose row is ``entry`` (pure)."""
+    if entry is None or entry.cleaner_state in (None, IDLE):
+        return True
+    if entry.cleaner_state == IN_PROGRESS:
+        return entry.state_owner == owner or heartbeat_expired(
+            entry, now_ms=now_ms, heartbeat_timeout_ms=heartbeat_timeout_ms
+        )
+    if entry.cleaner_state == UNCLEANABLE:
+        since = entry.uncleanable_since_ms or 0
+        wait = uncleanable_backoff_ms(
+            entry.failed_attempts or 0, base_ms=backoff_base_ms, max_ms=backoff_max_ms
+        )
+        return now_ms >= since + wait
+    return False  # paused
+
+
+def heartbeat_expired(entry: CheckpointEntry, *, now_ms: int, heartbeat_timeout_ms: int) -> bool:
+    """True when an in-progress pass has not proved it lives for ``heartbeat_timeout_ms``."""
+    beat = entry.state_heartbeat_ms
+    return beat is None or now_ms - beat > heartbeat_timeout_ms
+
+
+class CleanerManager:
+    """The cleaning states of one log's partitions, as seen and changed by one ``owner``.
+
+    ``clock`` gives epoch ms for heartbeats and backoff (a test moves it by hand).
+    Every transition is a compare-and-set on the checkpoint table; none blocks
+    except `pause_cleaning`, which waits for a live pass of another owner to end.
+    """
+
+    def __init__(
+        self,
+        checkpoints: CleanerOffsetCheckpoint,
+        log_path: str,
+        *,
+        owner: str | None = None,
+        clock: Callable[[], int] | None = None,
+        heartbeat_timeout_ms: int = HEARTBEAT_TIMEOUT_MS,
+        backoff_base_ms: int = BACKOFF_BASE_MS,
+        backoff_max_ms: int = BACKOFF_MAX_MS,
+    ) -> None:
+        self.checkpoints = checkpoints
+        self.log_path = log_path
+        self.owner = owner or default_owner()
+        self.clock = clock or (lambda: int(time.time() * 1000))
+        self.heartbeat_timeout_ms = heartbeat_timeout_ms
+        self.backoff_base_ms = backoff_base_ms
+        self.backoff_max_ms = backoff_max_ms
+
+    # -- reading -------------------------------------------------------------------------
+
+    def entries(self) -> dict[int, CheckpointEntry]:
+        """This log's checkpoint rows by partition."""
+        return {p: e for (_, p), e in self.checkpoints.read(self.log_path).items()}
+
+    def may_clean(
+        self, partition: int, entries: Mapping[int, CheckpointEntry] | None = None
+    ) -> bool:
+        """Whether this owner may start a pass over ``partition`` now."""
+        rows = self.entries() if entries is None else entries
+        return may_start_cleaning(
+            rows.get(partition),
+            owner=self.owner,
+            now_ms=self.clock(),
+            heartbeat_timeout_ms=self.heartbeat_timeout_ms,
+            backoff_base_ms=self.backoff_base_ms,
+            backoff_max_ms=self.backoff_max_ms,
+        )
+
+    def busy_partitions(self) -> set[int]:
+        """Partitions another owner is cleaning right now (heartbeat not expired)."""
+        now = self.clock()
+        return {
+            p
+            for p, e in self.entries().items()
+            if e.cleaner_state == IN_PROGRESS
+            and e.state_owner != self.owner
+            and not heartbeat_expired(e, now_ms=now, heartbeat_timeout_ms=self.heartbeat_timeout_ms)
+        }
+
+    # -- transitions ---------------------------------------------------------------------
+
+    def start_cleaning(self, partitions: Iterable[int]) -> list[int]:
+        """Claim ``partitions`` for a pass (state ``in_progress``); returns those claimed.
+
+        A partition is skipped when paused, when another live owner cleans it, or
+        when it is uncleanable and its backoff has not passed.
+        """
+        claimed = []
+        for p in partitions:
+
+            def claim(entry: CheckpointEntry | None, p: int = p) -> CheckpointEntry | None:
+                if not self.may_clean(p, {p: entry} if entry else {}):
+                    return None
+                return self._base(entry, p).with_changes(
+                    cleaner_state=IN_PROGRESS,
+                    state_owner=self.owner,
+                    state_heartbeat_ms=self.clock(),
+                )
+
+            if self._transition(p, claim) is not None:
+                claimed.append(p)
+        return claimed
+
+    def heartbeat(self, partitions: Iterable[int]) -> list[int]:
+        """Prove this owner's passes live; returns the partitions it still owns."""
+        kept = []
+        for p in partitions:
+
+            def beat(entry: CheckpointEntry | None, p: int = p) -> CheckpointEntry | None:
+                if not self._owns(entry):
+                    return None
+                assert entry is not None
+                return entry.with_changes(state_heartbeat_ms=self.clock())
+
+            if self._transition(p, beat) is not None:
+                kept.append(p)
+        return kept
+
+    def done_cleaning(self, entries: Iterable[CheckpointEntry]) -> None:
+        """Record a committed pass's checkpoint rows and release the partitions.
+
+        The figures are written whatever the state (the pass is committed in the
+        log); a partition paused meanwhile stays paused, any other goes ``idle``,
+        and an uncleanable mark is cleared.
+        """
+        for done in entries:
+
+            def finish(
+                entry: CheckpointEntry | None, done: CheckpointEntry = done
+            ) -> CheckpointEntry:
+                paused = entry is not None and entry.cleaner_state == PAUSED
+                return done.with_changes(
+                    cleaner_state=PAUSED if paused else IDLE,
+                    state_owner=entry.state_owner if paused and entry else None,
+                    state_heartbeat_ms=None,
+                    uncleanable_reason=None,
+                    uncleanable_since_ms=None,
+                    failed_attempts=0,
+                )
+
+            self._transition(done.partition, finish)
+
+    def abort_cleaning(self, partitions: Iterable[int]) -> None:
+        """Release partitions this owner claimed without a committed pass (a lost race)."""
+        for p in partitions:
+
+            def release(entry: CheckpointEntry | None) -> CheckpointEntry | None:
+                if not self._owns(entry):
+                    return None
+                assert entry is not None
+                return entry.with_changes(
+                    cleaner_state=IDLE, state_owner=None, state_heartbeat_ms=None
+                )
+
+            self._transition(p, release)
+
+    def mark_uncleanable(self, partitions: Iterable[int], error: BaseException | str) -> None:
+        """Mark partitions whose pass failed: the error, the time, one more failed attempt.
+
+        A paused partition stays paused (its failure is still counted).
+        """
+        reason = (error if isinstance(error, str) else f"{type(error).__name__}: {error}")[
+            :_REASON_CHARS
+        ]
+        for p in partitions:
+
+            def mark(entry: CheckpointEntry | None, p: int = p) -> CheckpointEntry:
+                base = self._base(entry, p)
+                paused = base.cleaner_state == PAUSED
+                return base.with_changes(
+                    cleaner_state=PAUSED if paused else UNCLEANABLE,
+                    state_owner=base.state_owner if paused else None,
+                    state_heartbeat_ms=None,
+                    uncleanable_reason=reason,
+                    uncleanable_since_ms=self.clock(),
+                    failed_attempts=(base.failed_attempts or 0) + 1,
+                )
+
+            self._transition(p, mark)
+
+    def pause_cleaning(self, partitions: Iterable[int], *, timeout_ms: int | None = None) -> None:
+        """Stop cleaning of ``partitions`` until `resume_cleaning` (idempotent).
+
+        Waits while another owner's pass is live (Kafka's abortAndPauseCleaning),
+        at most ``timeout_ms`` (default: the heartbeat timeout, after which the
+        pass counts as dead). Raises `CleanerError` when the pass outlives it.
+        """
+        wanted = list(partitions)
+        deadline = time.monotonic() + (timeout_ms or self.heartbeat_timeout_ms) / 1000
+        for p in wanted:
+
+            def pause(entry: CheckpointEntry | None, p: int = p) -> CheckpointEntry:
+                base = self._base(entry, p)
+                keep = base.cleaner_state == UNCLEANABLE
+                return base.with_changes(
+                    cleaner_state=PAUSED,
+                    state_owner=self.owner,
+                    state_heartbeat_ms=None,
+                    uncleanable_reason=base.uncleanable_reason if keep else None,
+                )
+
+            while True:
+                rows = self.entries()
+                entry = rows.get(p)
+                live_other = (
+                    entry is not None
+                    and entry.cleaner_state == IN_PROGRESS
+                    and entry.state_owner != self.owner
+                    and not heartbeat_expired(
+                        entry, now_ms=self.clock(), heartbeat_timeout_ms=self.heartbeat_timeout_ms
+                    )
+                )
+                if not live_other:
+                    if self._transition(p, pause, only_if=lambda e: not _live_other(self, e)):
+                        break
+                    continue
+                if time.monotonic() > deadline:
+                    raise CleanerError(
+                        f"cannot pause cleaning: a pass of {entry.state_owner} is still running",
+                        log_path=self.log_path,
+                        partition=p,
+                    )
+                time.sleep(0.2)
+
+    def resume_cleaning(self, partitions: Iterable[int]) -> None:
+        """Let ``partitions`` be cleaned again; a partition that is not paused is left alone."""
+        for p in partitions:
+
+            def resume(entry: CheckpointEntry | None) -> CheckpointEntry | None:
+                if entry is None or entry.cleaner_state != PAUSED:
+                    return None
+                failed = bool(entry.uncleanable_reason) and (entry.failed_attempts or 0) > 0
+                return entry.with_changes(
+                    cleaner_state=UNCLEANABLE if failed else IDLE,
+                    state_owner=None,
+                    state_heartbeat_ms=None,
+                )
+
+            self._transition(p, resume)
+
+    # -- compare-and-set -----------------------------------------------------------------
+
+    def _owns(self, entry: CheckpointEntry | None) -> bool:
+        return (
+            entry is not None
+            and entry.cleaner_state == IN_PROGRESS
+            and entry.state_owner == self.owner
+        )
+
+    def _base(self, entry: CheckpointEntry | None, partition: int) -> CheckpointEntry:
+        # A partition without a row has never been checkpointed; offset 0 lies at or
+        # below its log start, which planning treats as "no checkpoint" (Kafka's reset).
+        return entry or CheckpointEntry(
+            log_path=self.log_path, partition=partition, first_dirty_offset=0
+        )
+
+    def _transition(
+        self,
+        partition: int,
+        decide: Callable[[CheckpointEntry | None], CheckpointEntry | None],
+        *,
+        only_if: Callable[[CheckpointEntry | None], bool] | None = None,
+    ) -> CheckpointEntry | None:
+        """Read the row, let ``decide`` compute the next one, and swap it in if unchanged.
+
+        Returns the row written, or None when ``decide`` (or ``only_if``) declined.
+        """
+        for _attempt in range(_CAS_ATTEMPTS):
+            current = self.entries().get(partition)
+            if only_if is not None and not only_if(current):
+                return None
+            new = decide(current)
+            if new is None:
+                return None
+            if _compare_and_set(self.checkpoints, current, new):
+                return new
+        raise CommitConflictError(
+            f"cleaner state of {self.log_path} partition {partition} kept changing under "
+            f"{_CAS_ATTEMPTS} attempts to update it"
+        )
+
+
+def _live_other(manager: CleanerManager, entry: CheckpointEntry | None) -> bool:
+    return (
+        entry is not None
+        and entry.cleaner_state == IN_PROGRESS
+        and entry.state_owner != manager.owner
+        and not heartbeat_expired(
+            entry, now_ms=manager.clock(), heartbeat_timeout_ms=manager.heartbeat_timeout_ms
+        )
+    )
+
+
+def compare_and_set(
+    checkpoints: CleanerOffsetCheckpoint,
+    expected: CheckpointEntry | None,
+    new: CheckpointEntry,
+) -> bool:
+    """Write ``new`` only if the row is still ``expected`` (None: only if there is no row).
+
+    True when the row was written. A concurrent writer makes this return False
+    (its commit changed the row, or delta-rs rejected ours as conflicting).
+    """
+    return _compare_and_set(checkpoints, expected, new)
+
+
+def _compare_and_set(
+    checkpoints: CleanerOffsetCheckpoint,
+    expected: CheckpointEntry | None,
+    new: CheckpointEntry,
+) -> bool:
+    table = _checkpoint_table(checkpoints)
+    previous = expected.updated_ms if expected and expected.updated_ms is not None else 0
+    stamp = max(int(time.time() * 1000), previous + 1)
+    source = pa.Table.from_pylist(
+        [asdict(new.with_changes(updated_ms=stamp))], schema=CHECKPOINT_SCHEMA
+    )
+    merger = table.merge(
+        source,
+        predicate='t.log_path = s.log_path AND t."partition" = s."partition"',
+        source_alias="s",
+        target_alias="t",
+    )
+    if expected is None:
+        merger = merger.when_not_matched_insert_all()
+    else:
+        merger = merger.when_matched_update_all(predicate=_unchanged(expected))
+    try:
+        metrics = merger.execute()
+    except CommitFailedError:
+        return False
+    return bool(metrics["num_target_rows_inserted"] or metrics["num_target_rows_updated"])
+
+
+def _unchanged(entry: CheckpointEntry) -> str:
+    return " AND ".join(
+        [
+            _equals("t.updated_ms", entry.updated_ms),
+            _equals("t.cleaner_state", entry.cleaner_state),
+            _equals("t.state_owner", entry.state_owner),
+            _equals("t.first_dirty_offset", entry.first_dirty_offset),
+        ]
+    )
+
+
+def _equals(column: str, value: object) -> str:
+    if value is None:
+        return f"{column} IS NULL"
+    if isinstance(value, str):
+        return f"{column} = '{value.replace(chr(39), chr(39) * 2)}'"
+    return f"{column} = {int(value)}"  # type: ignore[call-overload]
+
+
+def _checkpoint_table(checkpoints: CleanerOffsetCheckpoint) -> DeltaTable:
+    options = checkpoints.storage_options or None
+    try:
+        return DeltaTable(checkpoints.uri, storage_options=options)
+    except TableNotFoundError:
+        DeltaTable.create(
+            checkpoints.uri,
+            CHECKPOINT_SCHEMA,
+            mode="ignore",
+            storage_options=options,
+            name="cleaner-offset-checkpoint",
+        )
+        return DeltaTable(checkpoints.uri, storage_options=options)

@@ -1,0 +1,210 @@
+"""Dead letters: bad rows of a batch quarantined to a Delta table, with the reason (SPEC rule 12).
+
+Kafka refuses a record without a key on a compacted topic and a record over
+``message.max.bytes``; a producer then routes it to a dead-letter topic. Here the
+sink does both in one call: `rejection_reason` names what is wrong with each
+row (null key, null or negative partition, null Kafka offset, a value over
+``message.max.bytes``, an undecodable payload flagged by a decoder in the
+``_decode_error`` column), the bad rows go to the dead-letter table and the good
+rows to the log.
+
+Atomicity without a two-table transaction: the dead-letter commit carries a
+Delta ``txn`` (the sink's app id, the batch id) and is made *before* the log
+append, which carries the same pair. Both are idempotent, and a replayed batch
+(Spark replays an uncommitted batch id with the same rows) recomputes the same
+split. So a crash between the two commits leaves the dead letters committed and
+the log untouched; the replay skips the dead-letter commit and appends the good
+rows. A crash cannot leave good rows written without their dead letters, nor a
+batch's dead letters twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+from deltalake import DeltaTable, write_deltalake
+from deltalake.exceptions import TableNotFoundError
+from deltalake.transaction import CommitProperties, Transaction
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+logger = logging.getLogger("compacted_sink")
+
+DECODE_ERROR = "_decode_error"
+"""A batch column a decoder may fill with why a row's payload could not be decoded."""
+REASON = "_dead_letter_reason"
+
+DEAD_LETTER_SCHEMA = pa.schema(
+    [
+        ("log_path", pa.string()),
+        ("app_id", pa.string()),
+        ("batch_id", pa.int64()),
+        ("reason", pa.string()),
+        ("record", pa.string()),
+        ("dead_lettered_ms", pa.int64()),
+    ]
+)
+
+
+def rejection_reason(
+    df: DataFrame,
+    *,
+    key_columns: Sequence[str],
+    has_offsets: bool,
+    message_max_bytes: int,
+) -> Column:
+    """Why a row cannot go into the log, or null when it can (the first problem found).
+
+    A pure Column expression over the batch's own columns (``partition`` and
+    ``offset`` when present); the same rules `sinks.records` reports per batch.
+    """
+    keys = ", ".join(key_columns)
+    checks: list[tuple[Column, str]] = []
+    if DECODE_ERROR in df.columns:
+        checks.append((F.col(DECODE_ERROR).isNotNull(), "undecodable payload: "))
+    null_key = F.lit(False)
+    for k in key_columns:
+        null_key = null_key | F.col(k).isNull()
+    checks.append((null_key, f"null key ({keys})"))
+    if "partition" in df.columns:
+        checks.append((F.col("partition").isNull(), "null partition"))
+        checks.append((F.col("partition") < 0, "negative partition"))
+    if has_offsets and "offset" in df.columns:
+        checks.append((F.col("offset").isNull(), "null offset"))
+    value_type = df.schema["value"].dataType if "value" in df.columns else None
+    if isinstance(value_type, T.BinaryType | T.StringType):
+        checks.append(
+            (
+                F.coalesce(F.octet_length("value"), F.lit(0)) > message_max_bytes,
+                f"value larger than message.max.bytes ({message_max_bytes} bytes)",
+            )
+        )
+    reason: Column | None = None
+    for test, text in checks:
+        message = F.concat(F.lit(text), F.col(DECODE_ERROR)) if text.endswith(": ") else F.lit(text)
+        reason = F.when(test, message) if reason is None else reason.when(test, message)
+    assert reason is not None
+    return reason.otherwise(F.lit(None).cast("string"))
+
+
+@dataclass(frozen=True)
+class SplitBatch:
+    """A batch split into rows for the log (``good``) and rows for dead letters (``bad``)."""
+
+    good: DataFrame
+    bad: DataFrame
+
+
+def split_batch(
+    df: DataFrame, *, key_columns: Sequence[str], has_offsets: bool, message_max_bytes: int
+) -> SplitBatch:
+    """Split ``df`` by `rejection_reason`; ``bad`` carries the reason in ``_dead_letter_reason``.
+
+    ``good`` keeps the batch's columns except ``_decode_error``.
+    """
+    reason = rejection_reason(
+        df, key_columns=key_columns, has_offsets=has_offsets, message_max_bytes=message_max_bytes
+    )
+    tagged = df.withColumn(REASON, reason)
+    good = tagged.filter(F.col(REASON).isNull()).drop(REASON)
+    if DECODE_ERROR in good.columns:
+        good = good.drop(DECODE_ERROR)
+    return SplitBatch(good=good, bad=tagged.filter(F.col(REASON).isNotNull()))
+
+
+def as_dead_letters(bad: DataFrame, *, reason: Column | str | None = None) -> DataFrame:
+    """``reason`` and ``record`` (the row as JSON; binary as base64) for each bad row.
+
+    ``reason`` defaults to the ``_dead_letter_reason`` column `split_batch` added;
+    a string gives every row the same reason (a batch whose schema does not match).
+    """
+    if reason is None:
+        reason_column = F.col(REASON)
+    elif isinstance(reason, str):
+        reason_column = F.lit(reason)
+    else:
+        reason_column = reason
+    payload = [c for c in bad.columns if c != REASON]
+    record = F.to_json(F.struct(*[_jsonable(bad, c) for c in payload]))
+    return bad.select(reason_column.alias("reason"), record.alias("record"))
+
+
+class DeadLetterTable:
+    """The dead-letter Delta table at ``uri`` (created on the first dead letter).
+
+    Shared by many sinks: each commit is tagged with the sink's app id and batch id.
+    """
+
+    def __init__(self, uri: str, storage_options: Mapping[str, str] | None = None) -> None:
+        self.uri = uri
+        self.storage_options = dict(storage_options or {})
+
+    def committed(self, app_id: str, batch_id: int) -> bool:
+        """True when this (app id, batch id) already wrote its dead letters."""
+        table = self._table()
+        return table is not None and (table.transaction_version(app_id) or -1) >= batch_id
+
+    def write(
+        self,
+        dead_letters: DataFrame,
+        *,
+        log_path: str,
+        app_id: str,
+        batch_id: int,
+        now_ms: int,
+    ) -> int:
+        """Commit ``dead_letters`` (columns ``reason``, ``record``) once per (app id, batch id).
+
+        Idempotent: returns 0 and writes nothing when the pair is already committed.
+        The rows are collected on the driver (dead letters are the exception, not the
+        stream). Returns how many rows were written.
+        """
+        if self.committed(app_id, batch_id):
+            logger.info("dead letters of batch %s of %s already committed", batch_id, app_id)
+            return 0
+        rows = dead_letters.select("reason", "record").toArrow()
+        n = rows.num_rows
+        table = pa.table(
+            {
+                "log_path": pa.array([log_path] * n, pa.string()),
+                "app_id": pa.array([app_id] * n, pa.string()),
+                "batch_id": pa.array([batch_id] * n, pa.int64()),
+                "reason": rows.column("reason").cast(pa.string()),
+                "record": rows.column("record").cast(pa.string()),
+                "dead_lettered_ms": pa.array([now_ms] * n, pa.int64()),
+            },
+            schema=DEAD_LETTER_SCHEMA,
+        )
+        write_deltalake(
+            self.uri,
+            table,
+            mode="append",
+            storage_options=self.storage_options or None,
+            commit_properties=CommitProperties(app_transactions=[Transaction(app_id, batch_id)]),
+        )
+        logger.warning(
+            "batch %s of %s: %d bad row(s) quarantined to %s", batch_id, app_id, n, self.uri
+        )
+        return n
+
+    def read(self) -> pa.Table:
+        """Every dead letter (empty when the table does not exist yet)."""
+        table = self._table()
+        return DEAD_LETTER_SCHEMA.empty_table() if table is None else table.to_pyarrow_table()
+
+    def _table(self) -> DeltaTable | None:
+        try:
+            return DeltaTable(self.uri, storage_options=self.storage_options or None)
+        except TableNotFoundError:
+            return None
+
+
+def _jsonable(df: DataFrame, name: str) -> Column:
+    # to_json has no form for binary; base64 keeps the bytes recoverable.
+    if isinstance(df.schema[name].dataType, T.BinaryType):
+        return F.base64(F.col(name)).alias(name)
+    return F.col(name)

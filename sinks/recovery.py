@@ -1,0 +1,399 @@
+"""Recovery when a sink or cleaner opens a log: Kafka's ``LogLoader`` / ``recoverLog``.
+
+Kafka, on start, deletes the ``.cleaned`` and ``.swap`` files a killed cleaner
+left behind, checks its cleaner-offset checkpoint against each log's start and
+end, and re-reads every segment after the recovery point unless a clean-shutdown
+marker says there is no need. Here:
+
+1. **Orphans.** A killed append or pass leaves Parquet files that no commit
+   names. Every data file the Delta log never mentions (in any add or remove
+   action still in the log) and older than ``file.delete.delay.ms`` is deleted.
+   The grace period protects a writer that is between writing its files and
+   committing them; partitions whose pass is live in the checkpoint table are
+   skipped whatever the age. Files only removed by a commit stay: they serve time travel.
+2. **Checkpoint.** The log records each pass's end offset in a ``txn`` action
+   committed with the pass, so a pass committed but not checkpointed is rolled
+   forward from the log. A checkpointed offset below the log start or above the
+   log end is reset to the log start, as Kafka does.
+3. **Offsets.** Per partition, files' offset ranges must be disjoint, increasing
+   and below the log end offset; the *full* check also reads every file's offset
+   column and compares it with the file's statistics (unique, increasing,
+   matching count and bounds). A failure raises `LogCorruptedError` and deletes
+   nothing: the log may be the only copy of someone's state.
+4. **Clean-shutdown marker.** ``_compacted_sink/clean-shutdown.json`` beside the
+   data holds a Delta version at which the log was known good (written by a
+   clean close and by every successful recovery). The full check then only
+   reads files added after that version.
+
+Every step is idempotent and the marker is written last, so a crash during
+recovery is recovered by the next open doing the same steps again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from urllib.parse import unquote
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+from deltalake import DeltaTable
+
+from checkpoints import CheckpointEntry, CleanerOffsetCheckpoint
+from sinks.cleaner_manager import CleanerManager, compare_and_set
+from sinks.crash_points import RECOVERY_AFTER_ORPHAN_DELETED, RECOVERY_BEFORE_MARKER, crash_point
+from sinks.errors import CompactedSinkError
+from sinks.log_table import LogSnapshot, LogTable
+from sinks.log_to_clean import Segment
+from sinks.storage import arrow_filesystem
+
+logger = logging.getLogger("compacted_sink")
+
+MARKER_DIR = "_compacted_sink"
+CLEAN_SHUTDOWN_MARKER = f"{MARKER_DIR}/clean-shutdown.json"
+_DELTA_LOG = "_delta_log"
+
+
+class LogCorruptedError(CompactedSinkError):
+    """Raised when a log's offsets are not unique and increasing per partition; says where."""
+
+
+@dataclass(frozen=True)
+class DataFile:
+    """A data file found in the table's directory, relative to the table root."""
+
+    path: str
+    size_bytes: int
+    mtime_ms: int
+
+
+@dataclass(frozen=True)
+class RecoveryReport:
+    """What one recovery did; ``full`` when it read every file's offsets."""
+
+    version: int | None
+    orphans_removed: tuple[str, ...] = ()
+    orphans_kept_young: tuple[str, ...] = ()
+    checkpoint_changes: Mapping[int, tuple[int | None, int]] = field(default_factory=dict)
+    files_checked: int = 0
+    full: bool = False
+    duration_ms: int = 0
+
+    def summary(self) -> str:
+        return (
+            f"recovered at version {self.version}: {len(self.orphans_removed)} orphan file(s) "
+            f"removed ({len(self.orphans_kept_young)} too young), checkpoint changes "
+            f"{dict(self.checkpoint_changes)}, {self.files_checked} file(s) "
+            f"{'fully ' if self.full else ''}checked in {self.duration_ms} ms"
+        )
+
+
+# -- pure planning ---------------------------------------------------------------------------
+
+
+def find_orphans(
+    files: Iterable[DataFile],
+    referenced: set[str],
+    *,
+    now_ms: int,
+    file_delete_delay_ms: int,
+    protected_partitions: Iterable[int] = (),
+) -> tuple[list[str], list[str]]:
+    """Data files no commit references: (old enough to delete, too young to delete yet).
+
+    A file of a ``protected_partitions`` directory (``partition-<p>/``) is never
+    returned: a live pass there may be about to commit it.
+    """
+    protected = {f"partition-{p}/" for p in protected_partitions}
+    old, young = [], []
+    for f in sorted(files, key=lambda f: f.path):
+        if f.path in referenced or any(f.path.startswith(d) for d in protected):
+            continue
+        (old if now_ms - f.mtime_ms >= file_delete_delay_ms else young).append(f.path)
+    return old, young
+
+
+def reconciled_dirty_offset(
+    *,
+    log_cleaner_offset: int | None,
+    checkpointed: int | None,
+    log_start_offset: int,
+    log_end_offset: int,
+) -> int | None:
+    """The first dirty offset the checkpoint must hold (None: leave the partition unrecorded).
+
+    The log's own record of the last pass wins (it was committed with the pass);
+    an offset outside ``[log_start_offset, log_end_offset]`` resets to the log start.
+    """
+    target = log_cleaner_offset if log_cleaner_offset is not None else checkpointed
+    if target is None:
+        return None
+    if target < log_start_offset or target > log_end_offset:
+        return log_start_offset
+    return target
+
+
+def offset_problems(
+    segments: Mapping[int, Sequence[Segment]], log_end_offsets: Mapping[int, int]
+) -> list[str]:
+    """What is wrong with each partition's file offset ranges (metadata only; pure)."""
+    problems = []
+    for partition, files in sorted(segments.items()):
+        previous: Segment | None = None
+        for s in sorted(files):
+            if s.last_offset < s.base_offset or s.num_records > s.last_offset - s.base_offset + 1:
+                problems.append(
+                    f"partition {partition}: {s.path} claims {s.num_records} records in "
+                    f"[{s.base_offset}, {s.last_offset}]"
+                )
+            if previous is not None and s.base_offset <= previous.last_offset:
+                problems.append(
+                    f"partition {partition}: {s.path} [{s.base_offset}, {s.last_offset}] "
+                    f"overlaps {previous.path} [{previous.base_offset}, {previous.last_offset}]"
+                )
+            previous = s
+        end = log_end_offsets.get(partition)
+        if previous is not None and end is not None and previous.last_offset >= end:
+            problems.append(
+                f"partition {partition}: offset {previous.last_offset} is at or above "
+                f"the log end offset {end}"
+            )
+    return problems
+
+
+# -- I/O -------------------------------------------------------------------------------------
+
+
+def recover_log(
+    log: LogTable,
+    checkpoints: CleanerOffsetCheckpoint,
+    *,
+    file_delete_delay_ms: int,
+    manager: CleanerManager | None = None,
+    now_ms: int | None = None,
+) -> RecoveryReport:
+    """Bring a log and its checkpoint rows back to a consistent state; idempotent.
+
+    ``now_ms`` (default: wall clock, as file modification times are) ages orphans.
+    Raises `LogCorruptedError` when offsets are broken; nothing is deleted then
+    beyond orphans, which no reader could see anyway.
+    """
+    started = time.monotonic()
+    snapshot = log.snapshot()
+    if snapshot is None:
+        return RecoveryReport(version=None)
+    manager = manager or CleanerManager(checkpoints, log.uri)
+    removed, young = remove_orphans(
+        log,
+        snapshot,
+        file_delete_delay_ms=file_delete_delay_ms,
+        now_ms=int(time.time() * 1000) if now_ms is None else now_ms,
+        protected_partitions=manager.busy_partitions(),
+    )
+    changes = reconcile_checkpoint(snapshot, checkpoints)
+    verified = read_clean_shutdown_marker(log)
+    problems = offset_problems(snapshot.segments, snapshot.log_end_offsets())
+    to_check = _files_added_since(log, snapshot, verified)
+    problems += [p for s in to_check for p in file_offset_problems(log, s)]
+    if problems:
+        raise LogCorruptedError(
+            f"log {log.uri} at version {snapshot.version}: " + "; ".join(problems[:20])
+        )
+    crash_point(RECOVERY_BEFORE_MARKER)
+    write_clean_shutdown_marker(log, snapshot.version)
+    report = RecoveryReport(
+        version=snapshot.version,
+        orphans_removed=tuple(removed),
+        orphans_kept_young=tuple(young),
+        checkpoint_changes=changes,
+        files_checked=len(to_check),
+        full=verified is None,
+        duration_ms=int((time.monotonic() - started) * 1000),
+    )
+    logger.info("%s: %s", log.uri, report.summary())
+    return report
+
+
+def remove_orphans(
+    log: LogTable,
+    snapshot: LogSnapshot,
+    *,
+    file_delete_delay_ms: int,
+    now_ms: int,
+    protected_partitions: Iterable[int] = (),
+) -> tuple[list[str], list[str]]:
+    """Delete data files no commit references and older than the grace period.
+
+    Returns (deleted, kept because too young). Lists the directory *before*
+    reading which files the log references, so a file committed meanwhile is
+    seen as referenced.
+    """
+    files = list_data_files(log)
+    referenced = referenced_paths(log, snapshot)
+    old, young = find_orphans(
+        files,
+        referenced,
+        now_ms=now_ms,
+        file_delete_delay_ms=file_delete_delay_ms,
+        protected_partitions=protected_partitions,
+    )
+    fs, root = arrow_filesystem(log.uri, log.storage_options)
+    for path in old:
+        try:
+            fs.delete_file(f"{root}/{path}")
+        except FileNotFoundError:
+            pass  # another recovery got there first
+        crash_point(RECOVERY_AFTER_ORPHAN_DELETED)
+    return old, young
+
+
+def list_data_files(log: LogTable) -> list[DataFile]:
+    """Every Parquet file under the table root outside ``_``-prefixed directories."""
+    fs, root = arrow_filesystem(log.uri, log.storage_options)
+    infos = fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
+    found = []
+    for info in infos:
+        if info.type != pafs.FileType.File or not info.path.endswith(".parquet"):
+            continue
+        relative = info.path[len(root) :].lstrip("/")
+        if any(part.startswith(("_", ".")) for part in relative.split("/")):
+            continue
+        mtime = info.mtime.timestamp() * 1000 if info.mtime is not None else 0
+        found.append(DataFile(relative, info.size or 0, int(mtime)))
+    return found
+
+
+def referenced_paths(log: LogTable, snapshot: LogSnapshot) -> set[str]:
+    """Every data file named by an add or remove action still in the Delta log, or live now."""
+    fs, root = arrow_filesystem(log.uri, log.storage_options)
+    names: set[str] = {unquote(s.path) for s in snapshot.all_segments()}
+    infos = fs.get_file_info(pafs.FileSelector(f"{root}/{_DELTA_LOG}", allow_not_found=True))
+    for info in infos:
+        name = info.base_name
+        if info.type != pafs.FileType.File:
+            continue
+        if name.endswith(".json") and name[:20].isdigit():
+            with fs.open_input_stream(info.path) as stream:
+                for line in stream.read().decode().splitlines():
+                    action = json.loads(line) if line.strip() else {}
+                    for kind in ("add", "remove"):
+                        if kind in action:
+                            names.add(unquote(action[kind]["path"]))
+        elif ".checkpoint" in name and name.endswith(".parquet"):
+            table = pq.read_table(info.path, filesystem=fs, columns=["add", "remove"])
+            for kind in ("add", "remove"):
+                for struct in table.column(kind).to_pylist():
+                    if struct and struct.get("path"):
+                        names.add(unquote(struct["path"]))
+    return names
+
+
+def reconcile_checkpoint(
+    snapshot: LogSnapshot, checkpoints: CleanerOffsetCheckpoint
+) -> dict[int, tuple[int | None, int]]:
+    """Roll the checkpoint forward from the log, or reset it into range; returns the changes.
+
+    Each row moves by compare-and-set, so a pass finishing meanwhile is not overwritten.
+    """
+    changes: dict[int, tuple[int | None, int]] = {}
+    for partition in snapshot.partitions:
+        for _attempt in range(10):
+            rows = checkpoints.read(snapshot.uri)
+            entry = rows.get((snapshot.uri, partition))
+            current = entry.first_dirty_offset if entry else None
+            target = reconciled_dirty_offset(
+                log_cleaner_offset=snapshot.cleaner_offset(partition),
+                checkpointed=current,
+                log_start_offset=snapshot.log_start_offset(partition),
+                log_end_offset=snapshot.log_end_offset(partition),
+            )
+            if target is None or target == current:
+                break
+            base = entry or CheckpointEntry(
+                log_path=snapshot.uri, partition=partition, first_dirty_offset=target
+            )
+            new = base.with_changes(first_dirty_offset=target, log_version=snapshot.version)
+            if compare_and_set(checkpoints, entry, new):
+                changes[partition] = (current, target)
+                break
+    return changes
+
+
+def file_offset_problems(log: LogTable, segment: Segment) -> list[str]:
+    """Read one file's ``partition`` and ``offset`` columns and compare them with its statistics."""
+    fs, root = arrow_filesystem(log.uri, log.storage_options)
+    where = f"partition {segment.partition}: {segment.path}"
+    try:
+        parquet = pq.ParquetFile(f"{root}/{unquote(segment.path)}", filesystem=fs)
+    except (FileNotFoundError, OSError) as e:
+        return [f"{where} is committed but cannot be read ({e})"]
+    count, previous, first = 0, None, None
+    for batch in parquet.iter_batches(columns=["partition", "offset"], batch_size=65_536):
+        partitions = batch.column(0)
+        offsets = batch.column(1)
+        if partitions.null_count or offsets.null_count:
+            return [f"{where} holds null partitions or offsets"]
+        if pc.any(pc.not_equal(partitions, segment.partition)).as_py():
+            return [f"{where} holds rows of another partition"]
+        values = offsets.to_numpy()
+        if len(values) == 0:
+            continue
+        if (previous is not None and values[0] <= previous) or (values[1:] <= values[:-1]).any():
+            return [f"{where} has offsets that repeat or go down"]
+        first = int(values[0]) if first is None else first
+        previous = int(values[-1])
+        count += len(values)
+    if (count, first, previous) != (segment.num_records, segment.base_offset, segment.last_offset):
+        return [
+            f"{where} holds {count} records in [{first}, {previous}], its statistics say "
+            f"{segment.num_records} in [{segment.base_offset}, {segment.last_offset}]"
+        ]
+    return []
+
+
+# -- the clean-shutdown marker ---------------------------------------------------------------
+
+
+def read_clean_shutdown_marker(log: LogTable) -> int | None:
+    """The Delta version the marker vouches for, or None when there is no (readable) marker."""
+    fs, root = arrow_filesystem(log.uri, log.storage_options)
+    try:
+        with fs.open_input_stream(f"{root}/{CLEAN_SHUTDOWN_MARKER}") as stream:
+            return int(json.loads(stream.read().decode())["version"])
+    except (FileNotFoundError, OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def write_clean_shutdown_marker(log: LogTable, version: int) -> None:
+    """Vouch that the log was consistent at ``version`` (written whole, then renamed in place)."""
+    fs, root = arrow_filesystem(log.uri, log.storage_options)
+    fs.create_dir(f"{root}/{MARKER_DIR}", recursive=True)
+    body = json.dumps({"version": version, "written_ms": int(time.time() * 1000)}).encode()
+    final = f"{root}/{CLEAN_SHUTDOWN_MARKER}"
+    temporary = f"{final}.{time.monotonic_ns()}.tmp"
+    with fs.open_output_stream(temporary) as stream:
+        stream.write(body)
+    try:
+        fs.move(temporary, final)
+    except OSError:
+        # Object stores overwrite with a single PUT; write in place there.
+        with fs.open_output_stream(final) as stream:
+            stream.write(body)
+        fs.delete_file(temporary)
+
+
+def _files_added_since(log: LogTable, snapshot: LogSnapshot, version: int | None) -> list[Segment]:
+    segments = snapshot.all_segments()
+    if version is None or version > snapshot.version:
+        return segments
+    try:
+        earlier = DeltaTable(log.uri, version=version, storage_options=log.storage_options or None)
+    except Exception:  # the version's log entries were cleaned up: check everything
+        return segments
+    known = {unquote(p) for p in pa.table(earlier.get_add_actions()).column("path").to_pylist()}
+    return [s for s in segments if unquote(s.path) not in known]

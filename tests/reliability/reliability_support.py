@@ -1,0 +1,68 @@
+"""Helpers of the reliability tests: a replay oracle, checks on a log's files and offsets."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from deltalake import DeltaTable
+
+from sinks.log_table import LogTable
+from sinks.recovery import list_data_files, referenced_paths
+
+
+class Oracle:
+    """What ``state()`` must be: the latest value per key, tombstones removing the key."""
+
+    def __init__(self) -> None:
+        self.state: dict[str, str] = {}
+        self.records = 0
+
+    def apply(self, rows: Iterable[tuple[str, str | None]]) -> None:
+        for key, value in rows:
+            self.records += 1
+            if value is None:
+                self.state.pop(key, None)
+            else:
+                self.state[key] = value
+
+
+def state_of(sink) -> dict[str, str]:
+    """``sink.state()`` as a dict; fails on a key that appears twice."""
+    rows = sink.state().collect()
+    result = {r["key"]: r["value"] for r in rows}
+    assert len(result) == len(rows), "state() holds a key twice"
+    return result
+
+
+def live_offsets(path: str) -> dict[int, list[int]]:
+    """Every live record's offset per partition, read straight from the Delta table's files."""
+    table = DeltaTable(path).to_pyarrow_table(columns=["partition", "offset"])
+    by_partition: dict[int, list[int]] = {}
+    for p, o in zip(
+        table.column("partition").to_pylist(), table.column("offset").to_pylist(), strict=True
+    ):
+        by_partition.setdefault(p, []).append(o)
+    return {p: sorted(o) for p, o in by_partition.items()}
+
+
+def assert_offsets_unique(path: str) -> int:
+    """No offset appears twice in a partition; returns how many records were checked."""
+    checked = 0
+    for partition, offsets in live_offsets(path).items():
+        assert len(offsets) == len(set(offsets)), f"partition {partition} repeats an offset"
+        checked += len(offsets)
+    return checked
+
+
+def unreferenced_files(path: str) -> list[str]:
+    """Data files in the table directory that no commit of the Delta log names."""
+    log = LogTable(path)
+    snapshot = log.snapshot()
+    assert snapshot is not None
+    referenced = referenced_paths(log, snapshot)
+    return sorted(f.path for f in list_data_files(log) if f.path not in referenced)
+
+
+def kv_frame(spark, rows, *, partition: bool = False):
+    schema = "key string, value string" + (", partition int" if partition else "")
+    return spark.createDataFrame(rows, schema).coalesce(1)
