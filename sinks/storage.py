@@ -1,32 +1,103 @@
 """Where a log lives: one URI understood alike by Spark, pyarrow and delta-rs.
 
-A local path is made absolute (executors resolve relative paths against their
-own working directory, which is not the driver's). Object-store URIs pass
-through unchanged; `arrow_filesystem` opens them for the executors' writers.
+The sink names a table by one *canonical* URI and translates it for each reader:
+
+- a local path becomes absolute, because executors resolve relative paths
+  against their own working directory, which is not the driver's;
+- ``s3a://`` and ``s3n://`` (Hadoop's names) become ``s3://``, the name delta-rs
+  and pyarrow use, so one table has one URI and one default ``sink_id``;
+  `spark_uri` turns it back into ``s3a://`` for a Spark that has hadoop-aws;
+- ``gs://``, ``abfs://`` and ``abfss://`` (and delta-rs's ``az://``) pass through.
+
+Credentials and endpoints come from storage options in delta-rs's spelling
+(``AWS_ENDPOINT_URL``, ``azure_storage_account_key``, ...; case-insensitive) and,
+for whatever they leave out, from the environment *of the process that opens the
+store*: executors read their own environment, never the driver's, so a cluster
+sets them on every node (``spark.executorEnv.*`` or the container's env).
+
+Commits on S3 are safe between concurrent writers only with a put-if-absent:
+`delta_storage_options` asks delta-rs for conditional put (``If-None-Match``)
+unless the caller chose a locking provider or unsafe renames.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import Literal
 from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
 
+from sinks.errors import ConfigError
+
+Store = Literal["local", "s3", "gcs", "azure"]
+
+_STORES: dict[str, Store] = {
+    "": "local",
+    "file": "local",
+    "s3": "s3",
+    "s3a": "s3",
+    "s3n": "s3",
+    "gs": "gcs",
+    "gcs": "gcs",
+    "abfs": "azure",
+    "abfss": "azure",
+    "az": "azure",
+    "azure": "azure",
+    "adl": "azure",
+}
+_CANONICAL_SCHEME = {"s3a": "s3", "s3n": "s3", "gcs": "gs"}
+_SPARK_SCHEME = {"s3": "s3a"}
+# delta-rs options that already decide how S3 commits are made safe.
+_S3_COMMIT_SAFETY = ("conditional_put", "s3_locking_provider", "s3_allow_unsafe_rename")
+_S3_ENDPOINT_ENV = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT")
+
+
+class UnsupportedStoreError(ConfigError):
+    """Raised when a URI names a scheme that neither delta-rs nor pyarrow can open."""
+
+
+def store_of(uri: str) -> Store:
+    """Which object store (or the local file system) ``uri`` lives in."""
+    scheme = _scheme(uri)
+    try:
+        return _STORES[scheme]
+    except KeyError:
+        raise UnsupportedStoreError(
+            f"{uri!r}: scheme {scheme!r} is not supported "
+            f"(use a local path, s3://, s3a://, gs://, abfss:// or az://)"
+        ) from None
+
 
 def normalize_uri(path: str | os.PathLike[str]) -> str:
-    """An absolute local path, or the URI unchanged when it has a scheme other than file."""
+    """The canonical URI: an absolute local path, or an object-store URI with one scheme name.
+
+    Idempotent. ``s3a://b/t`` and ``s3://b/t/`` both give ``s3://b/t``.
+    """
     text = os.fspath(path)
     parsed = urlparse(text)
-    if parsed.scheme in ("", "file") or len(parsed.scheme) == 1:  # "C:" is a drive, not a scheme
+    if _scheme(text) == "":
         local = parsed.path if parsed.scheme == "file" else text
-        return os.path.abspath(local)
-    return text.rstrip("/")
+        return os.path.abspath(os.path.expanduser(local))
+    store_of(text)
+    scheme = parsed.scheme.lower()
+    rest = text[len(parsed.scheme) :]
+    return (_CANONICAL_SCHEME.get(scheme, scheme) + rest).rstrip("/")
+
+
+def spark_uri(uri: str) -> str:
+    """The URI as Spark's Hadoop file systems name it (``s3://`` becomes ``s3a://``)."""
+    canonical = normalize_uri(uri)
+    scheme = _scheme(canonical)
+    if scheme in _SPARK_SCHEME:
+        return _SPARK_SCHEME[scheme] + canonical[len(scheme) :]
+    return canonical
 
 
 def is_local(uri: str) -> bool:
     """True when the URI is a path on the local file system."""
-    return urlparse(uri).scheme in ("", "file")
+    return _scheme(uri) == ""
 
 
 def join(uri: str, *parts: str) -> str:
@@ -40,16 +111,61 @@ def sibling(uri: str, name: str) -> str:
     return join(parent, name)
 
 
+def delta_storage_options(
+    uri: str, storage_options: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The storage options to hand delta-rs for ``uri``: the caller's, plus commit safety.
+
+    On S3 (and S3-compatible servers) adds ``conditional_put=etag`` unless the
+    caller set ``conditional_put``, ``AWS_S3_LOCKING_PROVIDER`` or
+    ``AWS_S3_ALLOW_UNSAFE_RENAME`` (in the options or the environment), so that
+    two writers committing the same Delta version cannot both succeed. An
+    ``http://`` endpoint (in the options or ``AWS_ENDPOINT_URL``) also gets
+    ``AWS_ALLOW_HTTP=true`` unless ``AWS_ALLOW_HTTP`` is set. Credentials are not
+    copied from the environment: delta-rs reads it itself.
+    """
+    options = dict(storage_options or {})
+    if store_of(uri) != "s3":
+        return options
+    given = {_bare(k, "aws_") for k in options} | {
+        _bare(k, "aws_") for k in os.environ if k.upper().startswith("AWS_")
+    }
+    if not given & set(_S3_COMMIT_SAFETY):
+        options["conditional_put"] = "etag"
+    endpoint = _option(options, "s3", "endpoint") or _env(*_S3_ENDPOINT_ENV)
+    if endpoint and endpoint.startswith("http://") and "allow_http" not in given:
+        options["AWS_ALLOW_HTTP"] = "true"
+    return options
+
+
 def arrow_filesystem(
     uri: str, storage_options: Mapping[str, str] | None = None
 ) -> tuple[pafs.FileSystem, str]:
-    """A pyarrow file system and the root path inside it for ``uri``."""
-    del storage_options  # credentials come from the environment for now
-    return pafs.FileSystem.from_uri(uri if not is_local(uri) else normalize_uri(uri))
+    """A pyarrow file system and the root path inside it for ``uri``.
+
+    Safe to call on executors: it reads only its arguments and the environment of
+    the process it runs in. Options use delta-rs's names (see the module docstring).
+    """
+    canonical = normalize_uri(uri)
+    options = dict(storage_options or {})
+    store = store_of(canonical)
+    if store == "local":
+        return pafs.LocalFileSystem(), canonical
+    parsed = urlparse(canonical)
+    if store == "s3":
+        return _s3_filesystem(options), f"{parsed.netloc}{parsed.path}".rstrip("/")
+    if store == "gcs":
+        return _gcs_filesystem(options), f"{parsed.netloc}{parsed.path}".rstrip("/")
+    return _azure_filesystem(canonical, options)
 
 
-def delete_files(uri: str, paths: list[str], storage_options: Mapping[str, str] | None = None) -> int:
-    """Delete data files (relative to ``uri``); a file already gone is not an error."""
+def delete_files(
+    uri: str, paths: list[str], storage_options: Mapping[str, str] | None = None
+) -> int:
+    """Delete data files (relative to ``uri``); a file already gone is not an error.
+
+    Idempotent. Returns how many files this call deleted.
+    """
     fs, root = arrow_filesystem(uri, storage_options)
     deleted = 0
     for path in paths:
@@ -59,3 +175,97 @@ def delete_files(uri: str, paths: list[str], storage_options: Mapping[str, str] 
         except FileNotFoundError:
             pass
     return deleted
+
+
+# -- per-store file systems --------------------------------------------------------------
+
+
+def _s3_filesystem(options: Mapping[str, str]) -> pafs.S3FileSystem:
+    endpoint = _option(options, "s3", "endpoint") or _env(*_S3_ENDPOINT_ENV)
+    scheme, host = None, None
+    if endpoint:
+        parsed = urlparse(endpoint if "://" in endpoint else f"https://{endpoint}")
+        scheme, host = parsed.scheme, parsed.netloc
+    virtual_hosted = _option(options, "s3", "virtual_hosted_style_request")
+    return pafs.S3FileSystem(
+        access_key=_option(options, "s3", "access_key_id"),
+        secret_key=_option(options, "s3", "secret_access_key"),
+        session_token=_option(options, "s3", "session_token"),
+        region=_option(options, "s3", "region") or _env("AWS_REGION", "AWS_DEFAULT_REGION"),
+        endpoint_override=host,
+        scheme=scheme,
+        force_virtual_addressing=(virtual_hosted or "").lower() == "true",
+    )
+
+
+def _gcs_filesystem(options: Mapping[str, str]) -> pafs.GcsFileSystem:
+    # pyarrow takes no key file: GOOGLE_APPLICATION_CREDENTIALS names it on every node.
+    endpoint = _option(options, "gcs", "endpoint")
+    scheme, host = None, None
+    if endpoint:
+        parsed = urlparse(endpoint if "://" in endpoint else f"https://{endpoint}")
+        scheme, host = parsed.scheme, parsed.netloc
+    return pafs.GcsFileSystem(endpoint_override=host, scheme=scheme)
+
+
+def _azure_filesystem(uri: str, options: Mapping[str, str]) -> tuple[pafs.FileSystem, str]:
+    parsed = urlparse(uri)
+    container, _, host = parsed.netloc.partition("@")
+    account = _option(options, "azure", "storage_account_name") or (
+        host.split(".", 1)[0] if host else os.environ.get("AZURE_STORAGE_ACCOUNT_NAME")
+    )
+    if not account:
+        raise UnsupportedStoreError(
+            f"{uri!r}: no Azure storage account (name it in the URI's host "
+            "or in azure_storage_account_name)"
+        )
+    key = _option(options, "azure", "storage_account_key") or _option(
+        options, "azure", "storage_access_key"
+    )
+    fs = pafs.AzureFileSystem(
+        account,
+        account_key=key or os.environ.get("AZURE_STORAGE_ACCOUNT_KEY"),
+        sas_token=_option(options, "azure", "storage_sas_key"),
+        client_id=_option(options, "azure", "client_id"),
+        client_secret=_option(options, "azure", "client_secret"),
+        tenant_id=_option(options, "azure", "tenant_id"),
+    )
+    return fs, f"{container}{parsed.path}".rstrip("/")
+
+
+# -- option and URI helpers --------------------------------------------------------------
+
+_PREFIX = {"s3": "aws_", "gcs": "google_", "azure": "azure_"}
+_ALIASES = {
+    ("s3", "endpoint"): ("endpoint", "endpoint_url"),
+    ("s3", "region"): ("region", "default_region"),
+    ("s3", "session_token"): ("session_token", "token"),
+    ("azure", "storage_account_name"): ("storage_account_name", "account_name"),
+    ("azure", "storage_account_key"): ("storage_account_key", "account_key"),
+    ("azure", "storage_sas_key"): ("storage_sas_key", "storage_sas_token", "sas_token"),
+    ("gcs", "endpoint"): ("endpoint", "service_endpoint"),
+}
+
+
+def _option(options: Mapping[str, str], store: str, name: str) -> str | None:
+    """An option under delta-rs's names: ``AWS_REGION``, ``aws_region`` or ``region``."""
+    wanted = set(_ALIASES.get((store, name), (name,)))
+    for key, value in options.items():
+        if _bare(key, _PREFIX[store]) in wanted:
+            return value
+    return None
+
+
+def _bare(key: str, prefix: str) -> str:
+    key = key.lower()
+    return key[len(prefix) :] if key.startswith(prefix) else key
+
+
+def _env(*names: str) -> str | None:
+    return next((os.environ[n] for n in names if os.environ.get(n)), None)
+
+
+def _scheme(uri: str) -> str:
+    scheme = urlparse(uri).scheme.lower()
+    # "C:\\lake" has a one-letter "scheme" that is a Windows drive.
+    return "" if scheme in ("", "file") or len(scheme) == 1 else scheme

@@ -1,0 +1,85 @@
+"""Reading log segments on executors through pyarrow, for stores Spark cannot open.
+
+The read-side twin of `segment_writer`: Spark's Parquet reader needs a Hadoop
+file system for the URI (``s3a://`` needs hadoop-aws, ``abfss://`` hadoop-azure,
+``gs://`` the GCS connector), which a plain pyspark install lacks. Here the driver
+only builds a small DataFrame of file paths; each Spark task opens its files with
+pyarrow's file system for the table URI (`storage.arrow_filesystem`, credentials
+from the task's options and its own environment) and streams their rows as Arrow
+batches. Nothing here touches driver-only state, and the result has exactly the
+requested schema whatever the schema each file was written with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import StructType
+
+from sinks.storage import arrow_filesystem
+
+_PATH = "path"
+_BATCH_ROWS = 65_536
+
+
+def read_files(
+    spark: SparkSession,
+    table_uri: str,
+    paths: Sequence[str],
+    schema: StructType,
+    *,
+    storage_options: Mapping[str, str] | None = None,
+) -> DataFrame:
+    """The rows of Parquet ``paths`` (relative to ``table_uri``) as one DataFrame of ``schema``.
+
+    Files are spread over tasks (up to the default parallelism); each task reads
+    its files whole, in order. Columns a file lacks are null; extra columns are
+    dropped. Lazy like any DataFrame: files are opened when an action runs, so a
+    file deleted before then fails that action with ``FileNotFoundError``.
+    """
+    if not paths:
+        return spark.createDataFrame([], schema)
+    arrow_schema = pa.schema(
+        [f.with_nullable(True) for f in to_arrow_schema(schema, timezone="UTC")]
+    )
+    task = ParquetReaderTask(
+        table_uri=table_uri,
+        schema=arrow_schema,
+        storage_options=dict(storage_options or {}),
+    )
+    listing = spark.createDataFrame([(p,) for p in paths], f"{_PATH} string")
+    return listing.mapInArrow(task, schema)
+
+
+@dataclass(frozen=True)
+class ParquetReaderTask:
+    """The picklable function each Spark task runs: paths in, the files' rows out."""
+
+    table_uri: str
+    schema: pa.Schema
+    storage_options: dict[str, str]
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        fs, root = arrow_filesystem(self.table_uri, self.storage_options)
+        for batch in batches:
+            for path in batch.column(_PATH).to_pylist():
+                with fs.open_input_file(f"{root}/{path}") as source:
+                    parquet = pq.ParquetFile(source)
+                    present = [n for n in self.schema.names if n in parquet.schema_arrow.names]
+                    for rows in parquet.iter_batches(batch_size=_BATCH_ROWS, columns=present):
+                        yield self._conform(rows)
+
+    def _conform(self, rows: pa.RecordBatch) -> pa.RecordBatch:
+        """Exactly ``schema``'s columns, in order: missing ones null, types cast."""
+        columns = [
+            rows.column(f.name).cast(f.type)
+            if f.name in rows.schema.names
+            else pa.nulls(rows.num_rows, f.type)
+            for f in self.schema
+        ]
+        return pa.RecordBatch.from_arrays(columns, schema=self.schema)
