@@ -28,11 +28,14 @@ save wasted passes and make pauses and failures visible to ``status``.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
+import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict
 
 import pyarrow as pa
@@ -42,6 +45,8 @@ from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from checkpoints import CheckpointEntry, CleanerOffsetCheckpoint
 from checkpoints.checkpoint_table import CHECKPOINT_SCHEMA
 from sinks.errors import CleanerError, CommitConflictError
+
+logger = logging.getLogger("compacted_sink")
 
 IDLE = "idle"
 IN_PROGRESS = "in_progress"
@@ -95,9 +100,40 @@ def may_start_cleaning(
 
 
 def heartbeat_expired(entry: CheckpointEntry, *, now_ms: int, heartbeat_timeout_ms: int) -> bool:
-    """True when an in-progress pass has not proved it lives for ``heartbeat_timeout_ms``."""
+    """True when an in-progress pass has not proved it lives for ``heartbeat_timeout_ms``,
+    or when its owner is a process of this host that no longer exists (a killed cleaner)."""
     beat = entry.state_heartbeat_ms
-    return beat is None or now_ms - beat > heartbeat_timeout_ms
+    if beat is None or now_ms - beat > heartbeat_timeout_ms:
+        return True
+    return owner_is_dead(entry.state_owner)
+
+
+def owner_is_dead(owner: str | None) -> bool:
+    """True when ``owner`` names a process of this host that has exited (pids are checked,
+    owners on other hosts are presumed alive until their heartbeat expires)."""
+    host, _, rest = (owner or "").partition(":")
+    pid_text = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid_text.isdigit():
+        return False
+    pid = int(pid_text)
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return _is_zombie(pid)
+
+
+def _is_zombie(pid: int) -> bool:
+    # A killed child not yet reaped by its parent still answers kill(pid, 0).
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
 
 
 class CleanerManager:
@@ -318,6 +354,27 @@ class CleanerManager:
                 )
 
             self._transition(p, resume)
+
+    @contextmanager
+    def heartbeating(self, partitions: Iterable[int]) -> Iterator[None]:
+        """Keep proving this owner's claims live (every third of the timeout) inside the block."""
+        claimed = list(partitions)
+        stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(self.heartbeat_timeout_ms / 3000):
+                try:
+                    self.heartbeat(claimed)
+                except Exception:  # noqa: BLE001 - a missed beat only risks a takeover
+                    logger.warning("heartbeat of %s failed", self.log_path, exc_info=True)
+
+        thread = threading.Thread(target=beat, name=f"cleaner-heartbeat-{self.owner}", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
 
     # -- compare-and-set -----------------------------------------------------------------
 

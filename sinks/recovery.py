@@ -356,6 +356,19 @@ def file_offset_problems(log: LogTable, segment: Segment) -> list[str]:
     return []
 
 
+def missing_files(log: LogTable, paths: Iterable[str]) -> list[str]:
+    """Which of ``paths`` (relative to the table) no longer exist.
+
+    A writer checks its files just before committing them: a recovery that judged
+    them orphans (the writer stalled past ``file.delete.delay.ms``) may have
+    deleted them, and a commit naming a missing file would lose data.
+    """
+    fs, root = arrow_filesystem(log.uri, log.storage_options)
+    wanted = list(paths)
+    infos = fs.get_file_info([f"{root}/{unquote(p)}" for p in wanted])
+    return [p for p, info in zip(wanted, infos, strict=True) if info.type == pafs.FileType.NotFound]
+
+
 # -- the clean-shutdown marker ---------------------------------------------------------------
 
 
