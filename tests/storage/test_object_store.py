@@ -190,3 +190,55 @@ def test_sink_appends_to_s3_from_spark(spark, s3_options, clock):
         (0, 1, "a", "3"),
         (1, 0, "b", "2"),
     ]
+
+
+def read_through_pyarrow(self, spark, snapshot, segments=None):
+    """`LogTable.read` with the change proposed for object stores: files read by `read_files`."""
+    from pyspark.sql import functions as F
+
+    chosen = snapshot.all_segments() if segments is None else list(segments)
+    if not chosen:
+        return spark.createDataFrame([], snapshot.spark_schema)
+    df = read_files(
+        spark,
+        self.uri,
+        [s.path for s in chosen],
+        snapshot.spark_schema,
+        storage_options=self.storage_options,
+    )
+    floors = {
+        p: snapshot.log_start_offset(p)
+        for p in {s.partition for s in chosen}
+        if snapshot.log_start_offset(p) > 0
+    }
+    if floors:
+        floor = F.create_map(*[F.lit(x) for kv in floors.items() for x in kv])[F.col("partition")]
+        df = df.filter(F.col("offset") >= F.coalesce(floor, F.lit(0)))
+    return df
+
+
+def test_sink_appends_cleans_and_reads_state_on_s3_with_pyarrow_reads(
+    spark, s3_options, clock, monkeypatch
+):
+    monkeypatch.setattr(LogTable, "read", read_through_pyarrow)
+    uri = f"s3://{BUCKET}/compacted"
+    sink = CompactedStateSink(
+        uri,
+        config=CleanerConfig(min_cleanable_dirty_ratio=0.01, delete_retention_ms=1_000),
+        storage_options=delta_storage_options(uri, s3_options),
+        clock=clock,
+    )
+    schema = "key string, value string, partition int"
+    sink(spark.createDataFrame([("a", "1", 0), ("b", "1", 1), ("c", "1", 0)], schema), 0)
+    clock.advance(10)
+    sink(spark.createDataFrame([("a", "2", 0), ("b", None, 1), ("c", "2", 0)], schema), 1)
+    clock.advance(2_000)
+    sink.clean(force=True)
+    assert sorted(tuple(r) for r in sink.state().collect()) == [("a", "2"), ("c", "2")]
+    assert sorted((r.partition, r.offset, r.key) for r in sink.log().collect()) == [
+        (0, 2, "a"),
+        (0, 3, "c"),
+    ]
+    checkpoint = DeltaTable(sink.checkpoint_path, storage_options=sink.storage_options)
+    assert sink.checkpoint_path == f"s3://{BUCKET}/_cleaner-offset-checkpoint"
+    assert checkpoint.version() >= 1
