@@ -1,0 +1,248 @@
+"""results.json, RESULTS.md and the per-batch cost plot, from the figures `bench.run` gathered."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+from datetime import UTC, datetime
+from importlib.metadata import version
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+SYSTEM_ORDER = ("compacted_sink", "merge_per_batch", "rewrite_per_batch", "append_only")
+PLOT = "per_batch_cost.png"
+
+
+def versions(spark: SparkSession) -> dict[str, str]:
+    java = spark.sparkContext._jvm.java.lang.System.getProperty("java.version")  # type: ignore[union-attr]
+    found = {"python": platform.python_version(), "spark": spark.version, "java": str(java)}
+    for package in ("pyspark", "deltalake", "pyarrow", "numpy", "pandas", "matplotlib"):
+        found[package] = version(package)
+    return found
+
+
+def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """The issue's goals, per 1e6-key workload, with the measured figure and pass/miss."""
+    rows = []
+    for w in results["workloads"]:
+        if w["keys"] < 1_000_000:
+            continue
+        s = w["systems"]
+        sink, merge, append = (
+            s.get("compacted_sink"),
+            s.get("merge_per_batch"),
+            s.get("append_only"),
+        )
+        if sink and merge:
+            speed = merge["ingest_s"] / sink["ingest_s"]
+            rows.append(_goal(w, "ingest ≥ 2× faster than MERGE", f"{speed:.2f}×", speed >= 2))
+            fewer = merge["bytes_written"] / sink["bytes_written"]
+            rows.append(_goal(w, "≥ 3× fewer bytes than MERGE", f"{fewer:.2f}×", fewer >= 3))
+        if sink:
+            first, last = flatness(sink["per_batch"])
+            growth = last / first if first else float("inf")
+            rows.append(
+                _goal(
+                    w,
+                    "per-batch cost flat as the table grows",
+                    f"last third / first third = {growth:.2f} (amortized, passes included)",
+                    growth <= 1.5,
+                )
+            )
+        if sink and append:
+            faster = append["replay_s"] / sink["replay_s"]
+            rows.append(
+                _goal(w, "replay ≥ 5× faster than append-only", f"{faster:.2f}×", faster >= 5)
+            )
+    cleaner = results.get("cleaner")
+    if cleaner:
+        rows.append(
+            {
+                "workload": cleaner.get("source", ""),
+                "goal": "cleaning pass efficiency ≥ 0.5",
+                "measured": f"{cleaner['efficiency']:.2f}",
+                "met": cleaner["efficiency"] >= 0.5,
+            }
+        )
+    return rows
+
+
+def _goal(w: dict[str, Any], goal: str, measured: str, met: bool) -> dict[str, Any]:
+    return {"workload": w["name"], "goal": goal, "measured": measured, "met": met}
+
+
+def flatness(per_batch: list[dict[str, Any]]) -> tuple[float, float]:
+    """Mean batch seconds (passes included) over the first and the last third of the batches.
+
+    The first batch is left out: it carries the JVM's and Python workers' warm-up.
+    """
+    times = [b["s"] for b in per_batch[1:]]
+    third = max(1, len(times) // 3)
+    return statistics.fmean(times[:third]), statistics.fmean(times[-third:])
+
+
+def write(results: dict[str, Any], out: str) -> None:
+    results["goals"] = goals(results)
+    results["generated_utc"] = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    with open(os.path.join(out, "results.json"), "w") as f:
+        json.dump(results, f, indent=1, sort_keys=False)
+    plot(results, os.path.join(out, PLOT))
+    with open(os.path.join(out, "RESULTS.md"), "w") as f:
+        f.write(markdown(results))
+
+
+def plot(results: dict[str, Any], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workloads = results["workloads"]
+    fig, axes = plt.subplots(1, len(workloads), figsize=(5 * len(workloads), 4), squeeze=False)
+    for ax, w in zip(axes[0], workloads, strict=True):
+        for name in SYSTEM_ORDER:
+            system = w["systems"].get(name)
+            if not system:
+                continue
+            batches = system["per_batch"][1:]  # batch 0 carries the warm-up
+            x = [b["table_bytes"] / 1e6 for b in batches]
+            y = [b["s"] for b in batches]
+            (line,) = ax.plot(x, y, marker=".", linewidth=1, label=name)
+            passes = [(xi, yi) for xi, yi, b in zip(x, y, batches, strict=True) if "clean" in b]
+            if passes:
+                ax.scatter(
+                    *zip(*passes, strict=True),
+                    marker="o",
+                    s=40,
+                    facecolors="none",
+                    edgecolors=line.get_color(),
+                    label=f"{name}: batch with a pass",
+                )
+        ax.set_title(f"{w['name']} ({w['batches']} × {w['records_per_batch']:,} records)")
+        ax.set_xlabel("table size after the batch (MB)")
+        ax.set_ylabel("batch wall time (s)")
+        ax.grid(True, alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def markdown(results: dict[str, Any]) -> str:
+    quick = " --quick" if results["mode"] == "quick" else ""
+    lines = [
+        "# Benchmark results",
+        "",
+        f"Generated {results['generated_utc']} by `python -m bench.run{quick}` "
+        f"in {results['total_s'] / 60:.1f} min.",
+        "",
+        f"- Machine: {results['machine']}",
+        f"- Load before: `{results['load_before']}`",
+        f"- Load after: `{results['load_after']}`",
+        "- Versions: " + ", ".join(f"{k} {v}" for k, v in results["versions"].items()),
+        "- Spark: local[2], 2 shuffle partitions, zstd Parquet everywhere; sink with "
+        "`min.cleanable.dirty.ratio` 0.5 and default `segment.bytes` (128 MiB).",
+        "- Peak RSS: `VmHWM` reset before each system; *driver* is the Python process "
+        "(delta-rs MERGE runs there), *JVM* is Spark's driver/executor JVM (its heap does not "
+        "shrink, so it mostly reflects the largest job so far), *worker* the largest Python "
+        "worker.",
+        "- Bytes written: every byte of every file that appeared under the system's directory "
+        "(data, Delta log, the sink's checkpoint table); write amplification = bytes written / "
+        "input Parquet bytes.",
+        "",
+        "## Goals (1e6 keys)",
+        "",
+        "| workload | goal | measured | met |",
+        "|---|---|---|---|",
+    ]
+    for g in results.get("goals", []):
+        lines.append(
+            f"| {g['workload']} | {g['goal']} | {g['measured']} "
+            f"| {'yes' if g['met'] else '**no**'} |"
+        )
+    for w in results["workloads"]:
+        lines += [
+            "",
+            f"## {w['name']}: {w['keys']:,} keys, {w['skew']}, {w['batches']} batches × "
+            f"{w['records_per_batch']:,} records, {w['tombstone_fraction']:.0%} tombstones",
+            "",
+            f"Input: {w['input_bytes'] / 1e6:.1f} MB of Parquet. Final states agree across "
+            f"systems (count + checksum): {'yes' if w['states_agree'] else '**NO**'}.",
+            "",
+            "| system | ingest s | s/batch (median) | MB written | write amp. | table MB | files "
+            "| replay s | peak RSS MB driver / JVM / worker | live keys |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for name in SYSTEM_ORDER:
+            s = w["systems"].get(name)
+            if not s:
+                continue
+            median = statistics.median(b["s"] for b in s["per_batch"][1:] or s["per_batch"])
+            lines.append(
+                f"| {name} | {s['ingest_s']:.1f} | {median:.2f} | {s['bytes_written'] / 1e6:.1f} "
+                f"| {s['write_amplification']:.2f} | {s['table_bytes'] / 1e6:.1f} | {s['files']} "
+                f"| {s['replay_s']:.2f} | {s['peak_rss_mb']:.0f} / {s['jvm_peak_rss_mb']:.0f} / "
+                f"{s['worker_peak_rss_mb']:.0f} | {s['live_keys']:,} |"
+            )
+        sink = w["systems"].get("compacted_sink")
+        if sink:
+            lines += _passes(sink)
+    cleaner = results.get("cleaner")
+    if cleaner:
+        lines += [
+            "",
+            f"## Cleaner: one pass vs the I/O floor ({cleaner['source']}, never-cleaned log)",
+            "",
+            f"A forced pass over the append-only log: {cleaner['segments_read']} files, "
+            f"{cleaner['bytes_read'] / 1e6:.1f} MB, {cleaner['records_read']:,} records read; "
+            f"{cleaner['records_written']:,} records ({cleaner['bytes_written'] / 1e6:.1f} MB) "
+            f"kept in {cleaner['segments_written']} file(s).",
+            "",
+            "| pass s | floor s | efficiency (floor / pass) | runs: pass / floor |",
+            "|---|---|---|---|",
+            f"| {cleaner['pass_s']:.2f} | {cleaner['floor_s']:.2f} | {cleaner['efficiency']:.2f} "
+            f"| {', '.join(f'{x:.1f}' for x in cleaner['pass_runs_s'])} / "
+            f"{', '.join(f'{x:.1f}' for x in cleaner['floor_runs_s'])} |",
+        ]
+        for key, label in (("phases", "Pass phases (prototype timings)"),):
+            if key in cleaner:
+                lines += ["", f"### {label}", "", "| variant | s |", "|---|---|"]
+                lines += [f"| {k} | {v:.2f} |" for k, v in cleaner[key].items()]
+    lines += [
+        "",
+        "## Per-batch cost against table size",
+        "",
+        f"![per-batch cost]({PLOT})",
+        "",
+        "Analysis, profiles and proposed fixes: [ANALYSIS.md](ANALYSIS.md) (in `bench/`).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _passes(sink: dict[str, Any]) -> list[str]:
+    passes = [b for b in sink["per_batch"] if "clean" in b]
+    if not passes:
+        return []
+    lines = [
+        "",
+        f"Cleaning passes of the sink ({len(passes)}), and what each recopied "
+        "(the known limitation: every file below the first uncleanable offset is rewritten):",
+        "",
+        "| batch | pass s | MB read | of which clean MB | clean files | clean files with no "
+        "superseded key | MB written | records read → kept |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for b in passes:
+        c = b["clean"]
+        r = c.get("recopy", {})
+        lines.append(
+            f"| {b['batch']} | {c['duration_s']:.2f} | {c['bytes_read'] / 1e6:.1f} "
+            f"| {r.get('clean_bytes_read', 0) / 1e6:.1f} | {r.get('clean_files_read', '')} "
+            f"| {r.get('clean_files_without_superseded_key', '')} "
+            f"| {c['bytes_written'] / 1e6:.1f} | {c['records_read']:,} → {c['records_written']:,} |"
+        )
+    return lines

@@ -1,0 +1,202 @@
+"""``python -m bench.run [--quick] [--out DIR]``: every system on every workload, then the cleaner.
+
+Writes ``DIR/results.json``, ``DIR/RESULTS.md`` and ``DIR/per_batch_cost.png``.
+Systems run one after another on each workload, in one process and one
+SparkSession; each starts with an empty directory. Scratch data goes to
+``--work`` (default: a temporary directory, removed at the end).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+from bench import cleaner_bench, report
+from bench.measure import (
+    DirectoryMeter,
+    PeakRss,
+    delta_table_size,
+    load_average,
+    machine_description,
+)
+from bench.session import bench_session
+from bench.systems import SYSTEMS, checksum, make_system
+from bench.workload import Workload, generate
+
+FULL = (
+    Workload(name="1e5-uniform", keys=100_000, batches=50, records_per_batch=10_000),
+    Workload(name="1e5-zipf", keys=100_000, batches=50, records_per_batch=10_000, skew="zipf"),
+    Workload(name="1e6-uniform", keys=1_000_000, batches=50, records_per_batch=40_000),
+    Workload(name="1e6-zipf", keys=1_000_000, batches=50, records_per_batch=40_000, skew="zipf"),
+)
+QUICK = (
+    Workload(name="1e5-uniform", keys=100_000, batches=6, records_per_batch=10_000),
+    Workload(name="1e6-zipf", keys=1_000_000, batches=6, records_per_batch=20_000, skew="zipf"),
+)
+CLEANER_SOURCE = {"full": "1e6-uniform", "quick": "1e6-zipf"}
+
+log = logging.getLogger("bench")
+
+
+def run_system(
+    spark: SparkSession, name: str, files: list[str], root: str, rss: PeakRss
+) -> dict[str, Any]:
+    """Feed every batch file to one system; measure ingest, size, replay and peak RSS."""
+    shutil.rmtree(root, ignore_errors=True)
+    system = make_system(name, root)
+    meter = DirectoryMeter(root)
+    rss.reset()
+    per_batch, ingest_s, written = [], 0.0, 0
+    for batch_id, path in enumerate(files):
+        started = time.perf_counter()
+        info = system.ingest(spark, batch_id, path)
+        elapsed = time.perf_counter() - started
+        ingest_s += elapsed
+        batch_written = meter.written()
+        written += batch_written
+        system.analyse(info)
+        size = delta_table_size(system.table_uri)
+        per_batch.append(
+            {
+                "batch": batch_id,
+                "s": elapsed,
+                "bytes_written": batch_written,
+                "table_bytes": size.bytes,
+                "files": size.files,
+                **info,
+            }
+        )
+        log.info(
+            "%s batch %d: %.2f s, table %.1f MB in %d files%s",
+            name,
+            batch_id,
+            elapsed,
+            size.bytes / 1e6,
+            size.files,
+            " (+clean pass)" if "clean" in info else "",
+        )
+    peak = rss.read()
+    size = delta_table_size(system.table_uri)
+    replays, rows, digest = [], 0, 0
+    for _ in range(2):
+        started = time.perf_counter()
+        rows, digest = checksum(system.state(spark))
+        replays.append(time.perf_counter() - started)
+    log.info("%s: ingest %.1f s, replay %.2f s, %d live keys", name, ingest_s, min(replays), rows)
+    return {
+        "ingest_s": ingest_s,
+        "bytes_written": written,
+        "table_bytes": size.bytes,
+        "files": size.files,
+        "replay_s": min(replays),
+        "peak_rss_mb": peak["driver"],
+        "jvm_peak_rss_mb": peak["jvm"],
+        "worker_peak_rss_mb": peak["workers"],
+        "replay_runs_s": replays,
+        "live_keys": rows,
+        "state_checksum": digest,
+        "per_batch": per_batch,
+    }
+
+
+def run_workload(
+    spark: SparkSession, workload: Workload, work: str, systems: tuple[str, ...], rss: PeakRss
+) -> dict[str, Any]:
+    files = generate(workload, os.path.join(work, "input", workload.name))
+    input_bytes = sum(os.path.getsize(f) for f in files)
+    results = {}
+    for name in systems:
+        root = os.path.join(work, workload.name, name)
+        results[name] = run_system(spark, name, files, root, rss)
+        results[name]["write_amplification"] = results[name]["bytes_written"] / input_bytes
+    digests = {r["state_checksum"] for r in results.values()}
+    return {
+        "name": workload.name,
+        "keys": workload.keys,
+        "batches": workload.batches,
+        "records_per_batch": workload.records_per_batch,
+        "skew": workload.skew,
+        "tombstone_fraction": workload.tombstone_fraction,
+        "input_bytes": input_bytes,
+        "states_agree": len(digests) == 1,
+        "systems": results,
+    }
+
+
+def warm_up(spark: SparkSession, work: str, systems: tuple[str, ...], rss: PeakRss) -> None:
+    """Run every system on a tiny workload first, so that no system pays the JVM's warm-up."""
+    tiny = Workload(name="warm-up", keys=1_000, batches=3, records_per_batch=1_000)
+    files = generate(tiny, os.path.join(work, "input", tiny.name))
+    for name in systems:
+        run_system(spark, name, files, os.path.join(work, tiny.name, name), rss)
+    shutil.rmtree(os.path.join(work, tiny.name), ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="small workloads (< 5 min)")
+    parser.add_argument("--out", default="bench", help="where results.json and RESULTS.md go")
+    parser.add_argument("--work", default=None, help="scratch directory (default: a temp dir)")
+    parser.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset")
+    parser.add_argument("--workloads", default=None, help="comma-separated workload names")
+    parser.add_argument("--no-cleaner", action="store_true", help="skip the pass-vs-floor run")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr
+    )
+    logging.getLogger("compacted_sink").setLevel(logging.WARNING)
+
+    mode = "quick" if args.quick else "full"
+    workloads = QUICK if args.quick else FULL
+    if args.workloads:
+        wanted = args.workloads.split(",")
+        workloads = tuple(w for w in workloads if w.name in wanted)
+    systems = tuple(args.systems.split(","))
+    work = args.work or tempfile.mkdtemp(prefix="compacted-sink-bench-")
+    os.makedirs(args.out, exist_ok=True)
+    started = time.perf_counter()
+    load_before = load_average()
+    spark = bench_session()
+    rss = PeakRss(spark)
+    try:
+        results: dict[str, Any] = {
+            "machine": machine_description(),
+            "versions": report.versions(spark),
+            "mode": mode,
+            "load_before": load_before,
+            "workloads": [],
+        }
+        warm_up(spark, work, systems, rss)
+        for workload in workloads:
+            log.info("workload %s", workload)
+            results["workloads"].append(run_workload(spark, workload, work, systems, rss))
+        source = CLEANER_SOURCE[mode]
+        if not args.no_cleaner and "append_only" in systems:
+            if any(w["name"] == source for w in results["workloads"]):
+                log.info("cleaner pass vs I/O floor on %s", source)
+                results["cleaner"] = cleaner_bench.run(
+                    spark,
+                    os.path.join(work, source, "append_only", "log"),
+                    os.path.join(work, "cleaner"),
+                )
+        results["load_after"] = load_average()
+        results["total_s"] = time.perf_counter() - started
+        report.write(results, args.out)
+        log.info("wrote %s in %.0f s", args.out, results["total_s"])
+    finally:
+        spark.stop()
+        if args.work is None:
+            shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,209 @@
+"""The four systems under test, each fed the same batch files one batch at a time.
+
+- ``compacted_sink``: `CompactedStateSink` called as the foreachBatch hook, which
+  appends and cleans when a partition's dirty ratio passes 0.5 (the default).
+- ``append_only``: the same hook with cleaning disabled (ratio 1.0 is never
+  exceeded): the ingest floor and the replay ceiling.
+- ``merge_per_batch``: Delta's documented foreachBatch upsert: dedupe the batch
+  in Spark (latest per key), then MERGE it into the table; the MERGE runs in
+  delta-rs (``DeltaTable.merge``), since delta-spark cannot run here.
+- ``rewrite_per_batch``: table ∪ batch → latest per key → overwrite, in Spark;
+  the new Parquet files replace the old ones in one Delta commit (delta-rs).
+
+Every system writes zstd Parquet. ``replay`` materializes the state (key, value)
+and returns its row count and an order-independent checksum, so the systems'
+final states can be checked against each other.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import time
+from typing import Any, Protocol
+
+import pyarrow as pa
+from deltalake import DeltaTable, WriterProperties
+from deltalake.transaction import AddAction
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from bench.measure import delta_table_size
+from bench.recopy import pass_recopy
+from sinks import CleanerConfig, CompactedStateSink
+
+TABLE_SCHEMA = pa.schema([("key", pa.string()), ("value", pa.binary()), ("seq", pa.int64())])
+SYSTEMS = ("compacted_sink", "merge_per_batch", "rewrite_per_batch", "append_only")
+
+
+class System(Protocol):
+    name: str
+    root: str
+    table_uri: str
+
+    def ingest(self, spark: SparkSession, batch_id: int, batch_path: str) -> dict[str, Any]: ...
+
+    def analyse(self, info: dict[str, Any]) -> None: ...
+
+    def state(self, spark: SparkSession) -> DataFrame: ...
+
+
+def checksum(df: DataFrame) -> tuple[int, int]:
+    """Rows and XOR of xxhash64(key, value) over ``df``: materializes every key and value."""
+    row = df.agg(F.count(F.lit(1)).alias("n"), F.bit_xor(F.xxhash64("key", "value")).alias("x"))
+    first = row.collect()[0]
+    return int(first["n"]), int(first["x"] or 0)
+
+
+def latest_per_key(df: DataFrame) -> DataFrame:
+    """One row per key, its highest ``seq`` (Delta docs' ``max(struct(...))`` dedupe)."""
+    latest = df.groupBy("key").agg(F.max_by(F.struct("value", "seq"), "seq").alias("l"))
+    return latest.select("key", "l.value", "l.seq")
+
+
+class SinkSystem:
+    """The compacted-state sink (``compact=True``) or the same hook never cleaning."""
+
+    def __init__(self, root: str, *, compact: bool) -> None:
+        self.name = "compacted_sink" if compact else "append_only"
+        self.root = root
+        self.table_uri = os.path.join(root, "log")
+        ratio = 0.5 if compact else 1.0  # a ratio is never > 1.0: the hook never cleans
+        self.sink = CompactedStateSink(
+            self.table_uri,
+            key_columns=("key",),
+            config=CleanerConfig(min_cleanable_dirty_ratio=ratio),
+            sink_id=f"bench-{self.name}",
+        )
+
+    def ingest(self, spark: SparkSession, batch_id: int, batch_path: str) -> dict[str, Any]:
+        self.sink(spark.read.parquet(batch_path).select("key", "value"), batch_id)
+        report = self.sink.last_append
+        clean = report.clean if report else None
+        if clean is None:
+            return {}
+        return {
+            "clean": {
+                "duration_s": clean.duration_ms / 1000,
+                "segments_read": clean.segments_read,
+                "segments_written": clean.segments_written,
+                "bytes_read": clean.bytes_read,
+                "bytes_written": clean.bytes_written,
+                "records_read": clean.records_read,
+                "records_written": clean.records_written,
+                "first_dirty_offsets": clean.first_dirty_offsets,
+                "end_offsets": clean.end_offsets,
+                "delta_version": clean.delta_version,
+            }
+        }
+
+    def analyse(self, info: dict[str, Any]) -> None:
+        """Untimed: add the pass's clean-vs-dirty recopy figures to ``info``."""
+        clean = info.get("clean")
+        if clean and clean.get("delta_version") is not None:
+            clean["recopy"] = pass_recopy(
+                self.sink.log_table,
+                clean["delta_version"],
+                clean["first_dirty_offsets"],
+                clean["end_offsets"],
+            )
+
+    def state(self, spark: SparkSession) -> DataFrame:
+        return self.sink.state()
+
+
+class MergeSystem:
+    """Dedupe each batch in Spark, then ``DeltaTable.merge`` it (delete on tombstone)."""
+
+    name = "merge_per_batch"
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.table_uri = os.path.join(root, "table")
+        DeltaTable.create(self.table_uri, TABLE_SCHEMA, mode="ignore")
+        self.writer = WriterProperties(compression="ZSTD")
+
+    def ingest(self, spark: SparkSession, batch_id: int, batch_path: str) -> dict[str, Any]:
+        source = latest_per_key(spark.read.parquet(batch_path)).toArrow()
+        metrics = (
+            DeltaTable(self.table_uri)
+            .merge(
+                source,
+                predicate="t.key = s.key",
+                source_alias="s",
+                target_alias="t",
+                writer_properties=self.writer,
+            )
+            .when_matched_delete(predicate="s.value IS NULL")
+            .when_matched_update_all()
+            .when_not_matched_insert_all(predicate="s.value IS NOT NULL")
+            .execute()
+        )
+        keep = ("num_target_files_added", "num_target_files_removed", "num_target_rows_copied")
+        return {"merge": {k: metrics.get(k) for k in keep}}
+
+    def analyse(self, info: dict[str, Any]) -> None:
+        pass
+
+    def state(self, spark: SparkSession) -> DataFrame:
+        return _read_live(spark, self.table_uri)
+
+
+class RewriteSystem:
+    """table ∪ batch → latest per key → overwrite, in Spark; committed as a Delta overwrite."""
+
+    name = "rewrite_per_batch"
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.table_uri = os.path.join(root, "table")
+        DeltaTable.create(self.table_uri, TABLE_SCHEMA, mode="ignore")
+
+    def ingest(self, spark: SparkSession, batch_id: int, batch_path: str) -> dict[str, Any]:
+        table = DeltaTable(self.table_uri)
+        old = pa.table(table.get_add_actions(flatten=True))
+        batch = spark.read.parquet(batch_path)
+        if old.num_rows:
+            paths = [os.path.join(self.table_uri, p) for p in old.column("path").to_pylist()]
+            batch = spark.read.schema(batch.schema).parquet(*paths).unionByName(batch)
+        directory = f"v{batch_id:05d}"
+        (
+            latest_per_key(batch)
+            .filter(F.col("value").isNotNull())
+            .write.mode("error")
+            .parquet(os.path.join(self.table_uri, directory))
+        )
+        stamp = int(time.time() * 1000)
+        # "overwrite" removes every live file itself (delta-rs refuses explicit removes).
+        actions: list[Any] = []
+        for path in sorted(glob.glob(os.path.join(self.table_uri, directory, "part-*.parquet"))):
+            relative = os.path.relpath(path, self.table_uri)
+            actions.append(AddAction(relative, os.path.getsize(path), {}, stamp, True, "{}"))
+        table.create_write_transaction(actions, "overwrite", TABLE_SCHEMA)
+        return {}
+
+    def analyse(self, info: dict[str, Any]) -> None:
+        pass
+
+    def state(self, spark: SparkSession) -> DataFrame:
+        return _read_live(spark, self.table_uri)
+
+
+def _read_live(spark: SparkSession, uri: str) -> DataFrame:
+    paths = delta_table_size(uri).paths
+    if not paths:
+        return spark.createDataFrame([], "key string, value binary")
+    return spark.read.parquet(*paths).select("key", "value")
+
+
+def make_system(name: str, root: str) -> System:
+    os.makedirs(root, exist_ok=True)
+    if name == "compacted_sink":
+        return SinkSystem(root, compact=True)
+    if name == "append_only":
+        return SinkSystem(root, compact=False)
+    if name == "merge_per_batch":
+        return MergeSystem(root)
+    if name == "rewrite_per_batch":
+        return RewriteSystem(root)
+    raise ValueError(f"unknown system {name!r}; known: {', '.join(SYSTEMS)}")
