@@ -312,11 +312,11 @@ def _to_spark(schema: Any, named: dict[str, T.DataType], where: str) -> T.DataTy
     if logical in _LOGICAL:
         return _LOGICAL[logical](schema)
     if kind == "record":
+        # Every field nullable: a tombstone or undecodable row is a null struct, and Arrow
+        # refuses a null parent over non-nullable children.
         struct = T.StructType(
             [
-                T.StructField(
-                    f["name"], _to_spark(f["type"], named, f"{where}.{f['name']}"), _nullable(f)
-                )
+                T.StructField(f["name"], _to_spark(f["type"], named, f"{where}.{f['name']}"), True)
                 for f in schema["fields"]
             ]
         )
@@ -335,11 +335,6 @@ def _to_spark(schema: Any, named: dict[str, T.DataType], where: str) -> T.DataTy
     if kind == "map":
         return T.MapType(T.StringType(), _to_spark(schema["values"], named, f"{where}{{}}"), True)
     return _to_spark(kind, named, where)
-
-
-def _nullable(field: Mapping[str, Any]) -> bool:
-    kind = field["type"]
-    return isinstance(kind, list) and "null" in kind
 
 
 class DecodingHook:
