@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -180,14 +181,10 @@ class Cleaner:
             },
         )
         duration = int((time.monotonic() - started) * 1000)
-        snapshot.table.update_incremental()
-        return CleanerStats(
-            **{
-                **stats.__dict__,
-                "duration_ms": duration,
-                "delta_version": snapshot.table.version(),
-            }
-        )
+        # The planned-from snapshot stays a value; the version after the pass comes
+        # from a fresh read (at or after the pass's own commit when others appended).
+        after = self.log.snapshot()
+        return replace(stats, duration_ms=duration, delta_version=after.version if after else None)
 
 
 def stats_columns(

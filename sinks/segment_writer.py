@@ -49,9 +49,7 @@ class WrittenSegment:
 
     def add_action(self, *, data_change: bool, modification_time: int) -> AddAction:
         """The Delta add action for this file (``data_change=False`` for a cleaner's rewrite)."""
-        return AddAction(
-            self.path, self.size_bytes, {}, modification_time, data_change, self.stats
-        )
+        return AddAction(self.path, self.size_bytes, {}, modification_time, data_change, self.stats)
 
 
 def write_segments(
@@ -224,8 +222,8 @@ class _RunningStats:
             self.maximum[name] = hi if name not in self.maximum else max(self.maximum[name], hi)
 
     def to_json(self) -> str:
-        minimum = {k: v for k, v in ((k, _stat_value(v, low=True)) for k, v in self.minimum.items()) if v is not None}
-        maximum = {k: v for k, v in ((k, _stat_value(v, low=False)) for k, v in self.maximum.items()) if v is not None}
+        minimum = _stat_values(self.minimum, low=True)
+        maximum = _stat_values(self.maximum, low=False)
         return json.dumps(
             {
                 "numRecords": self.num_records,
@@ -246,6 +244,12 @@ def _has_min_max(arrow_type: pa.DataType) -> bool:
         or pa.types.is_timestamp(arrow_type)
         or pa.types.is_date(arrow_type)
     )
+
+
+def _stat_values(values: Mapping[str, Any], *, low: bool) -> dict[str, Any]:
+    """The statistics that can be stated safely, in Delta's JSON form."""
+    stated = {name: _stat_value(value, low=low) for name, value in values.items()}
+    return {name: value for name, value in stated.items() if value is not None}
 
 
 def _stat_value(value: Any, *, low: bool) -> Any:

@@ -222,6 +222,26 @@ def test_dirty_offset_reset_when_checkpoint_lies_outside_the_log(spark, lake, cl
     assert stats.first_dirty_offsets == {0: 0} and stats.records_written == 2
 
 
+def test_dirty_offset_reset_when_checkpoint_lies_below_the_log_start(spark, lake, clock):
+    """A checkpoint below the log start offset (moved by retention) restarts at the start."""
+    from checkpoints import CheckpointEntry
+    from sinks.log_table import LOG_START_OFFSET_TXN
+
+    sink = CompactedStateSink(str(lake / "log"), config=NO_CLEAN, clock=clock)
+    sink(batch(spark, [("a", "1"), ("b", "1"), ("a", "2"), ("c", "1")]), 0)
+    CleanerOffsetCheckpoint(sink.checkpoint_path).write(
+        [CheckpointEntry(log_path=sink.path, partition=0, first_dirty_offset=1)]
+    )
+    # what retention's DeleteRecords commits: a new log start offset, no data change
+    sink.log_table.snapshot().commit(
+        data_change=False, transactions={LOG_START_OFFSET_TXN.format(0): 2}, info={}
+    )
+    assert sink.logs_to_clean()[0].first_dirty_offset == 2
+    stats = sink.clean(force=True)
+    assert stats.first_dirty_offsets == {0: 2} and stats.end_offsets == {0: 4}
+    assert log_rows(sink, "offset", "key") == [(2, "a"), (3, "c")]
+
+
 def test_segment_grouping_end_to_end(spark, lake, clock):
     """testSegmentGrouping: a pass writes several files, each within segment.bytes."""
 
