@@ -21,7 +21,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
-from sinks.storage import arrow_filesystem
+from sinks.storage import arrow_filesystem, normalize_uri
 
 _PATH = "path"
 _BATCH_ROWS = 65_536
@@ -48,7 +48,7 @@ def read_files(
         [f.with_nullable(True) for f in to_arrow_schema(schema, timezone="UTC")]
     )
     task = ParquetReaderTask(
-        table_uri=table_uri,
+        table_uri=normalize_uri(table_uri),  # here: executors resolve against their own cwd
         schema=arrow_schema,
         storage_options=dict(storage_options or {}),
     )
