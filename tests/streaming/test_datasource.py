@@ -1,0 +1,103 @@
+"""``writeStream.format("compacted-state")``: executors stage, the driver commits exactly once."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from sinks import CompactedStateSink
+from sinks.errors import ConfigError
+from streaming.datasource import SinkOptions, register, staged_files
+from streaming.kafka import KAFKA_SCHEMA, kafka_shaped_files
+
+KAFKA_ARROW = pa.schema(
+    [
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("timestamp", pa.timestamp("us", tz="UTC")),
+        ("timestampType", pa.int32()),
+    ]
+)
+
+
+def write_files(directory: Path, files: int, rows: int) -> dict[bytes, bytes | None]:
+    directory.mkdir(parents=True)
+    latest: dict[bytes, bytes | None] = {}
+    next_offset = [0, 0]
+    n = 0
+    for f in range(files):
+        batch = []
+        for _ in range(rows):
+            key = f"k{n % 7}".encode()
+            partition = n % 7 % 2  # a key stays in one partition
+            value = None if n % 5 == 4 else f"v{n}".encode()
+            batch.append(
+                {
+                    "key": key,
+                    "value": value,
+                    "topic": "t",
+                    "partition": partition,
+                    "offset": next_offset[partition],
+                    "timestamp": dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
+                    "timestampType": 0,
+                }
+            )
+            latest[key] = value
+            next_offset[partition] += 1
+            n += 1
+        pq.write_table(pa.Table.from_pylist(batch, schema=KAFKA_ARROW), directory / f"{f}.parquet")
+    return latest
+
+
+def test_options_are_checked_when_the_query_starts() -> None:
+    with pytest.raises(ConfigError, match="'path'"):
+        SinkOptions.parse({})
+    with pytest.raises(ConfigError, match="min.cleanable.dirty.ratio"):
+        SinkOptions.parse({"path": "/tmp/x", "min.cleanable.dirty.ratio": "high"})
+
+
+def test_a_query_writes_the_log_through_the_data_source(spark, lake) -> None:
+    register(spark)
+    latest = write_files(lake / "input", files=2, rows=20)
+    path = str(lake / "users")
+
+    def run() -> None:
+        stream = kafka_shaped_files(spark, str(lake / "input"), max_files_per_trigger=1)
+        query = (
+            stream.drop("topic")
+            .writeStream.format("compacted-state")
+            .option("path", path)
+            .option("key_columns", "key")
+            .option("min.cleanable.dirty.ratio", "0.5")
+            .option("checkpointLocation", str(lake / "_chk"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(240)
+
+    run()
+    sink = CompactedStateSink(path, key_columns=("key",))
+    log = sink.log()
+    assert log.count() == 40
+    by_partition = {
+        p: sorted(r["offset"] for r in log.collect() if r["partition"] == p) for p in (0, 1)
+    }
+    assert by_partition[0] == list(range(len(by_partition[0])))  # Kafka offsets kept
+    assert by_partition[1] == list(range(len(by_partition[1])))
+    state = {bytes(r["key"]): bytes(r["value"]) for r in sink.state().collect()}
+    assert state == {k: v for k, v in latest.items() if v is not None}
+    assert staged_files(path) == []
+    assert set(log.columns) >= {"timestampType", "delete_horizon_ms"}
+    assert log.schema["key"].dataType == KAFKA_SCHEMA["key"].dataType
+
+    stats = sink.clean(force=True)  # the data source appends; cleaning runs beside it
+    assert stats is not None and stats.records_read == 40
+    run()  # the same checkpoint: nothing new, nothing twice
+    assert sink.log().count() == len(latest)  # one record per key after the pass
