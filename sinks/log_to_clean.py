@@ -89,7 +89,8 @@ class LogToClean:
 
     ``clean_bytes`` lie below the first dirty offset; ``cleanable_bytes`` between
     the first dirty and the first uncleanable offset; bytes at or above the first
-    uncleanable offset count in neither.
+    uncleanable offset count in neither. ``force_checkpoint`` is True when the
+    checkpointed first dirty offset was out of range and was reset.
     """
 
     log_path: str
@@ -100,6 +101,7 @@ class LogToClean:
     cleanable_bytes: int
     oldest_dirty_timestamp_ms: int | None = None
     earliest_delete_horizon_ms: int | None = None
+    force_checkpoint: bool = False
 
     @property
     def total_bytes(self) -> int:
@@ -171,6 +173,7 @@ def log_to_clean(
         cleanable_bytes=cleanable,
         oldest_dirty_timestamp_ms=oldest_dirty,
         earliest_delete_horizon_ms=horizon,
+        force_checkpoint=offsets.force_checkpoint,
     )
 
 

@@ -371,6 +371,9 @@ class CompactedStateSink:
                 force=force,
             )
         ]
+        reset = [log for log in candidates if log.force_checkpoint and log not in chosen]
+        if reset:
+            self._checkpoint_resets(reset)
         if not chosen:
             return None
         spark = SparkSession.active()
@@ -385,6 +388,22 @@ class CompactedStateSink:
         self._checkpoint(chosen, stats)
         logger.info("%s", stats.summary())
         return stats
+
+    def _checkpoint_resets(self, reset: Sequence[LogToClean]) -> None:
+        """Rewrite checkpoints found out of range, as Kafka does even when nothing is cleaned."""
+        rows = self.checkpoints.read(self.path)
+        entries = []
+        for log in reset:
+            entry = rows.get((self.path, log.partition)) or CheckpointEntry(
+                log_path=self.path, partition=log.partition, first_dirty_offset=0
+            )
+            entries.append(
+                entry.with_changes(
+                    first_dirty_offset=log.first_dirty_offset,
+                    first_uncleanable_offset=log.first_uncleanable_offset,
+                )
+            )
+        self.checkpoints.write(entries)
 
     def _checkpoint(self, cleaned: Sequence[LogToClean], stats: CleanerStats) -> None:
         self.checkpoints.write(

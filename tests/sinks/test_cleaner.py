@@ -207,7 +207,7 @@ def test_filthiest_partition_is_cleaned_and_stats_cover_every_partition(spark, l
     assert {p: e.first_dirty_offset for (_, p), e in rows.items()} == {0: 31, 1: 3}
 
 
-def test_dirty_offset_reset_when_checkpoint_lies_outside_the_log(spark, lake, clock):
+def test_dirty_offset_reset_when_checkpoint_lies_above_the_log_end(spark, lake, clock):
     """LogCleanerManagerTest: a checkpoint above the log end restarts at the log start."""
     from checkpoints import CheckpointEntry
 
@@ -218,6 +218,8 @@ def test_dirty_offset_reset_when_checkpoint_lies_outside_the_log(spark, lake, cl
     assert sink.logs_to_clean()[0].first_dirty_offset == 2
     checkpoint.write([CheckpointEntry(log_path=sink.path, partition=0, first_dirty_offset=99)])
     assert sink.logs_to_clean()[0].first_dirty_offset == 0
+    assert sink.clean() is None  # nothing cleanable, but the reset is checkpointed
+    assert checkpoint.read(sink.path)[(sink.path, 0)].first_dirty_offset == 0
     stats = sink.clean(force=True)
     assert stats.first_dirty_offsets == {0: 0} and stats.records_written == 2
 

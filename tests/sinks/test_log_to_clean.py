@@ -65,6 +65,7 @@ def test_dirty_offset_reset_when_checkpoint_above_log_end():
     )
     assert offsets.first_dirty_offset == 0
     assert offsets.force_checkpoint
+    assert log_to_clean("log", 0, [seg(0, 9)], offsets).force_checkpoint
 
 
 def test_dirty_offset_reset_when_checkpoint_below_log_start():

@@ -203,3 +203,16 @@ def test_sequence_column_orders_out_of_order_events_ties_by_offset(spark, lake, 
     sink.clean(force=True)
     assert_df_equality(sink.state(), expected, ignore_row_order=True, ignore_nullable=True)
     assert sorted((r.key, r.offset) for r in sink.log().collect()) == [("a", 0), ("b", 3)]
+
+
+def test_repeated_or_null_kafka_offsets_are_rejected(spark, lake, clock):
+    """Rule 1 for Kafka input: offsets must be unique per partition; nothing is written."""
+    sink = CompactedStateSink(str(lake / "log"), config=NO_CLEAN, clock=clock)
+    bad = spark.createDataFrame(
+        [("a", "1", 0, 5), ("b", "1", 0, 5), ("c", "1", 1, None)],
+        "key string, value string, partition int, offset long",
+    )
+    with pytest.raises(BadInputError, match="partition 0 has 1 rows whose 'offset' repeats") as e:
+        sink(bad, 0)
+    assert "1 rows of partition 1 have a null 'offset'" in str(e.value)
+    assert not (lake / "log").exists()
