@@ -45,6 +45,8 @@ def spark_env(base: Path) -> dict[str, str]:
         SPARK_LOCAL_IP="127.0.0.1",
         SPARK_LOG_DIR=str(base / "logs"),
         SPARK_DAEMON_MEMORY="384m",
+        # The master's REST submission server would take the fixed port 6066.
+        SPARK_MASTER_OPTS="-Dspark.master.rest.enabled=false",
         PYSPARK_PYTHON=sys.executable,
         PYSPARK_DRIVER_PYTHON=sys.executable,
     )
