@@ -180,9 +180,9 @@ def _group_alive(leader: subprocess.Popen) -> bool:
     return True
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def standalone_cluster(tmp_path_factory) -> Iterator[StandaloneCluster]:
-    """A master and one worker on 127.0.0.1, stopped (every process) at the end of the run."""
+    """A master and one worker on 127.0.0.1, stopped (every process) after the module's tests."""
     cluster = StandaloneCluster(tmp_path_factory.mktemp("spark-cluster"))
     try:
         cluster.start()
