@@ -12,7 +12,13 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-SYSTEM_ORDER = ("compacted_sink", "merge_per_batch", "rewrite_per_batch", "append_only")
+SYSTEM_ORDER = (
+    "compacted_sink",
+    "merge_per_batch",
+    "rewrite_per_batch",
+    "append_only",
+    "sink_one_job_append",
+)
 PLOT = "per_batch_cost.png"
 
 

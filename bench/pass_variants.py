@@ -1,0 +1,164 @@
+"""Where a cleaning pass spends its time, and a prototype of a cheaper pass (no core edits).
+
+``python -m bench.pass_variants --log PATH`` (a log never cleaned) times, on the
+same input files:
+
+- ``read``: scan every column (noop sink): the read floor;
+- ``floor``: read, plain filter keeping the pass's fraction, Spark Parquet write;
+- ``dedupe``: `retain_latest` (max_by over a struct of every column), noop sink;
+- ``dedupe+layout``: and the pass's repartition + sortWithinPartitions, noop sink;
+- ``pass``: the sink's own pass (`CompactedStateSink.clean(force=True)` on a copy);
+- ``narrow``: the prototype: find the latest offset per key from (partition, key,
+  offset) only, broadcast-semi-join the offsets back onto the scan, apply the
+  tombstone rules row by row, write with the sink's writer (`write_segments`) and
+  commit nothing. The wide rows are never shuffled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from bench.cleaner_bench import io_floor
+from bench.session import bench_session
+from sinks import CleanerConfig, CompactedStateSink
+from sinks.cleaner import (
+    drop_expired_tombstones,
+    retain_latest,
+    stamp_delete_horizon,
+    stats_columns,
+)
+from sinks.log_table import LogSnapshot
+from sinks.records import OFFSET, PARTITION
+from sinks.segment_writer import write_segments
+
+
+def _noop(df: DataFrame) -> None:
+    df.write.format("noop").mode("overwrite").save()
+
+
+def narrow_retained(
+    df: DataFrame, *, key_columns: list[str], pass_start_ms: int, delete_retention_ms: int
+) -> DataFrame:
+    """`retain_latest`'s rows, found by shuffling only (partition, key, offset)."""
+    latest = (
+        df.select(PARTITION, *key_columns, OFFSET)
+        .groupBy(PARTITION, *key_columns)
+        .agg(F.max(OFFSET).alias(OFFSET))
+        .select(PARTITION, OFFSET)
+    )
+    kept = df.join(F.broadcast(latest), [PARTITION, OFFSET], "left_semi")
+    return kept.transform(
+        lambda d: drop_expired_tombstones(d, pass_start_ms=pass_start_ms)
+    ).transform(
+        lambda d: stamp_delete_horizon(
+            d, pass_start_ms=pass_start_ms, delete_retention_ms=delete_retention_ms
+        )
+    )
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
+def run(spark: SparkSession, log_path: str, work: str, repeats: int = 1) -> dict[str, float]:
+    sink = CompactedStateSink(log_path, key_columns=("key",), config=CleanerConfig())
+    snapshot = sink.log_table.snapshot()
+    assert snapshot is not None
+    now = int(time.time() * 1000)
+    keys = ["key"]
+    wide = dict(
+        key_columns=keys, sequence_column=None, pass_start_ms=now, delete_retention_ms=86_400_000
+    )
+
+    def scan() -> DataFrame:
+        return sink.log_table.read(spark, snapshot)
+
+    def layout(df: DataFrame) -> DataFrame:
+        return df.repartition(1, PARTITION).sortWithinPartitions(PARTITION, OFFSET)
+
+    def narrow_write() -> None:
+        out = os.path.join(work, "narrow")
+        shutil.rmtree(out, ignore_errors=True)
+        kept = narrow_retained(
+            scan(), key_columns=keys, pass_start_ms=now, delete_retention_ms=86_400_000
+        )
+        _write(kept.repartition(1, PARTITION), out, snapshot, keys)
+
+    def wide_write() -> None:
+        out = os.path.join(work, "wide")
+        shutil.rmtree(out, ignore_errors=True)
+        _write(layout(scan().transform(lambda d: retain_latest(d, **wide))), out, snapshot, keys)
+
+    def real_pass() -> None:
+        copy = os.path.join(work, "copy", "log")
+        shutil.rmtree(os.path.dirname(copy), ignore_errors=True)
+        shutil.copytree(log_path, copy)
+        started = time.perf_counter()
+        CompactedStateSink(copy, key_columns=("key",)).clean(force=True)
+        timings.setdefault("pass", []).append(time.perf_counter() - started)
+
+    retained = scan().transform(lambda d: retain_latest(d, **wide)).count()
+    keep = retained / sum(s.num_records for s in snapshot.all_segments())
+    paths = [os.path.join(log_path, s.path) for s in snapshot.all_segments()]
+    variants: dict[str, Callable[[], Any]] = {
+        "read": lambda: _noop(scan()),
+        "floor": lambda: io_floor(spark, paths, keep, os.path.join(work, "floor")),
+        "dedupe": lambda: _noop(scan().transform(lambda d: retain_latest(d, **wide))),
+        "dedupe+layout": lambda: _noop(
+            layout(scan().transform(lambda d: retain_latest(d, **wide)))
+        ),
+        "dedupe+layout+write (pass without commit)": wide_write,
+        "narrow: latest offsets + broadcast semi-join": lambda: _noop(
+            narrow_retained(
+                scan(), key_columns=keys, pass_start_ms=now, delete_retention_ms=86_400_000
+            )
+        ),
+        "narrow + write (prototype pass without commit)": narrow_write,
+    }
+    timings: dict[str, list[float]] = {}
+    for _ in range(repeats):
+        for name, fn in variants.items():
+            timings.setdefault(name, []).append(_timed(fn))
+        real_pass()
+    return {name: min(runs) for name, runs in timings.items()}
+
+
+def _write(df: DataFrame, out: str, snapshot: LogSnapshot, keys: list[str]) -> None:
+    os.makedirs(out, exist_ok=True)
+    write_segments(
+        df,
+        table_uri=out,
+        schema=snapshot.arrow_schema,
+        stats_columns=stats_columns(snapshot, keys, None),
+        max_file_bytes=128 * 1024 * 1024,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--log", required=True, help="a never-cleaned log (e.g. append_only)")
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args()
+    spark = bench_session()
+    work = tempfile.mkdtemp(prefix="pass-variants-")
+    try:
+        for name, seconds in run(spark, args.log, work, args.repeats).items():
+            print(f"{name:50s} {seconds:7.2f} s")
+    finally:
+        spark.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
