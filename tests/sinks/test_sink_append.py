@@ -9,6 +9,7 @@ from chispa import assert_df_equality
 from pyspark.sql import functions as F
 
 from sinks import BadInputError, CleanerConfig, CompactedStateSink, SchemaMismatchError
+from sinks.log_table import LOG_END_OFFSET_TXN
 
 NO_CLEAN = CleanerConfig(min_cleanable_dirty_ratio=1.0)
 
@@ -54,10 +55,10 @@ def test_same_batch_id_twice_writes_once_also_from_a_new_sink(spark, lake, clock
     assert restarted.last_append.skipped
     assert len(delta_commits(path)) == versions
     assert restarted.log().count() == 2
-    txns = [a["txn"] for a in delta_commits(path)[-1] if "txn" in a]
-    assert {"appId": sink.sink_id, "version": 7} in [
-        {"appId": t["appId"], "version": t["version"]} for t in txns
-    ]
+    append = delta_commits(path)[-1]
+    assert [a["add"]["dataChange"] for a in append if "add" in a] == [True]
+    txns = {a["txn"]["appId"]: a["txn"]["version"] for a in append if "txn" in a}
+    assert txns[sink.sink_id] == 7 and txns[LOG_END_OFFSET_TXN.format(0)] == 2
 
 
 def test_two_sink_ids_both_write_the_same_batch_id(spark, lake, clock):
