@@ -103,11 +103,20 @@ def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "streaming.cli", *args]
     print(f"$ compacted-sink {' '.join(args)}", flush=True)
     done = subprocess.run(command, cwd=cwd, env=_env(), capture_output=True, text=True)
+    for line in done.stderr.splitlines():
+        if not _spark_noise(line):
+            print(f"  {line}", flush=True)
     print(done.stdout, end="", flush=True)
     if done.returncode != 0:
         print(done.stderr, file=sys.stderr)
         raise SystemExit(f"compacted-sink {args[0]} failed with exit code {done.returncode}")
     return done
+
+
+def _spark_noise(line: str) -> bool:
+    """Spark's own start-up and log4j lines, as opposed to the command's progress lines."""
+    noise = ("Using Spark's", "Setting default log level", "To adjust logging", "WARNING: ")
+    return line.startswith(noise) or " WARN " in line or line.startswith("\t") or not line.strip()
 
 
 def _env() -> dict[str, str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -13,6 +14,7 @@ from sinks import CompactedStateSink
 from sinks.errors import ConfigError
 from streaming.datasource import SinkOptions, register, staged_files
 from streaming.kafka import KAFKA_SCHEMA, kafka_shaped_files
+from streaming.progress import ProgressListener, spark_progress
 
 KAFKA_ARROW = pa.schema(
     [
@@ -82,7 +84,19 @@ def test_a_query_writes_the_log_through_the_data_source(spark, lake) -> None:
         )
         query.awaitTermination(240)
 
-    run()
+    lines: list[str] = []
+    listener = ProgressListener(out=lines.append)
+    spark.streams.addListener(listener)
+    try:
+        run()
+        deadline = time.monotonic() + 30  # listener events arrive asynchronously
+        while not any("terminated" in line for line in lines) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        spark.streams.removeListener(listener)
+    assert any(" batch 0: 20 input rows" in line for line in lines), lines
+    assert any(" batch 1: 20 input rows" in line for line in lines), lines
+
     sink = CompactedStateSink(path, key_columns=("key",))
     log = sink.log()
     assert log.count() == 40
@@ -101,3 +115,10 @@ def test_a_query_writes_the_log_through_the_data_source(spark, lake) -> None:
     assert stats is not None and stats.records_read == 40
     run()  # the same checkpoint: nothing new, nothing twice
     assert sink.log().count() == len(latest)  # one record per key after the pass
+
+
+def test_long_work_reports_progress_lines(spark) -> None:
+    lines: list[str] = []
+    with spark_progress(spark, "export", out=lines.append, every_s=0.2):
+        spark.range(0, 200_000, numPartitions=4).selectExpr("sum(id)").collect()
+    assert lines[-1].startswith("export: done in ")

@@ -57,6 +57,15 @@ def test_status_history_plot_and_the_cleaner_loop(spark, lake, tmp_path) -> None
     plotted = plot_history({users.path: points}, str(tmp_path / "users.png"), threshold=0.9)
     assert open(plotted, "rb").read(4) == b"\x89PNG"
 
+    entry = users.checkpoints.read(users.path)[(users.path, 0)]
+    users.checkpoints.write(
+        [entry.with_changes(cleaner_state="uncleanable", uncleanable_reason="disk on fire")]
+    )
+    marked = log_status(users)
+    assert [p.partition for p in marked.uncleanable] == [0]
+    assert "p0 uncleanable: disk on fire" in render_table([marked])
+    assert marked.to_dict()["uncleanable_bytes"] == marked.size_bytes
+
     found = discover_logs(checkpoint_tables=[users.checkpoint_path])
     assert [(r.spec.path, r.spec.key_columns, r.inferred) for r in found] == [
         (orders.path, ("key",), True),
