@@ -227,7 +227,7 @@ class CompactedStateSink:
                 max_file_bytes=self.config.segment_bytes,
                 storage_options=self.storage_options,
             )
-            while True:
+            for _retry in range(_APPEND_ATTEMPTS):
                 try:
                     self._commit_append(snapshot, written, app_id, batch_id)
                     return self._refreshed(snapshot), written
@@ -245,6 +245,9 @@ class CompactedStateSink:
                     if moved:
                         self._discard(written)
                         break  # offsets taken by another writer: number the batch again
+            else:
+                self._discard(written)  # conflicts that never settle: give up, bounded
+                break
         raise CommitConflictError(
             f"batch {batch_id} of {self.path}: append kept conflicting after "
             f"{_APPEND_ATTEMPTS} attempts; nothing was committed"
