@@ -122,39 +122,53 @@ def write(results: dict[str, Any], out: str) -> None:
 
 
 def plot(results: dict[str, Any], path: str) -> None:
+    """Top row: batch wall time against table size; bottom row: against the batch number.
+
+    Batch 0 is left out (JVM and Python-worker warm-up). Rings mark the sink's
+    batches that ran a cleaning pass (the hook cleans in the same call).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     workloads = results["workloads"]
-    fig, axes = plt.subplots(1, len(workloads), figsize=(5 * len(workloads), 4), squeeze=False)
-    for ax, w in zip(axes[0], workloads, strict=True):
+    fig, axes = plt.subplots(2, len(workloads), figsize=(5.5 * len(workloads), 8), squeeze=False)
+    for column, w in enumerate(workloads):
+        by_size, by_batch = axes[0][column], axes[1][column]
         for name in SYSTEM_ORDER:
             system = w["systems"].get(name)
             if not system:
                 continue
-            batches = system["per_batch"][1:]  # batch 0 carries the warm-up
+            batches = system["per_batch"][1:]
             x = [b["table_bytes"] / 1e6 for b in batches]
+            n = [b["batch"] for b in batches]
             y = [b["s"] for b in batches]
-            (line,) = ax.plot(x, y, marker=".", linewidth=1, label=name)
-            passes = [(xi, yi) for xi, yi, b in zip(x, y, batches, strict=True) if "clean" in b]
-            if passes:
-                ax.scatter(
-                    *zip(*passes, strict=True),
-                    marker="o",
-                    s=40,
-                    facecolors="none",
-                    edgecolors=line.get_color(),
-                    label=f"{name}: batch with a pass",
-                )
-        ax.set_title(f"{w['name']} ({w['batches']} × {w['records_per_batch']:,} records)")
-        ax.set_xlabel("table size after the batch (MB)")
-        ax.set_ylabel("batch wall time (s)")
-        ax.grid(True, alpha=0.3)
-    axes[0][0].legend(fontsize=7)
+            points = by_size.scatter(x, y, s=12, label=name)
+            color = points.get_facecolor()[0]
+            by_batch.plot(n, y, marker=".", linewidth=1, color=color, label=name)
+            rings = [i for i, b in enumerate(batches) if "clean" in b]
+            if rings:
+                for ax, xs in ((by_size, x), (by_batch, n)):
+                    ax.scatter(
+                        [xs[i] for i in rings],
+                        [y[i] for i in rings],
+                        s=60,
+                        facecolors="none",
+                        edgecolors=[color],
+                        label=f"{name}: batch with a pass" if ax is by_size else None,
+                    )
+        title = f"{w['name']} ({w['batches']} × {w['records_per_batch']:,} records)"
+        by_size.set_title(title)
+        by_size.set_xlabel("table size after the batch (MB)")
+        by_batch.set_xlabel("batch")
+        for ax in (by_size, by_batch):
+            ax.set_ylabel("batch wall time (s)")
+            ax.grid(True, alpha=0.3)
+    for ax in axes[0]:
+        ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
