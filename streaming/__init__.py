@@ -1,3 +1,32 @@
 """What sits around a streaming query: input shapes, decoding, progress and the job entry points."""
 
-__all__: list[str] = []
+from streaming.avro import ConfluentAvroDecoder, DecodingHook, SchemaStore, encode_confluent
+from streaming.cleaner_thread import CleanerThread
+from streaming.datasource import CompactedStateDataSource
+from streaming.job import JobConfig, JobConfigError, LogSpec, load_job
+from streaming.kafka import KAFKA_SCHEMA, TopicRouter, kafka_shaped_files, kafka_stream
+from streaming.progress import ProgressHook, ProgressListener, spark_progress
+from streaming.status import LogStatus, PartitionStatus, log_status
+
+__all__ = [
+    "KAFKA_SCHEMA",
+    "CleanerThread",
+    "CompactedStateDataSource",
+    "ConfluentAvroDecoder",
+    "DecodingHook",
+    "JobConfig",
+    "JobConfigError",
+    "LogSpec",
+    "LogStatus",
+    "PartitionStatus",
+    "ProgressHook",
+    "ProgressListener",
+    "SchemaStore",
+    "TopicRouter",
+    "encode_confluent",
+    "kafka_shaped_files",
+    "kafka_stream",
+    "load_job",
+    "log_status",
+    "spark_progress",
+]

@@ -35,7 +35,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="compacted-sink", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="compacted-sink",
+        description="Run, clean, inspect, export and replay compacted logs.",
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = commands.add_parser("run", help="run the streaming job a TOML file describes")
