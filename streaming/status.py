@@ -22,8 +22,8 @@ from datetime import UTC, datetime
 from deltalake import DeltaTable
 
 from sinks import CleanerConfig, CompactedStateSink
-from sinks.log_table import COMMIT_INFO_KEY, now_ms
-from sinks.log_to_clean import LogToClean, dirty_ratio
+from sinks.log_table import COMMIT_INFO_KEY, LogSnapshot, now_ms
+from sinks.log_to_clean import LogToClean, cleanable_offsets, dirty_ratio, log_to_clean
 
 
 @dataclass(frozen=True)
@@ -233,7 +233,8 @@ def history(sink: CompactedStateSink, *, max_points: int = 120) -> list[HistoryP
     """Size and dirty ratio of the log at (at most ``max_points``) versions, oldest first.
 
     The first dirty offset at each version comes from the cleaner-offset ``txn``
-    the log recorded by then, so the ratio is the one the cleaner saw at the time.
+    the log recorded by then, so the ratio is the one the cleaner saw at the time
+    (the checkpoint table only holds today's rows).
     """
     table = DeltaTable(sink.path, storage_options=sink.storage_options or None)
     commits = {c["version"]: c for c in table.history() if "version" in c}
@@ -249,17 +250,38 @@ def history(sink: CompactedStateSink, *, max_points: int = 120) -> list[HistoryP
         info = commits[version].get(COMMIT_INFO_KEY) or {}
         if isinstance(info, str):
             info = json.loads(info)
-        logs = sink.logs_to_clean(snapshot)
+        at = int(commits[version]["timestamp"])
+        logs = [
+            _as_it_was(snapshot, p, now=at, min_compaction_lag_ms=sink.config.min_compaction_lag_ms)
+            for p in snapshot.partitions
+        ]
         points.append(
             HistoryPoint(
                 version=version,
-                timestamp_ms=int(commits[version]["timestamp"]),
+                timestamp_ms=at,
                 operation=info.get("operation", commits[version].get("operation", "?")),
                 size_bytes=sum(s.size_bytes for s in snapshot.all_segments()),
                 dirty_ratio=dirty_ratio(logs),
             )
         )
     return points
+
+
+def _as_it_was(
+    snapshot: LogSnapshot, partition: int, *, now: int, min_compaction_lag_ms: int
+) -> LogToClean:
+    """A partition measured from one version alone: the cleaner offset the log recorded
+    by then (the log start before any pass), never today's checkpoint row."""
+    segments = snapshot.segments.get(partition, [])
+    offsets = cleanable_offsets(
+        segments,
+        checkpoint_dirty_offset=snapshot.cleaner_offset(partition),
+        log_start_offset=snapshot.log_start_offset(partition),
+        log_end_offset=snapshot.log_end_offset(partition),
+        now_ms=now,
+        min_compaction_lag_ms=min_compaction_lag_ms,
+    )
+    return log_to_clean(snapshot.uri, partition, segments, offsets)
 
 
 def plot_history(
