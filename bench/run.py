@@ -9,6 +9,7 @@ SparkSession; each starts with an empty directory. Scratch data goes to
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import shutil
@@ -175,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", default=None, help="scratch directory (default: a temp dir)")
     parser.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset")
     parser.add_argument("--workloads", default=None, help="comma-separated workload names")
+    parser.add_argument("--batches", type=int, default=None, help="override every batch count")
     parser.add_argument("--no-cleaner", action="store_true", help="skip the pass-vs-floor run")
     parser.add_argument(
         "--no-prototype",
@@ -197,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             parser.error(f"unknown workload(s) {unknown}; known: {', '.join(pool)}")
         workloads = tuple(pool[n] for n in wanted)
+    if args.batches:
+        workloads = tuple(dataclasses.replace(w, batches=args.batches) for w in workloads)
     systems = tuple(args.systems.split(","))
     work = args.work or tempfile.mkdtemp(prefix="compacted-sink-bench-")
     os.makedirs(args.out, exist_ok=True)
