@@ -25,6 +25,7 @@ cleaner property (``min.cleanable.dirty.ratio``, ``segment.bytes``, …).
 from __future__ import annotations
 
 import hashlib
+import time
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -57,6 +58,7 @@ FORMAT = "compacted-state"
 STAGING = "_staging"
 _SINK_OPTIONS = {"path", "key_columns", "sequence_column", "checkpoint_table", "sink_id"}
 _ATTEMPTS = 8
+STALE_STAGED_MS = 3_600_000  # staged files this old belong to no live commit (a killed query)
 
 
 def register(spark: SparkSession) -> None:
@@ -72,7 +74,9 @@ class CompactedStateDataSource(DataSource):
         return FORMAT
 
     def streamWriter(self, schema: T.StructType, overwrite: bool) -> CompactedStateStreamWriter:  # noqa: N802
-        return CompactedStateStreamWriter(SinkOptions.parse(self.options), schema)
+        options = SinkOptions.parse(self.options)
+        remove_stale_staged(options.path, older_than_ms=STALE_STAGED_MS)
+        return CompactedStateStreamWriter(options, schema)
 
 
 @dataclass(frozen=True)
@@ -339,7 +343,20 @@ def _app_id(sink: CompactedStateSink, options: SinkOptions) -> str:
 
 
 def staged_files(path: str) -> list[str]:
-    """Staged files left in a log's ``_staging/`` directory (by a killed query), for cleanup."""
+    """Files in a log's ``_staging/`` directory (recovery skips ``_`` directories)."""
     fs, root = arrow_filesystem(normalize_uri(path))
     selector = pa.fs.FileSelector(join(root, STAGING), allow_not_found=True)
     return [info.path for info in fs.get_file_info(selector)]
+
+
+def remove_stale_staged(path: str, *, older_than_ms: int) -> int:
+    """Delete staged files a killed query left behind; a query calls this when it starts."""
+    fs, root = arrow_filesystem(normalize_uri(path))
+    selector = pa.fs.FileSelector(join(root, STAGING), allow_not_found=True)
+    cutoff = time.time() - older_than_ms / 1000
+    removed = 0
+    for info in fs.get_file_info(selector):
+        if info.mtime is not None and info.mtime.timestamp() < cutoff:
+            fs.delete_file(info.path)
+            removed += 1
+    return removed

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
 import time
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 
 from sinks import CompactedStateSink
 from sinks.errors import ConfigError
-from streaming.datasource import SinkOptions, register, staged_files
+from streaming.datasource import SinkOptions, register, remove_stale_staged, staged_files
 from streaming.kafka import KAFKA_SCHEMA, kafka_shaped_files
 from streaming.progress import ProgressListener, spark_progress
 
@@ -122,3 +123,14 @@ def test_long_work_reports_progress_lines(spark) -> None:
     with spark_progress(spark, "export", out=lines.append, every_s=0.2):
         spark.range(0, 200_000, numPartitions=4).selectExpr("sum(id)").collect()
     assert lines[-1].startswith("export: done in ")
+
+
+def test_a_starting_query_removes_staged_files_a_killed_one_left(tmp_path) -> None:
+    staging = tmp_path / "log" / "_staging"
+    staging.mkdir(parents=True)
+    (staging / "old.parquet").write_bytes(b"x")
+    (staging / "new.parquet").write_bytes(b"y")
+    hours_ago = time.time() - 7200
+    os.utime(staging / "old.parquet", (hours_ago, hours_ago))
+    assert remove_stale_staged(str(tmp_path / "log"), older_than_ms=3_600_000) == 1
+    assert staged_files(str(tmp_path / "log")) == [str(staging / "new.parquet")]
