@@ -8,6 +8,8 @@ from sinks.errors import (
     CommitConflictError,
     CompactedSinkError,
     ConfigError,
+    LogCorruptedError,
+    OffsetOutOfRangeError,
     SchemaMismatchError,
 )
 from sinks.sink import AppendReport, CompactedStateSink
@@ -22,5 +24,7 @@ __all__ = [
     "CompactedSinkError",
     "CompactedStateSink",
     "ConfigError",
+    "LogCorruptedError",
+    "OffsetOutOfRangeError",
     "SchemaMismatchError",
 ]

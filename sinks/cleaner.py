@@ -19,14 +19,17 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 
+from deltalake.exceptions import CommitFailedError
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from sinks.cleaner_stats import CleanerStats
+from sinks.crash_points import CLEAN_BEFORE_COMMIT, crash_point
 from sinks.log_table import CLEANER_OFFSET_TXN, LogSnapshot, LogTable
 from sinks.log_to_clean import LogToClean, group_segments_by_size, segments_to_clean
 from sinks.records import DELETE_HORIZON_MS, OFFSET, PARTITION, VALUE
 from sinks.segment_writer import write_segments
+from sinks.storage import delete_files
 
 _GROUP = "_output_group"
 _LATEST = "_latest"
@@ -165,21 +168,27 @@ class Cleaner:
             records_read=sum(s.num_records for s in inputs),
             records_written=sum(w.num_records for w in written),
         )
-        snapshot.commit(
-            adds=written,
-            removes=inputs,
-            data_change=False,
-            transactions={CLEANER_OFFSET_TXN.format(p): e for p, e in end_offsets.items()},
-            info={
-                "operation": "clean",
-                "passStartMs": pass_start_ms,
-                "endOffsets": {str(p): e for p, e in end_offsets.items()},
-                "recordsRead": stats.records_read,
-                "recordsWritten": stats.records_written,
-                "bytesRead": stats.bytes_read,
-                "bytesWritten": stats.bytes_written,
-            },
-        )
+        crash_point(CLEAN_BEFORE_COMMIT)
+        try:
+            snapshot.commit(
+                adds=written,
+                removes=inputs,
+                data_change=False,
+                transactions={CLEANER_OFFSET_TXN.format(p): e for p, e in end_offsets.items()},
+                info={
+                    "operation": "clean",
+                    "passStartMs": pass_start_ms,
+                    "endOffsets": {str(p): e for p, e in end_offsets.items()},
+                    "recordsRead": stats.records_read,
+                    "recordsWritten": stats.records_written,
+                    "bytesRead": stats.bytes_read,
+                    "bytesWritten": stats.bytes_written,
+                },
+            )
+        except CommitFailedError:
+            # Nothing was committed: the files this pass wrote are garbage now.
+            delete_files(self.log.uri, [w.path for w in written], self.log.storage_options)
+            raise
         duration = int((time.monotonic() - started) * 1000)
         # The planned-from snapshot stays a value; the version after the pass comes
         # from a fresh read (at or after the pass's own commit when others appended).

@@ -28,6 +28,14 @@ class CommitConflictError(CompactedSinkError):
     """Raised when a Delta commit kept conflicting with concurrent writers after all retries."""
 
 
+class LogCorruptedError(CompactedSinkError):
+    """Raised when recovery finds a log's offsets not unique and increasing; says where."""
+
+
+class OffsetOutOfRangeError(CompactedSinkError, ValueError):
+    """Raised when ``delete_records`` would move the log start past the log end offset."""
+
+
 class CleanerError(CompactedSinkError):
     """Raised when a cleaning pass over one partition of a log fails."""
 

@@ -47,7 +47,7 @@ from deltalake import DeltaTable
 from checkpoints import CheckpointEntry, CleanerOffsetCheckpoint
 from sinks.cleaner_manager import CleanerManager, compare_and_set
 from sinks.crash_points import RECOVERY_AFTER_ORPHAN_DELETED, RECOVERY_BEFORE_MARKER, crash_point
-from sinks.errors import CompactedSinkError
+from sinks.errors import LogCorruptedError
 from sinks.log_table import LogSnapshot, LogTable
 from sinks.log_to_clean import Segment
 from sinks.storage import arrow_filesystem
@@ -57,10 +57,6 @@ logger = logging.getLogger("compacted_sink")
 MARKER_DIR = "_compacted_sink"
 CLEAN_SHUTDOWN_MARKER = f"{MARKER_DIR}/clean-shutdown.json"
 _DELTA_LOG = "_delta_log"
-
-
-class LogCorruptedError(CompactedSinkError):
-    """Raised when a log's offsets are not unique and increasing per partition; says where."""
 
 
 @dataclass(frozen=True)

@@ -31,17 +31,13 @@ from dataclasses import dataclass, field
 from deltalake.exceptions import CommitFailedError
 
 from sinks.crash_points import RETENTION_BEFORE_COMMIT, crash_point
-from sinks.errors import CommitConflictError, CompactedSinkError
+from sinks.errors import CommitConflictError, OffsetOutOfRangeError
 from sinks.log_table import LOG_START_OFFSET_TXN, LogSnapshot, LogTable
 from sinks.log_to_clean import Segment
 
 logger = logging.getLogger("compacted_sink")
 
 _COMMIT_ATTEMPTS = 8
-
-
-class OffsetOutOfRangeError(CompactedSinkError, ValueError):
-    """Raised when ``delete_records`` is asked to move the log start past the log end offset."""
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,14 @@ new one on the same path after a restart. Inside a streaming query the app id is
 ``<sink_id>/query=<query id>``: a restarted query keeps its id (it lives in the
 query's checkpoint), and a query started from a fresh checkpoint, whose batch ids
 restart at 0, is not mistaken for the old one.
+
+Reliability (SPEC rules 10-12): the first append, pass or ``delete_records`` of a
+sink object recovers the log (`sinks.recovery`); passes claim their partitions
+in the checkpoint table (`sinks.cleaner_manager`), so paused and uncleanable
+partitions are skipped; with ``cleanup.policy`` containing ``delete`` each
+append and each ``clean()`` applies retention (`sinks.retention`); with a
+``dead_letter_table`` bad rows are quarantined before the append
+(`sinks.dead_letter`). `sinks.crash_points` marks where the crash tests kill it.
 """
 
 from __future__ import annotations
@@ -24,12 +32,22 @@ from dataclasses import dataclass
 
 from deltalake.exceptions import CommitFailedError
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from checkpoints import CheckpointEntry, CleanerOffsetCheckpoint
+from sinks import retention
 from sinks.cleaner import Cleaner, drop_tombstones, latest_records, stats_columns
+from sinks.cleaner_manager import CleanerManager
 from sinks.cleaner_stats import CleanerStats
 from sinks.config import CleanerConfig
-from sinks.errors import CleanerError, CommitConflictError
+from sinks.crash_points import (
+    APPEND_BEFORE_COMMIT,
+    CLEAN_BEFORE_CHECKPOINT,
+    DEAD_LETTER_BEFORE_APPEND,
+    crash_point,
+)
+from sinks.dead_letter import DECODE_ERROR, DeadLetterTable, as_dead_letters, split_batch
+from sinks.errors import CleanerError, CommitConflictError, SchemaMismatchError
 from sinks.log_table import (
     LOG_END_OFFSET_TXN,
     PARTITIONS_TXN,
@@ -56,6 +74,13 @@ from sinks.records import (
     prepare_batch,
     raise_for_problems,
 )
+from sinks.recovery import (
+    RecoveryReport,
+    missing_files,
+    recover_log,
+    write_clean_shutdown_marker,
+)
+from sinks.retention import RetentionPlan
 from sinks.segment_writer import WrittenSegment, write_segments
 from sinks.storage import delete_files, normalize_uri, sibling
 
@@ -142,6 +167,14 @@ class CompactedStateSink:
             segment_bytes=self.config.segment_bytes,
         )
         self.last_append: AppendReport | None = None
+        self.dead_letters = (
+            DeadLetterTable(self.dead_letter_table, self.storage_options)
+            if self.dead_letter_table
+            else None
+        )
+        self.manager = CleanerManager(self.checkpoints, self.path, clock=self.clock)
+        self.last_recovery: RecoveryReport | None = None
+        self.last_retention: RetentionPlan | None = None
 
     def __repr__(self) -> str:
         return f"CompactedStateSink({self.path!r}, key_columns={self.key_columns!r})"
@@ -164,6 +197,23 @@ class CompactedStateSink:
             self._finish(batch_id, snapshot, started, skipped=True)
             return
 
+        if snapshot is not None:
+            self._ensure_recovered()
+        undecodable = 0
+        if self.dead_letters is not None:
+            good = self._quarantine(batch_df, snapshot, app_id, batch_id)
+            if good is None:  # the whole batch was dead-lettered
+                if snapshot is not None:
+                    snapshot = self._commit_empty(snapshot, app_id, batch_id)
+                    self._finish(batch_id, snapshot, started, skipped=False)
+                return
+            batch_df = good
+        elif DECODE_ERROR in batch_df.columns:
+            # A decoder flagged payloads it could not read; without a dead-letter
+            # table they fail the batch like any other bad row.
+            undecodable = batch_df.filter(F.col(DECODE_ERROR).isNotNull()).count()
+            batch_df = batch_df.drop(DECODE_ERROR)
+
         prepared = prepare_batch(
             batch_df,
             key_columns=self.key_columns,
@@ -182,11 +232,14 @@ class CompactedStateSink:
                 message_max_bytes=self.config.message_max_bytes,
             )
             raise_for_problems(
-                report.problems(
-                    key_columns=self.key_columns,
-                    has_offsets=prepared.has_offsets,
-                    message_max_bytes=self.config.message_max_bytes,
-                ),
+                [
+                    *report.problems(
+                        key_columns=self.key_columns,
+                        has_offsets=prepared.has_offsets,
+                        message_max_bytes=self.config.message_max_bytes,
+                    ),
+                    *_undecodable_problem(undecodable, report.rows),
+                ],
                 batch_id=batch_id,
             )
             if snapshot is None:
@@ -228,6 +281,14 @@ class CompactedStateSink:
                 storage_options=self.storage_options,
             )
             for _retry in range(_APPEND_ATTEMPTS):
+                crash_point(APPEND_BEFORE_COMMIT)
+                gone = missing_files(self.log_table, [w.path for w in written])
+                if gone:
+                    # A recovery took our files for orphans (this append stalled past
+                    # file.delete.delay.ms): committing them would lose the batch.
+                    logger.warning("batch %s: %d file(s) vanished; rewriting", batch_id, len(gone))
+                    self._discard(written)
+                    break
                 try:
                     self._commit_append(snapshot, written, app_id, batch_id)
                     return self._refreshed(snapshot), written
@@ -294,7 +355,21 @@ class CompactedStateSink:
     ) -> None:
         append_ms = int((time.monotonic() - started) * 1000)
         candidates = self.logs_to_clean(snapshot)
-        stats = self._clean(snapshot, candidates, force=False) if self.config.compact else None
+        stats = None
+        if self.config.delete and not skipped:
+            try:
+                self._retain()
+            except CommitConflictError as e:
+                # The batch is committed; retention runs again with the next one.
+                logger.warning("retention after batch %s gave up: %s", batch_id, e)
+            snapshot = self._refreshed(snapshot)
+            candidates = self.logs_to_clean(snapshot)
+        if self.config.compact:
+            try:
+                stats = self._clean(snapshot, candidates, force=False)
+            except CleanerError as e:
+                # The batch is committed; a failed pass must not fail the query.
+                logger.warning("cleaning after batch %s failed: %s", batch_id, e)
         written = written or []
         self.last_append = AppendReport(
             batch_id=batch_id,
@@ -357,6 +432,12 @@ class CompactedStateSink:
         snapshot = self.log_table.snapshot()
         if snapshot is None:
             return None
+        self._ensure_recovered()
+        if self.config.delete:
+            self._retain()
+            snapshot = self._refreshed(snapshot)
+        if not self.config.compact:
+            return None
         return self._clean(snapshot, self.logs_to_clean(snapshot), force=force)
 
     def _clean(
@@ -379,15 +460,51 @@ class CompactedStateSink:
             self._checkpoint_resets(reset)
         if not chosen:
             return None
+        claimed = set(self.manager.start_cleaning([log.partition for log in chosen]))
+        if not claimed:
+            return None  # paused, cleaned by a live cleaner elsewhere, or backing off
+        if claimed != {log.partition for log in chosen}:
+            logger.info("cleaning only %s of %s: the others are busy", claimed, self.path)
+        fresh = self.log_table.snapshot()
+        assert fresh is not None
+        if fresh.version != snapshot.version:  # plan again after the claim: less to conflict
+            snapshot = fresh
+            chosen = [
+                log
+                for log in self.logs_to_clean(snapshot)
+                if log.partition in claimed
+                and log.is_cleanable(
+                    now_ms=start,
+                    min_cleanable_dirty_ratio=self.config.min_cleanable_dirty_ratio,
+                    max_compaction_lag_ms=self.config.max_compaction_lag_ms,
+                    force=force,
+                )
+            ]
+        else:
+            chosen = [log for log in chosen if log.partition in claimed]
+        if not chosen:
+            self.manager.abort_cleaning(claimed)
+            return None
         spark = SparkSession.active()
         try:
-            stats = self.cleaner.clean(spark, snapshot, chosen, pass_start_ms=start)
+            with self.manager.heartbeating(claimed):
+                stats = self.cleaner.clean(spark, snapshot, chosen, pass_start_ms=start)
         except CommitFailedError as e:
+            self.manager.abort_cleaning(claimed)
             raise CleanerError(
                 f"another cleaner committed first ({e}); this pass was dropped",
                 log_path=self.path,
                 partition=chosen[0].partition,
             ) from e
+        except Exception as e:
+            self.manager.mark_uncleanable(claimed, e)
+            raise CleanerError(
+                f"pass failed ({type(e).__name__}: {str(e)[:500]}); marked uncleanable, "
+                "retried with backoff",
+                log_path=self.path,
+                partition=chosen[0].partition,
+            ) from e
+        crash_point(CLEAN_BEFORE_CHECKPOINT)
         self._checkpoint(chosen, stats)
         logger.info("%s", stats.summary())
         return stats
@@ -409,7 +526,7 @@ class CompactedStateSink:
         self.checkpoints.write(entries)
 
     def _checkpoint(self, cleaned: Sequence[LogToClean], stats: CleanerStats) -> None:
-        self.checkpoints.write(
+        self.manager.done_cleaning(
             CheckpointEntry(
                 log_path=self.path,
                 partition=log.partition,
@@ -426,6 +543,130 @@ class CompactedStateSink:
             )
             for log in cleaned
         )
+
+    # -- recovery, retention, cleaner states --------------------------------------------
+
+    def recover(self) -> RecoveryReport:
+        """Recover the log now (see `sinks.recovery`): orphans, checkpoint, offsets.
+
+        Runs by itself once per sink object, before its first append, pass or
+        ``delete_records``. Idempotent. Raises `LogCorruptedError` when offsets are
+        broken; the sink then refuses to write.
+        """
+        self.last_recovery = recover_log(
+            self.log_table,
+            self.checkpoints,
+            file_delete_delay_ms=self.config.file_delete_delay_ms,
+            manager=self.manager,
+        )
+        return self.last_recovery
+
+    def close(self) -> None:
+        """Write the clean-shutdown marker, so the next open skips the full offset check."""
+        snapshot = self.log_table.snapshot()
+        if snapshot is not None:
+            write_clean_shutdown_marker(self.log_table, snapshot.version)
+
+    def __enter__(self) -> CompactedStateSink:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is None:
+            self.close()
+
+    def delete_records(self, partition: int, before_offset: int) -> RetentionPlan:
+        """Move ``partition``'s log start offset to ``before_offset`` (Kafka's DeleteRecords).
+
+        Records below it leave ``log()`` and ``state()`` at once; files wholly below
+        it are removed. Cleaning of the partition is paused meanwhile. Idempotent;
+        an offset at or below the log start changes nothing. Raises
+        `OffsetOutOfRangeError` above the log end offset.
+        """
+        if self.log_table.snapshot() is None:
+            raise FileNotFoundError(f"no compacted log at {self.path}")
+        self._ensure_recovered()
+        self.manager.pause_cleaning([partition])
+        try:
+            return retention.delete_records(self.log_table, partition, before_offset)
+        finally:
+            self.manager.resume_cleaning([partition])
+
+    def pause_cleaning(self, partitions: Sequence[int] | None = None) -> None:
+        """Stop passes over ``partitions`` (default: all) until `resume_cleaning`.
+
+        Waits for a pass that is running elsewhere (see `CleanerManager.pause_cleaning`).
+        """
+        self.manager.pause_cleaning(self._partitions(partitions))
+
+    def resume_cleaning(self, partitions: Sequence[int] | None = None) -> None:
+        """Let paused ``partitions`` (default: all) be cleaned again."""
+        self.manager.resume_cleaning(self._partitions(partitions))
+
+    def _partitions(self, partitions: Sequence[int] | None) -> list[int]:
+        if partitions is not None:
+            return list(partitions)
+        snapshot = self.log_table.snapshot()
+        return snapshot.partitions if snapshot is not None else []
+
+    def _ensure_recovered(self) -> None:
+        if self.last_recovery is None:
+            self.recover()
+
+    def _retain(self) -> RetentionPlan:
+        """Time and size retention now (cleanup.policy contains delete)."""
+        self.last_retention = retention.apply_retention(
+            self.log_table,
+            now_ms=self.clock(),
+            retention_ms=self.config.retention_ms,
+            retention_bytes=self.config.retention_bytes,
+        )
+        return self.last_retention
+
+    def _quarantine(
+        self, batch_df: DataFrame, snapshot: LogSnapshot | None, app_id: str, batch_id: int
+    ) -> DataFrame | None:
+        """Commit the batch's bad rows to the dead-letter table (once); return the good rows.
+
+        None when the whole batch went there (its columns do not match the log).
+        The dead letters are committed before the append, both keyed by (app id,
+        batch id), so a crash between the two is repaired by the batch's replay.
+        """
+        assert self.dead_letters is not None
+        now = self.clock()
+        try:
+            prepared = prepare_batch(
+                batch_df.drop(DECODE_ERROR) if DECODE_ERROR in batch_df.columns else batch_df,
+                key_columns=self.key_columns,
+                sequence_column=self.sequence_column,
+                now_ms=now,
+            )
+            if snapshot is not None:
+                check_schema(prepared.df.schema, snapshot.spark_schema)
+        except SchemaMismatchError as e:
+            self.dead_letters.write(
+                as_dead_letters(batch_df, reason=str(e)),
+                log_path=self.path,
+                app_id=app_id,
+                batch_id=batch_id,
+                now_ms=now,
+            )
+            crash_point(DEAD_LETTER_BEFORE_APPEND)
+            return None
+        split = split_batch(
+            batch_df,
+            key_columns=self.key_columns,
+            has_offsets=prepared.has_offsets,
+            message_max_bytes=self.config.message_max_bytes,
+        )
+        self.dead_letters.write(
+            as_dead_letters(split.bad),
+            log_path=self.path,
+            app_id=app_id,
+            batch_id=batch_id,
+            now_ms=now,
+        )
+        crash_point(DEAD_LETTER_BEFORE_APPEND)
+        return split.good
 
     # -- reading -----------------------------------------------------------------------
 
@@ -464,6 +705,13 @@ def _committed(snapshot: LogSnapshot, app_id: str, batch_id: int) -> bool:
     """True when ``snapshot`` records ``batch_id`` (or a later one) for ``app_id``."""
     recorded = snapshot.txn_version(app_id)
     return recorded is not None and recorded >= batch_id
+
+
+def _undecodable_problem(undecodable: int, rows: int) -> list[str]:
+    """The problem line for rows a decoder flagged in ``_decode_error``, if any."""
+    if not undecodable:
+        return []
+    return [f"{undecodable} of {rows} rows have an undecodable payload ({DECODE_ERROR})"]
 
 
 def _default_sink_id(path: str) -> str:

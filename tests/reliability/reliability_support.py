@@ -66,3 +66,41 @@ def unreferenced_files(path: str) -> list[str]:
 def kv_frame(spark, rows, *, partition: bool = False):
     schema = "key string, value string" + (", partition int" if partition else "")
     return spark.createDataFrame(rows, schema).coalesce(1)
+
+
+def batch_rows(
+    batch_id: int, *, size: int = 24, keys: int = 11
+) -> list[tuple[str, str | None, int]]:
+    """Deterministic rows of one batch: (key, value or None for a tombstone, partition).
+
+    Keys repeat across and within batches; every 7th row is a tombstone; a key
+    always lands in the same partition of two.
+    """
+    rows = []
+    for j in range(size):
+        n = (batch_id * 5 + j * 3) % keys
+        value = None if (batch_id + j) % 7 == 6 else f"v{batch_id}.{j}"
+        rows.append((f"k{n}", value, n % 2))
+    return rows
+
+
+def batch_frame(spark, batch_id: int):
+    return spark.createDataFrame(
+        batch_rows(batch_id), "key string, value string, partition int"
+    ).coalesce(1)
+
+
+def replay(batch_ids: Iterable[int]) -> Oracle:
+    """The oracle after the given batches, in order."""
+    oracle = Oracle()
+    for b in batch_ids:
+        oracle.apply((k, v) for k, v, _ in batch_rows(b))
+    return oracle
+
+
+def bad_rows_frame(spark, batch_id: int):
+    """Batch ``batch_id`` plus two rows without a key (bad input)."""
+    nulls = spark.createDataFrame(
+        [(None, "x", 0), (None, "y", 1)], "key string, value string, partition int"
+    )
+    return batch_frame(spark, batch_id).union(nulls)

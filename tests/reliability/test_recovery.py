@@ -13,12 +13,12 @@ from deltalake.transaction import AddAction
 from reliability_support import kv_frame, state_of, unreferenced_files
 
 from checkpoints import CheckpointEntry, CleanerOffsetCheckpoint
-from sinks import CleanerConfig, CompactedStateSink
+from sinks import CleanerConfig, CompactedStateSink, LogCorruptedError
 from sinks.log_table import LogTable
 from sinks.log_to_clean import Segment
 from sinks.recovery import (
+    CLEAN_SHUTDOWN_MARKER,
     DataFile,
-    LogCorruptedError,
     find_orphans,
     offset_problems,
     read_clean_shutdown_marker,
@@ -151,7 +151,9 @@ def test_clean_shutdown_marker_limits_the_full_check_to_new_files(spark, lake, c
     path = str(lake / "log")
     sink = CompactedStateSink(path, config=NO_CLEAN, clock=clock)
     sink(kv_frame(spark, [("a", "1"), ("b", "1")]), 0)
-    sink(kv_frame(spark, [("c", "1")]), 1)
+    sink(kv_frame(spark, [("c", "1")]), 1)  # the sink recovered the log before this append
+    assert sink.last_recovery is not None
+    os.remove(os.path.join(path, CLEAN_SHUTDOWN_MARKER))  # as after a crash of an old version
     first = recover_log(sink.log_table, sink.checkpoints, file_delete_delay_ms=0)
     assert first.full and first.files_checked == 2
     assert read_clean_shutdown_marker(sink.log_table) == first.version
@@ -160,6 +162,11 @@ def test_clean_shutdown_marker_limits_the_full_check_to_new_files(spark, lake, c
     sink(kv_frame(spark, [("d", "1")]), 2)
     third = recover_log(sink.log_table, sink.checkpoints, file_delete_delay_ms=0)
     assert not third.full and third.files_checked == 1
+
+    sink(kv_frame(spark, [("e", "1")]), 3)
+    sink.close()  # a clean shutdown vouches for the last commit
+    restarted = CompactedStateSink(path, config=NO_CLEAN, clock=clock)
+    assert restarted.recover().files_checked == 0
 
 
 def _commit_copy(path: str, *, stats_offsets: tuple[int, int] | None = None) -> None:

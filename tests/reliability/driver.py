@@ -1,0 +1,108 @@
+"""A separate process for the crash and concurrency tests: ``python driver.py <scenario> <lake>``.
+
+``COMPACTED_SINK_CRASH_AT`` (see `sinks.crash_points`) names where it dies with
+SIGKILL. Each scenario first commits known batches (printing ``committed <id>``),
+then does the step that is to be killed. The test checks the log left behind
+from its own process, through a new sink object on the same path (a restart).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+from reliability_support import bad_rows_frame, batch_frame  # noqa: E402
+
+LOG = "log"
+DEAD = "dead-letters"
+
+
+def spark_session():
+    from pyspark.sql import SparkSession
+
+    spark = (
+        SparkSession.builder.master("local[1]")
+        .appName("crash-driver")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.default.parallelism", "1")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.memory", "1g")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def main(scenario: str, lake: str) -> None:
+    from sinks.crash_points import CRASH_AT_ENV
+
+    # Armed only for the step that is to be killed, not for the batches committed first.
+    crash_at = os.environ.pop(CRASH_AT_ENV, None)
+    path = os.path.join(lake, LOG)
+    if scenario == "recovery":
+        # No Spark: recovery reads the Delta log and Parquet footers only.
+        from sinks.log_table import LogTable
+        from sinks.recovery import recover_log
+        from sinks.sink import CompactedStateSink
+
+        sink = CompactedStateSink(path)
+        os.environ[CRASH_AT_ENV] = crash_at or ""
+        recover_log(LogTable(path), sink.checkpoints, file_delete_delay_ms=0)
+        print("recovered", flush=True)
+        return
+
+    from sinks import CleanerConfig, CompactedStateSink
+
+    spark = spark_session()
+    if scenario == "cleaner_loop":
+        cleaner_loop(spark, path, lake)
+        return
+    config = CleanerConfig(min_cleanable_dirty_ratio=1.0)
+    dead = os.path.join(lake, DEAD) if scenario == "dead_letter" else None
+    sink = CompactedStateSink(path, config=config, dead_letter_table=dead)
+    for batch_id in range(3):
+        sink(batch_frame(spark, batch_id), batch_id)
+        print("committed", batch_id, flush=True)
+    os.environ[CRASH_AT_ENV] = crash_at or ""
+    if scenario == "append":
+        sink(batch_frame(spark, 3), 3)
+    elif scenario in ("clean", "checkpoint"):
+        sink.clean(force=True)
+    elif scenario == "dead_letter":
+        sink(bad_rows_frame(spark, 3), 3)
+    print("finished", flush=True)
+
+
+def cleaner_loop(spark, path: str, lake: str) -> None:
+    import json
+    import time
+
+    from sinks import CleanerConfig, CleanerError, CommitConflictError, CompactedStateSink
+
+    sink = CompactedStateSink(path, config=CleanerConfig(min_cleanable_dirty_ratio=0.0))
+    passes = conflicts = skipped = 0
+    print("ready", flush=True)
+    while not os.path.exists(os.path.join(lake, "stop")):
+        if not os.path.exists(os.path.join(path, "_delta_log")):
+            time.sleep(0.2)
+            continue
+        try:
+            stats = sink.clean(force=True)
+        except (CleanerError, CommitConflictError) as e:
+            conflicts += 1
+            print("conflict", e, flush=True)
+            continue
+        if stats is None:
+            skipped += 1
+            time.sleep(0.2)
+        else:
+            passes += 1
+    print(json.dumps({"passes": passes, "conflicts": conflicts, "skipped": skipped}), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

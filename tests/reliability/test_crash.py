@@ -1,0 +1,215 @@
+"""SPEC rule 10: processes killed with SIGKILL at the dangerous places, then restarted.
+
+Each kill point runs in its own process (``driver.py``), started together so their
+Spark sessions start in parallel. The restart is a new sink object on the same
+path in this process: its recovery must remove what the dead process left, and
+``state()`` must equal a replay of the committed batches, with no offset twice.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+
+import pytest
+from deltalake import DeltaTable
+from reliability_support import (
+    assert_offsets_unique,
+    bad_rows_frame,
+    batch_frame,
+    batch_rows,
+    live_offsets,
+    replay,
+    state_of,
+    unreferenced_files,
+)
+
+from checkpoints import CleanerOffsetCheckpoint
+from sinks import CleanerConfig, CompactedStateSink
+from sinks.crash_points import (
+    APPEND_BEFORE_COMMIT,
+    CLEAN_BEFORE_CHECKPOINT,
+    CLEAN_BEFORE_COMMIT,
+    CRASH_AT_ENV,
+    DEAD_LETTER_BEFORE_APPEND,
+    RECOVERY_AFTER_ORPHAN_DELETED,
+)
+from sinks.dead_letter import DeadLetterTable
+
+pytestmark = pytest.mark.crash
+
+DRIVER = os.path.join(os.path.dirname(__file__), "driver.py")
+KILLS = {
+    "append": APPEND_BEFORE_COMMIT,
+    "clean": CLEAN_BEFORE_COMMIT,
+    "checkpoint": CLEAN_BEFORE_CHECKPOINT,
+    "dead_letter": DEAD_LETTER_BEFORE_APPEND,
+}
+# The restarted sink deletes orphans at once: nothing else writes these logs.
+RESTART = CleanerConfig(min_cleanable_dirty_ratio=1.0, file_delete_delay_ms=0)
+COMMITTED = range(3)  # every driver commits batches 0, 1, 2 before the step that is killed
+
+
+@dataclass
+class Run:
+    lake: str
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def log(self) -> str:
+        return os.path.join(self.lake, "log")
+
+    def assert_killed_after_commits(self) -> None:
+        assert self.returncode == -signal.SIGKILL, self.stderr[-2000:]
+        assert "committed 2" in self.stdout and "finished" not in self.stdout
+
+
+def run_driver(scenario: str, lake: str, crash_at: str) -> subprocess.Popen:
+    env = {**os.environ, CRASH_AT_ENV: crash_at}
+    return subprocess.Popen(
+        [sys.executable, DRIVER, scenario, lake],
+        cwd=lake,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+class Crashes:
+    """The killed processes, started at once; `wait` collects one."""
+
+    def __init__(self, root) -> None:
+        self.processes = {}
+        for scenario, point in KILLS.items():
+            lake = root / scenario
+            lake.mkdir()
+            self.processes[scenario] = (str(lake), run_driver(scenario, str(lake), point))
+
+    def wait(self, scenario: str) -> Run:
+        lake, process = self.processes[scenario]
+        out, err = process.communicate(timeout=600)
+        return Run(lake, process.returncode, out, err)
+
+
+@pytest.fixture(scope="session")
+def crashes(tmp_path_factory):
+    started = Crashes(tmp_path_factory.mktemp("crashes"))
+    yield started
+    for _, process in started.processes.values():
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+
+
+def assert_replays(sink, batches) -> int:
+    """state() equals the oracle of ``batches``, no offset twice; returns records checked."""
+    assert state_of(sink) == replay(batches).state
+    return assert_offsets_unique(sink.path)
+
+
+def assert_contiguous(path: str, batches) -> None:
+    """Nothing lost, nothing duplicated: each partition holds offsets 0..n-1 exactly once."""
+    expected: dict[int, int] = {}
+    for _, _, p in (row for b in batches for row in batch_rows(b)):
+        expected[p] = expected.get(p, 0) + 1
+    assert {p: len(o) for p, o in live_offsets(path).items()} == expected
+    assert all(o == list(range(len(o))) for o in live_offsets(path).values())
+
+
+def test_kill_inside_append_after_files_before_commit(crashes, spark):
+    run = crashes.wait("append")
+    run.assert_killed_after_commits()
+    left = unreferenced_files(run.log)
+    assert left, "the killed append wrote no data file: the kill came too early"
+
+    sink = CompactedStateSink(run.log, config=RESTART)
+    report = sink.recover()
+    assert set(report.orphans_removed) == set(left)
+    assert unreferenced_files(run.log) == []
+    assert_replays(sink, COMMITTED)
+    assert_contiguous(run.log, COMMITTED)
+
+    sink(batch_frame(spark, 3), 3)  # Spark replays the uncommitted batch
+    sink(batch_frame(spark, 3), 3)  # and a duplicate delivery writes nothing
+    assert_replays(sink, range(4))
+    assert_contiguous(run.log, range(4))
+
+
+def test_kill_inside_pass_after_files_then_inside_recovery(crashes, spark, tmp_path):
+    run = crashes.wait("clean")
+    run.assert_killed_after_commits()
+    left = unreferenced_files(run.log)
+    assert len(left) >= 2, "the killed pass should leave one file per partition"
+    assert DeltaTable(run.log).history(1)[0]["operation"] != "clean"  # nothing committed
+
+    # Recovery itself is killed after deleting the first orphan ...
+    recovery = run_driver("recovery", run.lake, f"{RECOVERY_AFTER_ORPHAN_DELETED}@1")
+    out, err = recovery.communicate(timeout=300)
+    assert recovery.returncode == -signal.SIGKILL, err[-2000:]
+    assert len(unreferenced_files(run.log)) == len(left) - 1
+
+    # ... and the next open finishes it.
+    sink = CompactedStateSink(run.log, config=RESTART)
+    report = sink.recover()
+    assert len(report.orphans_removed) == len(left) - 1
+    assert unreferenced_files(run.log) == []
+    assert_replays(sink, COMMITTED)
+    assert_contiguous(run.log, COMMITTED)
+
+    # The dead cleaner's claim does not block the restarted one (its process is gone).
+    stats = sink.clean(force=True)
+    assert stats is not None and set(stats.partitions) == {0, 1}
+    assert_replays(sink, COMMITTED)
+    rows = CleanerOffsetCheckpoint(sink.checkpoint_path).read(sink.path)
+    snapshot = sink.log_table.snapshot()
+    assert {p: e.first_dirty_offset for (_, p), e in rows.items()} == {
+        p: snapshot.cleaner_offset(p) for p in (0, 1)
+    }
+    assert {e.cleaner_state for e in rows.values()} == {"idle"}
+
+
+def test_kill_between_pass_commit_and_checkpoint(crashes, spark):
+    run = crashes.wait("checkpoint")
+    run.assert_killed_after_commits()
+    snapshot = CompactedStateSink(run.log).log_table.snapshot()
+    ends = {p: snapshot.cleaner_offset(p) for p in (0, 1)}
+    assert ends == snapshot.log_end_offsets()  # the pass committed ...
+    checkpoints = CleanerOffsetCheckpoint(os.path.join(run.lake, "_cleaner-offset-checkpoint"))
+    rows = checkpoints.read(snapshot.uri)
+    assert all(
+        rows.get((snapshot.uri, p)) is None or rows[(snapshot.uri, p)].first_dirty_offset != e
+        for p, e in ends.items()
+    )  # ... and the checkpoint did not follow
+
+    sink = CompactedStateSink(run.log, config=RESTART)
+    report = sink.recover()
+    assert {p: new for p, (_, new) in report.checkpoint_changes.items()} == ends
+    assert {p: e.first_dirty_offset for (_, p), e in checkpoints.read(sink.path).items()} == ends
+    assert unreferenced_files(run.log) == []
+    assert_replays(sink, COMMITTED)
+    assert sink.clean() is None  # everything below the log end is clean: nothing to redo
+
+
+def test_kill_between_dead_letters_and_append(crashes, spark):
+    run = crashes.wait("dead_letter")
+    run.assert_killed_after_commits()
+    dead = DeadLetterTable(os.path.join(run.lake, "dead-letters"))
+    assert dead.read().column("batch_id").to_pylist() == [3, 3]
+
+    sink = CompactedStateSink(
+        run.log, config=RESTART, dead_letter_table=os.path.join(run.lake, "dead-letters")
+    )
+    sink.recover()
+    assert_replays(sink, COMMITTED)
+    sink(bad_rows_frame(spark, 3), 3)  # the replayed batch: dead letters are not written twice
+    letters = dead.read()
+    assert letters.column("batch_id").to_pylist() == [3, 3]
+    assert set(letters.column("reason").to_pylist()) == {"null key (key)"}
+    assert_replays(sink, range(4))
+    assert_contiguous(run.log, range(4))
