@@ -25,44 +25,17 @@ from collections.abc import Callable
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 from bench.cleaner_bench import io_floor
+from bench.narrow_pass import narrow_retained, write_uncommitted
 from bench.session import bench_session
 from sinks import CleanerConfig, CompactedStateSink
-from sinks.cleaner import (
-    drop_expired_tombstones,
-    retain_latest,
-    stamp_delete_horizon,
-    stats_columns,
-)
-from sinks.log_table import LogSnapshot
+from sinks.cleaner import retain_latest
 from sinks.records import OFFSET, PARTITION
-from sinks.segment_writer import write_segments
 
 
 def _noop(df: DataFrame) -> None:
     df.write.format("noop").mode("overwrite").save()
-
-
-def narrow_retained(
-    df: DataFrame, *, key_columns: list[str], pass_start_ms: int, delete_retention_ms: int
-) -> DataFrame:
-    """`retain_latest`'s rows, found by shuffling only (partition, key, offset)."""
-    latest = (
-        df.select(PARTITION, *key_columns, OFFSET)
-        .groupBy(PARTITION, *key_columns)
-        .agg(F.max(OFFSET).alias(OFFSET))
-        .select(PARTITION, OFFSET)
-    )
-    kept = df.join(F.broadcast(latest), [PARTITION, OFFSET], "left_semi")
-    return kept.transform(
-        lambda d: drop_expired_tombstones(d, pass_start_ms=pass_start_ms)
-    ).transform(
-        lambda d: stamp_delete_horizon(
-            d, pass_start_ms=pass_start_ms, delete_retention_ms=delete_retention_ms
-        )
-    )
 
 
 def _timed(fn: Callable[[], Any]) -> float:
@@ -93,12 +66,14 @@ def run(spark: SparkSession, log_path: str, work: str, repeats: int = 1) -> dict
         kept = narrow_retained(
             scan(), key_columns=keys, pass_start_ms=now, delete_retention_ms=86_400_000
         )
-        _write(kept.repartition(1, PARTITION), out, snapshot, keys)
+        write_uncommitted(kept.repartition(1, PARTITION), out, snapshot, keys)
 
     def wide_write() -> None:
         out = os.path.join(work, "wide")
         shutil.rmtree(out, ignore_errors=True)
-        _write(layout(scan().transform(lambda d: retain_latest(d, **wide))), out, snapshot, keys)
+        write_uncommitted(
+            layout(scan().transform(lambda d: retain_latest(d, **wide))), out, snapshot, keys
+        )
 
     def real_pass() -> None:
         copy = os.path.join(work, "copy", "log")
@@ -132,17 +107,6 @@ def run(spark: SparkSession, log_path: str, work: str, repeats: int = 1) -> dict
             timings.setdefault(name, []).append(_timed(fn))
         real_pass()
     return {name: min(runs) for name, runs in timings.items()}
-
-
-def _write(df: DataFrame, out: str, snapshot: LogSnapshot, keys: list[str]) -> None:
-    os.makedirs(out, exist_ok=True)
-    write_segments(
-        df,
-        table_uri=out,
-        schema=snapshot.arrow_schema,
-        stats_columns=stats_columns(snapshot, keys, None),
-        max_file_bytes=128 * 1024 * 1024,
-    )
 
 
 def main() -> None:
