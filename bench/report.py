@@ -36,7 +36,7 @@ def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
     for w in results["workloads"]:
         if w["keys"] < 1_000_000:
             continue
-        s = w["systems"]
+        s = _systems(w)
         sink, merge, append = (
             s.get("compacted_sink"),
             s.get("merge_per_batch"),
@@ -147,7 +147,7 @@ def plot(results: dict[str, Any], path: str) -> None:
     for column, w in enumerate(workloads):
         by_size, by_batch = axes[0][column], axes[1][column]
         for name in SYSTEM_ORDER:
-            system = w["systems"].get(name)
+            system = _systems(w).get(name)
             if not system:
                 continue
             batches = system["per_batch"][1:]
@@ -221,14 +221,17 @@ def markdown(results: dict[str, Any]) -> str:
             f"{w['records_per_batch']:,} records, {w['tombstone_fraction']:.0%} tombstones",
             "",
             f"Input: {w['input_bytes'] / 1e6:.1f} MB of Parquet. Final states agree across "
-            f"systems (count + checksum): {'yes' if w['states_agree'] else '**NO**'}.",
+            f"systems (count + checksum): {'yes' if w['states_agree'] else '**NO**'}. "
+            f"History: {_records(w):,} records for {_live(w):,} live keys "
+            f"({_records(w) / max(1, _live(w)):.1f}×), the ceiling of what compaction can "
+            "save a replay.",
             "",
             "| system | ingest s | s/batch (median) | MB written | write amp. | table MB | files "
             "| replay s | peak RSS MB driver / JVM / worker | live keys |",
             "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for name in SYSTEM_ORDER:
-            s = w["systems"].get(name)
+            s = _systems(w).get(name)
             if not s:
                 continue
             median = statistics.median(b["s"] for b in s["per_batch"][1:] or s["per_batch"])
@@ -238,9 +241,9 @@ def markdown(results: dict[str, Any]) -> str:
                 f"| {s['replay_s']:.2f} | {s['peak_rss_mb']:.0f} / {s['jvm_peak_rss_mb']:.0f} / "
                 f"{s['worker_peak_rss_mb']:.0f} | {s['live_keys']:,} |"
             )
-        sink = w["systems"].get("compacted_sink")
+        sink = _systems(w).get("compacted_sink")
         for name in ("compacted_sink", "append_only", "sink_one_job_append"):
-            s = w["systems"].get(name)
+            s = _systems(w).get(name)
             if s and s.get("replay_prototype_s") is not None:
                 agrees = "same rows and checksum" if s["replay_prototype_agrees"] else "**DIFFERS**"
                 lines.append(
@@ -311,3 +314,16 @@ def _passes(sink: dict[str, Any]) -> list[str]:
             f"| {c['bytes_written'] / 1e6:.1f} | {c['records_read']:,} → {c['records_written']:,} |"
         )
     return lines
+
+
+def _systems(w: dict[str, Any]) -> dict[str, Any]:
+    """The four systems plus any prototype run on the same workload."""
+    return {**w["systems"], **w.get("prototypes", {})}
+
+
+def _records(w: dict[str, Any]) -> int:
+    return w["batches"] * w["records_per_batch"]
+
+
+def _live(w: dict[str, Any]) -> int:
+    return max((s["live_keys"] for s in _systems(w).values()), default=0)
