@@ -19,6 +19,8 @@ from streaming.avro import (
     avro_to_spark,
     encode_confluent,
 )
+from streaming.job import load_job
+from streaming.runner import build_hook
 
 USER_V1 = {
     "type": "record",
@@ -141,3 +143,26 @@ def test_schemas_come_from_a_registry_when_configured() -> None:
         assert store.ids == [7, 8]
     finally:
         server.shutdown()
+
+
+def test_a_job_file_with_an_avro_section_decodes_before_the_sink(
+    spark, schema_dir, tmp_path
+) -> None:
+    job_file = tmp_path / "job.toml"
+    job_file.write_text(
+        f"""
+[source]
+format = "files"
+path = "input"
+
+[sink]
+path = "lake/users"
+
+[avro]
+schemas = "{schema_dir}"
+"""
+    )
+    hook, (sink,) = build_hook(load_job(job_file), out=lambda _line: None)
+    value = encode_confluent(2, USER_V2, {"name": "Dee", "visits": 2, "email": None, "tier": "PRO"})
+    hook(spark.createDataFrame([("dee", value)], INPUT), 0)
+    assert [r["value"]["tier"] for r in sink.state().collect()] == ["PRO"]
