@@ -11,6 +11,7 @@ committed (the prototype measures the work, not the swap).
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 
@@ -20,21 +21,26 @@ from pyspark.sql import functions as F
 from sinks import CompactedStateSink
 from sinks.cleaner import drop_expired_tombstones, stamp_delete_horizon, stats_columns
 from sinks.log_table import LogSnapshot
+from sinks.log_to_clean import group_segments_by_size
 from sinks.records import OFFSET, PARTITION
 from sinks.segment_writer import write_segments
+
+
+def latest_offsets(df: DataFrame, key_columns: list[str]) -> DataFrame:
+    """(partition, offset) of each key's latest record: a hash aggregate over narrow columns."""
+    return (
+        df.select(PARTITION, *key_columns, OFFSET)
+        .groupBy(PARTITION, *key_columns)
+        .agg(F.max(OFFSET).alias(OFFSET))
+        .select(PARTITION, OFFSET)
+    )
 
 
 def narrow_retained(
     df: DataFrame, *, key_columns: list[str], pass_start_ms: int, delete_retention_ms: int
 ) -> DataFrame:
     """`retain_latest`'s rows, found by shuffling only (partition, key, offset)."""
-    latest = (
-        df.select(PARTITION, *key_columns, OFFSET)
-        .groupBy(PARTITION, *key_columns)
-        .agg(F.max(OFFSET).alias(OFFSET))
-        .select(PARTITION, OFFSET)
-    )
-    kept = df.join(F.broadcast(latest), [PARTITION, OFFSET], "left_semi")
+    kept = df.join(F.broadcast(latest_offsets(df, key_columns)), [PARTITION, OFFSET], "left_semi")
     return kept.transform(
         lambda d: drop_expired_tombstones(d, pass_start_ms=pass_start_ms)
     ).transform(
@@ -58,16 +64,31 @@ def write_uncommitted(df: DataFrame, out: str, snapshot: LogSnapshot, keys: list
 
 
 def prototype_pass(spark: SparkSession, log_path: str, out: str) -> float:
-    """Seconds the narrow pass takes over every segment of ``log_path`` (written, not committed)."""
+    """Seconds the narrow pass takes over every segment of ``log_path`` (written, not committed).
+
+    Each output group (consecutive input segments, `group_segments_by_size`) is
+    read by one task (``coalesce(1)`` of that group's scan), so kept rows are never
+    shuffled: the only shuffle carries (partition, key, offset).
+    """
     sink = CompactedStateSink(log_path, key_columns=("key",))
     snapshot = sink.log_table.snapshot()
     assert snapshot is not None
     started = time.perf_counter()
-    kept = narrow_retained(
-        sink.log_table.read(spark, snapshot),
-        key_columns=["key"],
-        pass_start_ms=int(time.time() * 1000),
-        delete_retention_ms=sink.config.delete_retention_ms,
-    )
-    write_uncommitted(kept.repartition(1, PARTITION), out, snapshot, ["key"])
+    latest = F.broadcast(latest_offsets(sink.log_table.read(spark, snapshot), ["key"]))
+    now = int(time.time() * 1000)
+    parts = []
+    for segments in snapshot.segments.values():
+        for group in group_segments_by_size(segments, sink.config.segment_bytes):
+            kept = (
+                sink.log_table.read(spark, snapshot, group)
+                .join(latest, [PARTITION, OFFSET], "left_semi")
+                .transform(lambda d: drop_expired_tombstones(d, pass_start_ms=now))
+                .transform(
+                    lambda d: stamp_delete_horizon(
+                        d, pass_start_ms=now, delete_retention_ms=sink.config.delete_retention_ms
+                    )
+                )
+            )
+            parts.append(kept.coalesce(1))
+    write_uncommitted(functools.reduce(DataFrame.unionByName, parts), out, snapshot, ["key"])
     return time.perf_counter() - started

@@ -44,7 +44,9 @@ def _timed(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - started
 
 
-def run(spark: SparkSession, log_path: str, work: str, repeats: int = 1) -> dict[str, float]:
+def run(
+    spark: SparkSession, log_path: str, work: str, repeats: int = 1, only: list[str] | None = None
+) -> dict[str, float]:
     sink = CompactedStateSink(log_path, key_columns=("key",), config=CleanerConfig())
     snapshot = sink.log_table.snapshot()
     assert snapshot is not None
@@ -67,6 +69,14 @@ def run(spark: SparkSession, log_path: str, work: str, repeats: int = 1) -> dict
             scan(), key_columns=keys, pass_start_ms=now, delete_retention_ms=86_400_000
         )
         write_uncommitted(kept.repartition(1, PARTITION), out, snapshot, keys)
+
+    def narrow_coalesced() -> None:
+        out = os.path.join(work, "narrow1")
+        shutil.rmtree(out, ignore_errors=True)
+        kept = narrow_retained(
+            scan(), key_columns=keys, pass_start_ms=now, delete_retention_ms=86_400_000
+        )
+        write_uncommitted(kept.coalesce(1), out, snapshot, keys)
 
     def wide_write() -> None:
         out = os.path.join(work, "wide")
@@ -100,12 +110,16 @@ def run(spark: SparkSession, log_path: str, work: str, repeats: int = 1) -> dict
             )
         ),
         "narrow + write (prototype pass without commit)": narrow_write,
+        "narrow + coalesce(1) + write (one output group, no second shuffle)": narrow_coalesced,
     }
+    if only:
+        variants = {k: v for k, v in variants.items() if any(o in k for o in only)}
     timings: dict[str, list[float]] = {}
     for _ in range(repeats):
         for name, fn in variants.items():
             timings.setdefault(name, []).append(_timed(fn))
-        real_pass()
+        if not only or any(o in "pass" for o in only):
+            real_pass()
     return {name: min(runs) for name, runs in timings.items()}
 
 
@@ -113,11 +127,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--log", required=True, help="a never-cleaned log (e.g. append_only)")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--only", default="", help="comma-separated substrings of variant names")
     args = parser.parse_args()
     spark = bench_session()
     work = tempfile.mkdtemp(prefix="pass-variants-")
     try:
-        for name, seconds in run(spark, args.log, work, args.repeats).items():
+        only = [o for o in args.only.split(",") if o]
+        for name, seconds in run(spark, args.log, work, args.repeats, only).items():
             print(f"{name:50s} {seconds:7.2f} s")
     finally:
         spark.stop()
