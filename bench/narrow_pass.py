@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 import time
 
 from pyspark.sql import DataFrame, SparkSession
@@ -70,6 +71,7 @@ def prototype_pass(spark: SparkSession, log_path: str, out: str) -> float:
     read by one task (``coalesce(1)`` of that group's scan), so kept rows are never
     shuffled: the only shuffle carries (partition, key, offset).
     """
+    shutil.rmtree(out, ignore_errors=True)
     sink = CompactedStateSink(log_path, key_columns=("key",))
     snapshot = sink.log_table.snapshot()
     assert snapshot is not None
