@@ -317,20 +317,12 @@ class CleanerManager:
                 )
 
             while True:
-                rows = self.entries()
-                entry = rows.get(p)
-                live_other = (
-                    entry is not None
-                    and entry.cleaner_state == IN_PROGRESS
-                    and entry.state_owner != self.owner
-                    and not heartbeat_expired(
-                        entry, now_ms=self.clock(), heartbeat_timeout_ms=self.heartbeat_timeout_ms
-                    )
-                )
-                if not live_other:
+                entry = self.entries().get(p)
+                if not _live_other(self, entry):
                     if self._transition(p, pause, only_if=lambda e: not _live_other(self, e)):
                         break
                     continue
+                assert entry is not None
                 if time.monotonic() > deadline:
                     raise CleanerError(
                         f"cannot pause cleaning: a pass of {entry.state_owner} is still running",

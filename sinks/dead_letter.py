@@ -160,6 +160,7 @@ class DeadLetterTable:
         """Commit ``dead_letters`` (columns ``reason``, ``record``) once per (app id, batch id).
 
         Idempotent: returns 0 and writes nothing when the pair is already committed.
+        A batch without bad rows commits nothing (its replay finds none again).
         The rows are collected on the driver (dead letters are the exception, not the
         stream). Returns how many rows were written.
         """
@@ -168,6 +169,8 @@ class DeadLetterTable:
             return 0
         rows = dead_letters.select("reason", "record").toArrow()
         n = rows.num_rows
+        if n == 0:
+            return 0
         table = pa.table(
             {
                 "log_path": pa.array([log_path] * n, pa.string()),

@@ -25,7 +25,7 @@ Invariants:
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from deltalake.exceptions import CommitFailedError
@@ -213,7 +213,9 @@ def delete_records(log: LogTable, partition: int, before_offset: int) -> Retenti
     return _commit_with_retries(log, plan, operation="delete-records")
 
 
-def _commit_with_retries(log: LogTable, plan_for, *, operation: str) -> RetentionPlan:  # noqa: ANN001
+def _commit_with_retries(
+    log: LogTable, plan_for: Callable[[LogSnapshot], RetentionPlan], *, operation: str
+) -> RetentionPlan:
     for _attempt in range(_COMMIT_ATTEMPTS):
         snapshot = log.snapshot()
         if snapshot is None:

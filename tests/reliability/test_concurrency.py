@@ -145,6 +145,9 @@ def test_cleaner_job_in_its_own_process_beside_a_streaming_query(spark, tmp_path
             if kinds.count("append") >= 12 and kinds.count("clean") >= 3:
                 break
             time.sleep(1)
+        settle = time.monotonic() + 5
+        while query.status["isTriggerActive"] and time.monotonic() < settle:
+            time.sleep(0.05)  # rather stop between batches than inside one
         query.stop()
         stop.set()
         thread.join()
