@@ -36,18 +36,16 @@ record = st.tuples(st.sampled_from(KEYS), st.one_of(st.none(), st.sampled_from([
 batch = st.lists(record, min_size=1, max_size=6)
 append = st.tuples(st.just("append"), batch)
 tick = st.tuples(st.just("tick"), st.sampled_from([0, 700, 1_500, 4_000]))
-clean = st.tuples(st.just("clean"), st.booleans())
-step = st.one_of(  # appends, ticks and passes weigh more than retention and restarts
-    append,
-    append,
-    append,
-    tick,
-    tick,
-    clean,
-    clean,
-    st.tuples(st.just("delete_records"), st.sampled_from([0, 1]), st.sampled_from([0.5, 1.0])),
-    st.tuples(st.just("restart")),
+clean = st.tuples(st.just("clean"), st.booleans(), st.sampled_from([0, 700]))  # force, tick first
+delete_records = st.tuples(
+    st.just("delete_records"), st.sampled_from([0, 1]), st.sampled_from([0.5, 1.0])
 )
+restart = st.tuples(st.just("restart"))
+# Appends, ticks and passes weigh more than retention and restarts (one_of would
+# collapse repeated strategies; sampling a list keeps the weights).
+step = st.sampled_from(
+    [append, append, append, tick, tick, clean, clean, clean, delete_records, restart]
+).flatmap(lambda chosen: chosen)
 FIGURES = {"examples": 0, "steps": 0, "records_checked": 0, "passes": 0, "restarts": 0}
 
 
@@ -174,6 +172,7 @@ def test_random_histories_match_the_model(spark, first, steps):
             elif action == "tick":
                 clock.now += args[0]
             elif action == "clean":
+                clock.now += args[1]
                 if sink.log_table.snapshot() is not None:
                     model.passed(sink.clean(force=args[0]))
             elif action == "delete_records":
