@@ -14,7 +14,7 @@ demo: $(STAMP)
 	$(VENV)/bin/compacted-sink demo --lake lake-demo
 
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=15 tests
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check sinks checkpoints streaming tests bench

@@ -146,7 +146,10 @@ class DeadLetterTable:
     def committed(self, app_id: str, batch_id: int) -> bool:
         """True when this (app id, batch id) already wrote its dead letters."""
         table = self._table()
-        return table is not None and (table.transaction_version(app_id) or -1) >= batch_id
+        if table is None:
+            return False
+        recorded = table.transaction_version(app_id)  # batch 0 is recorded as 0: not falsy here
+        return recorded is not None and recorded >= batch_id
 
     def write(
         self,

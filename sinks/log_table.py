@@ -35,9 +35,10 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
+from sinks.file_reader import read_files
 from sinks.log_to_clean import Segment
 from sinks.segment_writer import WrittenSegment
-from sinks.storage import join
+from sinks.storage import is_local, join
 
 TXN_PREFIX = "compacted-sink/"
 LOG_END_OFFSET_TXN = TXN_PREFIX + "log-end-offset/{}"
@@ -100,8 +101,18 @@ class LogTable:
         chosen = snapshot.all_segments() if segments is None else list(segments)
         if not chosen:
             return spark.createDataFrame([], snapshot.spark_schema)
-        paths = [join(self.uri, s.path) for s in chosen]
-        df = spark.read.schema(snapshot.spark_schema).parquet(*paths)
+        if is_local(self.uri):
+            paths = [join(self.uri, s.path) for s in chosen]
+            df = spark.read.schema(snapshot.spark_schema).parquet(*paths)
+        else:
+            # The pyspark wheel has no object-store file systems; executors read through pyarrow.
+            df = read_files(
+                spark,
+                self.uri,
+                [s.path for s in chosen],
+                snapshot.spark_schema,
+                storage_options=self.storage_options,
+            )
         starts = {p: snapshot.log_start_offset(p) for p in {s.partition for s in chosen}}
         floors = {p: start for p, start in starts.items() if start > 0}
         if floors:

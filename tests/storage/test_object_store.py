@@ -192,35 +192,7 @@ def test_sink_appends_to_s3_from_spark(spark, s3_options, clock):
     ]
 
 
-def read_through_pyarrow(self, spark, snapshot, segments=None):
-    """`LogTable.read` with the change proposed for object stores: files read by `read_files`."""
-    from pyspark.sql import functions as F
-
-    chosen = snapshot.all_segments() if segments is None else list(segments)
-    if not chosen:
-        return spark.createDataFrame([], snapshot.spark_schema)
-    df = read_files(
-        spark,
-        self.uri,
-        [s.path for s in chosen],
-        snapshot.spark_schema,
-        storage_options=self.storage_options,
-    )
-    floors = {
-        p: snapshot.log_start_offset(p)
-        for p in {s.partition for s in chosen}
-        if snapshot.log_start_offset(p) > 0
-    }
-    if floors:
-        floor = F.create_map(*[F.lit(x) for kv in floors.items() for x in kv])[F.col("partition")]
-        df = df.filter(F.col("offset") >= F.coalesce(floor, F.lit(0)))
-    return df
-
-
-def test_sink_appends_cleans_and_reads_state_on_s3_with_pyarrow_reads(
-    spark, s3_options, clock, monkeypatch
-):
-    monkeypatch.setattr(LogTable, "read", read_through_pyarrow)
+def test_sink_appends_cleans_and_reads_state_on_s3_with_pyarrow_reads(spark, s3_options, clock):
     uri = f"s3://{BUCKET}/compacted"
     sink = CompactedStateSink(
         uri,
