@@ -50,13 +50,14 @@ class CleanerStats:
         return (
             f"cleaned {self.log_path} {ranges}: "
             f"{self.records_read} -> {self.records_written} records, "
-            f"{_size(self.bytes_read)} -> {_size(self.bytes_written)} "
+            f"{format_bytes(self.bytes_read)} -> {format_bytes(self.bytes_written)} "
             f"({self.segments_read} -> {self.segments_written} files, "
             f"recopy {self.recopy_ratio:.0%}) in {seconds:.1f} s"
         )
 
 
-def _size(n: int) -> str:
+def format_bytes(n: int) -> str:
+    """A byte count as people read it: ``14644 -> '14.3 KiB'``."""
     value = float(n)
     for unit in ("B", "KiB", "MiB", "GiB"):
         if value < 1024 or unit == "GiB":

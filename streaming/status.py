@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from deltalake import DeltaTable
 
 from sinks import CleanerConfig, CompactedStateSink
+from sinks.cleaner_stats import format_bytes
 from sinks.log_table import COMMIT_INFO_KEY, LogSnapshot, now_ms
 from sinks.log_to_clean import LogToClean, cleanable_offsets, dirty_ratio, log_to_clean
 
@@ -169,7 +170,7 @@ def render_table(statuses: Sequence[LogStatus]) -> str:
         ]
         heading = (
             f"{status.path}  (Delta v{status.version}, {len(status.partitions)} partitions, "
-            f"{_size(status.size_bytes)}; dirty {status.dirty_ratio:.1%}, max dirty "
+            f"{format_bytes(status.size_bytes)}; dirty {status.dirty_ratio:.1%}, max dirty "
             f"{status.max_dirty_ratio:.1%}, min.cleanable.dirty.ratio "
             f"{status.min_cleanable_dirty_ratio}; cleanable now: {' '.join(cleanable) or 'none'}; "
             f"uncleanable: {len(status.uncleanable)})"
@@ -186,7 +187,7 @@ def render_table(statuses: Sequence[LogStatus]) -> str:
                     str(p.first_uncleanable_offset),
                     str(p.log_end_offset),
                     str(p.files),
-                    _size(p.size_bytes),
+                    format_bytes(p.size_bytes),
                     f"{p.dirty_ratio:.1%}",
                     "-" if p.max_dirty_ratio is None else f"{p.max_dirty_ratio:.1%}",
                     _time(p.last_clean_ms),
@@ -341,15 +342,6 @@ def _cleanable_because(log: LogToClean, now: int, config: CleanerConfig) -> str 
     if log.cleanable_bytes and log.compaction_delay_ms(now) > config.max_compaction_lag_ms:
         return "max.compaction.lag.ms"
     return None
-
-
-def _size(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"
 
 
 def _time(ms: int | None) -> str:
