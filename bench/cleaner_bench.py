@@ -19,7 +19,6 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from bench.measure import DirectoryMeter
-from bench.narrow_pass import prototype_pass
 from sinks import CleanerConfig, CompactedStateSink
 
 _HASH_BUCKETS = 1 << 20
@@ -74,15 +73,8 @@ def run(spark: SparkSession, source_log: str, work: str, *, repeats: int = 2) ->
     keep = figures["records_written"] / figures["records_read"]
     for i in range(repeats):
         floors.append(io_floor(spark, inputs, keep, os.path.join(work, f"floor-{i}")))
-    prototype = [
-        prototype_pass(spark, source_log, os.path.join(work, f"prototype-{i}"))
-        for i in range(repeats)
-    ]
     pass_s, floor_s = min(passes), min(floors)
     return {
-        "prototype_pass_s": min(prototype),
-        "prototype_efficiency": floor_s / min(prototype),
-        "prototype_runs_s": prototype,
         "pass_s": pass_s,
         "floor_s": floor_s,
         "efficiency": floor_s / pass_s,

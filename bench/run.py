@@ -21,7 +21,6 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from bench import cleaner_bench, report
-from bench.fast_replay import fast_state
 from bench.measure import (
     DirectoryMeter,
     PeakRss,
@@ -30,7 +29,7 @@ from bench.measure import (
     machine_description,
 )
 from bench.session import bench_session
-from bench.systems import PROTOTYPE, SYSTEMS, SinkSystem, checksum, make_system
+from bench.systems import SYSTEMS, checksum, make_system
 from bench.workload import Workload, generate
 
 # Every system pays ~1.5-3 s of fixed Spark/Delta cost per batch on 2 cores, so the
@@ -44,7 +43,6 @@ ALL = (
     Workload(name="1e5-uniform", keys=100_000, batches=50, records_per_batch=5_000),
 )
 FULL = ALL[:3]
-PROTOTYPE_ON = {"full": "1e6-uniform", "quick": "1e6-zipf"}
 QUICK = (
     Workload(name="1e5-uniform", keys=100_000, batches=6, records_per_batch=10_000),
     Workload(name="1e6-zipf", keys=1_000_000, batches=6, records_per_batch=20_000, skew="zipf"),
@@ -101,18 +99,6 @@ def run_system(
         rows, digest = checksum(system.state(spark))
         replays.append(time.perf_counter() - started)
     log.info("%s: ingest %.1f s, replay %.2f s, %d live keys", name, ingest_s, min(replays), rows)
-    extra: dict[str, Any] = {}
-    if isinstance(system, SinkSystem):
-        fast = []
-        for _ in range(REPLAYS):
-            started = time.perf_counter()
-            fast_rows, fast_digest = checksum(fast_state(spark, system.sink))
-            fast.append(time.perf_counter() - started)
-        extra = {
-            "replay_prototype_s": min(fast),
-            "replay_prototype_agrees": (fast_rows, fast_digest) == (rows, digest),
-        }
-        log.info("%s: prototype replay %.2f s", name, min(fast))
     return {
         "ingest_s": ingest_s,
         "bytes_written": written,
@@ -125,7 +111,6 @@ def run_system(
         "replay_runs_s": replays,
         "live_keys": rows,
         "state_checksum": digest,
-        **extra,
         "per_batch": per_batch,
     }
 
@@ -141,8 +126,6 @@ def run_workload(
         results[name] = run_system(spark, name, files, root, rss)
         results[name]["write_amplification"] = results[name]["bytes_written"] / input_bytes
     digests = {r["state_checksum"] for r in results.values()}
-    # results.json's "systems" holds the four systems other tools read; prototypes sit beside.
-    prototypes = {n: results.pop(n) for n in list(results) if n not in SYSTEMS}
     return {
         "name": workload.name,
         "keys": workload.keys,
@@ -153,7 +136,6 @@ def run_workload(
         "input_bytes": input_bytes,
         "states_agree": len(digests) == 1,
         "systems": results,
-        "prototypes": prototypes,
     }
 
 
@@ -181,12 +163,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workloads", default=None, help="comma-separated workload names")
     parser.add_argument("--batches", type=int, default=None, help="override every batch count")
     parser.add_argument("--no-cleaner", action="store_true", help="skip the pass-vs-floor run")
-    parser.add_argument(
-        "--no-prototype",
-        dest="prototype",
-        action="store_false",
-        help=f"do not run {PROTOTYPE} (bench.fast_append) on {PROTOTYPE_ON['full']}",
-    )
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr
@@ -222,10 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         warm_up(spark, work, systems, rss)
         for workload in workloads:
             log.info("workload %s", workload)
-            chosen = systems
-            if workload.name == PROTOTYPE_ON[mode] and args.prototype:
-                chosen = (*systems, PROTOTYPE)
-            results["workloads"].append(run_workload(spark, workload, work, chosen, rss))
+            results["workloads"].append(run_workload(spark, workload, work, systems, rss))
             if workload.name == CLEANER_SOURCE[mode] and not args.no_cleaner:
                 if "append_only" in systems:
                     log.info("cleaner pass vs I/O floor on %s", workload.name)

@@ -7,7 +7,6 @@
 - ``merge_per_batch``: Delta's documented foreachBatch upsert: dedupe the batch
   in Spark (latest per key), then MERGE it into the table; the MERGE runs in
   delta-rs (``DeltaTable.merge``), since delta-spark cannot run here.
-- ``sink_one_job_append`` (optional): the sink with `bench.fast_append`'s append.
 - ``rewrite_per_batch``: table ∪ batch → latest per key → overwrite, in Spark;
   the new Parquet files replace the old ones in one Delta commit (delta-rs).
 
@@ -29,14 +28,12 @@ from deltalake.transaction import AddAction
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from bench.fast_append import FastAppendSink
 from bench.measure import delta_table_size
 from bench.recopy import pass_recopy
 from sinks import CleanerConfig, CompactedStateSink
 
 TABLE_SCHEMA = pa.schema([("key", pa.string()), ("value", pa.binary()), ("seq", pa.int64())])
 SYSTEMS = ("compacted_sink", "merge_per_batch", "rewrite_per_batch", "append_only")
-PROTOTYPE = "sink_one_job_append"  # bench.fast_append: the sink with a prototype append path
 
 
 class System(Protocol):
@@ -73,13 +70,12 @@ class SinkSystem:
         *,
         compact: bool,
         name: str | None = None,
-        sink_class: type[CompactedStateSink] = CompactedStateSink,
     ) -> None:
         self.name = name or ("compacted_sink" if compact else "append_only")
         self.root = root
         self.table_uri = os.path.join(root, "log")
         ratio = 0.5 if compact else 1.0  # a ratio is never > 1.0: the hook never cleans
-        self.sink = sink_class(
+        self.sink = CompactedStateSink(
             self.table_uri,
             key_columns=("key",),
             config=CleanerConfig(min_cleanable_dirty_ratio=ratio),
@@ -212,8 +208,6 @@ def make_system(name: str, root: str) -> System:
         return SinkSystem(root, compact=True)
     if name == "append_only":
         return SinkSystem(root, compact=False)
-    if name == PROTOTYPE:
-        return SinkSystem(root, compact=True, name=PROTOTYPE, sink_class=FastAppendSink)
     if name == "merge_per_batch":
         return MergeSystem(root)
     if name == "rewrite_per_batch":
