@@ -32,10 +32,10 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from sinks.records import DECODE_ERROR
+
 logger = logging.getLogger("compacted_sink")
 
-DECODE_ERROR = "_decode_error"
-"""A batch column a decoder may fill with why a row's payload could not be decoded."""
 REASON = "_dead_letter_reason"
 
 DEAD_LETTER_SCHEMA = pa.schema(
@@ -60,7 +60,7 @@ def rejection_reason(
     """Why a row cannot go into the log, or null when it can (the first problem found).
 
     A pure Column expression over the batch's own columns (``partition`` and
-    ``offset`` when present); the same rules `sinks.records` reports per batch.
+    ``offset`` when present); the same rules `sinks.records.RecordValidator` counts per batch.
     """
     keys = ", ".join(key_columns)
     checks: list[tuple[Column, str]] = []

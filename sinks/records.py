@@ -2,18 +2,25 @@
 
 A batch arrives with key column(s) and ``value``, and perhaps the other columns of
 Spark's Kafka source. `prepare_batch` adds what the log needs (``partition``,
-``offset`` when absent, ``timestamp``, ``delete_horizon_ms``); `inspect_batch`
-measures in one Spark job what is wrong with it; `assign_offsets` numbers the
-records per partition from the log end offset, in input order. All are pure
-DataFrame → DataFrame functions apart from the one counting job.
+``offset`` when absent, ``timestamp``, ``delete_horizon_ms``) as a pure DataFrame
+→ DataFrame function. The rest ports Kafka's ``LogValidator`` and runs on Arrow,
+where the rows are (an executor's append task, or the data source's driver):
+`RecordValidator` counts what is wrong with the records, per partition, into a
+`BatchReport` whose `problems` say what, which column and how many rows;
+`OffsetAssigner` numbers records per partition from the log end offset in input
+order, and `drop_below_log_end` drops Kafka records the log already holds. One
+place for the checks, whichever path appends.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
 
-from pyspark.sql import Column, DataFrame, Window
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -26,6 +33,10 @@ VALUE = "value"
 DELETE_HORIZON_MS = "delete_horizon_ms"
 INPUT_ORDER = "_input_order"
 METADATA_COLUMNS = (PARTITION, OFFSET, TIMESTAMP, DELETE_HORIZON_MS)
+DECODE_ERROR = "_decode_error"
+"""A batch column a decoder may fill with why a row's payload could not be decoded."""
+TRANSIENT_COLUMNS = (INPUT_ORDER, DECODE_ERROR)
+"""Columns that ride with a batch to the append task for its checks and never reach the log."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +56,8 @@ def prepare_batch(
 ) -> PreparedBatch:
     """Add the log's metadata columns; columns other than keys and metadata are payload.
 
+    Without Kafka offsets, ``_input_order`` records the input order to number by; a
+    decoder's ``_decode_error`` column is kept for the checks. Both are transient.
     Raises `BadInputError` when a key, ``value`` or the sequence column is missing.
     """
     columns = set(batch.columns)
@@ -72,17 +85,25 @@ def prepare_batch(
     else:
         df = df.withColumn(OFFSET, F.lit(None).cast("long"))
         df = df.withColumn(INPUT_ORDER, F.monotonically_increasing_id())
-    payload = [c for c in batch.columns if c not in (*key_columns, VALUE, *METADATA_COLUMNS)]
+    reserved = (*key_columns, VALUE, *METADATA_COLUMNS, DECODE_ERROR)
+    payload = [c for c in batch.columns if c not in reserved]
     ordered = [*key_columns, VALUE, PARTITION, OFFSET, TIMESTAMP, *payload, DELETE_HORIZON_MS]
     if not has_offsets:
         ordered.append(INPUT_ORDER)
+    if DECODE_ERROR in columns:
+        ordered.append(DECODE_ERROR)
     return PreparedBatch(df.select(*ordered), has_offsets)
+
+
+def log_columns(df: DataFrame) -> DataFrame:
+    """``df`` without the transient columns: what the log stores."""
+    return df.drop(*[c for c in TRANSIENT_COLUMNS if c in df.columns])
 
 
 def check_schema(batch: T.StructType, log: T.StructType) -> None:
     """Raise `SchemaMismatchError` naming the first column that differs from the log's."""
     expected = {f.name: f.dataType for f in log.fields}
-    got = {f.name: f.dataType for f in batch.fields if f.name != INPUT_ORDER}
+    got = {f.name: f.dataType for f in batch.fields if f.name not in TRANSIENT_COLUMNS}
     for name, data_type in got.items():
         if name not in expected:
             raise SchemaMismatchError(
@@ -101,122 +122,223 @@ def check_schema(batch: T.StructType, log: T.StructType) -> None:
             )
 
 
+def _strip_nullability(data_type: T.DataType) -> str:
+    return data_type.simpleString()
+
+
+# -- Kafka's LogValidator, on Arrow ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PartitionCounts:
+    """What the checks counted in one partition's rows of a batch (all zero but ``rows``: valid)."""
+
+    rows: int = 0
+    null_keys: int = 0
+    oversized_values: int = 0
+    null_offsets: int = 0
+    repeated_offsets: int = 0
+    undecodable: int = 0
+
+    def __add__(self, other: PartitionCounts) -> PartitionCounts:
+        return PartitionCounts(
+            **{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)}
+        )
+
+    @property
+    def bad(self) -> int:
+        """How many problems were counted (a row may count twice)."""
+        return sum(getattr(self, f.name) for f in fields(self) if f.name != "rows")
+
+
+COUNT_COLUMNS = tuple(f.name for f in fields(PartitionCounts))
+
+
 @dataclass(frozen=True)
 class BatchReport:
-    """What one counting job found in a batch, per partition."""
+    """What the checks found in a batch, per value of its ``partition`` column (None included)."""
 
-    rows: int
-    null_keys: int
-    null_partitions: int
-    negative_partitions: int
-    oversized_values: int
-    partitions: dict[int, tuple[int, int | None, int | None, int]]  # rows, min/max offset, distinct
+    partitions: Mapping[int | None, PartitionCounts] = field(default_factory=dict)
 
-    def problems(
-        self, *, key_columns: Sequence[str], has_offsets: bool, message_max_bytes: int
-    ) -> list[str]:
+    @classmethod
+    def merged(cls, counts: Iterable[tuple[int | None, PartitionCounts]]) -> BatchReport:
+        """One report from per-partition counts, as tasks send them (a partition may repeat)."""
+        merged: dict[int | None, PartitionCounts] = {}
+        for partition, c in counts:
+            merged[partition] = merged.get(partition, PartitionCounts()) + c
+        return cls(merged)
+
+    def _total(self, name: str) -> int:
+        return sum(getattr(c, name) for c in self.partitions.values())
+
+    @property
+    def rows(self) -> int:
+        return self._total("rows")
+
+    @property
+    def null_partitions(self) -> int:
+        return self.partitions[None].rows if None in self.partitions else 0
+
+    @property
+    def negative_partitions(self) -> int:
+        return sum(c.rows for p, c in self.partitions.items() if p is not None and p < 0)
+
+    def problems(self, *, key_columns: Sequence[str], message_max_bytes: int) -> list[str]:
         """Human-readable descriptions of everything that makes the batch unwritable."""
         found = []
+        rows = self.rows
         keys = ", ".join(repr(k) for k in key_columns)
-        if self.null_keys:
+        if null_keys := self._total("null_keys"):
             found.append(
-                f"{self.null_keys} of {self.rows} rows have a null key ({keys}); "
+                f"{null_keys} of {rows} rows have a null key ({keys}); "
                 "a compacted log cannot hold a record without a key"
             )
         if self.null_partitions:
-            found.append(f"{self.null_partitions} of {self.rows} rows have a null 'partition'")
+            found.append(f"{self.null_partitions} of {rows} rows have a null 'partition'")
         if self.negative_partitions:
+            found.append(f"{self.negative_partitions} of {rows} rows have a negative 'partition'")
+        if oversized := self._total("oversized_values"):
             found.append(
-                f"{self.negative_partitions} of {self.rows} rows have a negative 'partition'"
-            )
-        if self.oversized_values:
-            found.append(
-                f"{self.oversized_values} of {self.rows} rows have a value larger than "
+                f"{oversized} of {rows} rows have a value larger than "
                 f"message.max.bytes ({message_max_bytes} bytes)"
             )
-        if has_offsets:
-            for partition, (rows, low, _high, distinct) in sorted(self.partitions.items()):
-                if low is None:
-                    found.append(f"{rows} rows of partition {partition} have a null 'offset'")
-                elif distinct != rows:
-                    found.append(
-                        f"partition {partition} has {rows - distinct} rows whose 'offset' "
-                        "repeats another row's"
-                    )
+        if undecodable := self._total("undecodable"):
+            found.append(
+                f"{undecodable} of {rows} rows have an undecodable payload ({DECODE_ERROR})"
+            )
+        valid = sorted((p, c) for p, c in self.partitions.items() if p is not None and p >= 0)
+        for partition, c in valid:
+            if c.null_offsets:
+                found.append(f"{c.null_offsets} rows of partition {partition} have a null 'offset'")
+            if c.repeated_offsets:
+                found.append(
+                    f"partition {partition} has {c.repeated_offsets} rows whose 'offset' "
+                    "repeats another row's"
+                )
         return found
 
 
-def inspect_batch(
-    df: DataFrame,
-    *,
-    key_columns: Sequence[str],
-    has_offsets: bool,
-    message_max_bytes: int,
-) -> BatchReport:
-    """Count rows, null keys, bad partitions and oversized values in one Spark job."""
-    null_key = F.lit(False)
-    for k in key_columns:
-        null_key = null_key | F.col(k).isNull()
-    value_type = df.schema[VALUE].dataType
-    if isinstance(value_type, T.BinaryType | T.StringType):
-        oversized = F.coalesce(F.octet_length(VALUE), F.lit(0)) > message_max_bytes
-    else:
-        oversized = F.lit(False)
-    distinct = F.count_distinct(OFFSET) if has_offsets else F.lit(0)
-    rows = (
-        df.groupBy(PARTITION)
-        .agg(
-            F.count(F.lit(1)).alias("rows"),
-            F.sum(null_key.cast("long")).alias("null_keys"),
-            F.sum(oversized.cast("long")).alias("oversized"),
-            F.min(OFFSET).alias("low"),
-            F.max(OFFSET).alias("high"),
-            distinct.alias("distinct"),
-        )
-        .collect()
-    )
-    partitions = {}
-    null_partitions = negative = 0
-    for r in rows:
-        if r[PARTITION] is None:
-            null_partitions += r["rows"]
-        elif r[PARTITION] < 0:
-            negative += r["rows"]
-        else:
-            partitions[r[PARTITION]] = (r["rows"], r["low"], r["high"], r["distinct"])
-    return BatchReport(
-        rows=sum(r["rows"] for r in rows),
-        null_keys=sum(r["null_keys"] or 0 for r in rows),
-        null_partitions=null_partitions,
-        negative_partitions=negative,
-        oversized_values=sum(r["oversized"] or 0 for r in rows),
-        partitions=partitions,
-    )
-
-
 def raise_for_problems(problems: list[str], *, batch_id: int) -> None:
+    """Raise `BadInputError` listing ``problems``, if any."""
     if problems:
         raise BadInputError(f"batch {batch_id}: " + "; ".join(problems) + "; nothing was written")
 
 
-def assign_offsets(df: DataFrame, log_end_offsets: Mapping[int, int]) -> DataFrame:
-    """Number records per partition from its log end offset, in input order (contiguous)."""
-    order = Window.partitionBy(PARTITION).orderBy(INPUT_ORDER)
-    start = _per_partition(log_end_offsets)
-    return df.withColumn(OFFSET, start + F.row_number().over(order) - 1).drop(INPUT_ORDER)
+_NO_PARTITION = np.iinfo(np.int64).min  # stands in for a null partition when comparing neighbours
 
 
-def drop_below_log_end(df: DataFrame, log_end_offsets: Mapping[int, int]) -> DataFrame:
-    """Keep Kafka records at or above their partition's log end offset (the rest are in the log)."""
-    return df.filter(F.col(OFFSET) >= _per_partition(log_end_offsets))
+class RecordValidator:
+    """Counts, batch by batch, what makes records unwritable (Kafka's ``LogValidator``).
+
+    Null keys, null or negative partitions, values over ``message.max.bytes``, rows a
+    decoder flagged in ``_decode_error`` and, for Kafka input, null offsets and
+    offsets that repeat within a partition. Repeats are found between neighbours, so
+    Kafka input must arrive sorted by (partition, offset) across all the batches fed
+    to one validator. Not thread-safe; one per task.
+    """
+
+    def __init__(
+        self, *, key_columns: Sequence[str], has_offsets: bool, message_max_bytes: int
+    ) -> None:
+        self.key_columns = tuple(key_columns)
+        self.has_offsets = has_offsets
+        self.message_max_bytes = message_max_bytes
+        self._counts: dict[int | None, PartitionCounts] = {}
+        self._last: tuple[int, int] | None = None  # (partition, offset) of the previous row
+
+    def validate(self, batch: pa.RecordBatch | pa.Table) -> bool:
+        """Count ``batch``'s problems; True when it has none."""
+        if batch.num_rows == 0:
+            return True
+        partition = batch.column(PARTITION)
+        masks: dict[str, pa.Array | np.ndarray] = {}
+        null_key = pc.is_null(batch.column(self.key_columns[0]))
+        for k in self.key_columns[1:]:
+            null_key = pc.or_(null_key, pc.is_null(batch.column(k)))
+        masks["null_keys"] = null_key
+        value = batch.column(VALUE)
+        if _has_length(value.type):
+            lengths = pc.fill_null(pc.binary_length(value), 0)
+            masks["oversized_values"] = pc.greater(lengths, self.message_max_bytes)
+        if DECODE_ERROR in batch.schema.names:
+            masks["undecodable"] = pc.is_valid(batch.column(DECODE_ERROR))
+        if self.has_offsets:
+            masks["null_offsets"] = pc.is_null(batch.column(OFFSET))
+            masks["repeated_offsets"] = self._repeats(partition, batch.column(OFFSET))
+        table = pa.table({PARTITION: partition, **masks})
+        grouped = table.group_by(PARTITION, use_threads=False).aggregate(
+            [([], "count_all"), *[(name, "sum") for name in masks]]
+        )
+        clean = True
+        for row in grouped.to_pylist():
+            counts = PartitionCounts(
+                rows=row["count_all"], **{name: int(row[f"{name}_sum"]) for name in masks}
+            )
+            p = row[PARTITION]
+            clean = clean and counts.bad == 0 and p is not None and p >= 0
+            self._add(p, counts)
+        return clean
+
+    def _repeats(self, partition: pa.Array, offset: pa.Array) -> np.ndarray:
+        p = pc.fill_null(partition.cast(pa.int64()), _NO_PARTITION).to_numpy(zero_copy_only=False)
+        valid = pc.is_valid(offset).to_numpy(zero_copy_only=False)
+        o = pc.fill_null(offset, 0).to_numpy(zero_copy_only=False)
+        same = np.zeros(len(o), dtype=bool)
+        same[1:] = valid[1:] & valid[:-1] & (p[1:] == p[:-1]) & (o[1:] == o[:-1])
+        if self._last is not None and valid[0]:
+            same[0] = (int(p[0]), int(o[0])) == self._last
+        last = len(o) - 1
+        self._last = (int(p[last]), int(o[last])) if valid[last] else None
+        return same
+
+    def _add(self, partition: int | None, counts: PartitionCounts) -> None:
+        self._counts[partition] = self._counts.get(partition, PartitionCounts()) + counts
+
+    @property
+    def found_problems(self) -> bool:
+        """True once any row fed so far is unwritable."""
+        return any(c.bad or p is None or p < 0 for p, c in self._counts.items())
+
+    def report(self) -> BatchReport:
+        return BatchReport(dict(self._counts))
 
 
-def _per_partition(values: Mapping[int, int]) -> Column:
-    if not values:
-        return F.lit(0).cast("long")
-    mapping = F.create_map(*[F.lit(x) for kv in sorted(values.items()) for x in kv])
-    return F.coalesce(mapping[F.col(PARTITION)], F.lit(0)).cast("long")
+def _has_length(arrow_type: pa.DataType) -> bool:
+    return (
+        pa.types.is_binary(arrow_type)
+        or pa.types.is_string(arrow_type)
+        or pa.types.is_large_binary(arrow_type)
+        or pa.types.is_large_string(arrow_type)
+    )
 
 
-def _strip_nullability(data_type: T.DataType) -> str:
-    return data_type.simpleString()
+class OffsetAssigner:
+    """Numbers records per partition from its log end offset, in arrival order (contiguous).
+
+    Kafka's leader assigns offsets the same way. Fed one task's valid rows batch by
+    batch; each partition's numbering continues across batches.
+    """
+
+    def __init__(self, log_end_offsets: Mapping[int, int]) -> None:
+        self._next = dict(log_end_offsets)
+
+    def assign(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        partitions = batch.column(PARTITION).to_numpy(zero_copy_only=False)
+        offsets = np.empty(batch.num_rows, dtype=np.int64)
+        for p in np.unique(partitions).tolist():
+            where = np.flatnonzero(partitions == p)
+            start = self._next.get(p, 0)
+            offsets[where] = np.arange(start, start + len(where))
+            self._next[p] = start + len(where)
+        index = batch.schema.get_field_index(OFFSET)
+        return batch.set_column(index, OFFSET, pa.array(offsets))
+
+
+def drop_below_log_end(batch: pa.RecordBatch, log_end_offsets: Mapping[int, int]) -> pa.RecordBatch:
+    """Kafka records at or above their partition's log end offset (the rest are in the log)."""
+    partitions = batch.column(PARTITION).to_numpy(zero_copy_only=False)
+    floor = np.zeros(batch.num_rows, dtype=np.int64)
+    for p, end in log_end_offsets.items():
+        floor[partitions == p] = end
+    offsets = batch.column(OFFSET).to_numpy(zero_copy_only=False)
+    return batch.filter(pa.array(offsets >= floor))

@@ -30,6 +30,18 @@ WRITTEN_SEGMENT_DDL = (
     "path string, size_bytes long, partition int, base_offset long, last_offset long, "
     "num_records long, stats string"
 )
+WRITTEN_ARROW_SCHEMA = pa.schema(
+    [
+        ("path", pa.string()),
+        ("size_bytes", pa.int64()),
+        ("partition", pa.int32()),
+        ("base_offset", pa.int64()),
+        ("last_offset", pa.int64()),
+        ("num_records", pa.int64()),
+        ("stats", pa.string()),
+    ]
+)
+"""The same columns in Arrow: what a writer task sends the driver."""
 _FLUSH_ROWS = 131_072
 _FLUSH_BYTES = 64 * 1024 * 1024
 _STRING_STATS_PREFIX = 32  # Delta's default truncation for string statistics
@@ -113,7 +125,7 @@ class SegmentWriterTask:
         if current is not None:
             written.append(current.close())
         if written:
-            yield pa.RecordBatch.from_pylist(written, schema=_WRITTEN_ARROW_SCHEMA)
+            yield pa.RecordBatch.from_pylist(written, schema=WRITTEN_ARROW_SCHEMA)
 
     def _runs(self, table: pa.Table) -> Iterator[tuple[tuple[int, ...], pa.Table]]:
         """Split sorted rows into runs of one (partition, group) each."""
@@ -179,19 +191,6 @@ class _OpenSegment:
             "num_records": self._stats.num_records,
             "stats": self._stats.to_json(),
         }
-
-
-_WRITTEN_ARROW_SCHEMA = pa.schema(
-    [
-        ("path", pa.string()),
-        ("size_bytes", pa.int64()),
-        ("partition", pa.int32()),
-        ("base_offset", pa.int64()),
-        ("last_offset", pa.int64()),
-        ("num_records", pa.int64()),
-        ("stats", pa.string()),
-    ]
-)
 
 
 class _RunningStats:

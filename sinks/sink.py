@@ -1,10 +1,12 @@
 """`CompactedStateSink`: the foreachBatch hook and the front object over one compacted log.
 
-Ports the roles of Kafka's partition leader (append, assign offsets, log end
-offset) and of `LogCleanerManager` for one log (measure dirtiness, pick the
-filthiest partitions, checkpoint where cleaning ended). Appends go to the dirty
-end of the log; when a partition's dirty ratio passes
-``min.cleanable.dirty.ratio`` the hook cleans it in the same call.
+The hook orchestrates one log's life: the append (Kafka's partition leader,
+`sinks.log_append`: validate, assign offsets, write, commit, in one Spark job),
+then the role of `LogCleanerManager` for this log (measure dirtiness, pick the
+filthiest partitions, clean them, checkpoint where cleaning ended), and reading
+the log and its state back. Appends go to the dirty end of the log; when a
+partition's dirty ratio passes ``min.cleanable.dirty.ratio`` the hook cleans it
+in the same call.
 
 Exactly once: each append commits a Delta ``txn`` action (app id, batch id).
 A batch id already recorded for the app id is skipped, by this object or by a
@@ -28,34 +30,25 @@ import hashlib
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from deltalake.exceptions import CommitFailedError
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 from checkpoints import CheckpointEntry, CleanerOffsetCheckpoint
 from sinks import retention
-from sinks.cleaner import Cleaner, drop_tombstones, latest_records, stats_columns
+from sinks.cleaner import Cleaner, drop_tombstones, latest_records
 from sinks.cleaner_manager import CleanerManager
 from sinks.cleaner_stats import CleanerStats
 from sinks.config import CleanerConfig
 from sinks.crash_points import (
-    APPEND_BEFORE_COMMIT,
     CLEAN_BEFORE_CHECKPOINT,
     DEAD_LETTER_BEFORE_APPEND,
     crash_point,
 )
 from sinks.dead_letter import DECODE_ERROR, DeadLetterTable, as_dead_letters, split_batch
 from sinks.errors import CleanerError, CommitConflictError, SchemaMismatchError
-from sinks.log_table import (
-    LOG_END_OFFSET_TXN,
-    PARTITIONS_TXN,
-    AsOf,
-    LogSnapshot,
-    LogTable,
-    now_ms,
-)
+from sinks.log_append import AppendReport, LogAppender, committed
+from sinks.log_table import AsOf, LogSnapshot, LogTable, now_ms
 from sinks.log_to_clean import (
     LogToClean,
     cleanable_offsets,
@@ -63,60 +56,16 @@ from sinks.log_to_clean import (
     filthiest_first,
     log_to_clean,
 )
-from sinks.records import (
-    INPUT_ORDER,
-    PARTITION,
-    VALUE,
-    assign_offsets,
-    check_schema,
-    drop_below_log_end,
-    inspect_batch,
-    prepare_batch,
-    raise_for_problems,
-)
-from sinks.recovery import (
-    RecoveryReport,
-    missing_files,
-    recover_log,
-    write_clean_shutdown_marker,
-)
+from sinks.records import VALUE, check_schema, log_columns, prepare_batch
+from sinks.recovery import RecoveryReport, recover_log, write_clean_shutdown_marker
 from sinks.retention import RetentionPlan
-from sinks.segment_writer import WrittenSegment, write_segments
-from sinks.storage import delete_files, normalize_uri, sibling
+from sinks.segment_writer import WrittenSegment
+from sinks.storage import normalize_uri, sibling
 
 logger = logging.getLogger("compacted_sink")
 
 CHECKPOINT_TABLE_NAME = "_cleaner-offset-checkpoint"
-_APPEND_ATTEMPTS = 8
 _QUERY_ID_PROPERTY = "sql.streaming.queryId"
-
-
-@dataclass(frozen=True)
-class AppendReport:
-    """What one call of the hook did; ``skipped`` when the batch id was already committed."""
-
-    batch_id: int
-    records: int
-    partitions: tuple[int, ...]
-    files: int
-    bytes: int
-    skipped: bool
-    dirty_ratio: float
-    duration_ms: int
-    delta_version: int | None
-    clean: CleanerStats | None = None
-
-    def summary(self) -> str:
-        if self.skipped:
-            head = f"batch {self.batch_id}: already committed, skipped"
-        else:
-            head = (
-                f"batch {self.batch_id}: appended {self.records} records to "
-                f"{len(self.partitions)} partition(s) in {self.files} file(s) "
-                f"({self.bytes} B) in {self.duration_ms / 1000:.1f} s"
-            )
-        tail = f"; dirty ratio {self.dirty_ratio:.2f}"
-        return head + tail + (f"; {self.clean.summary()}" if self.clean else "")
 
 
 class CompactedStateSink:
@@ -166,6 +115,12 @@ class CompactedStateSink:
             delete_retention_ms=self.config.delete_retention_ms,
             segment_bytes=self.config.segment_bytes,
         )
+        self.appender = LogAppender(
+            self.log_table,
+            key_columns=self.key_columns,
+            sequence_column=sequence_column,
+            config=self.config,
+        )
         self.last_append: AppendReport | None = None
         self.dead_letters = (
             DeadLetterTable(self.dead_letter_table, self.storage_options)
@@ -186,34 +141,30 @@ class CompactedStateSink:
 
         Idempotent per (app id, batch id): a batch already committed writes nothing.
         Bad input raises `BadInputError` (null keys, wrong schema, repeated or null
-        Kafka offsets, oversized values) before anything is written.
+        Kafka offsets, oversized values, undecodable payloads) and commits nothing;
+        see `sinks.log_append` for how the append itself runs.
         """
         started = time.monotonic()
-        spark = batch_df.sparkSession
-        app_id = self._app_id(spark)
+        app_id = self._app_id(batch_df.sparkSession)
         snapshot = self.log_table.snapshot()
-        if snapshot is not None and _committed(snapshot, app_id, batch_id):
+        if committed(snapshot, app_id, batch_id):
             logger.info("batch %s of %s already committed; skipped", batch_id, app_id)
+            assert snapshot is not None
             self._finish(batch_id, snapshot, started, skipped=True)
             return
 
         if snapshot is not None:
             self._ensure_recovered()
-        undecodable = 0
         if self.dead_letters is not None:
             good = self._quarantine(batch_df, snapshot, app_id, batch_id)
             if good is None:  # the whole batch was dead-lettered
                 if snapshot is not None:
-                    snapshot = self._commit_empty(snapshot, app_id, batch_id)
+                    snapshot = self.appender.commit_empty(snapshot, app_id, batch_id)
                     self._finish(batch_id, snapshot, started, skipped=False)
                 return
             batch_df = good
-        elif DECODE_ERROR in batch_df.columns:
-            # A decoder flagged payloads it could not read; without a dead-letter
-            # table they fail the batch like any other bad row.
-            undecodable = batch_df.filter(F.col(DECODE_ERROR).isNotNull()).count()
-            batch_df = batch_df.drop(DECODE_ERROR)
-
+        # Without a dead-letter table, rows a decoder flagged in _decode_error stay
+        # in the batch: the append's checks count them and fail the batch.
         prepared = prepare_batch(
             batch_df,
             key_columns=self.key_columns,
@@ -222,127 +173,14 @@ class CompactedStateSink:
         )
         if snapshot is not None:
             check_schema(prepared.df.schema, snapshot.spark_schema)
-        records = prepared.df.persist()
-        written: list[WrittenSegment] | None = []
-        try:
-            report = inspect_batch(
-                records,
-                key_columns=self.key_columns,
-                has_offsets=prepared.has_offsets,
-                message_max_bytes=self.config.message_max_bytes,
-            )
-            raise_for_problems(
-                [
-                    *report.problems(
-                        key_columns=self.key_columns,
-                        has_offsets=prepared.has_offsets,
-                        message_max_bytes=self.config.message_max_bytes,
-                    ),
-                    *_undecodable_problem(undecodable, report.rows),
-                ],
-                batch_id=batch_id,
-            )
-            if snapshot is None:
-                # Only a valid batch creates the log: bad input leaves no trace at all.
-                snapshot = self.log_table.create(_without_input_order(prepared.df).schema)
-                check_schema(prepared.df.schema, snapshot.spark_schema)
-            if report.rows == 0:
-                snapshot = self._commit_empty(snapshot, app_id, batch_id)
-            else:
-                snapshot, written = self._append(
-                    spark, snapshot, records, prepared.has_offsets, app_id, batch_id
-                )
-        finally:
-            records.unpersist()
-        self._finish(batch_id, snapshot, started, skipped=written is None, written=written)
-
-    def _append(
-        self,
-        spark: SparkSession,
-        snapshot: LogSnapshot,
-        records: DataFrame,
-        has_offsets: bool,
-        app_id: str,
-        batch_id: int,
-    ) -> tuple[LogSnapshot, list[WrittenSegment] | None]:
-        """Write and commit the batch; rewrite it when another writer moved our offsets."""
-        for _attempt in range(_APPEND_ATTEMPTS):
-            end_offsets = snapshot.log_end_offsets()
-            if has_offsets:
-                numbered = drop_below_log_end(records, end_offsets).repartition(PARTITION)
-            else:
-                numbered = assign_offsets(records, end_offsets)
-            written = write_segments(
-                numbered,
-                table_uri=self.path,
-                schema=snapshot.arrow_schema,
-                stats_columns=stats_columns(snapshot, self.key_columns, self.sequence_column),
-                max_file_bytes=self.config.segment_bytes,
-                storage_options=self.storage_options,
-            )
-            for _retry in range(_APPEND_ATTEMPTS):
-                crash_point(APPEND_BEFORE_COMMIT)
-                gone = missing_files(self.log_table, [w.path for w in written])
-                if gone:
-                    # A recovery took our files for orphans (this append stalled past
-                    # file.delete.delay.ms): committing them would lose the batch.
-                    logger.warning("batch %s: %d file(s) vanished; rewriting", batch_id, len(gone))
-                    self._discard(written)
-                    break
-                try:
-                    self._commit_append(snapshot, written, app_id, batch_id)
-                    return self._refreshed(snapshot), written
-                except CommitFailedError as e:
-                    logger.info("append of batch %s conflicted (%s); refreshing", batch_id, e)
-                    snapshot = self._refreshed(snapshot)
-                    if _committed(snapshot, app_id, batch_id):
-                        self._discard(written)
-                        return snapshot, None
-                    moved = {
-                        p
-                        for p in {w.partition for w in written}
-                        if snapshot.log_end_offset(p) != end_offsets.get(p, 0)
-                    }
-                    if moved:
-                        self._discard(written)
-                        break  # offsets taken by another writer: number the batch again
-            else:
-                self._discard(written)  # conflicts that never settle: give up, bounded
-                break
-        raise CommitConflictError(
-            f"batch {batch_id} of {self.path}: append kept conflicting after "
-            f"{_APPEND_ATTEMPTS} attempts; nothing was committed"
+        info = self.appender.append(snapshot, prepared, app_id=app_id, batch_id=batch_id)
+        self._finish(
+            batch_id,
+            info.snapshot,
+            started,
+            skipped=info.already_committed,
+            written=list(info.written),
         )
-
-    def _commit_append(
-        self, snapshot: LogSnapshot, written: list[WrittenSegment], app_id: str, batch_id: int
-    ) -> None:
-        ends: dict[int, int] = {}
-        for w in written:
-            ends[w.partition] = max(ends.get(w.partition, 0), w.last_offset + 1)
-        transactions = {app_id: batch_id}
-        transactions.update({LOG_END_OFFSET_TXN.format(p): end for p, end in ends.items()})
-        partitions = max([*ends, *snapshot.partitions, -1]) + 1
-        if partitions > (snapshot.txn_version(PARTITIONS_TXN) or 0):
-            transactions[PARTITIONS_TXN] = partitions
-        snapshot.commit(
-            adds=written,
-            data_change=True,
-            transactions=transactions,
-            info={"operation": "append", "appId": app_id, "batchId": batch_id},
-        )
-
-    def _commit_empty(self, snapshot: LogSnapshot, app_id: str, batch_id: int) -> LogSnapshot:
-        """Record an empty batch's id so that it stays skipped after a restart."""
-        snapshot.commit(
-            data_change=False,
-            transactions={app_id: batch_id},
-            info={"operation": "append", "appId": app_id, "batchId": batch_id},
-        )
-        return self._refreshed(snapshot)
-
-    def _discard(self, written: list[WrittenSegment]) -> None:
-        delete_files(self.path, [w.path for w in written], self.storage_options)
 
     def _finish(
         self,
@@ -701,23 +539,11 @@ class CompactedStateSink:
         return f"{self.sink_id}/query={query_id}" if query_id else self.sink_id
 
 
-def _committed(snapshot: LogSnapshot, app_id: str, batch_id: int) -> bool:
-    """True when ``snapshot`` records ``batch_id`` (or a later one) for ``app_id``."""
-    recorded = snapshot.txn_version(app_id)
-    return recorded is not None and recorded >= batch_id
-
-
-def _undecodable_problem(undecodable: int, rows: int) -> list[str]:
-    """The problem line for rows a decoder flagged in ``_decode_error``, if any."""
-    if not undecodable:
-        return []
-    return [f"{undecodable} of {rows} rows have an undecodable payload ({DECODE_ERROR})"]
-
-
 def _default_sink_id(path: str) -> str:
     digest = hashlib.sha256(path.encode()).hexdigest()[:12]
     return f"compacted-sink-{digest}"
 
 
-def _without_input_order(df: DataFrame) -> DataFrame:
-    return df.drop(INPUT_ORDER) if INPUT_ORDER in df.columns else df
+# bench/fast_append.py (a prototype of this append) imports these two names.
+_committed = committed
+_without_input_order = log_columns

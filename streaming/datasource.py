@@ -3,14 +3,15 @@
 For Spark Declarative Pipelines' ``create_sink`` and for writers that prefer a
 format name to ``foreachBatch``. Executors stage each task's rows as one Parquet
 file under the log's ``_staging/`` directory and send its path to the driver;
-the driver's ``commit(messages, batch_id)`` numbers the records, writes the
-log's segment files with the core's `SegmentWriterTask`, and commits them with
-the core's append commit (Delta ``txn`` per batch id: exactly once), then
-deletes the staged files; ``abort`` deletes them too.
+the driver's ``commit(messages, batch_id)`` validates and numbers the records,
+writes the log's segment files and commits them with the core's append
+(Delta ``txn`` per batch id: exactly once), then deletes the staged files;
+``abort`` deletes them too.
 
 Spark runs a Python data source's ``commit`` in a Python worker process that has
-no SparkSession, so this path does not call the Spark hook: it validates and
-numbers the batch with Arrow, on the driver. Two consequences, by design:
+no SparkSession, so this path does not call the Spark hook: it runs the core's
+append task (`sinks.log_append`, the same checks and numbering as the hook's)
+over Arrow, on the driver. Two consequences, by design:
 
 - it suits micro-batches that fit in the driver's memory; the ``foreachBatch``
   hook stays the path for large batches;
@@ -31,16 +32,14 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from deltalake.exceptions import CommitFailedError
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
 
 from sinks import CleanerConfig, CompactedStateSink
-from sinks.cleaner import stats_columns
-from sinks.errors import BadInputError, CommitConflictError, ConfigError
+from sinks.errors import ConfigError
+from sinks.log_append import committed
 from sinks.log_table import log_arrow_schema
 from sinks.records import (
     DELETE_HORIZON_MS,
@@ -51,13 +50,11 @@ from sinks.records import (
     VALUE,
     check_schema,
 )
-from sinks.segment_writer import SegmentWriterTask, WrittenSegment
 from sinks.storage import arrow_filesystem, delete_files, join, normalize_uri
 
 FORMAT = "compacted-state"
 STAGING = "_staging"
 _SINK_OPTIONS = {"path", "key_columns", "sequence_column", "checkpoint_table", "sink_id"}
-_ATTEMPTS = 8
 STALE_STAGED_MS = 3_600_000  # staged files this old belong to no live commit (a killed query)
 
 
@@ -197,38 +194,30 @@ def log_schema(input_schema: T.StructType, key_columns: tuple[str, ...]) -> T.St
 def append_staged(
     options: SinkOptions, schema: T.StructType, staged: list[StagedFile], batch_id: int
 ) -> None:
-    """Append the staged rows as one batch, exactly once per (app id, batch id)."""
+    """Append the staged rows as one batch, exactly once per (app id, batch id).
+
+    The core's append (`LogAppender.append_arrow`) runs here on Arrow: the same
+    checks, numbering, segment files and commit as the ``foreachBatch`` hook's.
+    """
     sink = options.sink()
     app_id = _app_id(sink, options)
     snapshot = sink.log_table.snapshot()
-    if _committed(snapshot, app_id, batch_id):
+    if committed(snapshot, app_id, batch_id):
         return
     table = _read_staged(options.path, staged)
     if table.num_rows == 0:
         if snapshot is not None:
-            sink._commit_empty(snapshot, app_id, batch_id)  # keeps the batch id recorded
+            sink.appender.commit_empty(snapshot, app_id, batch_id)  # keeps the batch id recorded
         return
-    has_offsets = OFFSET in table.column_names
-    records = prepare(table, schema, options.key_columns, sink.clock())
-    _raise_for_problems(
-        records, options.key_columns, has_offsets, sink.config.message_max_bytes, batch_id
-    )
-    if snapshot is None:
-        snapshot = sink.log_table.create(schema)
-    check_schema(schema, snapshot.spark_schema)
-    for _attempt in range(_ATTEMPTS):
-        numbered = number(records, snapshot.log_end_offsets(), has_offsets)
-        written = _write_segments(sink, snapshot, numbered)
-        try:
-            sink._commit_append(snapshot, written, app_id, batch_id)  # the core's append commit
-            return
-        except CommitFailedError:
-            sink._discard(written)
-            snapshot = sink.log_table.snapshot()
-            if _committed(snapshot, app_id, batch_id):
-                return
-    raise CommitConflictError(
-        f"batch {batch_id} of {sink.path}: append kept conflicting after {_ATTEMPTS} attempts"
+    if snapshot is not None:
+        check_schema(schema, snapshot.spark_schema)
+    sink.appender.append_arrow(
+        snapshot,
+        prepare(table, schema, options.key_columns, sink.clock()),
+        schema,
+        has_offsets=OFFSET in table.column_names,
+        app_id=app_id,
+        batch_id=batch_id,
     )
 
 
@@ -250,75 +239,6 @@ def prepare(
     return pa.table(columns).cast(log_arrow_schema(schema))
 
 
-def number(records: pa.Table, log_end_offsets: Mapping[int, int], has_offsets: bool) -> pa.Table:
-    """Kafka offsets kept (rows below the log end dropped) or assigned from it, in input order."""
-    partitions = records.column(PARTITION).to_pylist()
-    if has_offsets:
-        offsets = records.column(OFFSET).to_pylist()
-        keep = [o >= log_end_offsets.get(p, 0) for p, o in zip(partitions, offsets, strict=True)]
-        records = records.filter(pa.array(keep))
-    else:
-        following = dict(log_end_offsets)
-        assigned = []
-        for p in partitions:
-            assigned.append(following.get(p, 0))
-            following[p] = assigned[-1] + 1
-        index = records.schema.get_field_index(OFFSET)
-        records = records.set_column(index, OFFSET, pa.array(assigned, pa.int64()))
-    return records.sort_by([(PARTITION, "ascending"), (OFFSET, "ascending")])
-
-
-def _raise_for_problems(
-    records: pa.Table,
-    key_columns: tuple[str, ...],
-    has_offsets: bool,
-    message_max_bytes: int,
-    batch_id: int,
-) -> None:
-    rows = records.num_rows
-    problems = []
-    null_key = pa.array([False] * rows)
-    for k in key_columns:
-        null_key = pc.or_(null_key, pc.is_null(records.column(k)))
-    if (count := pc.sum(null_key).as_py() or 0) > 0:
-        problems.append(f"{count} of {rows} rows have a null key ({', '.join(key_columns)})")
-    partition = records.column(PARTITION)
-    if (count := partition.null_count) > 0:
-        problems.append(f"{count} of {rows} rows have a null 'partition'")
-    if (count := pc.sum(pc.less(partition, 0)).as_py() or 0) > 0:
-        problems.append(f"{count} of {rows} rows have a negative 'partition'")
-    value = records.column(VALUE)
-    if pa.types.is_binary(value.type) or pa.types.is_string(value.type):
-        lengths = pc.fill_null(pc.binary_length(value), 0)
-        if (count := pc.sum(pc.greater(lengths, message_max_bytes)).as_py() or 0) > 0:
-            problems.append(
-                f"{count} of {rows} rows have a value larger than message.max.bytes "
-                f"({message_max_bytes} bytes)"
-            )
-    if has_offsets:
-        offsets = records.column(OFFSET)
-        if offsets.null_count:
-            problems.append(f"{offsets.null_count} rows have a null 'offset'")
-        pairs = pa.table({"p": partition, "o": offsets}).group_by(["p", "o"]).aggregate([])
-        if pairs.num_rows != rows - offsets.null_count:
-            problems.append(f"{rows - pairs.num_rows} rows repeat another row's 'offset'")
-    if problems:
-        raise BadInputError(f"batch {batch_id}: " + "; ".join(problems) + "; nothing was written")
-
-
-def _write_segments(sink: CompactedStateSink, snapshot, numbered: pa.Table) -> list[WrittenSegment]:
-    task = SegmentWriterTask(
-        table_uri=sink.path,
-        schema=snapshot.arrow_schema,
-        stats_columns=tuple(stats_columns(snapshot, sink.key_columns, sink.sequence_column)),
-        max_file_bytes=sink.config.segment_bytes,
-        group_column=None,
-        storage_options=sink.storage_options,
-    )
-    described = [row for batch in task(iter(numbered.to_batches())) for row in batch.to_pylist()]
-    return [WrittenSegment(**row) for row in described]
-
-
 def _read_staged(path: str, staged: list[StagedFile]) -> pa.Table:
     fs, root = arrow_filesystem(path)
     tables = [pq.read_table(f"{root}/{m.path}", filesystem=fs) for m in staged if m.rows]
@@ -327,11 +247,6 @@ def _read_staged(path: str, staged: list[StagedFile]) -> pa.Table:
 
 def _delete_staged(path: str, staged: list[StagedFile]) -> None:
     delete_files(path, [m.path for m in staged])
-
-
-def _committed(snapshot, app_id: str, batch_id: int) -> bool:
-    recorded = snapshot.txn_version(app_id) if snapshot is not None else None
-    return recorded is not None and recorded >= batch_id
 
 
 def _app_id(sink: CompactedStateSink, options: SinkOptions) -> str:

@@ -1,0 +1,99 @@
+"""The executor half of an append: validate, assign offsets and write, in one pass over the rows.
+
+Ports what Kafka's leader does to a produce request before it reaches the log
+(``LogValidator.validateMessagesAndAssignOffsets``, then the segment append),
+as the function one Spark task runs in ``mapInArrow``. The task gets one or more
+whole partitions of the batch, sorted by (partition, input order), or by
+(partition, offset) for Kafka input; it checks each Arrow batch with
+`RecordValidator`, numbers valid rows from the partition's log end offset with
+`OffsetAssigner` (Kafka input: drops rows below it), and writes them with
+`SegmentWriterTask`. Once a task has seen an unwritable row it stops writing and
+only counts, since the driver will discard the batch anyway.
+
+The task sends back two kinds of rows in one schema: a written segment
+(``path`` set) and, per partition value it saw, the validator's counts (``path``
+null). The driver (`sinks.log_append`) reads them with `read_task_output`. The
+task never commits: a file it wrote is live only once the driver commits it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from sinks.records import (
+    COUNT_COLUMNS,
+    BatchReport,
+    OffsetAssigner,
+    PartitionCounts,
+    RecordValidator,
+    drop_below_log_end,
+)
+from sinks.segment_writer import (
+    WRITTEN_ARROW_SCHEMA,
+    WRITTEN_SEGMENT_DDL,
+    SegmentWriterTask,
+    WrittenSegment,
+)
+
+APPEND_TASK_DDL = WRITTEN_SEGMENT_DDL + "".join(f", {c} long" for c in COUNT_COLUMNS)
+_OUTPUT_SCHEMA = pa.schema([*WRITTEN_ARROW_SCHEMA, *[(c, pa.int64()) for c in COUNT_COLUMNS]])
+
+
+@dataclass(frozen=True)
+class AppendTask:
+    """The picklable function each Spark task of an append runs (``mapInArrow``).
+
+    ``log_end_offsets`` are the log's, as of the snapshot the append numbers from.
+    Not idempotent: every call writes new files.
+    """
+
+    writer: SegmentWriterTask
+    log_end_offsets: dict[int, int]
+    key_columns: tuple[str, ...]
+    has_offsets: bool
+    message_max_bytes: int
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        validator = RecordValidator(
+            key_columns=self.key_columns,
+            has_offsets=self.has_offsets,
+            message_max_bytes=self.message_max_bytes,
+        )
+        assigner = OffsetAssigner(self.log_end_offsets)
+
+        def valid_records() -> Iterator[pa.RecordBatch]:
+            for batch in batches:
+                if not validator.validate(batch) or validator.found_problems:
+                    continue  # keep counting; the driver discards what was written
+                if self.has_offsets:
+                    yield drop_below_log_end(batch, self.log_end_offsets)
+                else:
+                    yield assigner.assign(batch)
+
+        for written in self.writer(valid_records()):
+            yield pa.RecordBatch.from_pylist(written.to_pylist(), schema=_OUTPUT_SCHEMA)
+        counts = [
+            {"partition": p, **{c: getattr(n, c) for c in COUNT_COLUMNS}}
+            for p, n in validator.report().partitions.items()
+        ]
+        if counts:
+            yield pa.RecordBatch.from_pylist(counts, schema=_OUTPUT_SCHEMA)
+
+
+def read_task_output(
+    rows: Iterable[Mapping[str, object]],
+) -> tuple[list[WrittenSegment], BatchReport]:
+    """The segments the tasks wrote and what their checks found, from their output rows."""
+    written: list[WrittenSegment] = []
+    counts: list[tuple[int | None, PartitionCounts]] = []
+    segment_fields = WRITTEN_ARROW_SCHEMA.names
+    for row in rows:
+        if row["path"] is not None:
+            written.append(WrittenSegment(**{k: row[k] for k in segment_fields}))
+        else:
+            partition = row["partition"]
+            counts.append((partition, PartitionCounts(**{c: row[c] for c in COUNT_COLUMNS})))
+    return written, BatchReport.merged(counts)

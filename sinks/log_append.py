@@ -1,0 +1,380 @@
+"""Appending a batch to a compacted log: Kafka's partition leader (``UnifiedLog.appendAsLeader``).
+
+An append is one Spark job. The prepared batch is shuffled once by ``partition``
+and sorted within partitions by input order (Kafka input: by offset); each task
+runs `AppendTask`, which checks, numbers from the partition's log end offset and
+writes the segments in one pass, and sends back the files it wrote beside its
+per-partition counts. The driver turns the counts into a `BatchReport`: on a bad
+batch it deletes the files just written and raises `BadInputError`; otherwise it
+commits them in one Delta commit. The data source's driver runs the same task
+over Arrow tables (`LogAppender.append_arrow`), so both paths share every check.
+
+What the log keeps true:
+
+- *Never half-written.* Data files become live only through the commit, so a bad
+  batch (found after its files were written) or a killed append leaves at most
+  files no commit names, which the append deletes or recovery removes. A bad first
+  batch leaves nothing: the table is created only once a batch has passed.
+- *Exactly once.* The commit carries a ``txn`` (app id, batch id) and each
+  written partition's new log end offset; `committed` tells whether a batch id
+  already went in. Idempotent per (app id, batch id).
+- *Offsets never repeat.* When a commit conflicts (another writer or a cleaner
+  committed first), the snapshot is refreshed; if another writer moved the log
+  end offset of a partition this batch wrote, the files are deleted and the batch
+  is numbered and written again; otherwise the same files are committed again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+from deltalake.exceptions import CommitFailedError
+from pyspark.sql import types as T
+
+from sinks.append_task import APPEND_TASK_DDL, AppendTask, read_task_output
+from sinks.cleaner import stats_columns
+from sinks.cleaner_stats import CleanerStats
+from sinks.config import CleanerConfig
+from sinks.crash_points import APPEND_BEFORE_COMMIT, crash_point
+from sinks.errors import CommitConflictError, SchemaMismatchError
+from sinks.log_table import (
+    LOG_END_OFFSET_TXN,
+    PARTITIONS_TXN,
+    LogSnapshot,
+    LogTable,
+    log_arrow_schema,
+)
+from sinks.records import (
+    INPUT_ORDER,
+    OFFSET,
+    PARTITION,
+    PreparedBatch,
+    check_schema,
+    log_columns,
+    raise_for_problems,
+)
+from sinks.recovery import missing_files
+from sinks.segment_writer import SegmentWriterTask, WrittenSegment
+from sinks.storage import arrow_filesystem, delete_files
+
+logger = logging.getLogger("compacted_sink")
+
+APPEND_ATTEMPTS = 8
+"""How many times an append is numbered and written, and each commit tried, before giving up."""
+
+TaskRunner = Callable[[AppendTask], Sequence[Mapping[str, object]]]
+"""Runs an `AppendTask` over every row of a batch and returns all the tasks' output rows."""
+
+
+@dataclass(frozen=True)
+class LogAppendInfo:
+    """What one append did (Kafka's ``LogAppendInfo``).
+
+    ``snapshot`` is the log after it. ``already_committed`` when the batch id was
+    found committed (by an earlier attempt or another writer) and nothing was added.
+    """
+
+    snapshot: LogSnapshot
+    written: tuple[WrittenSegment, ...] = ()
+    already_committed: bool = False
+
+
+@dataclass(frozen=True)
+class AppendReport:
+    """What one call of the hook did; ``skipped`` when the batch id was already committed."""
+
+    batch_id: int
+    records: int
+    partitions: tuple[int, ...]
+    files: int
+    bytes: int
+    skipped: bool
+    dirty_ratio: float
+    duration_ms: int
+    delta_version: int | None
+    clean: CleanerStats | None = None
+
+    def summary(self) -> str:
+        if self.skipped:
+            head = f"batch {self.batch_id}: already committed, skipped"
+        else:
+            head = (
+                f"batch {self.batch_id}: appended {self.records} records to "
+                f"{len(self.partitions)} partition(s) in {self.files} file(s) "
+                f"({self.bytes} B) in {self.duration_ms / 1000:.1f} s"
+            )
+        tail = f"; dirty ratio {self.dirty_ratio:.2f}"
+        return head + tail + (f"; {self.clean.summary()}" if self.clean else "")
+
+
+def committed(snapshot: LogSnapshot | None, app_id: str, batch_id: int) -> bool:
+    """True when ``snapshot`` records ``batch_id`` (or a later one) for ``app_id``."""
+    recorded = snapshot.txn_version(app_id) if snapshot is not None else None
+    return recorded is not None and recorded >= batch_id
+
+
+class LogAppender:
+    """Validates, numbers, writes and commits batches to one log: the leader's append.
+
+    ``config`` gives ``message.max.bytes`` (the per-value limit) and ``segment.bytes``
+    (where a written file rolls).
+    """
+
+    def __init__(
+        self,
+        log: LogTable,
+        *,
+        key_columns: Sequence[str],
+        sequence_column: str | None,
+        config: CleanerConfig,
+    ) -> None:
+        self.log = log
+        self.key_columns = tuple(key_columns)
+        self.sequence_column = sequence_column
+        self.config = config
+
+    def append(
+        self, snapshot: LogSnapshot | None, batch: PreparedBatch, *, app_id: str, batch_id: int
+    ) -> LogAppendInfo:
+        """Append a prepared Spark batch in one Spark job per attempt (see the module doc).
+
+        ``snapshot`` is the log as the caller read it (None: no table yet); the caller
+        has checked that ``batch_id`` is not committed and that the schema matches.
+        Raises `BadInputError` (nothing written) or `CommitConflictError`.
+        """
+        order = OFFSET if batch.has_offsets else INPUT_ORDER
+        rows = batch.df.repartition(PARTITION).sortWithinPartitions(PARTITION, order)
+
+        def run(task: AppendTask) -> list[dict[str, object]]:
+            return [r.asDict() for r in rows.mapInArrow(task, APPEND_TASK_DDL).collect()]
+
+        schema = log_columns(batch.df).schema
+        return self.append_as_leader(
+            snapshot, schema, run, has_offsets=batch.has_offsets, app_id=app_id, batch_id=batch_id
+        )
+
+    def append_arrow(
+        self,
+        snapshot: LogSnapshot | None,
+        records: pa.Table,
+        schema: T.StructType,
+        *,
+        has_offsets: bool,
+        app_id: str,
+        batch_id: int,
+    ) -> LogAppendInfo:
+        """Append ``records`` (the log's columns, in input order) on this process, without Spark.
+
+        For batches that fit in memory (the data source's driver). Same checks,
+        numbering, files and commit as `append`.
+        """
+        keys = [(PARTITION, "ascending"), *([(OFFSET, "ascending")] if has_offsets else [])]
+        ordered = records.sort_by(keys)  # a stable sort: input order within a partition
+
+        def run(task: AppendTask) -> list[dict[str, object]]:
+            return [row for out in task(iter(ordered.to_batches())) for row in out.to_pylist()]
+
+        return self.append_as_leader(
+            snapshot, schema, run, has_offsets=has_offsets, app_id=app_id, batch_id=batch_id
+        )
+
+    def append_as_leader(
+        self,
+        snapshot: LogSnapshot | None,
+        schema: T.StructType,
+        run: TaskRunner,
+        *,
+        has_offsets: bool,
+        app_id: str,
+        batch_id: int,
+    ) -> LogAppendInfo:
+        """Validate, number and write with ``run``, then commit; number again after a conflict.
+
+        ``schema`` is the batch's log columns (it creates the log when ``snapshot``
+        is None). Not idempotent by itself: the caller checks `committed` first.
+        """
+        for _attempt in range(APPEND_ATTEMPTS):
+            end_offsets = snapshot.log_end_offsets() if snapshot is not None else {}
+            task = self._task(snapshot, schema, end_offsets, has_offsets)
+            written, report = read_task_output(run(task))
+            problems = report.problems(
+                key_columns=self.key_columns, message_max_bytes=self.config.message_max_bytes
+            )
+            if problems:
+                self.discard(written, new_log=snapshot is None)
+                raise_for_problems(problems, batch_id=batch_id)
+            if snapshot is None:
+                # Only a valid batch creates the log: bad input leaves no trace at all.
+                snapshot = self.log.create(schema)
+                try:
+                    check_schema(schema, snapshot.spark_schema)
+                except SchemaMismatchError:
+                    self.discard(written)  # another writer created it with other columns
+                    raise
+                if committed(snapshot, app_id, batch_id):
+                    self.discard(written)
+                    return LogAppendInfo(snapshot, already_committed=True)
+                if _moved(snapshot, written, end_offsets):
+                    self.discard(written)  # another writer created it and appended first
+                    continue
+            if not written:
+                return LogAppendInfo(self.commit_empty(snapshot, app_id, batch_id))
+            outcome = self._commit_until_settled(snapshot, written, end_offsets, app_id, batch_id)
+            if isinstance(outcome, LogAppendInfo):
+                return outcome
+            if outcome is None:
+                break
+            snapshot = outcome
+        raise CommitConflictError(
+            f"batch {batch_id} of {self.log.uri}: append kept conflicting after "
+            f"{APPEND_ATTEMPTS} attempts; nothing was committed"
+        )
+
+    def _commit_until_settled(
+        self,
+        snapshot: LogSnapshot,
+        written: list[WrittenSegment],
+        end_offsets: Mapping[int, int],
+        app_id: str,
+        batch_id: int,
+    ) -> LogAppendInfo | LogSnapshot | None:
+        """Commit ``written``, retrying conflicts that leave our offsets valid.
+
+        Returns the append's outcome, a fresh snapshot to number the batch again
+        from (the files are deleted), or None when conflicts never settle.
+        """
+        for _retry in range(APPEND_ATTEMPTS):
+            crash_point(APPEND_BEFORE_COMMIT)
+            gone = missing_files(self.log, [w.path for w in written])
+            if gone:
+                # A recovery took our files for orphans (this append stalled past
+                # file.delete.delay.ms): committing them would lose the batch.
+                logger.warning("batch %s: %d file(s) vanished; rewriting", batch_id, len(gone))
+                self.discard(written)
+                return snapshot
+            try:
+                self.commit_append(snapshot, written, app_id, batch_id)
+                return LogAppendInfo(self._fresh(), tuple(written))
+            except CommitFailedError as e:
+                logger.info("append of batch %s conflicted (%s); refreshing", batch_id, e)
+                snapshot = self._fresh()
+                if committed(snapshot, app_id, batch_id):
+                    self.discard(written)
+                    return LogAppendInfo(snapshot, already_committed=True)
+                if _moved(snapshot, written, end_offsets):
+                    self.discard(written)
+                    return snapshot  # offsets taken by another writer: number the batch again
+        self.discard(written)  # conflicts that never settle: give up, bounded
+        return None
+
+    def commit_append(
+        self, snapshot: LogSnapshot, written: Sequence[WrittenSegment], app_id: str, batch_id: int
+    ) -> None:
+        """Commit ``written`` against ``snapshot`` with the batch's ``txn`` and new log end offsets.
+
+        One Delta commit. Raises delta-rs's ``CommitFailedError`` on a conflict; the
+        caller refreshes and decides (see `append_as_leader`).
+        """
+        ends: dict[int, int] = {}
+        for w in written:
+            ends[w.partition] = max(ends.get(w.partition, 0), w.last_offset + 1)
+        transactions = {app_id: batch_id}
+        transactions.update({LOG_END_OFFSET_TXN.format(p): end for p, end in ends.items()})
+        partitions = max([*ends, *snapshot.partitions, -1]) + 1
+        if partitions > (snapshot.txn_version(PARTITIONS_TXN) or 0):
+            transactions[PARTITIONS_TXN] = partitions
+        snapshot.commit(
+            adds=written,
+            data_change=True,
+            transactions=transactions,
+            info={"operation": "append", "appId": app_id, "batchId": batch_id},
+        )
+
+    def commit_empty(self, snapshot: LogSnapshot, app_id: str, batch_id: int) -> LogSnapshot:
+        """Record an empty batch's id so that it stays skipped after a restart; the log after."""
+        snapshot.commit(
+            data_change=False,
+            transactions={app_id: batch_id},
+            info={"operation": "append", "appId": app_id, "batchId": batch_id},
+        )
+        return self._fresh()
+
+    def discard(self, written: Sequence[WrittenSegment], *, new_log: bool = False) -> None:
+        """Delete files an append wrote and will not commit.
+
+        ``new_log``: no table existed, so the partition directories and the log's own
+        directory go too when they are left empty (a bad first batch leaves no trace).
+        """
+        delete_files(self.log.uri, [w.path for w in written], self.log.storage_options)
+        if new_log:
+            directories = sorted({w.path.rsplit("/", 1)[0] for w in written if "/" in w.path})
+            _remove_empty_directories(self.log, [*directories, ""])
+
+    def _task(
+        self,
+        snapshot: LogSnapshot | None,
+        schema: T.StructType,
+        end_offsets: Mapping[int, int],
+        has_offsets: bool,
+    ) -> AppendTask:
+        layout = snapshot if snapshot is not None else _NewLog(schema)
+        return AppendTask(
+            writer=SegmentWriterTask(
+                table_uri=self.log.uri,
+                schema=layout.arrow_schema,
+                stats_columns=tuple(
+                    stats_columns(layout, self.key_columns, self.sequence_column)  # type: ignore[arg-type]
+                ),
+                max_file_bytes=self.config.segment_bytes,
+                group_column=None,
+                storage_options=self.log.storage_options,
+            ),
+            log_end_offsets=dict(end_offsets),
+            key_columns=self.key_columns,
+            has_offsets=has_offsets,
+            message_max_bytes=self.config.message_max_bytes,
+        )
+
+    def _fresh(self) -> LogSnapshot:
+        snapshot = self.log.snapshot()
+        assert snapshot is not None
+        return snapshot
+
+
+@dataclass(frozen=True)
+class _NewLog:
+    """The schemas of the log a first batch will create (what a writer needs of a snapshot)."""
+
+    spark_schema: T.StructType
+
+    @cached_property
+    def arrow_schema(self) -> pa.Schema:
+        return log_arrow_schema(self.spark_schema)
+
+
+def _moved(
+    snapshot: LogSnapshot, written: Sequence[WrittenSegment], end_offsets: Mapping[int, int]
+) -> bool:
+    """True when another writer moved the log end offset of a partition ``written`` holds."""
+    return any(
+        snapshot.log_end_offset(p) != end_offsets.get(p, 0) for p in {w.partition for w in written}
+    )
+
+
+def _remove_empty_directories(log: LogTable, directories: Sequence[str]) -> None:
+    """Remove each directory (relative to the log; "" is the log's own) that holds nothing."""
+    fs, root = arrow_filesystem(log.uri, log.storage_options)
+    for relative in directories:
+        path = f"{root}/{relative}".rstrip("/")
+        try:
+            if fs.get_file_info(path).type != pafs.FileType.Directory:
+                continue  # object stores have no directories
+            if not fs.get_file_info(pafs.FileSelector(path)):
+                fs.delete_dir(path)
+        except OSError as e:
+            logger.info("could not remove empty directory %s: %s", path, e)
