@@ -56,7 +56,7 @@ from sinks.log_to_clean import (
     filthiest_first,
     log_to_clean,
 )
-from sinks.records import VALUE, check_schema, log_columns, prepare_batch
+from sinks.records import VALUE, check_schema, prepare_batch
 from sinks.recovery import RecoveryReport, recover_log, write_clean_shutdown_marker
 from sinks.retention import RetentionPlan
 from sinks.segment_writer import WrittenSegment
@@ -542,8 +542,3 @@ class CompactedStateSink:
 def _default_sink_id(path: str) -> str:
     digest = hashlib.sha256(path.encode()).hexdigest()[:12]
     return f"compacted-sink-{digest}"
-
-
-# bench/fast_append.py (a prototype of this append) imports these two names.
-_committed = committed
-_without_input_order = log_columns
