@@ -48,9 +48,9 @@ from sinks.records import OFFSET, PARTITION, VALUE
 # The table lives on the driver and once in every executor. About a million dirty
 # records with a short string key; above it Spark shuffles instead, and the tail is
 # then as large as a good part of the clean section anyway. Measured (Spark's
-# dataSize metric): 440 k tail keys took 50 MB against 28 MB estimated, Spark
-# allocating whole memory pages (40 MB already at 140 k keys); the estimate's
-# per-row figure is above the measured increment (about 28 bytes a key).
+# dataSize metric), (partition, offset) of 600 k dirty records (440 k keys): 50 MB,
+# estimated 38 MB; Spark allocates whole memory pages (40 MB already at 140 k keys),
+# but the estimate's per-row figure is above the measured increment (~28 B a key).
 TAIL_BROADCAST_MAX_BYTES = 128 * 1024 * 1024
 
 _ORDER = "_order"
