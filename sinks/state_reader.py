@@ -1,0 +1,184 @@
+"""Reading the state out of a compacted log: Kafka's "consume the topic from the start".
+
+A consumer that rebuilds a cache from a compacted topic reads the clean head
+(at most one record per key) and then the dirty tail, where later records
+override earlier ones. This module does the same with Spark, instead of sorting
+every record of the log by key:
+
+    state = (clean ▷ keys(dirty)) ∪ latest(dirty), tombstones dropped
+
+The invariant it rests on (SPEC rule 6, kept by `sinks.cleaner`): a pass that
+ends at E reads *every* live segment of the partition wholly below E and
+replaces them with at most one record per key, and commits E in the log
+(``compacted-sink/cleaner-offset/<p>``) in the same commit. Nothing else ever
+adds a segment below E: appends start at the log end offset (≥ E), and
+retention and ``delete_records`` only remove files or raise the log start
+offset, which leaves at most one record per key. So a segment is *clean* when
+its last offset lies below the cleaner offset the snapshot records, and *dirty*
+otherwise: a segment straddling E, and every segment of a partition the log
+records no pass for (never cleaned, or cleaned before the log carried the txn),
+is dirty. A dirty record always has a higher offset than a clean one of the same
+partition, since a partition's segments never overlap.
+
+"Latest" is the highest offset, or with a ``sequence_column`` the highest
+(sequence, offset), within a partition. A key is expected to stay in one
+partition (SPEC, Input); then the result equals grouping the whole log by key,
+which is what `sinks.cleaner.latest_records` does. A key found in several
+partitions keeps one row per partition, its latest there, as the cleaner keeps
+one record per (partition, key): making the partitions agree would mean
+shuffling the clean section's keys, the cost this reader exists to avoid.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from sinks.log_table import LogSnapshot, LogTable
+from sinks.log_to_clean import Segment
+from sinks.records import OFFSET, PARTITION, VALUE
+
+# The largest lookup table (estimated, see `broadcast_bytes`) this reader asks Spark
+# to broadcast: an eighth of the 1 GiB Spark gives a driver by default, and of
+# ``spark.driver.maxResultSize``, which bounds the collect that builds the table.
+# The table lives on the driver and once in every executor. About a million dirty
+# records with a short string key; above it Spark shuffles instead, and the tail is
+# then as large as a good part of the clean section anyway. Measured (Spark's
+# dataSize metric), (partition, offset) of 600 k dirty records (440 k keys): 50 MB,
+# estimated 38 MB; Spark allocates whole memory pages (40 MB already at 140 k keys),
+# but the estimate's per-row figure is above the measured increment (~28 B a key).
+TAIL_BROADCAST_MAX_BYTES = 128 * 1024 * 1024
+
+_ORDER = "_order"
+_WINNER = "_winner_offset"
+_VARIABLE_WIDTH = (T.StringType, T.BinaryType, T.ArrayType, T.MapType, T.StructType)
+
+
+@dataclass(frozen=True)
+class LogSections:
+    """A snapshot's live segments split at each partition's cleaner offset.
+
+    ``clean`` holds at most one record per (partition, key); ``dirty`` holds the rest.
+    """
+
+    clean: tuple[Segment, ...]
+    dirty: tuple[Segment, ...]
+
+    @property
+    def dirty_records(self) -> int:
+        """Records in the dirty segments: a bound on the tail's distinct keys."""
+        return sum(s.num_records for s in self.dirty)
+
+
+def split_at_cleaner_offset(
+    segments: Mapping[int, Sequence[Segment]], cleaner_offsets: Mapping[int, int | None]
+) -> LogSections:
+    """Clean: segments wholly below their partition's cleaner offset. Pure.
+
+    A partition with no recorded offset is all dirty.
+    """
+    clean: list[Segment] = []
+    dirty: list[Segment] = []
+    for partition, partition_segments in sorted(segments.items()):
+        end = cleaner_offsets.get(partition)
+        for segment in sorted(partition_segments):
+            below = end is not None and segment.last_offset < end
+            (clean if below else dirty).append(segment)
+    return LogSections(tuple(clean), tuple(dirty))
+
+
+def broadcast_bytes(rows: int, fields: Sequence[T.DataType]) -> int:
+    """An estimate of a broadcast hash relation of ``rows`` rows of ``fields``. Pure.
+
+    Spark keeps each row twice (the key row and the row) as an UnsafeRow: an 8-byte
+    null bitmap, 8 bytes a field, and variable-width data (counted as 24 bytes, Spark's
+    20-byte default size rounded to a word); plus 16 bytes of hash-map entry.
+    """
+    row = 8 + 8 * len(fields) + sum(24 for f in fields if isinstance(f, _VARIABLE_WIDTH))
+    return rows * (2 * row + 16)
+
+
+def read_state(
+    spark: SparkSession,
+    log_table: LogTable,
+    snapshot: LogSnapshot,
+    key_columns: Sequence[str],
+    sequence_column: str | None = None,
+    *,
+    broadcast_max_bytes: int = TAIL_BROADCAST_MAX_BYTES,
+) -> DataFrame:
+    """One row per live key of ``snapshot``: key columns + ``value``, tombstones dropped.
+
+    Same rows, types and nullability as `latest_records` over the whole log followed
+    by dropping tombstones, whenever each key stays in one partition (see the module
+    docstring for keys that do not). The clean section is scanned once and never
+    shuffled while the tail's lookup tables stay under ``broadcast_max_bytes``;
+    above it Spark plans shuffled joins. Records below a log start offset are not
+    read (`LogTable.read`). Reads only; ``snapshot`` may be an older version.
+    """
+    keys = [*key_columns]
+    sections = split_at_cleaner_offset(
+        snapshot.segments, {p: snapshot.cleaner_offset(p) for p in snapshot.segments}
+    )
+    clean = log_table.read(spark, snapshot, sections.clean)
+    if not sections.dirty:
+        return _live(clean, keys)
+    dirty = log_table.read(spark, snapshot, sections.dirty)
+
+    types = {f.name: f.dataType for f in snapshot.spark_schema.fields}
+    key_types = [types[PARTITION], *(types[k] for k in keys)]
+    rows = sections.dirty_records
+    small_keys = broadcast_bytes(rows, [*key_types, types[OFFSET]]) <= broadcast_max_bytes
+    small_offsets = broadcast_bytes(rows, [types[PARTITION], types[OFFSET]]) <= broadcast_max_bytes
+
+    order = [sequence_column] if sequence_column and sequence_column not in (*keys, OFFSET) else []
+    tail = dirty.select(*dict.fromkeys([PARTITION, *keys, *order, OFFSET]))
+    if sequence_column and sections.clean:
+        # A clean record may carry a higher sequence than the tail's: it competes too.
+        tail_keys = _hint(tail.select(PARTITION, *keys).distinct(), small_keys)
+        rivals = clean.select(*tail.columns).join(tail_keys, [PARTITION, *keys], "left_semi")
+        tail = tail.unionByName(rivals)
+    winners = _latest_offsets(tail, keys, sequence_column)
+
+    live_tail = dirty.join(
+        _hint(winners.select(PARTITION, OFFSET), small_offsets), [PARTITION, OFFSET], "left_semi"
+    )
+    if not sections.clean:
+        return _live(live_tail, keys)
+    superseded = _hint(winners.withColumnRenamed(OFFSET, _WINNER), small_keys)
+    if sequence_column:
+        kept = clean.join(superseded, [PARTITION, *keys], "left_outer").filter(
+            F.col(_WINNER).isNull() | (F.col(OFFSET) == F.col(_WINNER))
+        )
+    else:
+        kept = clean.join(superseded.drop(_WINNER), [PARTITION, *keys], "left_anti")
+    return _live(kept.select(*keys, VALUE).unionByName(live_tail.select(*keys, VALUE)), keys)
+
+
+def _latest_offsets(
+    records: DataFrame, key_columns: Sequence[str], sequence_column: str | None
+) -> DataFrame:
+    """(partition, keys, offset) of each key's latest record, from narrow columns only.
+
+    Without a sequence this is ``max(offset)``, a hash aggregate on a long. Ties on
+    the sequence go to the higher offset, as in `latest_records`; an offset is
+    unique within a partition, so the winner is too.
+    """
+    group = [PARTITION, *key_columns]
+    if sequence_column is None:
+        return records.groupBy(*group).agg(F.max(OFFSET).alias(OFFSET))
+    order = F.struct(F.col(sequence_column), F.col(OFFSET))
+    latest = records.groupBy(*group).agg(F.max(order).alias(_ORDER))
+    return latest.select(*group, F.col(f"{_ORDER}.{OFFSET}").alias(OFFSET))
+
+
+def _hint(df: DataFrame, small: bool) -> DataFrame:
+    return F.broadcast(df) if small else df
+
+
+def _live(records: DataFrame, key_columns: Sequence[str]) -> DataFrame:
+    return records.select(*key_columns, VALUE).filter(F.col(VALUE).isNotNull())
