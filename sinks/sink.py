@@ -36,7 +36,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from checkpoints import CheckpointEntry, CleanerOffsetCheckpoint
 from sinks import retention
-from sinks.cleaner import Cleaner, drop_tombstones, latest_records
+from sinks.cleaner import Cleaner
 from sinks.cleaner_manager import CleanerManager
 from sinks.cleaner_stats import CleanerStats
 from sinks.config import CleanerConfig
@@ -56,10 +56,11 @@ from sinks.log_to_clean import (
     filthiest_first,
     log_to_clean,
 )
-from sinks.records import VALUE, check_schema, prepare_batch
+from sinks.records import check_schema, prepare_batch
 from sinks.recovery import RecoveryReport, recover_log, write_clean_shutdown_marker
 from sinks.retention import RetentionPlan
 from sinks.segment_writer import WrittenSegment
+from sinks.state_reader import read_state
 from sinks.storage import normalize_uri, sibling
 
 logger = logging.getLogger("compacted_sink")
@@ -521,12 +522,11 @@ class CompactedStateSink:
 
         ``as_of`` (a Delta version, or a timestamp) reads the log as it was then.
         """
-        keys = [*self.key_columns]
-        return (
-            self.log(as_of)
-            .transform(lambda d: latest_records(d, keys, self.sequence_column))
-            .transform(drop_tombstones)
-            .select(*keys, VALUE)
+        snapshot = self.log_table.snapshot(as_of)
+        if snapshot is None:
+            raise FileNotFoundError(f"no compacted log at {self.path}")
+        return read_state(
+            SparkSession.active(), self.log_table, snapshot, self.key_columns, self.sequence_column
         )
 
     def _refreshed(self, snapshot: LogSnapshot) -> LogSnapshot:

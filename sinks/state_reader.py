@@ -143,6 +143,13 @@ def read_state(
         rivals = clean.select(*tail.columns).join(tail_keys, [PARTITION, *keys], "left_semi")
         tail = tail.unionByName(rivals)
     winners = _latest_offsets(tail, keys, sequence_column)
+    if not sequence_column:
+        return _live(
+            _resolve_by_offset(
+                clean if sections.clean else None, dirty, winners, keys, small=small_keys
+            ),
+            keys,
+        )
 
     live_tail = dirty.join(
         _hint(winners.select(PARTITION, OFFSET), small_offsets), [PARTITION, OFFSET], "left_semi"
@@ -150,13 +157,44 @@ def read_state(
     if not sections.clean:
         return _live(live_tail, keys)
     superseded = _hint(winners.withColumnRenamed(OFFSET, _WINNER), small_keys)
-    if sequence_column:
-        kept = clean.join(superseded, [PARTITION, *keys], "left_outer").filter(
-            F.col(_WINNER).isNull() | (F.col(OFFSET) == F.col(_WINNER))
-        )
-    else:
-        kept = clean.join(superseded.drop(_WINNER), [PARTITION, *keys], "left_anti")
+    kept = clean.join(superseded, [PARTITION, *keys], "left_outer").filter(
+        F.col(_WINNER).isNull() | (F.col(OFFSET) == F.col(_WINNER))
+    )
     return _live(kept.select(*keys, VALUE).unionByName(live_tail.select(*keys, VALUE)), keys)
+
+
+def _resolve_by_offset(
+    clean: DataFrame | None,
+    dirty: DataFrame,
+    winners: DataFrame,
+    key_columns: Sequence[str],
+    *,
+    small: bool,
+) -> DataFrame:
+    """latest(dirty) ∪ (clean ▷ keys(dirty)) through ONE lookup table of the tail's winners.
+
+    Both joins are on (partition, keys) and both conditions read the winner's
+    offset, so the two sides are the same plan and Spark builds (scans, aggregates,
+    broadcasts) it once: the tail keeps the row at its key's winning offset, the
+    clean section drops every key the tail has (a dirty offset is always above a
+    clean one of its partition, so the condition holds for every tail key).
+    """
+    on = [PARTITION, *key_columns]
+    table = _hint(winners.withColumnRenamed(OFFSET, _WINNER), small).alias("w")
+    d, c = dirty.alias("d"), None if clean is None else clean.alias("c")
+    tail = d.join(
+        table,
+        [F.col(f"d.{k}") == F.col(f"w.{k}") for k in on] + [F.col(f"d.{OFFSET}") == F.col(_WINNER)],
+        "left_semi",
+    ).select(*[F.col(f"d.{k}") for k in key_columns], F.col(f"d.{VALUE}"))
+    if c is None:
+        return tail
+    kept = c.join(
+        table,
+        [F.col(f"c.{k}") == F.col(f"w.{k}") for k in on] + [F.col(f"c.{OFFSET}") < F.col(_WINNER)],
+        "left_anti",
+    ).select(*[F.col(f"c.{k}") for k in key_columns], F.col(f"c.{VALUE}"))
+    return kept.unionByName(tail)
 
 
 def _latest_offsets(
