@@ -1,0 +1,225 @@
+"""The narrow pass: survivors from (partition, key, sequence, offset), kept rows never shuffled.
+
+Each pass here is checked against the reference rule it replaced: the latest
+record per key by a whole-row ``max_by``, then KIP-534's tombstone rules.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from chispa import assert_df_equality
+
+from sinks import CleanerConfig, CompactedStateSink
+from sinks.cleaner import (
+    drop_expired_tombstones,
+    latest_records,
+    retain_latest,
+    stamp_delete_horizon,
+)
+from sinks.log_to_clean import group_segments_by_size, segments_to_clean
+from sinks.records import OFFSET, PARTITION, VALUE
+
+RETENTION = 1_000
+SCHEMA = "k1 string, k2 int, value string, seq long, partition int"
+KEYS = ("k1", "k2")
+
+
+# -- the pass against the reference rule ---------------------------------------------------
+
+
+def reference(df, *, pass_start_ms, sequence_column="seq"):
+    """The rule the narrow pass replaced: whole-row max_by per key, then KIP-534."""
+    latest = latest_records(df, [PARTITION, *KEYS], sequence_column)
+    kept = drop_expired_tombstones(latest, pass_start_ms=pass_start_ms)
+    return stamp_delete_horizon(
+        kept, pass_start_ms=pass_start_ms, delete_retention_ms=RETENTION
+    ).select(*df.columns)
+
+
+class Clock:
+    def __init__(self, now: int) -> None:
+        self.now = now
+
+    def __call__(self) -> int:
+        return self.now
+
+
+def open_log(path: str, clock: Clock) -> CompactedStateSink:
+    config = CleanerConfig(min_cleanable_dirty_ratio=1.0, delete_retention_ms=RETENTION)
+    return CompactedStateSink(
+        path, key_columns=KEYS, sequence_column="seq", config=config, clock=clock
+    )
+
+
+@pytest.fixture(scope="module")
+def template(spark, tmp_path_factory):
+    """Three partitions, composite keys, out-of-order sequences, stamped tombstones.
+
+    Built once; each test cleans its own copy. Returns (lake directory, clock time).
+    """
+    lake = tmp_path_factory.mktemp("narrow-pass")
+    clock = Clock(1_700_000_000_000)
+    sink = open_log(str(lake / "log"), clock)
+
+    def append(rows, batch_id):
+        sink(spark.createDataFrame(rows, SCHEMA).coalesce(1), batch_id)
+
+    append([(f"k{i % 7}", i % 3, f"v{i}", i % 5, i % 3) for i in range(60)], 0)
+    append(
+        [
+            ("k1", 1, None, 9, 1),  # tombstone, newest by sequence: it wins
+            ("k2", 2, None, 0, 2),  # tombstone, older by sequence: the value wins
+            ("k3", 0, None, 4, 0),  # tombstone, tie on sequence: the later offset wins
+            ("k4", 1, "late", 1, 1),  # arrives later with a lower sequence: loses
+            ("k5", 2, None, 7, 2),
+        ],
+        1,
+    )
+    sink.clean(force=True)  # stamps the tombstones with clock.now + RETENTION
+    append(
+        [
+            ("k5", 2, "back", 8, 2),  # supersedes a stamped tombstone
+            ("k6", 0, None, 9, 0),  # a new tombstone: stamped by the next pass
+            ("k0", 0, "x", 9, 0),
+            ("k0", 0, "y", 9, 0),  # same sequence, later offset: wins
+        ],
+        2,
+    )
+    append([(f"k{i % 4}", i % 2, f"w{i}", 3, i % 3) for i in range(20)], 3)
+    sink.delete_records(1, 12)  # a log start offset inside partition 1
+    # The stamped horizons lie in the past for the pass under test (an append now
+    # would clean them away at once: an expired tombstone makes a partition cleanable).
+    return lake, clock.now + 2 * RETENTION
+
+
+@pytest.fixture
+def log_copy(template, tmp_path):
+    """A fresh copy of the template log, and the clock it was left at."""
+    lake, now = template
+    shutil.copytree(lake, tmp_path / "lake")
+    clock = Clock(now)
+    return open_log(str(tmp_path / "lake" / "log"), clock), clock
+
+
+@pytest.mark.parametrize("broadcast_max_records", [10**9, 0], ids=["broadcast", "shuffled"])
+def test_pass_equals_the_reference_rule(spark, log_copy, broadcast_max_records):
+    sink, clock = log_copy
+    sink.cleaner.broadcast_max_records = broadcast_max_records
+    before = sink.log()
+    expected = spark.createDataFrame(
+        reference(before, pass_start_ms=clock.now).collect(), before.schema
+    )
+    assert expected.filter(
+        f"{VALUE} is null and delete_horizon_ms = {clock.now + RETENTION}"
+    ).count()
+    expired = f"{VALUE} is null and delete_horizon_ms < {clock.now}"
+    assert before.filter(expired).count() >= 1 and expected.filter(expired).count() == 0
+    log_ends = sink.log_table.snapshot().log_end_offsets()
+
+    stats = sink.clean(force=True)
+
+    assert stats.end_offsets == log_ends
+    assert_df_equality(sink.log(), expected, ignore_row_order=True, ignore_nullable=True)
+    assert stats.records_written == expected.count()
+    for p, segments in sink.log_table.snapshot().segments.items():
+        for a, b in zip(segments, segments[1:], strict=False):
+            assert a.last_offset < b.base_offset, f"partition {p}: files overlap"
+
+
+def test_retain_latest_keeps_its_meaning(spark, log_copy):
+    sink, clock = log_copy
+    log = sink.log()
+    kept = retain_latest(
+        log,
+        key_columns=KEYS,
+        sequence_column="seq",
+        pass_start_ms=clock.now,
+        delete_retention_ms=RETENTION,
+    )
+    assert_df_equality(
+        kept, reference(log, pass_start_ms=clock.now), ignore_row_order=True, ignore_nullable=True
+    )
+
+
+def test_pass_without_sequence_column_equals_the_reference_rule(spark, lake, clock):
+    schema = "key string, value string, partition int"
+    config = CleanerConfig(min_cleanable_dirty_ratio=1.0, delete_retention_ms=RETENTION)
+    sink = CompactedStateSink(str(lake / "log"), config=config, clock=clock)
+    for b in range(4):
+        rows = [
+            (f"k{(i * (b + 1)) % 11}", None if i % 9 == 0 else f"v{b}-{i}", i % 2)
+            for i in range(30)
+        ]
+        sink(spark.createDataFrame(rows, schema).coalesce(1), b)
+    before = sink.log()
+    latest = latest_records(before, [PARTITION, "key"])
+    expected = stamp_delete_horizon(
+        drop_expired_tombstones(latest, pass_start_ms=clock.now),
+        pass_start_ms=clock.now,
+        delete_retention_ms=RETENTION,
+    ).select(*before.columns)
+    expected = spark.createDataFrame(expected.collect(), before.schema)
+    sink.clean(force=True)
+    assert_df_equality(sink.log(), expected, ignore_row_order=True, ignore_nullable=True)
+
+
+# -- the plan: values never cross a shuffle ------------------------------------------------
+
+
+def shuffles(df) -> list[tuple[str, set[str]]]:
+    """(node name, output column names) of every exchange in ``df``'s physical plan."""
+    found = []
+
+    def walk(node):
+        name = node.nodeName()
+        if name == "AdaptiveSparkPlan":
+            return walk(node.executedPlan())
+        if name.endswith("QueryStage"):  # adaptive execution's stages are leaves
+            return walk(node.plan())
+        if "Exchange" in name:
+            output = node.output()
+            found.append((name, {output.apply(i).name() for i in range(output.size())}))
+        children = node.children()
+        for i in range(children.size()):
+            walk(children.apply(i))
+
+    walk(df._jdf.queryExecution().executedPlan())
+    return found
+
+
+def pass_plan(sink, spark, clock):
+    snapshot = sink.log_table.snapshot()
+    logs = sink.logs_to_clean(snapshot)
+    per_log = [
+        segments_to_clean(snapshot.segments[log.partition], log.first_uncleanable_offset)
+        for log in logs
+    ]
+    inputs = [s for segments in per_log for s in segments]
+    groups = [g for segments in per_log for g in group_segments_by_size(segments, 20_000)]
+    assert len(groups) > 1
+    return sink.cleaner.retained(spark, snapshot, inputs, groups, pass_start_ms=clock.now)
+
+
+def test_kept_rows_are_never_shuffled(spark, log_copy):
+    sink, clock = log_copy
+    retained = pass_plan(sink, spark, clock)
+    narrow = {PARTITION, OFFSET, "k1", "k2", "seq"}
+    wide = set(sink.log().columns) - narrow  # value, timestamp, delete_horizon_ms
+    for executed in (False, True):  # the plan as planned, and as adaptive execution left it
+        exchanges = shuffles(retained)
+        assert "BroadcastExchange" in {name for name, _ in exchanges}
+        moved = [(name, cols & wide) for name, cols in exchanges if cols & wide]
+        assert moved == [], f"kept rows cross an exchange (executed={executed}): {moved}"
+        retained.collect()
+    # one survivor set for every run: its exchange is built once and reused
+    assert "ReusedExchange" in {name for name, _ in shuffles(retained)}
+
+
+def test_above_the_broadcast_bound_the_semi_join_is_shuffled(spark, log_copy):
+    sink, clock = log_copy
+    sink.cleaner.broadcast_max_records = 0
+    exchanges = shuffles(pass_plan(sink, spark, clock))
+    assert "BroadcastExchange" not in {name for name, _ in exchanges}
+    assert any(VALUE in cols for _, cols in exchanges)  # the check above can see values move
