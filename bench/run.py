@@ -42,7 +42,7 @@ ALL = (
     Workload(name="1e5-zipf", keys=100_000, batches=50, records_per_batch=5_000, skew="zipf"),
     Workload(name="1e5-uniform", keys=100_000, batches=50, records_per_batch=5_000),
 )
-FULL = ALL[:3]
+FULL = ALL
 QUICK = (
     Workload(name="1e5-uniform", keys=100_000, batches=6, records_per_batch=10_000),
     Workload(name="1e6-zipf", keys=1_000_000, batches=6, records_per_batch=20_000, skew="zipf"),
