@@ -32,10 +32,10 @@ from bench.session import bench_session
 from bench.systems import SYSTEMS, checksum, make_system
 from bench.workload import Workload, generate
 
-# Every system pays ~1.5-3 s of fixed Spark/Delta cost per batch on 2 cores, so the
-# full 4 x 4 matrix at 50 batches takes about 35 min; the default run keeps three
-# workloads (both key counts, both skews) and stays near 20 min. The goals' workload
-# runs first and the cleaner right after it. ``--workloads`` picks any of ALL.
+# The full run is every workload (both key counts, both skews) on every system: 12
+# min on an idle 2-core machine, where each system pays ~0.3-0.5 s of fixed Spark
+# cost a batch. The goals' workload runs first and the cleaner right after it.
+# ``--workloads`` picks any of ALL.
 ALL = (
     Workload(name="1e6-uniform", keys=1_000_000, batches=50, records_per_batch=30_000),
     Workload(name="1e6-zipf", keys=1_000_000, batches=50, records_per_batch=30_000, skew="zipf"),
