@@ -131,70 +131,50 @@ def read_state(
 
     types = {f.name: f.dataType for f in snapshot.spark_schema.fields}
     key_types = [types[PARTITION], *(types[k] for k in keys)]
-    rows = sections.dirty_records
-    small_keys = broadcast_bytes(rows, [*key_types, types[OFFSET]]) <= broadcast_max_bytes
-    small_offsets = broadcast_bytes(rows, [types[PARTITION], types[OFFSET]]) <= broadcast_max_bytes
+    small = broadcast_bytes(sections.dirty_records, [*key_types, types[OFFSET]])
+    small = small <= broadcast_max_bytes
 
     order = [sequence_column] if sequence_column and sequence_column not in (*keys, OFFSET) else []
     tail = dirty.select(*dict.fromkeys([PARTITION, *keys, *order, OFFSET]))
     if sequence_column and sections.clean:
         # A clean record may carry a higher sequence than the tail's: it competes too.
-        tail_keys = _hint(tail.select(PARTITION, *keys).distinct(), small_keys)
+        tail_keys = _hint(tail.select(PARTITION, *keys).distinct(), small)
         rivals = clean.select(*tail.columns).join(tail_keys, [PARTITION, *keys], "left_semi")
         tail = tail.unionByName(rivals)
     winners = _latest_offsets(tail, keys, sequence_column)
-    if not sequence_column:
-        return _live(
-            _resolve_by_offset(
-                clean if sections.clean else None, dirty, winners, keys, small=small_keys
-            ),
-            keys,
-        )
-
-    live_tail = dirty.join(
-        _hint(winners.select(PARTITION, OFFSET), small_offsets), [PARTITION, OFFSET], "left_semi"
+    return _live(
+        _keep_winners(clean if sections.clean else None, dirty, winners, keys, small), keys
     )
-    if not sections.clean:
-        return _live(live_tail, keys)
-    superseded = _hint(winners.withColumnRenamed(OFFSET, _WINNER), small_keys)
-    kept = clean.join(superseded, [PARTITION, *keys], "left_outer").filter(
-        F.col(_WINNER).isNull() | (F.col(OFFSET) == F.col(_WINNER))
-    )
-    return _live(kept.select(*keys, VALUE).unionByName(live_tail.select(*keys, VALUE)), keys)
 
 
-def _resolve_by_offset(
+def _keep_winners(
     clean: DataFrame | None,
     dirty: DataFrame,
     winners: DataFrame,
     key_columns: Sequence[str],
-    *,
     small: bool,
 ) -> DataFrame:
-    """latest(dirty) ∪ (clean ▷ keys(dirty)) through ONE lookup table of the tail's winners.
+    """The tail's rows at their key's winning offset, and the clean rows no tail key beats.
 
-    Both joins are on (partition, keys) and both conditions read the winner's
-    offset, so the two sides are the same plan and Spark builds (scans, aggregates,
-    broadcasts) it once: the tail keeps the row at its key's winning offset, the
-    clean section drops every key the tail has (a dirty offset is always above a
-    clean one of its partition, so the condition holds for every tail key).
+    One lookup table of (partition, keys, winning offset) serves both joins, both on
+    (partition, keys) with a condition on the winner's offset, so Spark scans and
+    shuffles the tail's narrow columns once for the two (it reuses the exchange).
+    A clean row is dropped when its key has a winner at another offset: without a
+    sequence every tail key's winner lies in the tail, above every clean offset of
+    its partition; with one, the winner may be the clean row itself, which stays.
     """
     on = [PARTITION, *key_columns]
     table = _hint(winners.withColumnRenamed(OFFSET, _WINNER), small).alias("w")
-    d, c = dirty.alias("d"), None if clean is None else clean.alias("c")
-    tail = d.join(
-        table,
-        [F.col(f"d.{k}") == F.col(f"w.{k}") for k in on] + [F.col(f"d.{OFFSET}") == F.col(_WINNER)],
-        "left_semi",
-    ).select(*[F.col(f"d.{k}") for k in key_columns], F.col(f"d.{VALUE}"))
-    if c is None:
-        return tail
-    kept = c.join(
-        table,
-        [F.col(f"c.{k}") == F.col(f"w.{k}") for k in on] + [F.col(f"c.{OFFSET}") < F.col(_WINNER)],
-        "left_anti",
-    ).select(*[F.col(f"c.{k}") for k in key_columns], F.col(f"c.{VALUE}"))
-    return kept.unionByName(tail)
+
+    def join(records: DataFrame, alias: str, keep_winner: bool, how: str) -> DataFrame:
+        offset = F.col(f"{alias}.{OFFSET}")
+        condition = offset == F.col(_WINNER) if keep_winner else offset != F.col(_WINNER)
+        matched = [F.col(f"{alias}.{k}") == F.col(f"w.{k}") for k in on] + [condition]
+        kept = records.alias(alias).join(table, matched, how)
+        return kept.select(*[F.col(f"{alias}.{k}") for k in key_columns], F.col(f"{alias}.{VALUE}"))
+
+    tail = join(dirty, "d", True, "left_semi")
+    return tail if clean is None else join(clean, "c", False, "left_anti").unionByName(tail)
 
 
 def _latest_offsets(
