@@ -30,6 +30,7 @@ from dataclasses import replace
 from deltalake.exceptions import CommitFailedError
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from sinks.cleaner_stats import CleanerStats
 from sinks.crash_points import CLEAN_BEFORE_COMMIT, crash_point
@@ -207,7 +208,9 @@ class Cleaner:
                 self.retained(spark, snapshot, inputs, groups, pass_start_ms=pass_start_ms),
                 table_uri=self.log.uri,
                 schema=snapshot.arrow_schema,
-                stats_columns=stats_columns(snapshot, self.key_columns, self.sequence_column),
+                stats_columns=stats_columns(
+                    snapshot.spark_schema, self.key_columns, self.sequence_column
+                ),
                 max_file_bytes=self.segment_bytes,
                 group_column=_GROUP,
                 storage_options=self.log.storage_options,
@@ -313,13 +316,13 @@ def group_size(input_bytes: int, *, segment_bytes: int, parallelism: int) -> int
 
 
 def stats_columns(
-    snapshot: LogSnapshot, key_columns: Sequence[str], sequence_column: str | None
+    schema: StructType, key_columns: Sequence[str], sequence_column: str | None
 ) -> list[str]:
-    """The columns whose min/max/null counts go into each file's Delta statistics."""
+    """The columns of the log's ``schema`` whose min/max/null counts go into each file's stats."""
     names = [*key_columns, PARTITION, OFFSET, "timestamp", DELETE_HORIZON_MS]
     if sequence_column:
         names.append(sequence_column)
-    present = set(snapshot.spark_schema.names)
+    present = set(schema.names)
     return [n for n in dict.fromkeys(names) if n in present]
 
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import cached_property
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -322,13 +321,15 @@ class LogAppender:
         end_offsets: Mapping[int, int],
         has_offsets: bool,
     ) -> AppendTask:
-        layout = snapshot if snapshot is not None else _NewLog(schema)
+        # The log's own schema once it exists (a batch may order its payload columns
+        # differently); a first batch's own columns, which will create the log.
+        log_schema = snapshot.spark_schema if snapshot is not None else schema
         return AppendTask(
             writer=SegmentWriterTask(
                 table_uri=self.log.uri,
-                schema=layout.arrow_schema,
+                schema=log_arrow_schema(log_schema),
                 stats_columns=tuple(
-                    stats_columns(layout, self.key_columns, self.sequence_column)  # type: ignore[arg-type]
+                    stats_columns(log_schema, self.key_columns, self.sequence_column)
                 ),
                 max_file_bytes=self.config.segment_bytes,
                 group_column=None,
@@ -344,17 +345,6 @@ class LogAppender:
         snapshot = self.log.snapshot()
         assert snapshot is not None
         return snapshot
-
-
-@dataclass(frozen=True)
-class _NewLog:
-    """The schemas of the log a first batch will create (what a writer needs of a snapshot)."""
-
-    spark_schema: T.StructType
-
-    @cached_property
-    def arrow_schema(self) -> pa.Schema:
-        return log_arrow_schema(self.spark_schema)
 
 
 def _moved(
