@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from sinks.log_table import LogTable
+from sinks.log.log_table import LogTable
 
 
 def pass_recopy(log: LogTable, pass_version: int, first_dirty: dict, end: dict) -> dict[str, Any]:

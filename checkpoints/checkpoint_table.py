@@ -4,7 +4,7 @@ One row per (log, partition): the first dirty offset (where the last pass ended)
 the cleaner's state for that partition, and the last pass's figures. Many logs
 share one table. Rows are upserted with a Delta MERGE, so a reader sees either
 the old row or the new one. The log itself also records each pass's end offset
-(see `sinks.log_table`), so a crash between a pass's commit and its checkpoint
+(see `sinks.log.log_table`), so a crash between a pass's commit and its checkpoint
 row is repaired by rolling the checkpoint forward from the log.
 """
 

@@ -1,6 +1,6 @@
 """The compacted-state sink: Kafka's log compaction for Delta Lake tables on Spark."""
 
-from sinks.cleaner_stats import CleanerStats
+from sinks.cleaner.cleaner_stats import CleanerStats
 from sinks.config import CleanerConfig
 from sinks.errors import (
     BadInputError,

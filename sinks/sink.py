@@ -1,7 +1,7 @@
 """`CompactedStateSink`: the foreachBatch hook and the front object over one compacted log.
 
 The hook orchestrates one log's life: the append (Kafka's partition leader,
-`sinks.log_append`: validate, assign offsets, write, commit, in one Spark job),
+`sinks.log.log_append`: validate, assign offsets, write, commit, in one Spark job),
 then the role of `LogCleanerManager` for this log (measure dirtiness, pick the
 filthiest partitions, clean them, checkpoint where cleaning ended), and reading
 the log and its state back. Appends go to the dirty end of the log; when a
@@ -16,12 +16,12 @@ query's checkpoint), and a query started from a fresh checkpoint, whose batch id
 restart at 0, is not mistaken for the old one.
 
 Reliability (SPEC rules 10-12): the first append, pass or ``delete_records`` of a
-sink object recovers the log (`sinks.recovery`); passes claim their partitions
-in the checkpoint table (`sinks.cleaner_manager`), so paused and uncleanable
+sink object recovers the log (`sinks.maintenance.recovery`); passes claim their partitions
+in the checkpoint table (`sinks.cleaner.cleaner_manager`), so paused and uncleanable
 partitions are skipped; with ``cleanup.policy`` containing ``delete`` each
-append and each ``clean()`` applies retention (`sinks.retention`); with a
+append and each ``clean()`` applies retention (`sinks.maintenance.retention`); with a
 ``dead_letter_table`` bad rows are quarantined before the append
-(`sinks.dead_letter`). `sinks.crash_points` marks where the crash tests kill it.
+(`sinks.log.dead_letter`). `sinks.crash_points` marks where the crash tests kill it.
 """
 
 from __future__ import annotations
@@ -35,33 +35,33 @@ from deltalake.exceptions import CommitFailedError
 from pyspark.sql import DataFrame, SparkSession
 
 from checkpoints import CheckpointEntry, CleanerOffsetCheckpoint
-from sinks import retention
-from sinks.cleaner import Cleaner
-from sinks.cleaner_manager import CleanerManager
-from sinks.cleaner_stats import CleanerStats
-from sinks.config import CleanerConfig
-from sinks.crash_points import (
-    CLEAN_BEFORE_CHECKPOINT,
-    DEAD_LETTER_BEFORE_APPEND,
-    crash_point,
-)
-from sinks.dead_letter import DECODE_ERROR, DeadLetterTable, as_dead_letters, split_batch
-from sinks.errors import CleanerError, CommitConflictError, SchemaMismatchError
-from sinks.log_append import AppendReport, LogAppender, committed
-from sinks.log_table import AsOf, LogSnapshot, LogTable, now_ms
-from sinks.log_to_clean import (
+from sinks.cleaner.cleaner import Cleaner
+from sinks.cleaner.cleaner_manager import CleanerManager
+from sinks.cleaner.cleaner_stats import CleanerStats
+from sinks.cleaner.log_to_clean import (
     LogToClean,
     cleanable_offsets,
     dirty_ratio,
     filthiest_first,
     log_to_clean,
 )
-from sinks.records import check_schema, prepare_batch
-from sinks.recovery import RecoveryReport, recover_log, write_clean_shutdown_marker
-from sinks.retention import RetentionPlan
-from sinks.segment_writer import WrittenSegment
-from sinks.state_reader import read_state
-from sinks.storage import normalize_uri, sibling
+from sinks.config import CleanerConfig
+from sinks.crash_points import (
+    CLEAN_BEFORE_CHECKPOINT,
+    DEAD_LETTER_BEFORE_APPEND,
+    crash_point,
+)
+from sinks.errors import CleanerError, CommitConflictError, SchemaMismatchError
+from sinks.log.dead_letter import DECODE_ERROR, DeadLetterTable, as_dead_letters, split_batch
+from sinks.log.log_append import AppendReport, LogAppender, committed
+from sinks.log.log_table import AsOf, LogSnapshot, LogTable, now_ms
+from sinks.log.records import check_schema, prepare_batch
+from sinks.log.segment_writer import WrittenSegment
+from sinks.log.storage import normalize_uri, sibling
+from sinks.maintenance import retention
+from sinks.maintenance.recovery import RecoveryReport, recover_log, write_clean_shutdown_marker
+from sinks.maintenance.retention import RetentionPlan
+from sinks.reading.state_reader import read_state
 
 logger = logging.getLogger("compacted_sink")
 
@@ -143,7 +143,7 @@ class CompactedStateSink:
         Idempotent per (app id, batch id): a batch already committed writes nothing.
         Bad input raises `BadInputError` (null keys, wrong schema, repeated or null
         Kafka offsets, oversized values, undecodable payloads) and commits nothing;
-        see `sinks.log_append` for how the append itself runs.
+        see `sinks.log.log_append` for how the append itself runs.
         """
         started = time.monotonic()
         app_id = self._app_id(batch_df.sparkSession)
@@ -386,7 +386,7 @@ class CompactedStateSink:
     # -- recovery, retention, cleaner states --------------------------------------------
 
     def recover(self) -> RecoveryReport:
-        """Recover the log now (see `sinks.recovery`): orphans, checkpoint, offsets.
+        """Recover the log now (see `sinks.maintenance.recovery`): orphans, checkpoint, offsets.
 
         Runs by itself once per sink object, before its first append, pass or
         ``delete_records``. Idempotent. Raises `LogCorruptedError` when offsets are

@@ -18,8 +18,8 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from sinks import CleanerStats, CompactedSinkError
-from sinks.log_table import now_ms
-from sinks.log_to_clean import LogToClean
+from sinks.cleaner.log_to_clean import LogToClean
+from sinks.log.log_table import now_ms
 from streaming.registry import LogRef
 
 DEFAULT_BACKOFF_MS = 15_000  # Kafka's log.cleaner.backoff.ms

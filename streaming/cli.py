@@ -201,8 +201,8 @@ def _as_of(text: str | None):
 
 
 def _export(args: argparse.Namespace) -> int:
-    from sinks.replay import export_state, verify_export
-    from sinks.storage import normalize_uri
+    from sinks.log.storage import normalize_uri
+    from sinks.reading.replay import export_state, verify_export
     from streaming.progress import spark_progress
     from streaming.registry import discover_logs
 
@@ -228,8 +228,8 @@ def _export(args: argparse.Namespace) -> int:
 
 def _replay(args: argparse.Namespace) -> int:
     from sinks import CompactedStateSink
-    from sinks.replay import read_export, read_manifest, restore
-    from sinks.storage import normalize_uri
+    from sinks.log.storage import normalize_uri
+    from sinks.reading.replay import read_export, read_manifest, restore
     from streaming.progress import spark_progress
     from streaming.registry import infer_log
 

@@ -10,7 +10,7 @@ writes the log's segment files and commits them with the core's append
 
 Spark runs a Python data source's ``commit`` in a Python worker process that has
 no SparkSession, so this path does not call the Spark hook: it runs the core's
-append task (`sinks.log_append`, the same checks and numbering as the hook's)
+append task (`sinks.log.log_append`, the same checks and numbering as the hook's)
 over Arrow, on the driver. Two consequences, by design:
 
 - it suits micro-batches that fit in the driver's memory; the ``foreachBatch``
@@ -39,9 +39,9 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, Writ
 
 from sinks import CleanerConfig, CompactedStateSink
 from sinks.errors import ConfigError
-from sinks.log_append import committed
-from sinks.log_table import log_arrow_schema
-from sinks.records import (
+from sinks.log.log_append import committed
+from sinks.log.log_table import log_arrow_schema
+from sinks.log.records import (
     DELETE_HORIZON_MS,
     METADATA_COLUMNS,
     OFFSET,
@@ -50,7 +50,7 @@ from sinks.records import (
     VALUE,
     check_schema,
 )
-from sinks.storage import arrow_filesystem, delete_files, join, normalize_uri
+from sinks.log.storage import arrow_filesystem, delete_files, join, normalize_uri
 
 FORMAT = "compacted-state"
 STAGING = "_staging"

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from checkpoints import CleanerOffsetCheckpoint
 from sinks import CleanerConfig, CompactedStateSink
 from sinks.errors import ConfigError
-from sinks.log_table import LogTable
-from sinks.records import VALUE
-from sinks.storage import normalize_uri
+from sinks.log.log_table import LogTable
+from sinks.log.records import VALUE
+from sinks.log.storage import normalize_uri
 from streaming.job import LogSpec, load_job
 
 

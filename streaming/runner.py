@@ -18,7 +18,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from sinks import CompactedStateSink
-from sinks.storage import join, sibling
+from sinks.log.storage import join, sibling
 from streaming.job import JobConfig
 from streaming.kafka import TopicRouter, kafka_shaped_files, kafka_stream
 from streaming.progress import ProgressHook, stderr_line

@@ -22,9 +22,9 @@ from datetime import UTC, datetime
 from deltalake import DeltaTable
 
 from sinks import CleanerConfig, CompactedStateSink
-from sinks.cleaner_stats import format_bytes
-from sinks.log_table import COMMIT_INFO_KEY, LogSnapshot, now_ms
-from sinks.log_to_clean import LogToClean, cleanable_offsets, dirty_ratio, log_to_clean
+from sinks.cleaner.cleaner_stats import format_bytes
+from sinks.cleaner.log_to_clean import LogToClean, cleanable_offsets, dirty_ratio, log_to_clean
+from sinks.log.log_table import COMMIT_INFO_KEY, LogSnapshot, now_ms
 
 
 @dataclass(frozen=True)

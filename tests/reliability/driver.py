@@ -45,8 +45,8 @@ def main(scenario: str, lake: str) -> None:
     path = os.path.join(lake, LOG)
     if scenario == "recovery":
         # No Spark: recovery reads the Delta log and Parquet footers only.
-        from sinks.log_table import LogTable
-        from sinks.recovery import recover_log
+        from sinks.log.log_table import LogTable
+        from sinks.maintenance.recovery import recover_log
         from sinks.sink import CompactedStateSink
 
         sink = CompactedStateSink(path)

@@ -6,8 +6,8 @@ from collections.abc import Iterable
 
 from deltalake import DeltaTable
 
-from sinks.log_table import LogTable
-from sinks.recovery import list_data_files, referenced_paths
+from sinks.log.log_table import LogTable
+from sinks.maintenance.recovery import list_data_files, referenced_paths
 
 
 class Oracle:

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from checkpoints import CheckpointEntry, CleanerOffsetCheckpoint
-from sinks.cleaner_manager import (
+from sinks.cleaner.cleaner_manager import (
     IDLE,
     IN_PROGRESS,
     PAUSED,

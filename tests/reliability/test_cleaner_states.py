@@ -8,7 +8,7 @@ import pytest
 from reliability_support import batch_frame, replay, state_of
 
 from sinks import CleanerConfig, CleanerError, CompactedStateSink
-from sinks.cleaner_manager import BACKOFF_BASE_MS
+from sinks.cleaner.cleaner_manager import BACKOFF_BASE_MS
 
 
 def rows_by_partition(sink):

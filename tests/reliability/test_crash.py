@@ -37,7 +37,7 @@ from sinks.crash_points import (
     DEAD_LETTER_BEFORE_APPEND,
     RECOVERY_AFTER_ORPHAN_DELETED,
 )
-from sinks.dead_letter import DeadLetterTable
+from sinks.log.dead_letter import DeadLetterTable
 
 pytestmark = pytest.mark.crash
 

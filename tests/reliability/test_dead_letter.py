@@ -7,7 +7,7 @@ from pyspark.sql import functions as F
 from reliability_support import state_of
 
 from sinks import BadInputError, CleanerConfig, CompactedStateSink, SchemaMismatchError
-from sinks.dead_letter import DECODE_ERROR, DeadLetterTable
+from sinks.log.dead_letter import DECODE_ERROR, DeadLetterTable
 
 CONFIG = CleanerConfig(min_cleanable_dirty_ratio=1.0, message_max_bytes=16)
 SCHEMA = "key string, value string, _decode_error string"

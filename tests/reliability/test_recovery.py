@@ -14,9 +14,9 @@ from reliability_support import kv_frame, state_of, unreferenced_files
 
 from checkpoints import CheckpointEntry, CleanerOffsetCheckpoint
 from sinks import CleanerConfig, CompactedStateSink, LogCorruptedError
-from sinks.log_table import LogTable
-from sinks.log_to_clean import Segment
-from sinks.recovery import (
+from sinks.log.log_table import LogTable
+from sinks.log.segment import Segment
+from sinks.maintenance.recovery import (
     CLEAN_SHUTDOWN_MARKER,
     DataFile,
     find_orphans,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from sinks import OffsetOutOfRangeError
-from sinks.log_to_clean import Segment
-from sinks.retention import plan_delete_records, plan_retention
+from sinks.log.segment import Segment
+from sinks.maintenance.retention import plan_delete_records, plan_retention
 
 NOW = 1_000_000
 

@@ -15,9 +15,9 @@ import pytest
 from pyspark.sql import types as T
 
 from sinks import BadInputError, CleanerConfig, CompactedStateSink
-from sinks.log_append import LogAppender
-from sinks.log_table import LogTable
-from sinks.records import OffsetAssigner, PartitionCounts, RecordValidator
+from sinks.log.log_append import LogAppender
+from sinks.log.log_table import LogTable
+from sinks.log.records import OffsetAssigner, PartitionCounts, RecordValidator
 
 NO_CLEAN = CleanerConfig(min_cleanable_dirty_ratio=1.0)
 KAFKA = "key string, value string, partition int, offset long"

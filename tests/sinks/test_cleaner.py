@@ -10,7 +10,7 @@ from pyspark.sql import functions as F
 
 from checkpoints import CleanerOffsetCheckpoint
 from sinks import CleanerConfig, CompactedStateSink
-from sinks.log_table import CLEANER_OFFSET_TXN
+from sinks.log.log_table import CLEANER_OFFSET_TXN
 
 NO_CLEAN = CleanerConfig(min_cleanable_dirty_ratio=1.0)
 KV = "key string, value string"
@@ -227,7 +227,7 @@ def test_dirty_offset_reset_when_checkpoint_lies_above_the_log_end(spark, lake, 
 def test_dirty_offset_reset_when_checkpoint_lies_below_the_log_start(spark, lake, clock):
     """A checkpoint below the log start offset (moved by retention) restarts at the start."""
     from checkpoints import CheckpointEntry
-    from sinks.log_table import LOG_START_OFFSET_TXN
+    from sinks.log.log_table import LOG_START_OFFSET_TXN
 
     sink = CompactedStateSink(str(lake / "log"), config=NO_CLEAN, clock=clock)
     sink(batch(spark, [("a", "1"), ("b", "1"), ("a", "2"), ("c", "1")]), 0)

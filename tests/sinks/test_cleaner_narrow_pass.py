@@ -12,14 +12,14 @@ import pytest
 from chispa import assert_df_equality
 
 from sinks import CleanerConfig, CompactedStateSink
-from sinks.cleaner import (
+from sinks.cleaner.cleaner import (
     drop_expired_tombstones,
     latest_records,
     retain_latest,
     stamp_delete_horizon,
 )
-from sinks.log_to_clean import group_segments_by_size, segments_to_clean
-from sinks.records import OFFSET, PARTITION, VALUE
+from sinks.cleaner.log_to_clean import group_segments_by_size, segments_to_clean
+from sinks.log.records import OFFSET, PARTITION, VALUE
 
 RETENTION = 1_000
 SCHEMA = "k1 string, k2 int, value string, seq long, partition int"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sinks.log_to_clean import (
+from sinks.cleaner.log_to_clean import (
     LogToClean,
     Segment,
     cleanable_offsets,

@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 from pyspark.sql import types as T
 
 from sinks import CleanerConfig, CompactedStateSink
-from sinks.cleaner import drop_tombstones, latest_records
-from sinks.log_to_clean import Segment
-from sinks.state_reader import (
+from sinks.cleaner.cleaner import drop_tombstones, latest_records
+from sinks.log.segment import Segment
+from sinks.reading.state_reader import (
     LogSections,
     broadcast_bytes,
     read_state,

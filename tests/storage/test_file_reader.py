@@ -7,7 +7,7 @@ import pyarrow.parquet as pq
 from chispa import assert_df_equality
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from sinks.file_reader import read_files
+from sinks.log.file_reader import read_files
 
 SCHEMA = StructType(
     [

@@ -28,10 +28,10 @@ from pyspark.sql.types import (
 )
 
 from sinks import CleanerConfig, CompactedStateSink
-from sinks.file_reader import ParquetReaderTask, read_files
-from sinks.log_table import LogTable, log_arrow_schema
-from sinks.segment_writer import SegmentWriterTask, WrittenSegment
-from sinks.storage import arrow_filesystem, delta_storage_options
+from sinks.log.file_reader import ParquetReaderTask, read_files
+from sinks.log.log_table import LogTable, log_arrow_schema
+from sinks.log.segment_writer import SegmentWriterTask, WrittenSegment
+from sinks.log.storage import arrow_filesystem, delta_storage_options
 
 moto_server = pytest.importorskip("moto.server", reason="moto[server] is not installed")
 

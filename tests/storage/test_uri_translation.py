@@ -8,7 +8,7 @@ import pyarrow.fs as pafs
 import pytest
 
 from sinks.errors import CompactedSinkError, ConfigError
-from sinks.storage import (
+from sinks.log.storage import (
     UnsupportedStoreError,
     arrow_filesystem,
     delete_files,

@@ -10,7 +10,7 @@ from chispa import assert_df_equality
 from pyspark.sql import types as T
 
 from sinks import CompactedStateSink
-from sinks.replay import ReplayError, export_state, read_export, restore, verify_export
+from sinks.reading.replay import ReplayError, export_state, read_export, restore, verify_export
 
 SCHEMA = T.StructType(
     [

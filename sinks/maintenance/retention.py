@@ -32,8 +32,8 @@ from deltalake.exceptions import CommitFailedError
 
 from sinks.crash_points import RETENTION_BEFORE_COMMIT, crash_point
 from sinks.errors import CommitConflictError, OffsetOutOfRangeError
-from sinks.log_table import LOG_START_OFFSET_TXN, LogSnapshot, LogTable
-from sinks.log_to_clean import Segment
+from sinks.log.log_table import LOG_START_OFFSET_TXN, LogSnapshot, LogTable
+from sinks.log.segment import Segment
 
 logger = logging.getLogger("compacted_sink")
 

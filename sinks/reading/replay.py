@@ -19,7 +19,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import fastavro
 import pyarrow as pa
@@ -28,9 +28,11 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from sinks.errors import CompactedSinkError
-from sinks.log_table import AsOf
-from sinks.sink import CompactedStateSink
-from sinks.storage import arrow_filesystem, normalize_uri
+from sinks.log.log_table import AsOf
+from sinks.log.storage import arrow_filesystem, normalize_uri
+
+if TYPE_CHECKING:
+    from sinks.sink import CompactedStateSink
 
 Codec = Literal["null", "deflate", "snappy", "zstandard", "bzip2", "xz", "lz4"]
 MANIFEST = "_manifest.json"

@@ -23,8 +23,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake.transaction import AddAction
 from pyspark.sql import DataFrame
+from pyspark.sql.types import StructType
 
-from sinks.storage import arrow_filesystem
+from sinks.log.records import DELETE_HORIZON_MS, OFFSET, PARTITION
+from sinks.log.storage import arrow_filesystem
 
 WRITTEN_SEGMENT_DDL = (
     "path string, size_bytes long, partition int, base_offset long, last_offset long, "
@@ -269,3 +271,14 @@ def _stat_value(value: Any, *, low: bool) -> Any:
     if isinstance(value, float) and value != value:
         return None
     return value
+
+
+def stats_columns(
+    schema: StructType, key_columns: Sequence[str], sequence_column: str | None
+) -> list[str]:
+    """The columns of the log's ``schema`` whose min/max/null counts go into each file's stats."""
+    names = [*key_columns, PARTITION, OFFSET, "timestamp", DELETE_HORIZON_MS]
+    if sequence_column:
+        names.append(sequence_column)
+    present = set(schema.names)
+    return [n for n in dict.fromkeys(names) if n in present]

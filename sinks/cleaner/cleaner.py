@@ -30,15 +30,15 @@ from dataclasses import replace
 from deltalake.exceptions import CommitFailedError
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructType
 
-from sinks.cleaner_stats import CleanerStats
+from sinks.cleaner.cleaner_stats import CleanerStats
+from sinks.cleaner.log_to_clean import LogToClean, group_segments_by_size, segments_to_clean
 from sinks.crash_points import CLEAN_BEFORE_COMMIT, crash_point
-from sinks.log_table import CLEANER_OFFSET_TXN, LogSnapshot, LogTable
-from sinks.log_to_clean import LogToClean, Segment, group_segments_by_size, segments_to_clean
-from sinks.records import DELETE_HORIZON_MS, OFFSET, PARTITION, VALUE
-from sinks.segment_writer import write_segments
-from sinks.storage import delete_files
+from sinks.log.log_table import CLEANER_OFFSET_TXN, LogSnapshot, LogTable
+from sinks.log.records import DELETE_HORIZON_MS, OFFSET, PARTITION, VALUE
+from sinks.log.segment import Segment
+from sinks.log.segment_writer import stats_columns, write_segments
+from sinks.log.storage import delete_files
 
 # The survivors' (partition, offset) pairs are broadcast when a pass reads at most
 # this many records. The survivors are never more than the records read, and Spark
@@ -313,17 +313,6 @@ def group_size(input_bytes: int, *, segment_bytes: int, parallelism: int) -> int
     """
     per_core = -(-input_bytes // max(1, parallelism))
     return min(segment_bytes, max(MIN_GROUP_BYTES, per_core))
-
-
-def stats_columns(
-    schema: StructType, key_columns: Sequence[str], sequence_column: str | None
-) -> list[str]:
-    """The columns of the log's ``schema`` whose min/max/null counts go into each file's stats."""
-    names = [*key_columns, PARTITION, OFFSET, "timestamp", DELETE_HORIZON_MS]
-    if sequence_column:
-        names.append(sequence_column)
-    present = set(schema.names)
-    return [n for n in dict.fromkeys(names) if n in present]
 
 
 def _group_index(groups: Sequence[Sequence[Segment]]) -> Column:

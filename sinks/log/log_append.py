@@ -35,20 +35,19 @@ import pyarrow.fs as pafs
 from deltalake.exceptions import CommitFailedError
 from pyspark.sql import types as T
 
-from sinks.append_task import APPEND_TASK_DDL, AppendTask, read_task_output
-from sinks.cleaner import stats_columns
-from sinks.cleaner_stats import CleanerStats
+from sinks.cleaner.cleaner_stats import CleanerStats
 from sinks.config import CleanerConfig
 from sinks.crash_points import APPEND_BEFORE_COMMIT, crash_point
 from sinks.errors import CommitConflictError, SchemaMismatchError
-from sinks.log_table import (
+from sinks.log.append_task import APPEND_TASK_DDL, AppendTask, read_task_output
+from sinks.log.log_table import (
     LOG_END_OFFSET_TXN,
     PARTITIONS_TXN,
     LogSnapshot,
     LogTable,
     log_arrow_schema,
 )
-from sinks.records import (
+from sinks.log.records import (
     INPUT_ORDER,
     OFFSET,
     PARTITION,
@@ -57,9 +56,8 @@ from sinks.records import (
     log_columns,
     raise_for_problems,
 )
-from sinks.recovery import missing_files
-from sinks.segment_writer import SegmentWriterTask, WrittenSegment
-from sinks.storage import arrow_filesystem, delete_files
+from sinks.log.segment_writer import SegmentWriterTask, WrittenSegment, stats_columns
+from sinks.log.storage import arrow_filesystem, delete_files, missing_files
 
 logger = logging.getLogger("compacted_sink")
 
@@ -249,7 +247,7 @@ class LogAppender:
         """
         for _retry in range(APPEND_ATTEMPTS):
             crash_point(APPEND_BEFORE_COMMIT)
-            gone = missing_files(self.log, [w.path for w in written])
+            gone = missing_files(self.log.uri, [w.path for w in written], self.log.storage_options)
             if gone:
                 # A recovery took our files for orphans (this append stalled past
                 # file.delete.delay.ms): committing them would lose the batch.

@@ -21,7 +21,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
-from sinks.storage import arrow_filesystem, normalize_uri
+from sinks.log.storage import arrow_filesystem, normalize_uri
 
 _PATH = "path"
 _BATCH_ROWS = 65_536

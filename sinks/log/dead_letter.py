@@ -32,7 +32,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from sinks.records import DECODE_ERROR
+from sinks.log.records import DECODE_ERROR
 
 logger = logging.getLogger("compacted_sink")
 
@@ -60,7 +60,7 @@ def rejection_reason(
     """Why a row cannot go into the log, or null when it can (the first problem found).
 
     A pure Column expression over the batch's own columns (``partition`` and
-    ``offset`` when present); the same rules `sinks.records.RecordValidator` counts per batch.
+    ``offset`` when present); the same rules `sinks.log.records.RecordValidator` counts per batch.
     """
     keys = ", ".join(key_columns)
     checks: list[tuple[Column, str]] = []

@@ -13,27 +13,9 @@ partition, so a partition's segments never overlap and sort by base offset.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-
-@dataclass(frozen=True, order=True)
-class Segment:
-    """One data file of the log: Kafka's log segment. Ordered by (partition, base offset)."""
-
-    partition: int
-    base_offset: int
-    last_offset: int
-    path: str = field(compare=False)
-    size_bytes: int = field(compare=False)
-    num_records: int = field(compare=False)
-    min_timestamp_ms: int | None = field(default=None, compare=False)
-    max_timestamp_ms: int | None = field(default=None, compare=False)
-    min_delete_horizon_ms: int | None = field(default=None, compare=False)
-
-    @property
-    def next_offset(self) -> int:
-        """The offset just past this segment's last record."""
-        return self.last_offset + 1
+from sinks.log.segment import Segment
 
 
 @dataclass(frozen=True)

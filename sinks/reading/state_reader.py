@@ -7,7 +7,7 @@ every record of the log by key:
 
     state = (clean ▷ keys(dirty)) ∪ latest(dirty), tombstones dropped
 
-The invariant it rests on (SPEC rule 6, kept by `sinks.cleaner`): a pass that
+The invariant it rests on (SPEC rule 6, kept by `sinks.cleaner.cleaner`): a pass that
 ends at E reads *every* live segment of the partition wholly below E and
 replaces them with at most one record per key, and commits E in the log
 (``compacted-sink/cleaner-offset/<p>``) in the same commit. Nothing else ever
@@ -23,7 +23,7 @@ partition, since a partition's segments never overlap.
 "Latest" is the highest offset, or with a ``sequence_column`` the highest
 (sequence, offset), within a partition. A key is expected to stay in one
 partition (SPEC, Input); then the result equals grouping the whole log by key,
-which is what `sinks.cleaner.latest_records` does. A key found in several
+which is what `sinks.cleaner.cleaner.latest_records` does. A key found in several
 partitions keeps one row per partition, its latest there, as the cleaner keeps
 one record per (partition, key): making the partitions agree would mean
 shuffling the clean section's keys, the cost this reader exists to avoid.
@@ -38,9 +38,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from sinks.log_table import LogSnapshot, LogTable
-from sinks.log_to_clean import Segment
-from sinks.records import OFFSET, PARTITION, VALUE
+from sinks.log.log_table import LogSnapshot, LogTable
+from sinks.log.records import OFFSET, PARTITION, VALUE
+from sinks.log.segment import Segment
 
 # The largest lookup table (estimated, see `broadcast_bytes`) this reader asks Spark
 # to broadcast: an eighth of the 1 GiB Spark gives a driver by default, and of

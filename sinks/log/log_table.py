@@ -35,10 +35,10 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
-from sinks.file_reader import read_files
-from sinks.log_to_clean import Segment
-from sinks.segment_writer import WrittenSegment
-from sinks.storage import is_local, join
+from sinks.log.file_reader import read_files
+from sinks.log.segment import Segment
+from sinks.log.segment_writer import WrittenSegment
+from sinks.log.storage import is_local, join
 
 TXN_PREFIX = "compacted-sink/"
 LOG_END_OFFSET_TXN = TXN_PREFIX + "log-end-offset/{}"

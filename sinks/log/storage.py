@@ -23,9 +23,9 @@ unless the caller chose a locking provider or unsafe renames.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Literal
-from urllib.parse import urlparse
+from urllib.parse import unquote, urlparse
 
 import pyarrow.fs as pafs
 
@@ -269,3 +269,18 @@ def _scheme(uri: str) -> str:
     scheme = urlparse(uri).scheme.lower()
     # "C:\\lake" has a one-letter "scheme" that is a Windows drive.
     return "" if scheme in ("", "file") or len(scheme) == 1 else scheme
+
+
+def missing_files(
+    table_uri: str, paths: Iterable[str], storage_options: Mapping[str, str] | None = None
+) -> list[str]:
+    """Which of ``paths`` (relative to the table) no longer exist.
+
+    A writer checks its files just before committing them: a recovery that judged
+    them orphans (the writer stalled past ``file.delete.delay.ms``) may have
+    deleted them, and a commit naming a missing file would lose data.
+    """
+    fs, root = arrow_filesystem(table_uri, storage_options)
+    wanted = list(paths)
+    infos = fs.get_file_info([f"{root}/{unquote(p)}" for p in wanted])
+    return [p for p, info in zip(wanted, infos, strict=True) if info.type == pafs.FileType.NotFound]

@@ -45,12 +45,12 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
 from checkpoints import CheckpointEntry, CleanerOffsetCheckpoint
-from sinks.cleaner_manager import CleanerManager, compare_and_set
+from sinks.cleaner.cleaner_manager import CleanerManager, compare_and_set
 from sinks.crash_points import RECOVERY_AFTER_ORPHAN_DELETED, RECOVERY_BEFORE_MARKER, crash_point
 from sinks.errors import LogCorruptedError
-from sinks.log_table import LogSnapshot, LogTable
-from sinks.log_to_clean import Segment
-from sinks.storage import arrow_filesystem
+from sinks.log.log_table import LogSnapshot, LogTable
+from sinks.log.segment import Segment
+from sinks.log.storage import arrow_filesystem
 
 logger = logging.getLogger("compacted_sink")
 
@@ -350,19 +350,6 @@ def file_offset_problems(log: LogTable, segment: Segment) -> list[str]:
             f"{segment.num_records} in [{segment.base_offset}, {segment.last_offset}]"
         ]
     return []
-
-
-def missing_files(log: LogTable, paths: Iterable[str]) -> list[str]:
-    """Which of ``paths`` (relative to the table) no longer exist.
-
-    A writer checks its files just before committing them: a recovery that judged
-    them orphans (the writer stalled past ``file.delete.delay.ms``) may have
-    deleted them, and a commit naming a missing file would lose data.
-    """
-    fs, root = arrow_filesystem(log.uri, log.storage_options)
-    wanted = list(paths)
-    infos = fs.get_file_info([f"{root}/{unquote(p)}" for p in wanted])
-    return [p for p, info in zip(wanted, infos, strict=True) if info.type == pafs.FileType.NotFound]
 
 
 # -- the clean-shutdown marker ---------------------------------------------------------------

@@ -12,7 +12,7 @@ only counts, since the driver will discard the batch anyway.
 
 The task sends back two kinds of rows in one schema: a written segment
 (``path`` set) and, per partition value it saw, the validator's counts (``path``
-null). The driver (`sinks.log_append`) reads them with `read_task_output`. The
+null). The driver (`sinks.log.log_append`) reads them with `read_task_output`. The
 task never commits: a file it wrote is live only once the driver commits it.
 """
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from sinks.records import (
+from sinks.log.records import (
     COUNT_COLUMNS,
     BatchReport,
     OffsetAssigner,
@@ -31,7 +31,7 @@ from sinks.records import (
     RecordValidator,
     drop_below_log_end,
 )
-from sinks.segment_writer import (
+from sinks.log.segment_writer import (
     WRITTEN_ARROW_SCHEMA,
     WRITTEN_SEGMENT_DDL,
     SegmentWriterTask,

@@ -1,0 +1,16 @@
+"""The log cleaner: Kafka's ``LogCleaner``, ``LogCleanerManager`` and ``Cleaner``, kept apart.
+
+- `log_to_clean`: pure planning over numbers from the Delta log (cleanable
+  offsets, dirty ratio, the filthiest partitions, output groups).
+- `cleaner`: one pass, as DataFrame → DataFrame functions and one commit.
+- `cleaner_manager`: which partitions may be cleaned, their states and
+  checkpoints, in the cleaner-offset checkpoint table.
+- `cleaner_stats`: the figures of one pass.
+"""
+
+from sinks.cleaner.cleaner import Cleaner
+from sinks.cleaner.cleaner_manager import CleanerManager
+from sinks.cleaner.cleaner_stats import CleanerStats
+from sinks.cleaner.log_to_clean import LogToClean, OffsetsToClean
+
+__all__ = ["Cleaner", "CleanerManager", "CleanerStats", "LogToClean", "OffsetsToClean"]
