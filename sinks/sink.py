@@ -1,12 +1,12 @@
 """`CompactedStateSink`: the foreachBatch hook and the front object over one compacted log.
 
-The hook orchestrates one log's life: the append (Kafka's partition leader,
-`sinks.log.log_append`: validate, assign offsets, write, commit, in one Spark job),
-then the role of `LogCleanerManager` for this log (measure dirtiness, pick the
-filthiest partitions, clean them, checkpoint where cleaning ended), and reading
-the log and its state back. Appends go to the dirty end of the log; when a
-partition's dirty ratio passes ``min.cleanable.dirty.ratio`` the hook cleans it
-in the same call.
+The hook is Kafka's produce path: it appends the batch to the dirty end of the
+log (`sinks.log.log_append`: validate, assign offsets, write, commit, in one
+Spark job) and hands the log to its `LogCleaner` (`sinks.cleaner.log_cleaner`),
+as a broker hands its logs to the cleaner threads. Inside a streaming query
+cleaning runs on a worker thread beside the query, so a batch never waits for
+a pass; called directly (or with ``cleaning="inline"``) the hook cleans in the
+same call. The front also reads the log and its state back.
 
 Exactly once: each append commits a Delta ``txn`` action (app id, batch id).
 A batch id already recorded for the app id is skipped, by this object or by a
@@ -16,12 +16,10 @@ query's checkpoint), and a query started from a fresh checkpoint, whose batch id
 restart at 0, is not mistaken for the old one.
 
 Reliability (SPEC rules 10-12): the first append, pass or ``delete_records`` of a
-sink object recovers the log (`sinks.maintenance.recovery`); passes claim their partitions
-in the checkpoint table (`sinks.cleaner.cleaner_manager`), so paused and uncleanable
-partitions are skipped; with ``cleanup.policy`` containing ``delete`` each
-append and each ``clean()`` applies retention (`sinks.maintenance.retention`); with a
+sink object recovers the log (`sinks.maintenance.recovery`); with a
 ``dead_letter_table`` bad rows are quarantined before the append
-(`sinks.log.dead_letter`). `sinks.crash_points` marks where the crash tests kill it.
+(`sinks.log.dead_letter`); retention and passes belong to the cleaner.
+`sinks.crash_points` marks where the crash tests kill it.
 """
 
 from __future__ import annotations
@@ -31,27 +29,22 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-from deltalake.exceptions import CommitFailedError
 from pyspark.sql import DataFrame, SparkSession
 
-from checkpoints import CheckpointEntry, CleanerOffsetCheckpoint
+from checkpoints import CleanerOffsetCheckpoint
 from sinks.cleaner.cleaner import Cleaner
 from sinks.cleaner.cleaner_manager import CleanerManager
 from sinks.cleaner.cleaner_stats import CleanerStats
+from sinks.cleaner.log_cleaner import CleaningMode, LogCleaner
 from sinks.cleaner.log_to_clean import (
     LogToClean,
-    cleanable_offsets,
-    dirty_ratio,
-    filthiest_first,
-    log_to_clean,
 )
 from sinks.config import CleanerConfig
 from sinks.crash_points import (
-    CLEAN_BEFORE_CHECKPOINT,
     DEAD_LETTER_BEFORE_APPEND,
     crash_point,
 )
-from sinks.errors import CleanerError, CommitConflictError, SchemaMismatchError
+from sinks.errors import SchemaMismatchError
 from sinks.log.dead_letter import DECODE_ERROR, DeadLetterTable, as_dead_letters, split_batch
 from sinks.log.log_append import AppendReport, LogAppender, committed
 from sinks.log.log_table import AsOf, LogSnapshot, LogTable, now_ms
@@ -76,7 +69,10 @@ class CompactedStateSink:
     are compared exactly. ``sequence_column`` orders records instead of the offset
     (ties broken by offset). ``checkpoint_table`` defaults to
     ``_cleaner-offset-checkpoint`` beside the table. ``sink_id`` defaults to one
-    derived from the path. ``clock`` returns epoch milliseconds.
+    derived from the path. ``clock`` returns epoch milliseconds. ``cleaning`` says
+    where passes run: ``"auto"`` (the default) on a background worker inside a
+    streaming query and in the hook's call otherwise, or always ``"background"`` or
+    ``"inline"``; `close` stops the worker.
     """
 
     def __init__(
@@ -91,6 +87,7 @@ class CompactedStateSink:
         sink_id: str | None = None,
         clock: Callable[[], int] | None = None,
         storage_options: dict[str, str] | None = None,
+        cleaning: CleaningMode = "auto",
     ) -> None:
         if isinstance(key_columns, str):
             key_columns = (key_columns,)
@@ -129,6 +126,8 @@ class CompactedStateSink:
             else None
         )
         self.manager = CleanerManager(self.checkpoints, self.path, clock=self.clock)
+        self.cleaning: CleaningMode = cleaning
+        self._log_cleaner: LogCleaner | None = None
         self.last_recovery: RecoveryReport | None = None
         self.last_retention: RetentionPlan | None = None
 
@@ -146,12 +145,14 @@ class CompactedStateSink:
         see `sinks.log.log_append` for how the append itself runs.
         """
         started = time.monotonic()
-        app_id = self._app_id(batch_df.sparkSession)
+        spark = batch_df.sparkSession
+        query_id = self._query_id(spark)
+        app_id = self._app_id(query_id)
         snapshot = self.log_table.snapshot()
         if committed(snapshot, app_id, batch_id):
             logger.info("batch %s of %s already committed; skipped", batch_id, app_id)
             assert snapshot is not None
-            self._finish(batch_id, snapshot, started, skipped=True)
+            self._finish(spark, batch_id, snapshot, started, skipped=True, query_id=query_id)
             return
 
         if snapshot is not None:
@@ -161,7 +162,9 @@ class CompactedStateSink:
             if good is None:  # the whole batch was dead-lettered
                 if snapshot is not None:
                     snapshot = self.appender.commit_empty(snapshot, app_id, batch_id)
-                    self._finish(batch_id, snapshot, started, skipped=False)
+                    self._finish(
+                        spark, batch_id, snapshot, started, skipped=False, query_id=query_id
+                    )
                 return
             batch_df = good
         # Without a dead-letter table, rows a decoder flagged in _decode_error stay
@@ -176,39 +179,38 @@ class CompactedStateSink:
             check_schema(prepared.df.schema, snapshot.spark_schema)
         info = self.appender.append(snapshot, prepared, app_id=app_id, batch_id=batch_id)
         self._finish(
+            spark,
             batch_id,
             info.snapshot,
             started,
             skipped=info.already_committed,
+            query_id=query_id,
             written=list(info.written),
         )
 
     def _finish(
         self,
+        spark: SparkSession,
         batch_id: int,
         snapshot: LogSnapshot,
         started: float,
         *,
         skipped: bool,
+        query_id: str | None,
         written: list[WrittenSegment] | None = None,
     ) -> None:
+        """Report the batch, then hand the log to its cleaner (inline, or wake the worker)."""
         append_ms = int((time.monotonic() - started) * 1000)
-        candidates = self.logs_to_clean(snapshot)
+        cleaner = self.log_cleaner
         stats = None
-        if self.config.delete and not skipped:
-            try:
-                self._retain()
-            except CommitConflictError as e:
-                # The batch is committed; retention runs again with the next one.
-                logger.warning("retention after batch %s gave up: %s", batch_id, e)
-            snapshot = self._refreshed(snapshot)
-            candidates = self.logs_to_clean(snapshot)
-        if self.config.compact:
-            try:
-                stats = self._clean(snapshot, candidates, force=False)
-            except CleanerError as e:
-                # The batch is committed; a failed pass must not fail the query.
-                logger.warning("cleaning after batch %s failed: %s", batch_id, e)
+        if skipped:
+            pass  # nothing new to clean; a replayed batch stays as cheap as possible
+        elif self._cleans_in_background(query_id):
+            cleaner.wakeup(spark)
+        else:
+            stats = cleaner.maintain(spark).clean
+            if stats is not None:
+                snapshot = self.log_table.snapshot() or snapshot
         written = written or []
         self.last_append = AppendReport(
             batch_id=batch_id,
@@ -217,171 +219,70 @@ class CompactedStateSink:
             files=len(written),
             bytes=sum(w.size_bytes for w in written),
             skipped=skipped,
-            dirty_ratio=dirty_ratio(candidates) if stats is None else self.dirty_ratio(),
+            dirty_ratio=cleaner.dirty_ratio(snapshot, fresh_checkpoints=False),
             duration_ms=append_ms,
             delta_version=snapshot.version,
             clean=stats,
         )
         logger.info("%s", self.last_append.summary())
 
+    def _cleans_in_background(self, query_id: str | None) -> bool:
+        if self.cleaning == "auto":
+            return query_id is not None
+        return self.cleaning == "background"
+
     # -- cleaning ----------------------------------------------------------------------
 
-    def logs_to_clean(self, snapshot: LogSnapshot | None = None) -> list[LogToClean]:
-        """Every partition as a cleaning candidate, measured now (no Spark job).
-
-        The first dirty offset comes from the cleaner's ``txn`` entry in the log;
-        the checkpoint table is read only for partitions the log has none for
-        (a log cleaned before the log carried it, or a checkpoint set by hand).
-        """
-        snapshot = snapshot or self.log_table.snapshot()
-        if snapshot is None:
-            return []
-        recorded = {p: snapshot.cleaner_offset(p) for p in snapshot.partitions}
-        if any(offset is None for offset in recorded.values()):
-            for (_, p), entry in self.checkpoints.read(self.path).items():
-                if recorded.get(p, 0) is None:
-                    recorded[p] = entry.first_dirty_offset
-        now = self.clock()
-        candidates = []
-        for p in snapshot.partitions:
-            segments = snapshot.segments.get(p, [])
-            offsets = cleanable_offsets(
-                segments,
-                checkpoint_dirty_offset=recorded[p],
-                log_start_offset=snapshot.log_start_offset(p),
-                log_end_offset=snapshot.log_end_offset(p),
-                now_ms=now,
-                min_compaction_lag_ms=self.config.min_compaction_lag_ms,
+    @property
+    def log_cleaner(self) -> LogCleaner:
+        """This log's cleaner (created on first use; not part of the pickled sink)."""
+        if self._log_cleaner is None:
+            self._log_cleaner = LogCleaner(
+                self.log_table,
+                self.checkpoints,
+                self.manager,
+                self.cleaner,
+                self.config,
+                clock=self.clock,
             )
-            candidates.append(log_to_clean(self.path, p, segments, offsets))
-        return candidates
+        return self._log_cleaner
+
+    def logs_to_clean(self, snapshot: LogSnapshot | None = None) -> list[LogToClean]:
+        """Every partition as a cleaning candidate, measured now (no Spark job)."""
+        return self.log_cleaner.logs_to_clean(snapshot)
 
     def dirty_ratio(self) -> float:
         """The dirty ratio over all partitions: cleanable bytes over clean plus cleanable."""
-        return dirty_ratio(self.logs_to_clean())
+        return self.log_cleaner.dirty_ratio()
 
     def clean(self, force: bool = False) -> CleanerStats | None:
         """Clean every cleanable partition in one pass now; None when nothing is cleanable.
 
-        Without ``force`` a partition qualifies by SPEC rule 4 (ratio, max lag, or an
-        expired tombstone); with it, any cleanable bytes or expired tombstone will do.
-        The returned stats cover every partition the pass cleaned. Raises
-        `CleanerError` when the pass fails; the log is then unchanged.
+        Synchronous whatever the cleaning mode: waits for a pass of the background
+        worker to end, then runs its own. Without ``force`` a partition qualifies by
+        SPEC rule 4 (ratio, max lag, or an expired tombstone); with it, any cleanable
+        bytes or expired tombstone will do. The returned stats cover every partition
+        the pass cleaned. Raises `CleanerError` when the pass fails; the log is then
+        unchanged.
         """
-        snapshot = self.log_table.snapshot()
-        if snapshot is None:
+        if self.log_table.snapshot() is None:
             return None
         self._ensure_recovered()
+        cleaner = self.log_cleaner
         if self.config.delete:
-            self._retain()
-            snapshot = self._refreshed(snapshot)
+            self.last_retention = cleaner.retain()
         if not self.config.compact:
             return None
-        return self._clean(snapshot, self.logs_to_clean(snapshot), force=force)
+        return cleaner.clean(SparkSession.active(), force=force)
 
-    def _clean(
-        self, snapshot: LogSnapshot, candidates: Sequence[LogToClean], *, force: bool
-    ) -> CleanerStats | None:
-        """One pass over the cleanable ``candidates``, planned from ``snapshot``."""
-        start = self.clock()
-        chosen = [
-            log
-            for log in filthiest_first(candidates)
-            if log.is_cleanable(
-                now_ms=start,
-                min_cleanable_dirty_ratio=self.config.min_cleanable_dirty_ratio,
-                max_compaction_lag_ms=self.config.max_compaction_lag_ms,
-                force=force,
-            )
-        ]
-        reset = [log for log in candidates if log.force_checkpoint and log not in chosen]
-        if reset:
-            self._checkpoint_resets(reset)
-        if not chosen:
-            return None
-        claimed = set(self.manager.start_cleaning([log.partition for log in chosen]))
-        if not claimed:
-            return None  # paused, cleaned by a live cleaner elsewhere, or backing off
-        if claimed != {log.partition for log in chosen}:
-            logger.info("cleaning only %s of %s: the others are busy", claimed, self.path)
-        fresh = self.log_table.snapshot()
-        assert fresh is not None
-        if fresh.version != snapshot.version:  # plan again after the claim: less to conflict
-            snapshot = fresh
-            chosen = [
-                log
-                for log in self.logs_to_clean(snapshot)
-                if log.partition in claimed
-                and log.is_cleanable(
-                    now_ms=start,
-                    min_cleanable_dirty_ratio=self.config.min_cleanable_dirty_ratio,
-                    max_compaction_lag_ms=self.config.max_compaction_lag_ms,
-                    force=force,
-                )
-            ]
-        else:
-            chosen = [log for log in chosen if log.partition in claimed]
-        if not chosen:
-            self.manager.abort_cleaning(claimed)
-            return None
-        spark = SparkSession.active()
-        try:
-            with self.manager.heartbeating(claimed):
-                stats = self.cleaner.clean(spark, snapshot, chosen, pass_start_ms=start)
-        except CommitFailedError as e:
-            self.manager.abort_cleaning(claimed)
-            raise CleanerError(
-                f"another cleaner committed first ({e}); this pass was dropped",
-                log_path=self.path,
-                partition=chosen[0].partition,
-            ) from e
-        except Exception as e:
-            self.manager.mark_uncleanable(claimed, e)
-            raise CleanerError(
-                f"pass failed ({type(e).__name__}: {str(e)[:500]}); marked uncleanable, "
-                "retried with backoff",
-                log_path=self.path,
-                partition=chosen[0].partition,
-            ) from e
-        crash_point(CLEAN_BEFORE_CHECKPOINT)
-        self._checkpoint(chosen, stats)
-        logger.info("%s", stats.summary())
-        return stats
+    def add_pass_listener(self, listener: Callable[[CleanerStats], None]) -> None:
+        """Call ``listener`` with the figures of every pass this sink's cleaner commits,
+        from the thread that ran it (the background worker inside a streaming query)."""
+        self.log_cleaner.listeners.append(listener)
 
-    def _checkpoint_resets(self, reset: Sequence[LogToClean]) -> None:
-        """Rewrite checkpoints found out of range, as Kafka does even when nothing is cleaned."""
-        rows = self.checkpoints.read(self.path)
-        entries = []
-        for log in reset:
-            entry = rows.get((self.path, log.partition)) or CheckpointEntry(
-                log_path=self.path, partition=log.partition, first_dirty_offset=0
-            )
-            entries.append(
-                entry.with_changes(
-                    first_dirty_offset=log.first_dirty_offset,
-                    first_uncleanable_offset=log.first_uncleanable_offset,
-                )
-            )
-        self.checkpoints.write(entries)
-
-    def _checkpoint(self, cleaned: Sequence[LogToClean], stats: CleanerStats) -> None:
-        self.manager.done_cleaning(
-            CheckpointEntry(
-                log_path=self.path,
-                partition=log.partition,
-                first_dirty_offset=stats.end_offsets[log.partition],
-                first_uncleanable_offset=log.first_uncleanable_offset,
-                last_clean_ms=stats.start_ms,
-                last_pass_duration_ms=stats.duration_ms,
-                bytes_read=stats.bytes_read,
-                bytes_written=stats.bytes_written,
-                records_read=stats.records_read,
-                records_written=stats.records_written,
-                max_dirty_ratio=log.cleanable_ratio,
-                log_version=stats.delta_version,
-            )
-            for log in cleaned
-        )
+    def await_cleaner(self, timeout_s: float | None = None) -> bool:
+        """Wait until the background cleaner has no round running or pending; False on timeout."""
+        return self._log_cleaner is None or self._log_cleaner.await_idle(timeout_s)
 
     # -- recovery, retention, cleaner states --------------------------------------------
 
@@ -400,8 +301,11 @@ class CompactedStateSink:
         )
         return self.last_recovery
 
-    def close(self) -> None:
-        """Write the clean-shutdown marker, so the next open skips the full offset check."""
+    def close(self, timeout_s: float | None = None) -> None:
+        """Stop the background cleaner after its current pass, then write the clean-shutdown
+        marker, so the next open skips the full offset check. Idempotent."""
+        if self._log_cleaner is not None:
+            self._log_cleaner.shutdown(timeout_s)
         snapshot = self.log_table.snapshot()
         if snapshot is not None:
             write_clean_shutdown_marker(self.log_table, snapshot.version)
@@ -450,16 +354,6 @@ class CompactedStateSink:
     def _ensure_recovered(self) -> None:
         if self.last_recovery is None:
             self.recover()
-
-    def _retain(self) -> RetentionPlan:
-        """Time and size retention now (cleanup.policy contains delete)."""
-        self.last_retention = retention.apply_retention(
-            self.log_table,
-            now_ms=self.clock(),
-            retention_ms=self.config.retention_ms,
-            retention_bytes=self.config.retention_bytes,
-        )
-        return self.last_retention
 
     def _quarantine(
         self, batch_df: DataFrame, snapshot: LogSnapshot | None, app_id: str, batch_id: int
@@ -529,14 +423,19 @@ class CompactedStateSink:
             SparkSession.active(), self.log_table, snapshot, self.key_columns, self.sequence_column
         )
 
-    def _refreshed(self, snapshot: LogSnapshot) -> LogSnapshot:
-        fresh = self.log_table.snapshot()
-        assert fresh is not None
-        return fresh
+    def _query_id(self, spark: SparkSession) -> str | None:
+        """The id of the streaming query running this batch; None for a direct call."""
+        return spark.sparkContext.getLocalProperty(_QUERY_ID_PROPERTY)
 
-    def _app_id(self, spark: SparkSession) -> str:
-        query_id = spark.sparkContext.getLocalProperty(_QUERY_ID_PROPERTY)
+    def _app_id(self, query_id: str | None) -> str:
         return f"{self.sink_id}/query={query_id}" if query_id else self.sink_id
+
+    def __getstate__(self) -> dict[str, object]:
+        # The cleaner's worker thread and locks live in one process; a sink shipped to
+        # another (Spark Connect's foreachBatch worker) makes its own on first use.
+        state = dict(self.__dict__)
+        state["_log_cleaner"] = None
+        return state
 
 
 def _default_sink_id(path: str) -> str:

@@ -141,6 +141,7 @@ def _run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         query.stop()
     for sink in sinks:
+        sink.close()  # the background cleaner finishes its pass in flight
         _out(f"{sink.path}: dirty ratio {sink.dirty_ratio():.2f}")
     return 0
 

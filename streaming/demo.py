@@ -75,6 +75,7 @@ def run(spark: SparkSession, settings: DemoSettings, *, out=print) -> bool:
         delete_retention_ms=0,
     )
     sink = CompactedStateSink(str(lake / "users"), key_columns=("key",), config=config)
+    sink.add_pass_listener(lambda stats: out(f"cleaner: {stats.summary()}"))
     done = threading.Event()
     appended = 0
 
@@ -105,6 +106,7 @@ def run(spark: SparkSession, settings: DemoSettings, *, out=print) -> bool:
         if query.exception() is not None:
             raise query.exception()  # type: ignore[misc]
     query.stop()
+    sink.close()  # waits for the background cleaner's pass in flight
 
     started = time.monotonic()
     fed = settings.batches * settings.rows_per_batch

@@ -4,8 +4,8 @@ Three pieces, all printing plain text lines (to stderr by default, so a job's
 stdout stays machine-readable):
 
 - `ProgressHook` wraps a sink's foreachBatch hook and prints the sink's own
-  summary of each batch: records appended, dirty ratio, and the pass summary
-  when the append triggered a clean.
+  summary of each batch (records appended, dirty ratio), and a line for each
+  pass the sink's cleaner commits, inline or from its background worker.
 - `ProgressListener` is a `StreamingQueryListener`: Spark's view of each
   micro-batch (input rows, rate, duration), for queries whose sink is not ours.
 - `spark_progress` is a context manager that polls Spark's status tracker while
@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQueryListener
 
-from sinks import CompactedStateSink
+from sinks import CleanerStats, CompactedStateSink
 
 Out = Callable[[str], None]
 
@@ -36,7 +36,9 @@ def stderr_line(line: str) -> None:
 class ProgressHook:
     """A foreachBatch hook: runs ``sink`` on the batch, then prints its one-line summary.
 
-    Idempotent exactly as the sink is (a replayed batch prints "already committed").
+    Passes print their own line when they commit (a pass that ran inline is part
+    of the batch's line instead). Idempotent exactly as the sink is (a replayed
+    batch prints "already committed").
     """
 
     def __init__(
@@ -45,12 +47,25 @@ class ProgressHook:
         self.sink = sink
         self.out = out
         self.label = label
+        self._listening = False
+        self._in_hook = threading.local()
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
-        self.sink(batch_df, batch_id)
+        if not self._listening:
+            self.sink.add_pass_listener(self._passed)
+            self._listening = True
+        self._in_hook.active = True
+        try:
+            self.sink(batch_df, batch_id)
+        finally:
+            self._in_hook.active = False
         report = self.sink.last_append
         if report is not None:
             self.out(f"{self.label}{report.summary()}")
+
+    def _passed(self, stats: CleanerStats) -> None:
+        if not getattr(self._in_hook, "active", False):  # an inline pass is in the batch's line
+            self.out(f"{self.label}cleaner: {stats.summary()}")
 
 
 class ProgressListener(StreamingQueryListener):

@@ -130,6 +130,7 @@ class LogSnapshot:
         self.uri = uri
         self.table = table
         self.version = table.version()
+        self._transactions: dict[str, int | None] = {}
 
     @cached_property
     def spark_schema(self) -> StructType:
@@ -159,8 +160,15 @@ class LogSnapshot:
         return sorted(set(range(known)) | set(self.segments))
 
     def txn_version(self, app_id: str) -> int | None:
-        """The version recorded for ``app_id`` by a Delta ``txn`` action, if any."""
-        return self.table.transaction_version(app_id)
+        """The version recorded for ``app_id`` by a Delta ``txn`` action, if any.
+
+        Read once per snapshot: delta-rs replays the log's txn actions on every
+        lookup (measured: 4 ms a lookup 90 commits after a Delta checkpoint, 0.3 ms
+        right after one), and a batch asks for a few per partition.
+        """
+        if app_id not in self._transactions:
+            self._transactions[app_id] = self.table.transaction_version(app_id)
+        return self._transactions[app_id]
 
     def log_end_offset(self, partition: int) -> int:
         """The offset the next appended record of ``partition`` gets."""
