@@ -45,10 +45,10 @@ from sinks.crash_points import (
     crash_point,
 )
 from sinks.errors import SchemaMismatchError
-from sinks.log.dead_letter import DECODE_ERROR, DeadLetterTable, as_dead_letters, split_batch
+from sinks.log.dead_letter import DeadLetterTable, as_dead_letters, split_batch
 from sinks.log.log_append import AppendReport, LogAppender, committed
 from sinks.log.log_table import AsOf, LogSnapshot, LogTable, now_ms
-from sinks.log.records import check_schema, prepare_batch
+from sinks.log.records import PreparedBatch, check_schema, prepare_batch
 from sinks.log.segment_writer import WrittenSegment
 from sinks.log.storage import normalize_uri, sibling
 from sinks.maintenance import retention
@@ -137,9 +137,12 @@ class CompactedStateSink:
     # -- the foreachBatch hook ---------------------------------------------------------
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
-        """Append one micro-batch exactly once, then clean what became cleanable.
+        """Append one micro-batch exactly once, then hand the log to its cleaner.
 
-        Idempotent per (app id, batch id): a batch already committed writes nothing.
+        Inside a streaming query (``cleaning="auto"``) the cleaner's thread is woken and
+        the call returns; otherwise the call cleans what became cleanable before it
+        returns. Idempotent per (app id, batch id): a batch already committed writes
+        nothing, not even to the dead-letter table.
         Bad input raises `BadInputError` (null keys, wrong schema, repeated or null
         Kafka offsets, oversized values, undecodable payloads) and commits nothing;
         see `sinks.log.log_append` for how the append itself runs.
@@ -157,27 +160,43 @@ class CompactedStateSink:
 
         if snapshot is not None:
             self._ensure_recovered()
+        # One walk forward: prepare and check once, split good from bad once (the
+        # split is cached, so the batch is evaluated once for both tables), append.
+        # Without a dead-letter table, bad rows (and rows a decoder flagged in
+        # _decode_error) stay in the batch: the append counts them and fails it whole.
+        try:
+            prepared = prepare_batch(
+                batch_df,
+                key_columns=self.key_columns,
+                sequence_column=self.sequence_column,
+                now_ms=self.clock(),
+            )
+            if snapshot is not None:
+                check_schema(prepared.df.schema, snapshot.spark_schema)
+        except SchemaMismatchError as e:
+            if self.dead_letters is None:
+                raise
+            self._dead_letter(as_dead_letters(batch_df, reason=str(e)), app_id, batch_id)
+            if snapshot is not None:  # the whole batch went there: it still counts as done
+                snapshot = self.appender.commit_empty(snapshot, app_id, batch_id)
+                self._finish(spark, batch_id, snapshot, started, skipped=False, query_id=query_id)
+            return
+        split = None
         if self.dead_letters is not None:
-            good = self._quarantine(batch_df, snapshot, app_id, batch_id)
-            if good is None:  # the whole batch was dead-lettered
-                if snapshot is not None:
-                    snapshot = self.appender.commit_empty(snapshot, app_id, batch_id)
-                    self._finish(
-                        spark, batch_id, snapshot, started, skipped=False, query_id=query_id
-                    )
-                return
-            batch_df = good
-        # Without a dead-letter table, rows a decoder flagged in _decode_error stay
-        # in the batch: the append's checks count them and fail the batch.
-        prepared = prepare_batch(
-            batch_df,
-            key_columns=self.key_columns,
-            sequence_column=self.sequence_column,
-            now_ms=self.clock(),
-        )
-        if snapshot is not None:
-            check_schema(prepared.df.schema, snapshot.spark_schema)
-        info = self.appender.append(snapshot, prepared, app_id=app_id, batch_id=batch_id)
+            split = split_batch(
+                prepared.df,
+                key_columns=self.key_columns,
+                has_offsets=prepared.has_offsets,
+                message_max_bytes=self.config.message_max_bytes,
+                record_columns=batch_df.columns,
+            )
+            self._dead_letter(split.bad, app_id, batch_id)
+            prepared = PreparedBatch(split.good, prepared.has_offsets)
+        try:
+            info = self.appender.append(snapshot, prepared, app_id=app_id, batch_id=batch_id)
+        finally:
+            if split is not None:
+                split.release()
         self._finish(
             spark,
             batch_id,
@@ -355,51 +374,17 @@ class CompactedStateSink:
         if self.last_recovery is None:
             self.recover()
 
-    def _quarantine(
-        self, batch_df: DataFrame, snapshot: LogSnapshot | None, app_id: str, batch_id: int
-    ) -> DataFrame | None:
-        """Commit the batch's bad rows to the dead-letter table (once); return the good rows.
+    def _dead_letter(self, dead_letters: DataFrame, app_id: str, batch_id: int) -> None:
+        """Commit a batch's dead letters (once per app id and batch id), before its append.
 
-        None when the whole batch went there (its columns do not match the log).
-        The dead letters are committed before the append, both keyed by (app id,
-        batch id), so a crash between the two is repaired by the batch's replay.
+        Both commits are keyed by (app id, batch id), so a crash between the two is
+        repaired by the batch's replay.
         """
         assert self.dead_letters is not None
-        now = self.clock()
-        try:
-            prepared = prepare_batch(
-                batch_df.drop(DECODE_ERROR) if DECODE_ERROR in batch_df.columns else batch_df,
-                key_columns=self.key_columns,
-                sequence_column=self.sequence_column,
-                now_ms=now,
-            )
-            if snapshot is not None:
-                check_schema(prepared.df.schema, snapshot.spark_schema)
-        except SchemaMismatchError as e:
-            self.dead_letters.write(
-                as_dead_letters(batch_df, reason=str(e)),
-                log_path=self.path,
-                app_id=app_id,
-                batch_id=batch_id,
-                now_ms=now,
-            )
-            crash_point(DEAD_LETTER_BEFORE_APPEND)
-            return None
-        split = split_batch(
-            batch_df,
-            key_columns=self.key_columns,
-            has_offsets=prepared.has_offsets,
-            message_max_bytes=self.config.message_max_bytes,
-        )
         self.dead_letters.write(
-            as_dead_letters(split.bad),
-            log_path=self.path,
-            app_id=app_id,
-            batch_id=batch_id,
-            now_ms=now,
+            dead_letters, log_path=self.path, app_id=app_id, batch_id=batch_id, now_ms=self.clock()
         )
         crash_point(DEAD_LETTER_BEFORE_APPEND)
-        return split.good
 
     # -- reading -----------------------------------------------------------------------
 

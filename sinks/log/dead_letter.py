@@ -93,27 +93,44 @@ def rejection_reason(
 
 @dataclass(frozen=True)
 class SplitBatch:
-    """A batch split into rows for the log (``good``) and rows for dead letters (``bad``)."""
+    """A batch split into rows for the log (``good``) and rows for dead letters (``bad``).
+
+    Both come from one cached evaluation of the batch; `release` frees it once the
+    good rows are appended.
+    """
 
     good: DataFrame
     bad: DataFrame
+    tagged: DataFrame
+
+    def release(self) -> None:
+        self.tagged.unpersist()
 
 
 def split_batch(
-    df: DataFrame, *, key_columns: Sequence[str], has_offsets: bool, message_max_bytes: int
+    df: DataFrame,
+    *,
+    key_columns: Sequence[str],
+    has_offsets: bool,
+    message_max_bytes: int,
+    record_columns: Sequence[str] | None = None,
 ) -> SplitBatch:
-    """Split ``df`` by `rejection_reason`; ``bad`` carries the reason in ``_dead_letter_reason``.
+    """Split ``df`` by `rejection_reason`, evaluating it once (cached).
 
-    ``good`` keeps the batch's columns except ``_decode_error``.
+    ``good`` keeps ``df``'s columns except ``_decode_error``; ``bad`` holds the
+    dead letters (`as_dead_letters`) of the rows, each ``record`` made of
+    ``record_columns`` (default: all of ``df``'s), the columns the batch came with.
     """
     reason = rejection_reason(
         df, key_columns=key_columns, has_offsets=has_offsets, message_max_bytes=message_max_bytes
     )
-    tagged = df.withColumn(REASON, reason)
+    tagged = df.withColumn(REASON, reason).persist()
     good = tagged.filter(F.col(REASON).isNull()).drop(REASON)
     if DECODE_ERROR in good.columns:
         good = good.drop(DECODE_ERROR)
-    return SplitBatch(good=good, bad=tagged.filter(F.col(REASON).isNotNull()))
+    bad = tagged.filter(F.col(REASON).isNotNull())
+    columns = [c for c in (record_columns or df.columns) if c in df.columns]
+    return SplitBatch(good=good, bad=as_dead_letters(bad.select(REASON, *columns)), tagged=tagged)
 
 
 def as_dead_letters(bad: DataFrame, *, reason: Column | str | None = None) -> DataFrame:
