@@ -39,6 +39,7 @@ from sinks.log.records import DELETE_HORIZON_MS, OFFSET, PARTITION, VALUE
 from sinks.log.segment import Segment
 from sinks.log.segment_writer import stats_columns, write_segments
 from sinks.log.storage import delete_files
+from sinks.spark_session import default_parallelism
 
 # The survivors' (partition, offset) pairs are broadcast when a pass reads at most
 # this many records. The survivors are never more than the records read, and Spark
@@ -199,7 +200,7 @@ class Cleaner:
         group_bytes = group_size(
             sum(s.size_bytes for s in inputs),
             segment_bytes=self.segment_bytes,
-            parallelism=spark.sparkContext.defaultParallelism,
+            parallelism=default_parallelism(spark),
         )
         groups = [g for segments in chosen for g in group_segments_by_size(segments, group_bytes)]
         written = []
