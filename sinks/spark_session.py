@@ -17,6 +17,8 @@ of the code never touches ``sparkContext``:
 from __future__ import annotations
 
 import json
+import os
+import sys
 import threading
 
 from pyspark.sql import SparkSession
@@ -117,17 +119,22 @@ def streaming_query_id(
     """The id of the streaming query running ``batch_id``; None for a direct call.
 
     Classic session: the local property ``sql.streaming.queryId`` that Spark sets
-    on the thread running the batch. Spark Connect has none: the id is the one the
-    query keeps in ``<checkpoint_location>/metadata``, and the checkpoint must hold
+    on the thread running the batch. Spark Connect has none, and tells a
+    ``foreachBatch`` function nothing about its query; only the process shows it:
+    the function runs in the server's foreachBatch worker (`in_foreach_batch_worker`),
+    a direct call runs in the client. In the worker the id is the one the query
+    keeps in ``<checkpoint_location>/metadata``, and the checkpoint must hold
     ``offsets/<batch_id>`` (the query plans a batch there before running it), which
-    shows the checkpoint is the running query's. Without a checkpoint location a
-    Connect call is taken as a direct call when the sink has an explicit sink id,
-    and refused otherwise (`QueryIdentityError` says what to set): a query
-    restarted from a fresh checkpoint numbers its batches from 0 again, and only
-    the query id tells those batches from the old query's committed ones.
+    shows the checkpoint is the running query's. Without a checkpoint location the
+    worker accepts an explicit sink id as the whole identity, and refuses otherwise
+    (`QueryIdentityError` says what to set): a query restarted from a fresh
+    checkpoint numbers its batches from 0 again, and only the query id tells those
+    batches from the old query's committed ones.
     """
     if not is_connect(spark):
         return spark.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
+    if not in_foreach_batch_worker():
+        return None
     if checkpoint_location is not None:
         return checkpoint_query_id(checkpoint_location, batch_id, storage_options)
     if explicit_sink_id:
@@ -141,6 +148,19 @@ def streaming_query_id(
         "explicit sink_id= that names this query alone (a new sink_id for every fresh "
         "checkpoint)"
     )
+
+
+def in_foreach_batch_worker() -> bool:
+    """True in the Python process where a Spark Connect server runs ``foreachBatch`` functions.
+
+    That process runs pyspark's ``foreach_batch_worker`` module as ``__main__``; the
+    server also gives its Python workers ``SPARK_CONNECT_LOCAL_URL``, which a
+    client never has. Either sign counts, so a worker is never taken for a client.
+    """
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    name = getattr(spec, "name", "") or ""
+    return name.endswith("foreach_batch_worker") or "SPARK_CONNECT_LOCAL_URL" in os.environ
 
 
 def checkpoint_query_id(

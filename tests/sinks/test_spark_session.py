@@ -13,7 +13,7 @@ from sinks.spark_session import (
     active_session,
     checkpoint_query_id,
     default_parallelism,
-    is_connect,
+    in_foreach_batch_worker,
     streaming_query_id,
 )
 
@@ -26,13 +26,21 @@ def test_the_active_session_and_parallelism_are_found_on_either_kind(spark) -> N
 
 
 @pytest.mark.both_sessions
-def test_a_direct_call_has_no_query_id_unless_connect_cannot_tell(spark) -> None:
-    if not is_connect(spark):
-        assert streaming_query_id(spark, 0) is None
-        return
+def test_a_direct_call_has_no_query_id(spark, lake) -> None:
+    assert streaming_query_id(spark, 0) is None
+    assert streaming_query_id(spark, 0, checkpoint_location=str(lake / "none")) is None
+
+
+def test_connect_s_foreach_batch_worker_needs_a_checkpoint_or_a_sink_id(
+    connect_spark, lake, monkeypatch
+) -> None:
+    monkeypatch.setenv("SPARK_CONNECT_LOCAL_URL", "sc://localhost:1")  # as the server sets it
+    assert in_foreach_batch_worker()
     with pytest.raises(QueryIdentityError, match="checkpoint_location=.*sink_id="):
-        streaming_query_id(spark, 0)
-    assert streaming_query_id(spark, 0, explicit_sink_id=True) is None
+        streaming_query_id(connect_spark, 0)
+    assert streaming_query_id(connect_spark, 0, explicit_sink_id=True) is None
+    with pytest.raises(QueryIdentityError, match="no readable streaming query metadata"):
+        streaming_query_id(connect_spark, 0, checkpoint_location=str(lake / "none"))
 
 
 def test_the_query_id_is_read_from_a_checkpoint_that_planned_the_batch(tmp_path) -> None:
