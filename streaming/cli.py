@@ -168,12 +168,26 @@ def _run(args: argparse.Namespace) -> int:
     spark = _session(f"compacted-sink-run-{job.file.stem}", args)
     for key, value in job.spark.items():
         spark.conf.set(key, value)
-    query, sinks = start(spark, job, out=_err)
-    _err(f"run: query {query.name} started ({len(sinks)} log(s)); {args.job}")
+    from sinks.spark_session import is_connect
+
+    listener = None
+    if is_connect(spark):
+        # The hook runs in the server's foreachBatch worker and prints there; Spark's
+        # own progress events reach a listener here, in the client.
+        from streaming.progress import ProgressListener
+
+        listener = ProgressListener(out=_err)
+        spark.streams.addListener(listener)
     try:
-        query.awaitTermination()
-    except KeyboardInterrupt:
-        query.stop()
+        query, sinks = start(spark, job, out=_err)
+        _err(f"run: query {query.name} started ({len(sinks)} log(s)); {args.job}")
+        try:
+            query.awaitTermination()
+        except KeyboardInterrupt:
+            query.stop()
+    finally:
+        if listener is not None:  # its event thread would keep the process alive
+            spark.streams.removeListener(listener)
     for sink in sinks:
         sink.close()  # the background cleaner finishes its pass in flight
         _out(f"{sink.path}: dirty ratio {sink.dirty_ratio():.2f}")
