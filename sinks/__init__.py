@@ -13,6 +13,7 @@ from sinks.errors import (
     SchemaMismatchError,
 )
 from sinks.sink import AppendReport, CompactedStateSink
+from sinks.spark_session import QueryIdentityError
 
 __all__ = [
     "AppendReport",
@@ -26,5 +27,6 @@ __all__ = [
     "ConfigError",
     "LogCorruptedError",
     "OffsetOutOfRangeError",
+    "QueryIdentityError",
     "SchemaMismatchError",
 ]
