@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench bench-quick clean
+.PHONY: demo test lint bench bench-quick soak soak-quick clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -25,6 +25,13 @@ bench: $(STAMP)
 
 bench-quick: $(STAMP)
 	$(PY) -m bench.run --quick --out bench/quick
+
+# Not part of `make test`: 3,000 micro-batches through a streaming query (20-40 min).
+soak: $(STAMP)
+	$(PY) -m bench.soak --out bench
+
+soak-quick: $(STAMP)
+	$(PY) -m bench.soak --batches 300 --out bench/soak-quick
 
 clean:
 	rm -rf lake-demo .pytest_cache

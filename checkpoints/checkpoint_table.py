@@ -3,9 +3,11 @@
 One row per (log, partition): the first dirty offset (where the last pass ended),
 the cleaner's state for that partition, and the last pass's figures. Many logs
 share one table. Rows are upserted with a Delta MERGE, so a reader sees either
-the old row or the new one. The log itself also records each pass's end offset
-(see `sinks.log.log_table`), so a crash between a pass's commit and its checkpoint
-row is repaired by rolling the checkpoint forward from the log.
+the old row or the new one. Every pass merges into it, so it is compacted every
+50 versions here, and its removed files and old commits are deleted by the
+segment deleter (``sinks.maintenance.segment_deleter``). The log itself also
+records each pass's end offset (see `sinks.log.log_table`), so a crash between
+a pass's commit and its checkpoint row is repaired by rolling the checkpoint forward from the log.
 """
 
 from __future__ import annotations
@@ -44,6 +46,13 @@ CHECKPOINT_SCHEMA = pa.schema(
         ("updated_ms", pa.int64()),
     ]
 )
+# Kept small: no one time-travels this table. The segment deleter trims it further.
+TABLE_PROPERTIES = {
+    "delta.deletedFileRetentionDuration": "interval 1 hour",
+    "delta.logRetentionDuration": "interval 1 hour",
+    "delta.checkpointInterval": "100",
+    "delta.enableExpiredLogCleanup": "false",
+}
 _COMPACT_EVERY = 50  # versions between compactions of the checkpoint table's small files
 _RETRIES = 10
 
@@ -152,6 +161,7 @@ class CleanerOffsetCheckpoint:
                 mode="ignore",
                 storage_options=self.storage_options or None,
                 name="cleaner-offset-checkpoint",
+                configuration=TABLE_PROPERTIES,
             )
         except Exception:
             if self._table() is None:

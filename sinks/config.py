@@ -26,6 +26,8 @@ RETENTION_MS = "retention.ms"
 RETENTION_BYTES = "retention.bytes"
 MESSAGE_MAX_BYTES = "message.max.bytes"
 FILE_DELETE_DELAY_MS = "file.delete.delay.ms"
+DELETED_FILE_RETENTION_DURATION = "delta.deletedFileRetentionDuration"
+LOG_RETENTION_CHECK_INTERVAL_MS = "log.retention.check.interval.ms"
 
 LONG_MAX = 2**63 - 1
 
@@ -49,8 +51,16 @@ class CleanerConfig:
     - ``retention_ms`` / ``retention_bytes``: time and size retention (``-1`` = unlimited),
       applied when the policy contains ``delete``.
     - ``message_max_bytes``: the largest value accepted (Kafka's ``message.max.bytes``).
-    - ``file_delete_delay_ms``: how old a data file no commit references must be before
-      recovery deletes it (the grace period that protects an append still in flight).
+    - ``file_delete_delay_ms``: the history window (also accepted as Delta's
+      ``delta.deletedFileRetentionDuration``, in ms or as ``"interval 7 days"``). A data file
+      leaves storage once it has been out of the log (removed by a pass, retention or
+      ``delete_records``) this long, and a file no commit names once it is this old; time
+      travel (``state(as_of=...)``) reaches back this far. Default 7 days, Delta's default,
+      not Kafka's 60 s: Delta readers (time travel, other engines, lagging streams) read
+      removed files long after the commit that removed them, and other engines' VACUUM uses
+      the same table property. See `sinks.log.history_window`.
+    - ``log_retention_check_interval_ms``: how often the cleaner deletes expired files
+      (Kafka's broker-level ``log.retention.check.interval.ms``, 5 minutes).
     """
 
     cleanup_policy: CleanupPolicy = "compact"
@@ -62,7 +72,8 @@ class CleanerConfig:
     retention_ms: int = 604_800_000
     retention_bytes: int = -1
     message_max_bytes: int = 1_048_588
-    file_delete_delay_ms: int = 60_000
+    file_delete_delay_ms: int = 604_800_000
+    log_retention_check_interval_ms: int = 300_000
 
     def __post_init__(self) -> None:
         _check_policy(CLEANUP_POLICY, self.cleanup_policy)
@@ -74,6 +85,7 @@ class CleanerConfig:
             MIN_COMPACTION_LAG_MS,
             MAX_COMPACTION_LAG_MS,
             FILE_DELETE_DELAY_MS,
+            LOG_RETENTION_CHECK_INTERVAL_MS,
         ):
             _check_int(name, getattr(self, _FIELD_OF[name]), minimum=0)
         _check_int(SEGMENT_BYTES, self.segment_bytes, minimum=1)
@@ -104,9 +116,9 @@ class CleanerConfig:
         """
         kwargs: dict[str, Any] = {}
         for key, raw in properties.items():
-            field = _FIELD_OF.get(key)
+            field = _FIELD_OF.get(key) or _ALIASES.get(key)
             if field is None:
-                known = ", ".join(sorted(_FIELD_OF))
+                known = ", ".join(sorted([*_FIELD_OF, *_ALIASES]))
                 raise ConfigError(f"unknown cleaner property {key!r}; known: {known}")
             kwargs[field] = _parse(key, raw, _TYPE_OF[field])
         return cls(**kwargs)
@@ -127,12 +139,19 @@ _FIELD_OF = {
     RETENTION_BYTES: "retention_bytes",
     MESSAGE_MAX_BYTES: "message_max_bytes",
     FILE_DELETE_DELAY_MS: "file_delete_delay_ms",
+    LOG_RETENTION_CHECK_INTERVAL_MS: "log_retention_check_interval_ms",
 }
+# Other names for the same field: the history window under its Delta table property name.
+_ALIASES = {DELETED_FILE_RETENTION_DURATION: "file_delete_delay_ms"}
 _TYPE_OF = {f.name: f.type for f in fields(CleanerConfig)}
 
 
 def _parse(key: str, raw: Any, type_name: Any) -> Any:
     text = str(raw).strip()
+    if key == DELETED_FILE_RETENTION_DURATION and not text.lstrip("-").isdigit():
+        from sinks.log.history_window import parse_interval_ms
+
+        return parse_interval_ms(text, key=key)
     try:
         if type_name in ("int", int):
             if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):

@@ -35,6 +35,8 @@ RECOVERY_AFTER_ORPHAN_DELETED = "recovery.after_orphan_deleted"
 """Recovery deleted one orphan file (reached once per file; ``@n`` stops after the n-th)."""
 RECOVERY_BEFORE_MARKER = "recovery.before_marker"
 """Recovery finished its checks and has not written its recovery point."""
+SEGMENT_DELETER_AFTER_FILE_DELETED = "segment_deleter.after_file_deleted"
+"""The segment deleter deleted one expired file (reached once per file; ``@n`` after the n-th)."""
 
 POINTS = (
     APPEND_BEFORE_COMMIT,
@@ -44,6 +46,7 @@ POINTS = (
     DEAD_LETTER_BEFORE_APPEND,
     RECOVERY_AFTER_ORPHAN_DELETED,
     RECOVERY_BEFORE_MARKER,
+    SEGMENT_DELETER_AFTER_FILE_DELETED,
 )
 
 _hits: dict[str, int] = {}

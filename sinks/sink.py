@@ -56,6 +56,7 @@ from sinks.log.storage import normalize_uri, sibling
 from sinks.maintenance import retention
 from sinks.maintenance.recovery import RecoveryReport, recover_log, write_clean_shutdown_marker
 from sinks.maintenance.retention import RetentionPlan
+from sinks.maintenance.segment_deleter import DeletionReport
 from sinks.reading.state_reader import read_state
 from sinks.spark_session import active_session, streaming_query_id
 
@@ -303,6 +304,14 @@ class CompactedStateSink:
         if not self.config.compact:
             return None
         return cleaner.clean(active_session(), force=force)
+
+    def vacuum(self) -> DeletionReport:
+        """Delete now what left the log longer than ``file.delete.delay.ms`` ago (bounded per
+        call; see `sinks.maintenance.segment_deleter`); the cleaner also does it on its own,
+        every ``log.retention.check.interval.ms``. Idempotent."""
+        if self.log_table.snapshot() is None:
+            raise FileNotFoundError(f"no compacted log at {self.path}")
+        return self.log_cleaner.segment_deleter.run(self.manager.busy_partitions)
 
     def add_pass_listener(self, listener: Callable[[CleanerStats], None]) -> None:
         """Call ``listener`` with the figures of every pass this sink's cleaner commits,

@@ -5,6 +5,11 @@ filthiest log that has a cleanable partition (SPEC rule 4), cleans it with one
 pass, and goes on; when no log is cleanable it backs off for
 ``log.cleaner.backoff.ms`` (Kafka's default: 15 s) before measuring again.
 
+Beside the passes, each round gives every log's segment deleter its turn: files
+out of the log longer than ``file.delete.delay.ms`` leave storage, at most every
+``log.retention.check.interval.ms`` per log and a bounded number per call
+(``vacuum=True`` deletes on the first round whatever the interval).
+
 A log whose pass fails is skipped for a backoff that doubles per consecutive
 failure (capped), then retried, never given up on. The sink itself records the
 failure in the checkpoint table (the partition's ``uncleanable`` state and
@@ -46,6 +51,7 @@ class CleanerThread:
         logs: Sequence[LogRef],
         *,
         force: bool = False,
+        vacuum: bool = False,
         backoff_ms: int = DEFAULT_BACKOFF_MS,
         out: Callable[[str], None] = print,
         clock: Callable[[], int] = now_ms,
@@ -59,6 +65,7 @@ class CleanerThread:
         self.failures: dict[str, int] = {}
         self.retry_at: dict[str, int] = {}
         self.passes = 0
+        self.vacuum = vacuum
 
     def grab_filthiest(self, exclude: Collection[str] = ()) -> Candidate | None:
         """The log whose dirtiest cleanable partition is dirtiest, among logs not backing off."""
@@ -112,8 +119,26 @@ class CleanerThread:
             self.out(stats.summary())
         return stats
 
+    def delete_expired_files(self) -> int:
+        """Give each log's segment deleter its turn (``vacuum``: now, else when due);
+        returns the number of files deleted."""
+        deleted = 0
+        for sink in self.sinks.values():
+            deleter = sink.log_cleaner.segment_deleter
+            if self.vacuum:
+                deleter.run(sink.manager.busy_partitions)
+            elif not deleter.maybe_run(sink.manager.busy_partitions):
+                continue
+            report = deleter.last_report
+            if report is not None and (report.deleted or self.vacuum):
+                deleted += len(report.deleted)
+                self.out(report.summary())
+        return deleted
+
     def run_once(self) -> int:
-        """Clean every cleanable log once, filthiest first; returns the number of passes."""
+        """Clean every cleanable log once, filthiest first, then delete expired files;
+        returns the number of passes."""
+        self.delete_expired_files()
         done: set[str] = set()
         passes = 0
         while (candidate := self.grab_filthiest(exclude=done)) is not None:
@@ -128,6 +153,8 @@ class CleanerThread:
         """Clean until ``stop`` is set: the filthiest log, or back off when none is cleanable."""
         stop = stop or threading.Event()
         while not stop.is_set():
+            self.delete_expired_files()
+            self.vacuum = False  # on demand once; then on each log's interval
             candidate = self.grab_filthiest()
             if candidate is None:
                 stop.wait(self.backoff_ms / 1000)

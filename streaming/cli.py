@@ -54,10 +54,19 @@ def _parser() -> argparse.ArgumentParser:
     clean.add_argument("--once", action="store_true", help="clean each cleanable log once, exit")
     clean.add_argument("--force", action="store_true", help="clean any cleanable bytes")
     clean.add_argument(
+        "--vacuum", action="store_true", help="delete expired files now, not only when due"
+    )
+    clean.add_argument(
         "--backoff-ms", type=int, default=15_000, help="log.cleaner.backoff.ms (default 15000)"
     )
     _remote(clean)
     clean.set_defaults(handler=_clean)
+
+    vacuum = commands.add_parser(
+        "vacuum", help="delete files out of the log longer than file.delete.delay.ms, now"
+    )
+    _log_selection(vacuum)
+    vacuum.set_defaults(handler=_vacuum)
 
     status = commands.add_parser("status", help="cleaner gauges per log and partition")
     _log_selection(status)
@@ -213,7 +222,9 @@ def _clean(args: argparse.Namespace) -> int:
                 f"{list(ref.spec.key_columns)} read from its schema, default cleaner settings"
             )
     _session("compacted-sink-clean", args)
-    thread = CleanerThread(refs, force=args.force, backoff_ms=args.backoff_ms, out=_out)
+    thread = CleanerThread(
+        refs, force=args.force, vacuum=args.vacuum, backoff_ms=args.backoff_ms, out=_out
+    )
     if args.once:
         thread.run_once()
         return 0
@@ -222,6 +233,20 @@ def _clean(args: argparse.Namespace) -> int:
         thread.run()
     except KeyboardInterrupt:
         pass
+    return 0
+
+
+def _vacuum(args: argparse.Namespace) -> int:
+    """Delete every expired file of each log and its checkpoint table, bounded call by call."""
+    for ref in _refs(args):
+        sink = ref.sink()
+        if sink.log_table.snapshot() is None:
+            continue
+        while True:
+            report = sink.vacuum()
+            _out(report.summary())
+            if not report.left_for_next_call:
+                break
     return 0
 
 

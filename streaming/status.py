@@ -7,8 +7,14 @@ recopy percent, bytes written over bytes read), ``max-compaction-delay-secs``,
 from the Delta log's file statistics, the log's ``txn`` offsets and the
 cleaner-offset checkpoint table: no Spark job runs, so status is cheap.
 
-`history` walks the log's Delta versions (each commit's ``compactedSink``
-metadata says whether it was an append or a pass) and `plot_history` draws
+`StorageStatus` says what the log keeps on disk against what it uses: live
+bytes and files, data bytes and files on disk, the bytes removed from the log
+and awaiting deletion (and when they go: ``file.delete.delay.ms`` after their
+removal), the Delta log's size, and the oldest version time travel still reaches.
+It lists the table and reads the last Delta checkpoint plus the commits after it.
+
+`history` walks the log's Delta versions still reachable (each commit's
+``compactedSink`` metadata says whether it was an append or a pass) and `plot_history` draws
 dirty ratio and log size over time.
 """
 
@@ -24,7 +30,9 @@ from deltalake import DeltaTable
 from sinks import CleanerConfig, CompactedStateSink
 from sinks.cleaner.cleaner_stats import format_bytes
 from sinks.cleaner.log_to_clean import LogToClean, cleanable_offsets, dirty_ratio, log_to_clean
+from sinks.log.history_window import list_delta_log, oldest_reachable_version, window_of
 from sinks.log.log_table import COMMIT_INFO_KEY, LogSnapshot, now_ms
+from sinks.maintenance.file_inventory import take_inventory
 
 
 @dataclass(frozen=True)
@@ -53,6 +61,25 @@ class PartitionStatus:
 
 
 @dataclass(frozen=True)
+class StorageStatus:
+    """What one log holds on disk against what it uses, and how far back it reaches."""
+
+    window_ms: int
+    live_bytes: int
+    live_files: int
+    bytes_on_disk: int
+    files_on_disk: int
+    awaiting_deletion_bytes: int
+    awaiting_deletion_files: int
+    next_deletion_ms: int | None
+    last_deletion_ms: int | None
+    delta_log_bytes: int
+    delta_log_files: int
+    oldest_reachable_version: int
+    oldest_reachable_ms: int | None
+
+
+@dataclass(frozen=True)
 class LogStatus:
     """A log's gauges: its partitions, and Kafka's per-cleaner maxima over them."""
 
@@ -61,6 +88,7 @@ class LogStatus:
     min_cleanable_dirty_ratio: float
     partitions: tuple[PartitionStatus, ...]
     settings_inferred: bool = False
+    storage: StorageStatus | None = None
 
     @property
     def size_bytes(self) -> int:
@@ -90,6 +118,7 @@ class LogStatus:
             "uncleanable_partitions": [p.partition for p in self.uncleanable],
             "uncleanable_bytes": sum(p.size_bytes for p in self.uncleanable),
             "settings_inferred": self.settings_inferred,
+            "storage": asdict(self.storage) if self.storage else None,
             "partitions": [asdict(p) for p in self.partitions],
         }
 
@@ -140,6 +169,52 @@ def log_status(
         min_cleanable_dirty_ratio=config.min_cleanable_dirty_ratio,
         partitions=tuple(partitions),
         settings_inferred=settings_inferred,
+        storage=storage_status(sink, snapshot, now=now),
+    )
+
+
+def storage_status(sink: CompactedStateSink, snapshot: LogSnapshot, *, now: int) -> StorageStatus:
+    """Disk against live for ``snapshot``, under the window the log's table properties set."""
+    window = window_of(snapshot.table)
+    inventory = take_inventory(sink.log_table, snapshot)
+    waiting = inventory.awaiting_deletion(window)
+    goes = [go for _, go in waiting]
+    oldest = oldest_reachable_version(
+        inventory.delta_log, current_version=snapshot.version, now_ms=now, window_ms=window
+    )
+    return StorageStatus(
+        window_ms=window,
+        live_bytes=inventory.live_bytes,
+        live_files=len(inventory.live),
+        bytes_on_disk=inventory.disk_bytes,
+        files_on_disk=len(inventory.on_disk),
+        awaiting_deletion_bytes=sum(f.size_bytes for f, _ in waiting),
+        awaiting_deletion_files=len(waiting),
+        next_deletion_ms=min(goes) if goes else None,
+        last_deletion_ms=max(goes) if goes else None,
+        delta_log_bytes=inventory.delta_log.size_bytes,
+        delta_log_files=inventory.delta_log.files,
+        oldest_reachable_version=oldest,
+        oldest_reachable_ms=inventory.delta_log.commit_ms.get(oldest),
+    )
+
+
+def render_storage(storage: StorageStatus) -> str:
+    """One line: disk against live, what awaits deletion and when, the Delta log, time travel."""
+    waiting = "nothing awaits deletion"
+    if storage.awaiting_deletion_files:
+        waiting = (
+            f"{format_bytes(storage.awaiting_deletion_bytes)} in "
+            f"{storage.awaiting_deletion_files} removed file(s) await deletion, from "
+            f"{_time(storage.next_deletion_ms)} to {_time(storage.last_deletion_ms)}"
+        )
+    return (
+        f"  storage: live {format_bytes(storage.live_bytes)} in {storage.live_files} file(s); "
+        f"on disk {format_bytes(storage.bytes_on_disk)} in {storage.files_on_disk} file(s); "
+        f"{waiting}; Delta log {format_bytes(storage.delta_log_bytes)} in "
+        f"{storage.delta_log_files} file(s); time travel reaches v"
+        f"{storage.oldest_reachable_version} ({_time(storage.oldest_reachable_ms)}), window "
+        f"{_duration(storage.window_ms)}"
     )
 
 
@@ -207,6 +282,8 @@ def render_table(statuses: Sequence[LogStatus]) -> str:
                 for cell, w, (_, align) in zip(row, widths, _COLUMNS, strict=True)
             ]
             lines.append("  " + "  ".join(cells).rstrip())
+        if status.storage is not None:
+            lines.append(render_storage(status.storage))
         for p in status.uncleanable:
             lines.append(
                 f"  p{p.partition} uncleanable: {p.uncleanable_reason or 'no reason recorded'}"
@@ -238,7 +315,13 @@ def history(sink: CompactedStateSink, *, max_points: int = 120) -> list[HistoryP
     (the checkpoint table only holds today's rows).
     """
     table = DeltaTable(sink.path, storage_options=sink.storage_options or None)
-    commits = {c["version"]: c for c in table.history() if "version" in c}
+    listing = list_delta_log(sink.path, sink.storage_options)
+    oldest = oldest_reachable_version(
+        listing, current_version=table.version(), now_ms=now_ms(), window_ms=window_of(table)
+    )
+    commits = {
+        c["version"]: c for c in table.history() if "version" in c and c["version"] >= oldest
+    }
     versions = sorted(commits)
     if len(versions) > max_points:
         step = (len(versions) - 1) / (max_points - 1)

@@ -16,7 +16,9 @@ Here the ``foreachBatch`` hook appends and hands the log to its `LogCleaner`:
 A round (`maintain`) is what Kafka's log manager and cleaner threads do between
 them: retention (``cleanup.policy`` with ``delete``), then one pass over the
 cleanable partitions (dirtiest first, SPEC rule 4), each pass claimed in the
-checkpoint table (`CleanerManager`) and checkpointed where it ended.
+checkpoint table (`CleanerManager`) and checkpointed where it ended; then, at
+most every ``log.retention.check.interval.ms``, the deletion of files out of the
+log longer than the history window (`SegmentDeleter`).
 
 One pass at a time per `LogCleaner`: a pass holds the cleaner's lock, so
 ``clean()`` from the caller and the worker never race each other (passes of
@@ -63,6 +65,7 @@ from sinks.errors import CleanerError, CommitConflictError
 from sinks.log.log_table import LogSnapshot, LogTable
 from sinks.maintenance import retention
 from sinks.maintenance.retention import RetentionPlan
+from sinks.maintenance.segment_deleter import SegmentDeleter
 
 logger = logging.getLogger("compacted_sink")
 
@@ -119,6 +122,13 @@ class LogCleaner:
         self._worker: _CleanerThread | None = None
         self._worker_lock = threading.Lock()
         self._checkpoint_cache: tuple[float, dict[int, int] | None] = (0.0, None)
+        self.segment_deleter = SegmentDeleter(
+            log.uri,
+            checkpoints.uri,
+            window_ms=config.file_delete_delay_ms,
+            check_interval_ms=config.log_retention_check_interval_ms,
+            storage_options=log.storage_options,
+        )
 
     # -- measuring -------------------------------------------------------------------------
 
@@ -191,6 +201,7 @@ class LogCleaner:
             except CleanerError as e:
                 self.last_error = e
                 logger.warning("cleaning %s failed: %s", self.log.uri, e)
+        self.segment_deleter.maybe_run(self.manager.busy_partitions)
         self.last_round = RoundReport(retention=plan, clean=stats)
         return self.last_round
 

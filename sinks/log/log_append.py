@@ -40,6 +40,7 @@ from sinks.config import CleanerConfig
 from sinks.crash_points import APPEND_BEFORE_COMMIT, crash_point
 from sinks.errors import CommitConflictError, SchemaMismatchError
 from sinks.log.append_task import APPEND_TASK_DDL, AppendTask, read_task_output
+from sinks.log.history_window import table_properties
 from sinks.log.log_table import (
     LOG_END_OFFSET_TXN,
     PARTITIONS_TXN,
@@ -207,7 +208,9 @@ class LogAppender:
                 raise_for_problems(problems, batch_id=batch_id)
             if snapshot is None:
                 # Only a valid batch creates the log: bad input leaves no trace at all.
-                snapshot = self.log.create(schema)
+                snapshot = self.log.create(
+                    schema, table_properties(self.config.file_delete_delay_ms)
+                )
                 try:
                     check_schema(schema, snapshot.spark_schema)
                 except SchemaMismatchError:

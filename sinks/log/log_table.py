@@ -36,6 +36,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
 from sinks.log.file_reader import read_files
+from sinks.log.history_window import check_reachable
 from sinks.log.segment import Segment
 from sinks.log.segment_writer import WrittenSegment
 from sinks.log.storage import is_local, join
@@ -69,16 +70,45 @@ class LogTable:
         except TableNotFoundError:
             return None
         if as_of is not None:
-            table.load_as_version(as_of)
+            self._travel(table, as_of)
         return LogSnapshot(self.uri, table)
 
-    def create(self, schema: StructType) -> LogSnapshot:
-        """Create the table with ``schema`` unless it exists; returns the current snapshot."""
+    def _travel(self, table: DeltaTable, as_of: AsOf) -> None:
+        """Load ``as_of`` into ``table``; raises `HistoryExpiredError` before the history window."""
+        current = DeltaTable(self.uri, storage_options=self.storage_options or None)
+        try:
+            table.load_as_version(as_of)
+        except Exception as e:  # noqa: BLE001 - cleaned-up versions fail in several ways
+            check_reachable(
+                self.uri,
+                as_of,
+                version=None,
+                current=current,
+                now_ms=now_ms(),
+                storage_options=self.storage_options,
+                cause=e,
+            )
+            raise
+        check_reachable(
+            self.uri,
+            as_of,
+            version=table.version(),
+            current=current,
+            now_ms=now_ms(),
+            storage_options=self.storage_options,
+        )
+
+    def create(
+        self, schema: StructType, configuration: Mapping[str, str] | None = None
+    ) -> LogSnapshot:
+        """Create the table with ``schema`` (and Delta table properties) unless it exists;
+        returns the current snapshot."""
         try:
             DeltaTable.create(
                 self.uri,
                 log_arrow_schema(schema),
                 mode="ignore",
+                configuration=dict(configuration) if configuration else None,
                 storage_options=self.storage_options or None,
                 name=self.uri.rstrip("/").rsplit("/", 1)[-1],
                 description="compacted-state log",

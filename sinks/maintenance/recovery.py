@@ -6,8 +6,9 @@ end, and re-reads every segment after the recovery point unless a clean-shutdown
 marker says there is no need. Here:
 
 1. **Orphans.** A killed append or pass leaves Parquet files that no commit
-   names. Every data file the Delta log never mentions (in any add or remove
-   action still in the log) and older than ``file.delete.delay.ms`` is deleted.
+   names. Every data file the snapshot neither uses nor holds a tombstone for
+   (read from the last Delta checkpoint and the commits after it, not from every
+   commit ever made) and older than ``file.delete.delay.ms`` is deleted.
    The grace period protects a writer that is between writing its files and
    committing them; partitions whose pass is live in the checkpoint table are
    skipped whatever the age. Files only removed by a commit stay: they serve time travel.
@@ -25,6 +26,9 @@ marker says there is no need. Here:
    clean close and by every successful recovery). The full check then only
    reads files added after that version.
 
+Cost: a listing of the table, one Delta checkpoint and the commits after it,
+plus the files added since the marker's version: nothing grows with history.
+
 Every step is idempotent and the marker is written last, so a crash during
 recovery is recovered by the next open doing the same steps again.
 """
@@ -40,7 +44,6 @@ from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
@@ -51,21 +54,13 @@ from sinks.errors import LogCorruptedError
 from sinks.log.log_table import LogSnapshot, LogTable
 from sinks.log.segment import Segment
 from sinks.log.storage import arrow_filesystem
+from sinks.maintenance.file_inventory import DataFile, list_data_files, referenced_paths
 
 logger = logging.getLogger("compacted_sink")
 
 MARKER_DIR = "_compacted_sink"
 CLEAN_SHUTDOWN_MARKER = f"{MARKER_DIR}/clean-shutdown.json"
 _DELTA_LOG = "_delta_log"
-
-
-@dataclass(frozen=True)
-class DataFile:
-    """A data file found in the table's directory, relative to the table root."""
-
-    path: str
-    size_bytes: int
-    mtime_ms: int
 
 
 @dataclass(frozen=True)
@@ -246,47 +241,6 @@ def remove_orphans(
             pass  # another recovery got there first
         crash_point(RECOVERY_AFTER_ORPHAN_DELETED)
     return old, young
-
-
-def list_data_files(log: LogTable) -> list[DataFile]:
-    """Every Parquet file under the table root outside ``_``-prefixed directories."""
-    fs, root = arrow_filesystem(log.uri, log.storage_options)
-    infos = fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
-    found = []
-    for info in infos:
-        if info.type != pafs.FileType.File or not info.path.endswith(".parquet"):
-            continue
-        relative = info.path[len(root) :].lstrip("/")
-        if any(part.startswith(("_", ".")) for part in relative.split("/")):
-            continue
-        mtime = info.mtime.timestamp() * 1000 if info.mtime is not None else 0
-        found.append(DataFile(relative, info.size or 0, int(mtime)))
-    return found
-
-
-def referenced_paths(log: LogTable, snapshot: LogSnapshot) -> set[str]:
-    """Every data file named by an add or remove action still in the Delta log, or live now."""
-    fs, root = arrow_filesystem(log.uri, log.storage_options)
-    names: set[str] = {unquote(s.path) for s in snapshot.all_segments()}
-    infos = fs.get_file_info(pafs.FileSelector(f"{root}/{_DELTA_LOG}", allow_not_found=True))
-    for info in infos:
-        name = info.base_name
-        if info.type != pafs.FileType.File:
-            continue
-        if name.endswith(".json") and name[:20].isdigit():
-            with fs.open_input_stream(info.path) as stream:
-                for line in stream.read().decode().splitlines():
-                    action = json.loads(line) if line.strip() else {}
-                    for kind in ("add", "remove"):
-                        if kind in action:
-                            names.add(unquote(action[kind]["path"]))
-        elif ".checkpoint" in name and name.endswith(".parquet"):
-            table = pq.read_table(info.path, filesystem=fs, columns=["add", "remove"])
-            for kind in ("add", "remove"):
-                for struct in table.column(kind).to_pylist():
-                    if struct and struct.get("path"):
-                        names.add(unquote(struct["path"]))
-    return names
 
 
 def reconcile_checkpoint(

@@ -1,0 +1,224 @@
+"""The history window: how long removed files stay, so readers and time travel keep working.
+
+Kafka deletes a segment the cleaner or retention removed ``file.delete.delay.ms``
+after removing it; Delta keeps a removed file ``delta.deletedFileRetentionDuration``
+(7 days) so that time travel and readers holding an older snapshot still find it.
+Here both names are one setting (`CleanerConfig.file_delete_delay_ms`, the
+*window*), written on the log as Delta table properties so that another engine's
+VACUUM keeps exactly what this sink keeps:
+
+- ``delta.deletedFileRetentionDuration``: the window;
+- ``delta.logRetentionDuration``: the window too, so every version inside it can
+  still be loaded (a version's files and its commit go together);
+- ``delta.checkpointInterval``: a Delta checkpoint every 100 commits, so opening
+  the log reads one checkpoint and at most 100 commits;
+- ``delta.enableExpiredLogCleanup``: false, because the sink trims the Delta log
+  itself in one place (the segment deleter, on the cleaner's schedule) instead
+  of in every writer's post-commit hook, where a cleanup racing a checkpoint can
+  leave a table unloadable (delta-rs#3692).
+
+Invariant: every version committed at or after ``now - window`` can be read
+(`oldest_reachable_version`); reading an older one raises `HistoryExpiredError`,
+which names the window. Commit times are the commit files' modification times,
+as Delta's timestamp time travel uses them; edges within a second or two of the
+window's start are not promised.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import pyarrow.fs as pafs
+from deltalake import DeltaTable
+
+from sinks.errors import CompactedSinkError, ConfigError
+
+DELETED_FILE_RETENTION_DURATION = "delta.deletedFileRetentionDuration"
+LOG_RETENTION_DURATION = "delta.logRetentionDuration"
+CHECKPOINT_INTERVAL = "delta.checkpointInterval"
+ENABLE_EXPIRED_LOG_CLEANUP = "delta.enableExpiredLogCleanup"
+
+DEFAULT_WINDOW_MS = 7 * 24 * 3_600_000  # Delta's default deletedFileRetentionDuration
+DEFAULT_CHECKPOINT_INTERVAL = 100  # delta-rs's default, made explicit on the table
+DELTA_LOG = "_delta_log"
+
+_UNITS_MS = {
+    "week": 7 * 86_400_000,
+    "day": 86_400_000,
+    "hour": 3_600_000,
+    "minute": 60_000,
+    "second": 1_000,
+    "millisecond": 1,
+}
+_INTERVAL = re.compile(r"^(?:interval\s+)?(\d+)\s*([a-z]+?)s?$")
+
+
+class HistoryExpiredError(CompactedSinkError, ValueError):
+    """Raised when time travel asks for a version older than the history window keeps."""
+
+
+# -- the window as Delta table properties -----------------------------------------------------
+
+
+def format_interval(ms: int) -> str:
+    """Delta's interval text for ``ms`` in the largest unit dividing it (``interval 7 days``)."""
+    for unit, size in _UNITS_MS.items():
+        if ms and ms % size == 0:
+            count = ms // size
+            return f"interval {count} {unit}{'s' if count != 1 else ''}"
+    return f"interval {ms} milliseconds"
+
+
+def parse_interval_ms(text: str, *, key: str = DELETED_FILE_RETENTION_DURATION) -> int:
+    """Milliseconds of Delta's ``interval <n> <unit>`` (``"interval 7 days"``, ``"1 hour"``).
+
+    Raises `ConfigError` naming ``key`` for anything else.
+    """
+    match = _INTERVAL.match(text.strip().lower())
+    unit = match.group(2).removesuffix("s") if match else None
+    if match is None or unit not in _UNITS_MS:
+        raise ConfigError(
+            f"{key} must be milliseconds or 'interval <n> <unit>' "
+            f"(units: {', '.join(_UNITS_MS)}), got {text!r}"
+        )
+    return int(match.group(1)) * _UNITS_MS[unit]
+
+
+def table_properties(window_ms: int) -> dict[str, str]:
+    """The Delta table properties that make a log keep ``window_ms`` of history, no more."""
+    interval = format_interval(window_ms)
+    return {
+        DELETED_FILE_RETENTION_DURATION: interval,
+        LOG_RETENTION_DURATION: interval,
+        CHECKPOINT_INTERVAL: str(DEFAULT_CHECKPOINT_INTERVAL),
+        ENABLE_EXPIRED_LOG_CLEANUP: "false",
+    }
+
+
+def window_of(table: DeltaTable) -> int:
+    """The window a table keeps: its ``delta.deletedFileRetentionDuration`` (default 7 days)."""
+    text = table.metadata().configuration.get(DELETED_FILE_RETENTION_DURATION)
+    return DEFAULT_WINDOW_MS if text is None else parse_interval_ms(text)
+
+
+def align_table_properties(table: DeltaTable, window_ms: int) -> bool:
+    """Set the window's properties on ``table`` when they differ; True when a commit was made.
+
+    Idempotent: a table that already has them is not touched (a metadata commit
+    would make concurrent appends retry and a concurrent pass start over).
+    """
+    wanted = table_properties(window_ms)
+    current = table.metadata().configuration
+    if all(current.get(k) == v for k, v in wanted.items()):
+        return False
+    table.alter.set_table_properties(wanted)
+    return True
+
+
+# -- what the Delta log holds -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DeltaLogListing:
+    """The commit and checkpoint files in ``_delta_log``: versions, times, sizes (one listing)."""
+
+    commit_ms: Mapping[int, int]
+    checkpoints: frozenset[int]
+    files: int
+    size_bytes: int
+
+    @property
+    def oldest_loadable_version(self) -> int | None:
+        """The first version a reader can load: 0 with every commit kept, else the oldest
+        checkpoint (commits before it were cleaned up)."""
+        if not self.commit_ms:
+            return None
+        first_commit = min(self.commit_ms)
+        if first_commit == 0:
+            return 0
+        starts = [c for c in self.checkpoints if c >= first_commit - 1]
+        return min(starts) if starts else first_commit
+
+
+def list_delta_log(uri: str, storage_options: Mapping[str, str] | None = None) -> DeltaLogListing:
+    """List ``_delta_log`` once: a LIST, no file is read."""
+    from sinks.log.storage import arrow_filesystem
+
+    fs, root = arrow_filesystem(uri, storage_options)
+    infos = fs.get_file_info(pafs.FileSelector(f"{root}/{DELTA_LOG}", allow_not_found=True))
+    commits: dict[int, int] = {}
+    checkpoints: set[int] = set()
+    files = size = 0
+    for info in infos:
+        if info.type != pafs.FileType.File:
+            continue
+        files += 1
+        size += info.size or 0
+        name = info.base_name
+        if not name[:20].isdigit():
+            continue
+        version = int(name[:20])
+        if name.endswith(".json") and len(name) == 25:
+            commits[version] = int(info.mtime.timestamp() * 1000) if info.mtime else 0
+        elif ".checkpoint" in name:
+            checkpoints.add(version)
+    return DeltaLogListing(commits, frozenset(checkpoints), files, size)
+
+
+def oldest_reachable_version(
+    listing: DeltaLogListing, *, current_version: int, now_ms: int, window_ms: int
+) -> int:
+    """The oldest version time travel still reaches: the first committed inside the window
+    (the current version when none was), never one whose commits were cleaned up. Pure."""
+    horizon = now_ms - window_ms
+    inside = [v for v, at in listing.commit_ms.items() if at >= horizon and v <= current_version]
+    oldest = min(inside) if inside else current_version
+    loadable = listing.oldest_loadable_version
+    return max(oldest, loadable) if loadable is not None else oldest
+
+
+# -- time travel inside the window ------------------------------------------------------------
+
+
+def check_reachable(
+    uri: str,
+    requested: int | str | datetime,
+    *,
+    version: int | None,
+    current: DeltaTable,
+    now_ms: int,
+    storage_options: Mapping[str, str] | None = None,
+    cause: BaseException | None = None,
+) -> None:
+    """Raise `HistoryExpiredError` when ``requested`` (resolved to ``version``, or None when
+    it could not be loaded) lies before the window of the log at ``uri``.
+
+    Returns quietly for a version inside the window; re-raises ``cause`` when the
+    request failed for another reason (a version that does not exist yet).
+    """
+    window = window_of(current)
+    listing = list_delta_log(uri, storage_options)
+    oldest = oldest_reachable_version(
+        listing, current_version=current.version(), now_ms=now_ms, window_ms=window
+    )
+    if version is not None and version >= oldest:
+        return
+    if version is None and isinstance(requested, int) and requested > current.version():
+        if cause is not None:
+            raise cause
+        return
+    since = listing.commit_ms.get(oldest)
+    since_text = (
+        datetime.fromtimestamp(since / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        if since
+        else "?"
+    )
+    raise HistoryExpiredError(
+        f"{uri}: as_of={requested!r} is outside the history window "
+        f"(file.delete.delay.ms / {DELETED_FILE_RETENTION_DURATION} = {format_interval(window)}); "
+        f"the oldest version time travel reaches is {oldest} (committed {since_text}), "
+        f"the current one {current.version()}"
+    ) from cause

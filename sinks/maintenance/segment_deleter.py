@@ -1,0 +1,235 @@
+"""Deleting files that left the log: Kafka's asynchronous segment deletion, for a Delta table.
+
+Kafka renames a segment the cleaner or retention removed to ``.deleted`` and
+deletes it ``file.delete.delay.ms`` later. Here a pass, retention or
+``delete_records`` commits a remove action (a tombstone), and this deleter
+deletes the file once the tombstone is older than the history window
+(`sinks.log.history_window`), together with untracked files (orphans of killed
+writers) older than the window. It also keeps the Delta log bounded: it sets the
+window's table properties, and trims commit files older than the window once a
+Delta checkpoint covers them (checkpoints come every ``delta.checkpointInterval``
+commits from delta-rs's post-commit hook).
+
+What to delete is planned by delta-rs, ``DeltaTable.vacuum(dry_run=True,
+full=True)``, which knows the tombstones of the snapshot and lists storage for
+untracked files, so another Delta engine's VACUUM would choose the same files.
+The deletion itself is done here, not by ``vacuum(dry_run=False)``: measured,
+the latter deletes every candidate in one call (unbounded after a long pause)
+and commits two extra versions (``VACUUM START``/``END``) per call, each of which
+makes concurrent appends retry. Here a call deletes at most ``max_files`` files
+and commits nothing unless the table's properties must change.
+
+Invariant: a file the current snapshot uses, or that any version inside the
+window uses, is never deleted (delta-rs keeps live files and tombstones younger
+than the window). Files under the directory of a partition whose pass is live
+are left for the next call, whatever their age.
+
+Idempotent and crash-safe: deleting is the only effect, a file already gone is
+not an error, and a deleter killed half-way leaves files the next call deletes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from deltalake import DeltaTable
+
+from sinks.crash_points import SEGMENT_DELETER_AFTER_FILE_DELETED, crash_point
+from sinks.log.history_window import (
+    DELETED_FILE_RETENTION_DURATION,
+    align_table_properties,
+    list_delta_log,
+    parse_interval_ms,
+    table_properties,
+)
+from sinks.log.storage import arrow_filesystem
+
+logger = logging.getLogger("compacted_sink")
+
+DEFAULT_MAX_FILES = 1_000
+"""Files one call deletes at most: a few seconds of DELETE calls on an object store."""
+
+CHECKPOINT_TABLE_MIN_WINDOW_MS = 60_000  # Kafka's file.delete.delay.ms default
+CHECKPOINT_TABLE_MAX_WINDOW_MS = 3_600_000
+"""The cleaner-offset checkpoint table keeps no history anyone reads, only enough for
+the readers and merges in flight: the log's window, held between 1 minute and 1 hour."""
+
+
+@dataclass(frozen=True)
+class DeletionReport:
+    """What one call deleted from one Delta table, and what it left for the next call."""
+
+    table: str
+    deleted: tuple[str, ...] = ()
+    deleted_bytes: int = 0
+    left_for_next_call: int = 0
+    skipped_busy: int = 0
+    properties_set: bool = False
+    log_files_before: int = 0
+    log_files_after: int = 0
+    duration_ms: int = 0
+
+    def summary(self) -> str:
+        return (
+            f"{self.table}: deleted {len(self.deleted)} file(s) ({self.deleted_bytes} B) "
+            f"older than the window, {self.left_for_next_call} left for the next call, "
+            f"{self.skipped_busy} skipped beside a live pass; Delta log "
+            f"{self.log_files_before} -> {self.log_files_after} file(s) in {self.duration_ms} ms"
+        )
+
+
+def delete_expired_files(
+    uri: str,
+    *,
+    window_ms: int,
+    storage_options: Mapping[str, str] | None = None,
+    max_files: int = DEFAULT_MAX_FILES,
+    protected_partitions: Iterable[int] = (),
+    trim_log: bool = True,
+) -> DeletionReport:
+    """Delete up to ``max_files`` files of the table at ``uri`` that left it more than
+    ``window_ms`` ago (or that no commit names and are that old), then trim its Delta log.
+
+    Sets the window's table properties first when they differ (one metadata commit).
+    Files of ``protected_partitions`` (``partition-<p>/``) are kept for now.
+    """
+    started = time.monotonic()
+    options = dict(storage_options or {})
+    table = DeltaTable(uri, storage_options=options or None)
+    changed = align_table_properties(table, window_ms)
+    if changed:
+        table = DeltaTable(uri, storage_options=options or None)
+    before = list_delta_log(uri, options).files
+    # Sorted: delta-rs returns candidates unordered, and a fixed order makes a bounded
+    # call's leftovers the next call's first files.
+    candidates = sorted(table.vacuum(dry_run=True, full=True, enforce_retention_duration=False))
+    protected = tuple(f"partition-{p}/" for p in protected_partitions)
+    allowed = [p for p in candidates if not p.startswith(protected)] if protected else candidates
+    chosen = allowed[:max_files]
+    fs, root = arrow_filesystem(uri, options)
+    sizes = fs.get_file_info([f"{root}/{p}" for p in chosen]) if chosen else []
+    deleted, deleted_bytes = [], 0
+    for path, info in zip(chosen, sizes, strict=True):
+        try:
+            fs.delete_file(f"{root}/{path}")
+        except FileNotFoundError:
+            continue  # another deleter got there first
+        deleted.append(path)
+        deleted_bytes += info.size or 0
+        crash_point(SEGMENT_DELETER_AFTER_FILE_DELETED)
+    if trim_log:
+        table.cleanup_metadata()
+    report = DeletionReport(
+        table=uri,
+        deleted=tuple(deleted),
+        deleted_bytes=deleted_bytes,
+        left_for_next_call=len(allowed) - len(chosen),
+        skipped_busy=len(candidates) - len(allowed),
+        properties_set=changed,
+        log_files_before=before,
+        log_files_after=list_delta_log(uri, options).files if trim_log else before,
+        duration_ms=int((time.monotonic() - started) * 1000),
+    )
+    if deleted or changed:
+        logger.info("%s", report.summary())
+    return report
+
+
+def checkpoint_table_window(log_window_ms: int) -> int:
+    """The window of the cleaner-offset checkpoint table for a log keeping ``log_window_ms``."""
+    return min(max(log_window_ms, CHECKPOINT_TABLE_MIN_WINDOW_MS), CHECKPOINT_TABLE_MAX_WINDOW_MS)
+
+
+def delete_expired_checkpoint_files(
+    uri: str,
+    *,
+    log_window_ms: int,
+    storage_options: Mapping[str, str] | None = None,
+    max_files: int = DEFAULT_MAX_FILES,
+) -> DeletionReport | None:
+    """The same for the cleaner-offset checkpoint table (shared by many logs; None when it
+    does not exist yet). Its window only ever shrinks, so logs with different windows
+    never undo each other's setting."""
+    try:
+        table = DeltaTable(uri, storage_options=dict(storage_options or {}) or None)
+    except Exception:  # noqa: BLE001 - not created yet
+        return None
+    window = checkpoint_table_window(log_window_ms)
+    current = table.metadata().configuration.get(DELETED_FILE_RETENTION_DURATION)
+    keys_missing = any(k not in table.metadata().configuration for k in table_properties(window))
+    if current is not None and not keys_missing:
+        window = min(window, parse_interval_ms(current))
+    return delete_expired_files(
+        uri, window_ms=window, storage_options=storage_options, max_files=max_files
+    )
+
+
+class SegmentDeleter:
+    """Runs the deletion for one log (and its checkpoint table) at most every
+    ``log.retention.check.interval.ms``: Kafka's scheduled ``kafka-delete-logs`` task.
+
+    `maybe_run` is what the cleaner calls after each round; `run` deletes now.
+    Thread-safe: two callers never delete at once (the second one skips).
+    """
+
+    def __init__(
+        self,
+        log_uri: str,
+        checkpoint_uri: str,
+        *,
+        window_ms: int,
+        check_interval_ms: int,
+        storage_options: Mapping[str, str] | None = None,
+        max_files: int = DEFAULT_MAX_FILES,
+    ) -> None:
+        self.log_uri = log_uri
+        self.checkpoint_uri = checkpoint_uri
+        self.window_ms = window_ms
+        self.check_interval_ms = check_interval_ms
+        self.storage_options = dict(storage_options or {})
+        self.max_files = max_files
+        self.last_report: DeletionReport | None = None
+        self.last_checkpoint_report: DeletionReport | None = None
+        self._next_run = 0.0
+        self._lock = threading.Lock()
+
+    def maybe_run(self, busy_partitions: Callable[[], Iterable[int]] = tuple) -> bool:
+        """Delete now if the check interval has passed since the last run; True if it ran.
+
+        Never raises: a failed run is logged and retried at the next interval.
+        """
+        if time.monotonic() < self._next_run or not self._lock.acquire(blocking=False):
+            return False
+        try:
+            self._next_run = time.monotonic() + self.check_interval_ms / 1000
+            self._run(busy_partitions)
+        except Exception:  # noqa: BLE001 - deletion must never fail a batch or a pass
+            logger.warning("deleting expired files of %s failed", self.log_uri, exc_info=True)
+        finally:
+            self._lock.release()
+        return True
+
+    def run(self, busy_partitions: Callable[[], Iterable[int]] = tuple) -> DeletionReport:
+        """Delete expired files of the log and its checkpoint table now (bounded per table)."""
+        with self._lock:
+            return self._run(busy_partitions)
+
+    def _run(self, busy_partitions: Callable[[], Iterable[int]]) -> DeletionReport:
+        self.last_report = delete_expired_files(
+            self.log_uri,
+            window_ms=self.window_ms,
+            storage_options=self.storage_options,
+            max_files=self.max_files,
+            protected_partitions=busy_partitions(),
+        )
+        self.last_checkpoint_report = delete_expired_checkpoint_files(
+            self.checkpoint_uri,
+            log_window_ms=self.window_ms,
+            storage_options=self.storage_options,
+            max_files=self.max_files,
+        )
+        return self.last_report
