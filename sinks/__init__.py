@@ -12,6 +12,7 @@ from sinks.errors import (
     OffsetOutOfRangeError,
     SchemaMismatchError,
 )
+from sinks.log.history_window import HistoryExpiredError
 from sinks.sink import AppendReport, CompactedStateSink
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "CompactedSinkError",
     "CompactedStateSink",
     "ConfigError",
+    "HistoryExpiredError",
     "LogCorruptedError",
     "OffsetOutOfRangeError",
     "SchemaMismatchError",
