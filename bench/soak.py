@@ -288,6 +288,14 @@ def write_markdown(result: dict, file: str) -> None:
         return "met" if ok else "NOT met"
 
     kib = 1024
+    stopped = ""
+    if result["batches"] < s["batches"]:
+        stopped = (
+            f" The run was cut at `--max-minutes {s['max_minutes']:g}` after "
+            f"{result['batches']} of the {s['batches']} batches asked for: on this machine a "
+            "micro-batch took seconds of wall time, most of it Spark's own per-batch work "
+            "under a load average several times the core count."
+        )
     lines = [
         "# Soak: disk reclaimed, history bounded, cost flat",
         "",
@@ -298,7 +306,7 @@ def write_markdown(result: dict, file: str) -> None:
         f"{s['check_interval_ms'] / 1000:.0f} s). Wall time {result['wall_s']:.0f} s, "
         f"{result['passes']} cleaning passes. Machine: {result['cpus']} cores, load average "
         f"{result['load_average_start'][0]} at the start and {result['load_average_end'][0]} "
-        "at the end (shared with other jobs).",
+        f"at the end (shared with other jobs).{stopped}",
         "",
         "| at the end | value |",
         "|---|---|",
@@ -345,7 +353,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--lake", default=SoakSettings.lake)
     parser.add_argument("--out", default="bench")
+    parser.add_argument("--render", metavar="SOAK.json", help="only redraw SOAK.md and the plot")
     args = parser.parse_args(argv)
+    if args.render:
+        with open(args.render) as f:
+            result = json.load(f)
+        plot(result, os.path.join(args.out, "soak.png"))
+        write_markdown(result, os.path.join(args.out, "SOAK.md"))
+        return 0
     settings = SoakSettings(
         lake=args.lake,
         batches=args.batches,

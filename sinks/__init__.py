@@ -12,6 +12,7 @@ from sinks.errors import (
     OffsetOutOfRangeError,
     SchemaMismatchError,
 )
+from sinks.log.history_window import HistoryExpiredError
 from sinks.sink import AppendReport, CompactedStateSink
 from sinks.spark_session import QueryIdentityError
 
@@ -25,6 +26,7 @@ __all__ = [
     "CompactedSinkError",
     "CompactedStateSink",
     "ConfigError",
+    "HistoryExpiredError",
     "LogCorruptedError",
     "OffsetOutOfRangeError",
     "QueryIdentityError",

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from checkpoints import CleanerOffsetCheckpoint
 from sinks import CleanerConfig, CompactedStateSink
 from sinks.errors import ConfigError
+from sinks.log.history_window import window_of
 from sinks.log.log_table import LogTable
 from sinks.log.records import VALUE
 from sinks.log.storage import normalize_uri
@@ -75,7 +76,9 @@ def infer_log(path: str, *, checkpoint_table: str | None = None) -> LogRef | Non
     spec = LogSpec(
         path=normalize_uri(path),
         key_columns=key_columns_of(snapshot.spark_schema.names),
-        config=CleanerConfig(),
+        # The history window is the table's own (its Delta property), never a default
+        # that would shorten or lengthen what the job that writes the log chose.
+        config=CleanerConfig(file_delete_delay_ms=window_of(snapshot.table)),
         checkpoint_table=checkpoint_table,
     )
     return LogRef(spec, inferred=True)

@@ -62,6 +62,12 @@ def main(scenario: str, lake: str) -> None:
         cleaner_loop(spark, path, lake)
         return
     config = CleanerConfig(min_cleanable_dirty_ratio=1.0)
+    if scenario == "vacuum":  # every batch cleaned; removed files expire at once
+        config = CleanerConfig(
+            min_cleanable_dirty_ratio=0.0,
+            file_delete_delay_ms=0,
+            log_retention_check_interval_ms=3_600_000,
+        )
     dead = os.path.join(lake, DEAD) if scenario == "dead_letter" else None
     sink = CompactedStateSink(path, config=config, dead_letter_table=dead)
     for batch_id in range(3):
@@ -74,6 +80,8 @@ def main(scenario: str, lake: str) -> None:
         sink.clean(force=True)
     elif scenario == "dead_letter":
         sink(bad_rows_frame(spark, 3), 3)
+    elif scenario == "vacuum":
+        sink.vacuum()
     print("finished", flush=True)
 
 

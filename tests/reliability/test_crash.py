@@ -36,8 +36,10 @@ from sinks.crash_points import (
     CRASH_AT_ENV,
     DEAD_LETTER_BEFORE_APPEND,
     RECOVERY_AFTER_ORPHAN_DELETED,
+    SEGMENT_DELETER_AFTER_FILE_DELETED,
 )
 from sinks.log.dead_letter import DeadLetterTable
+from sinks.maintenance.file_inventory import list_data_files
 
 pytestmark = pytest.mark.crash
 
@@ -47,6 +49,7 @@ KILLS = {
     "clean": CLEAN_BEFORE_COMMIT,
     "checkpoint": CLEAN_BEFORE_CHECKPOINT,
     "dead_letter": DEAD_LETTER_BEFORE_APPEND,
+    "vacuum": f"{SEGMENT_DELETER_AFTER_FILE_DELETED}@1",
 }
 # The restarted sink deletes orphans at once: nothing else writes these logs.
 RESTART = CleanerConfig(min_cleanable_dirty_ratio=1.0, file_delete_delay_ms=0)
@@ -213,3 +216,19 @@ def test_kill_between_dead_letters_and_append(crashes, spark):
     assert set(letters.column("reason").to_pylist()) == {"null key (key)"}
     assert_replays(sink, range(4))
     assert_contiguous(run.log, range(4))
+
+
+def test_kill_inside_deletion_loses_nothing_and_the_next_run_finishes(crashes, spark):
+    run = crashes.wait("vacuum")
+    run.assert_killed_after_commits()
+    config = CleanerConfig(min_cleanable_dirty_ratio=1.0, file_delete_delay_ms=0)
+    sink = CompactedStateSink(run.log, config=config)
+    live = {s.path for s in sink.log_table.snapshot().all_segments()}
+    left = {f.path for f in list_data_files(sink.log_table)} - live
+    assert left, "the kill came after the first deleted file: the others must be left"
+    assert_replays(sink, COMMITTED)  # nothing the log uses was touched
+
+    report = sink.vacuum()
+    assert set(report.deleted) == left
+    assert {f.path for f in list_data_files(sink.log_table)} == live
+    assert_replays(sink, COMMITTED)  # cleaned, so offsets have gaps: no contiguity check
