@@ -26,6 +26,8 @@ RETENTION_MS = "retention.ms"
 RETENTION_BYTES = "retention.bytes"
 MESSAGE_MAX_BYTES = "message.max.bytes"
 FILE_DELETE_DELAY_MS = "file.delete.delay.ms"
+LOG_CLEANER_IO_MAX_BYTES_PER_SECOND = "log.cleaner.io.max.bytes.per.second"
+LOG_CLEANER_MAX_BYTES_PER_PASS = "log.cleaner.max.bytes.per.pass"
 
 LONG_MAX = 2**63 - 1
 
@@ -51,6 +53,11 @@ class CleanerConfig:
     - ``message_max_bytes``: the largest value accepted (Kafka's ``message.max.bytes``).
     - ``file_delete_delay_ms``: how old a data file no commit references must be before
       recovery deletes it (the grace period that protects an append still in flight).
+    - ``log_cleaner_io_max_bytes_per_second``: Kafka's Throttler: passes are spaced so the
+      cleaner reads and writes at most this many bytes a second on average (default: no limit).
+    - ``log_cleaner_max_bytes_per_pass``: the most input bytes one pass reads; a larger
+      cleanable section is cleaned in several bounded passes, dirtiest partitions first
+      (default: no limit; not a Kafka setting).
     """
 
     cleanup_policy: CleanupPolicy = "compact"
@@ -63,6 +70,8 @@ class CleanerConfig:
     retention_bytes: int = -1
     message_max_bytes: int = 1_048_588
     file_delete_delay_ms: int = 60_000
+    log_cleaner_io_max_bytes_per_second: float = float("inf")
+    log_cleaner_max_bytes_per_pass: int = LONG_MAX
 
     def __post_init__(self) -> None:
         _check_policy(CLEANUP_POLICY, self.cleanup_policy)
@@ -78,6 +87,10 @@ class CleanerConfig:
             _check_int(name, getattr(self, _FIELD_OF[name]), minimum=0)
         _check_int(SEGMENT_BYTES, self.segment_bytes, minimum=1)
         _check_int(MESSAGE_MAX_BYTES, self.message_max_bytes, minimum=1)
+        rate = self.log_cleaner_io_max_bytes_per_second
+        if isinstance(rate, bool) or not isinstance(rate, int | float) or not rate > 0:
+            raise ConfigError(f"{LOG_CLEANER_IO_MAX_BYTES_PER_SECOND} must be > 0, got {rate!r}")
+        _check_int(LOG_CLEANER_MAX_BYTES_PER_PASS, self.log_cleaner_max_bytes_per_pass, minimum=1)
         for name in (RETENTION_MS, RETENTION_BYTES):
             _check_int(name, getattr(self, _FIELD_OF[name]), minimum=-1)
         if self.max_compaction_lag_ms < self.min_compaction_lag_ms:
@@ -127,6 +140,8 @@ _FIELD_OF = {
     RETENTION_BYTES: "retention_bytes",
     MESSAGE_MAX_BYTES: "message_max_bytes",
     FILE_DELETE_DELAY_MS: "file_delete_delay_ms",
+    LOG_CLEANER_IO_MAX_BYTES_PER_SECOND: "log_cleaner_io_max_bytes_per_second",
+    LOG_CLEANER_MAX_BYTES_PER_PASS: "log_cleaner_max_bytes_per_pass",
 }
 _TYPE_OF = {f.name: f.type for f in fields(CleanerConfig)}
 

@@ -24,6 +24,7 @@ from deltalake import DeltaTable
 from sinks import CleanerConfig, CompactedStateSink
 from sinks.cleaner.cleaner_stats import format_bytes
 from sinks.cleaner.log_to_clean import LogToClean, cleanable_offsets, dirty_ratio, log_to_clean
+from sinks.cleaner.throttler import budget_summary
 from sinks.log.log_table import COMMIT_INFO_KEY, LogSnapshot, now_ms
 
 
@@ -61,6 +62,7 @@ class LogStatus:
     min_cleanable_dirty_ratio: float
     partitions: tuple[PartitionStatus, ...]
     settings_inferred: bool = False
+    cleaner_budget: str = ""  # the Throttler and per-pass budget (`budget_summary`)
 
     @property
     def size_bytes(self) -> int:
@@ -90,6 +92,7 @@ class LogStatus:
             "uncleanable_partitions": [p.partition for p in self.uncleanable],
             "uncleanable_bytes": sum(p.size_bytes for p in self.uncleanable),
             "settings_inferred": self.settings_inferred,
+            "cleaner_budget": self.cleaner_budget,
             "partitions": [asdict(p) for p in self.partitions],
         }
 
@@ -140,6 +143,7 @@ def log_status(
         min_cleanable_dirty_ratio=config.min_cleanable_dirty_ratio,
         partitions=tuple(partitions),
         settings_inferred=settings_inferred,
+        cleaner_budget=budget_summary(config),
     )
 
 
@@ -177,6 +181,8 @@ def render_table(statuses: Sequence[LogStatus]) -> str:
         )
         if status.settings_inferred:
             heading += "  [settings inferred: no job file given]"
+        if status.cleaner_budget:
+            heading += f"\n  cleaner limits: {status.cleaner_budget}"
         rows = [[name for name, _ in _COLUMNS]]
         for p in status.partitions:
             rows.append(

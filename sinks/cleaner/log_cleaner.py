@@ -40,7 +40,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from deltalake.exceptions import CommitFailedError
@@ -56,8 +56,10 @@ from sinks.cleaner.log_to_clean import (
     dirty_ratio,
     filthiest_first,
     log_to_clean,
+    within_budget,
 )
-from sinks.config import CleanerConfig
+from sinks.cleaner.throttler import Throttler
+from sinks.config import LONG_MAX, CleanerConfig
 from sinks.crash_points import CLEAN_BEFORE_CHECKPOINT, crash_point
 from sinks.errors import CleanerError, CommitConflictError
 from sinks.log.log_table import LogSnapshot, LogTable
@@ -119,6 +121,7 @@ class LogCleaner:
         self._worker: _CleanerThread | None = None
         self._worker_lock = threading.Lock()
         self._checkpoint_cache: tuple[float, dict[int, int] | None] = (0.0, None)
+        self.throttler = Throttler(config.log_cleaner_io_max_bytes_per_second)
 
     # -- measuring -------------------------------------------------------------------------
 
@@ -218,6 +221,10 @@ class LogCleaner:
             if snapshot is None:
                 return None
             stats = self._clean(spark, snapshot, force=force)
+            if stats is not None:
+                slept = self.throttler.maybe_throttle(stats.bytes_read + stats.bytes_written)
+                if slept:
+                    stats = replace(stats, throttled_ms=int(slept * 1000))
         if stats is not None:
             self.passes += 1
             self.last_error = None
@@ -249,8 +256,14 @@ class LogCleaner:
             snapshot = fresh
             chosen = self._cleanable(self.logs_to_clean(snapshot), now_ms=start, force=force)
         chosen = [log for log in chosen if log.partition in claimed]
+        budget = self.config.log_cleaner_max_bytes_per_pass
+        plan = within_budget(chosen, snapshot.segments, budget)
+        chosen = list(plan.logs)
+        unused = claimed - {log.partition for log in chosen}
+        if unused:
+            self.manager.abort_cleaning(unused)
+            claimed -= unused
         if not chosen:
-            self.manager.abort_cleaning(claimed)
             return None
         try:
             with self.manager.heartbeating(claimed):
@@ -270,6 +283,8 @@ class LogCleaner:
                 log_path=self.log.uri,
                 partition=chosen[0].partition,
             ) from e
+        if budget < LONG_MAX:
+            stats = replace(stats, budget_bytes=budget, work_left=plan.work_left)
         crash_point(CLEAN_BEFORE_CHECKPOINT)
         self._checkpoint(chosen, stats)
         logger.info("%s", stats.summary())
@@ -416,7 +431,10 @@ class _CleanerThread(threading.Thread):
                 self._pending = False
                 self._busy = True
             try:
-                self.cleaner.maintain(self.spark)
+                report = self.cleaner.maintain(self.spark)
+                if report.clean is not None and report.clean.work_left:
+                    with self._condition:  # the budget cut the pass: the rest goes next
+                        self._pending = True
             except Exception as e:  # noqa: BLE001 - the worker must outlive one bad round
                 self.cleaner.last_error = e
                 logger.warning("cleaner round over %s failed", self.cleaner.log.uri, exc_info=True)
