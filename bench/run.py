@@ -209,7 +209,7 @@ def run_workload(
 
 def warm_up(spark: SparkSession, work: str, systems: tuple[str, ...], rss: PeakRss) -> None:
     """Run every system on a tiny workload first, so that no system pays the JVM's warm-up."""
-    for size in ("35B", "512B"):
+    for size in ("35B",):  # one warm-up: the JVM and the Python workers are shared
         tiny = Workload(
             name=f"warm-up-{size}", keys=1_000, batches=3, records_per_batch=1_000, record_size=size
         )

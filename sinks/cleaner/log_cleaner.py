@@ -166,6 +166,28 @@ class LogCleaner:
             self._checkpoint_cache = (time.monotonic(), offsets)
         return offsets
 
+    def has_work(self, snapshot: LogSnapshot) -> bool:
+        """Whether a round now could do anything: retention, a checkpoint to reset, or a
+        cleanable partition (SPEC rule 4, time triggers included). No Spark job.
+
+        A batch asks this before handing the log over, so the many batches that leave
+        nothing cleanable cost no round (no snapshot load, no claim) beside the query.
+        """
+        if self.config.delete:
+            return True
+        if not self.config.compact:
+            return False
+        now = self.clock()
+        return any(
+            log.force_checkpoint
+            or log.is_cleanable(
+                now_ms=now,
+                min_cleanable_dirty_ratio=self.config.min_cleanable_dirty_ratio,
+                max_compaction_lag_ms=self.config.max_compaction_lag_ms,
+            )
+            for log in self.logs_to_clean(snapshot, fresh_checkpoints=False)
+        )
+
     def dirty_ratio(
         self, snapshot: LogSnapshot | None = None, *, fresh_checkpoints: bool = True
     ) -> float:
