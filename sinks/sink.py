@@ -233,8 +233,8 @@ class CompactedStateSink:
         append_ms = int((time.monotonic() - started) * 1000)
         cleaner = self.log_cleaner
         stats = None
-        if skipped:
-            pass  # nothing new to clean; a replayed batch stays as cheap as possible
+        if skipped or not cleaner.has_work(snapshot):
+            pass  # nothing to clean or retain: the batch costs no round
         elif self._cleans_in_background(query_id):
             cleaner.wakeup(spark)
         else:
