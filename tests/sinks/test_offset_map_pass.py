@@ -46,7 +46,7 @@ def open_log(path: str, clock: Clock, **config: object) -> CompactedStateSink:
 
 
 @pytest.fixture(scope="module")
-def template(spark, tmp_path_factory):
+def template(classic_spark, tmp_path_factory):
     """Three partitions, composite keys, a clean section with stamped tombstones, a dirty
     tail that supersedes some of them, and a log start offset inside partition 1."""
     lake = tmp_path_factory.mktemp("offset-map-pass")
@@ -54,7 +54,7 @@ def template(spark, tmp_path_factory):
     sink = open_log(str(lake / "log"), clock)
 
     def append(rows, batch_id):
-        sink(spark.createDataFrame(rows, SCHEMA).coalesce(1), batch_id)
+        sink(classic_spark.createDataFrame(rows, SCHEMA).coalesce(1), batch_id)
 
     append([(f"k{i % 7}", i % 3, f"v{i}", i % 3) for i in range(60)], 0)
     append([("k1", 1, None, 1), ("k2", 2, None, 2), ("k5", 2, None, 2), ("k6", 0, "a", 0)], 1)
