@@ -177,26 +177,21 @@ def _run(args: argparse.Namespace) -> int:
     spark = _session(f"compacted-sink-run-{job.file.stem}", args)
     for key, value in job.spark.items():
         spark.conf.set(key, value)
+    from contextlib import nullcontext
+
     from sinks.spark_session import is_connect
+    from streaming.progress import query_progress
 
-    listener = None
-    if is_connect(spark):
-        # The hook runs in the server's foreachBatch worker and prints there; Spark's
-        # own progress events reach a listener here, in the client.
-        from streaming.progress import ProgressListener
-
-        listener = ProgressListener(out=_err)
-        spark.streams.addListener(listener)
-    try:
-        query, sinks = start(spark, job, out=_err)
-        _err(f"run: query {query.name} started ({len(sinks)} log(s)); {args.job}")
+    query, sinks = start(spark, job, out=_err)
+    _err(f"run: query {query.name} started ({len(sinks)} log(s)); {args.job}")
+    # Under Spark Connect the hook prints in the server's foreachBatch worker; Spark's
+    # progress of each micro-batch is printed here instead.
+    follow = query_progress(query, out=_err) if is_connect(spark) else nullcontext()
+    with follow:
         try:
             query.awaitTermination()
         except KeyboardInterrupt:
             query.stop()
-    finally:
-        if listener is not None:  # its event thread would keep the process alive
-            spark.streams.removeListener(listener)
     for sink in sinks:
         sink.close()  # the background cleaner finishes its pass in flight
         _out(f"{sink.path}: dirty ratio {sink.dirty_ratio():.2f}")

@@ -95,13 +95,7 @@ class ProgressListener(StreamingQueryListener):
         self.out(f"query {event.name or event.id} started (run {event.runId})")
 
     def onQueryProgress(self, event) -> None:  # noqa: N802
-        p = event.progress
-        total_ms = (p.durationMs or {}).get("triggerExecution", 0)
-        rate = p.processedRowsPerSecond or 0.0
-        self.out(
-            f"query {p.name or p.id} batch {p.batchId}: {p.numInputRows} input rows, "
-            f"{rate:.0f} rows/s, {total_ms / 1000:.1f} s"
-        )
+        self.out(progress_line(event.progress))
 
     def onQueryIdle(self, event) -> None:  # noqa: N802
         pass
@@ -109,6 +103,51 @@ class ProgressListener(StreamingQueryListener):
     def onQueryTerminated(self, event) -> None:  # noqa: N802
         tail = f" with error: {event.exception.splitlines()[0]}" if event.exception else ""
         self.out(f"query {event.id} terminated{tail}")
+
+
+def progress_line(p) -> str:
+    """One line for a `StreamingQueryProgress`: batch, input rows, rate, duration."""
+    total_ms = (p.durationMs or {}).get("triggerExecution", 0)
+    rate = p.processedRowsPerSecond or 0.0
+    return (
+        f"query {p.name or p.id} batch {p.batchId}: {p.numInputRows} input rows, "
+        f"{rate:.0f} rows/s, {total_ms / 1000:.1f} s"
+    )
+
+
+@contextmanager
+def query_progress(query, *, out: Out = stderr_line, every_s: float = 1.0) -> Iterator[None]:
+    """Print a `progress_line` per micro-batch of ``query`` while the block runs.
+
+    Polls ``query.recentProgress`` from a daemon thread, and once more at the end.
+    For Spark Connect, where the query's hook prints in the server's process: a
+    `ProgressListener` would do too, but its event thread cannot be stopped without
+    waiting on the server, and a stuck stream would keep the process alive.
+    """
+    seen: set[int] = set()
+    stop = threading.Event()
+
+    def poll() -> None:
+        try:
+            for p in query.recentProgress:
+                if p.batchId not in seen:
+                    seen.add(p.batchId)
+                    out(progress_line(p))
+        except Exception:  # a query that ended mid-poll: the last poll reports
+            pass
+
+    def loop() -> None:
+        while not stop.wait(every_s):
+            poll()
+
+    thread = threading.Thread(target=loop, name="query-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        poll()
 
 
 @contextmanager

@@ -84,7 +84,7 @@ def test_run_and_export_through_a_connect_server(connect_server, tmp_path: Path)
 
     run = cli("run", "job.toml", "--remote", connect_server.url, cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
-    assert "batch 1: 20 input rows" in run.stderr  # from a listener in the client
+    assert "batch 1: 20 input rows" in run.stderr  # Spark's progress, printed by the client
 
     export = cli("export", "lake/users", "--to", "export", "--verify", cwd=tmp_path,
                  remote=connect_server.url)  # fmt: skip
