@@ -6,7 +6,10 @@ a second: per-batch MERGE then costs about what any Spark job costs. MERGE's
 cost grows with the bytes of the files its keys touch (copy-on-write: with keys
 spread by hash, every file), the sink's append does not. This measures both on
 a table of ``--keys`` live keys loaded beforehand (untimed), then ``--batches``
-uniform update batches of the main run's size, timed one by one.
+uniform update batches of the main run's size, timed one by one. ``--keys`` takes
+a comma-separated list of sizes: each is loaded and measured in turn, which places
+the crossover by table size on measured points (``by_size`` in the output).
+``--record-size 512B`` uses the CDC-like records of the 512 B workloads.
 
 The sink's load ends with a pass over the whole table (its first batch is all
 dirty); that pass is timed and reported apart, because with
@@ -30,6 +33,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import WriterProperties, write_deltalake
 
@@ -37,14 +41,26 @@ from bench.measure import delta_table_size, load_average, machine_description
 from bench.report import versions
 from bench.session import bench_session
 from bench.systems import MergeSystem, SinkSystem, checksum
-from bench.workload import BATCH_SCHEMA, VALUE_BYTES, Workload, batch_table
+from bench.workload import BATCH_SCHEMA, VALUE_BYTES, Workload, batch_table, cdc_table
 
 log = logging.getLogger("bench")
 
 
-def base_table(keys: int, seed: int = 11) -> pa.Table:
+def base_table(keys: int, seed: int = 11, record_size: str = "35B") -> pa.Table:
     """One live record per key, ``seq`` below every update's (they start at ``keys``)."""
     rng = np.random.default_rng(seed)
+    if record_size == "512B":
+        workload = Workload(
+            name="base",
+            keys=keys,
+            batches=1,
+            records_per_batch=keys,
+            record_size="512B",
+            tombstone_fraction=0.0,
+        )
+        ids = np.arange(keys)
+        padded = pc.utf8_lpad(pa.array(ids).cast(pa.string()), width=8, padding="0")
+        return cdc_table(rng, workload, 0, ids, pc.binary_join_element_wise("k", padded, ""))
     ids = np.char.zfill(np.arange(keys).astype(str), 8)
     raw = rng.integers(97, 123, size=(keys, VALUE_BYTES), dtype=np.uint8)
     values = pa.FixedSizeBinaryArray.from_buffers(
@@ -56,9 +72,17 @@ def base_table(keys: int, seed: int = 11) -> pa.Table:
     )
 
 
-def update_files(keys: int, batches: int, records: int, directory: str) -> list[str]:
+def update_files(
+    keys: int, batches: int, records: int, directory: str, record_size: str = "35B"
+) -> list[str]:
     """Uniform update batches over ``keys`` keys (2 % tombstones), ``seq`` after the base."""
-    workload = Workload(name="crossover", keys=keys, batches=batches, records_per_batch=records)
+    workload = Workload(
+        name="crossover",
+        keys=keys,
+        batches=batches,
+        records_per_batch=records,
+        record_size=record_size,  # type: ignore[arg-type]
+    )
     rng = np.random.default_rng(workload.seed)
     paths = []
     for batch_id in range(batches):
@@ -71,15 +95,17 @@ def update_files(keys: int, batches: int, records: int, directory: str) -> list[
     return paths
 
 
-def run(keys: int, batches: int, records: int, work: str) -> dict[str, Any]:
+def run(
+    keys: int, batches: int, records: int, work: str, record_size: str = "35B"
+) -> dict[str, Any]:
     spark = bench_session()
     started = time.perf_counter()
     try:
         os.makedirs(os.path.join(work, "input"), exist_ok=True)
         base_path = os.path.join(work, "input", "base.parquet")
-        base = base_table(keys)
+        base = base_table(keys, record_size=record_size)
         pq.write_table(base, base_path, compression="zstd")
-        updates = update_files(keys, batches, records, os.path.join(work, "input"))
+        updates = update_files(keys, batches, records, os.path.join(work, "input"), record_size)
         results: dict[str, Any] = {
             "machine": machine_description(),
             "versions": versions(spark),
@@ -87,10 +113,11 @@ def run(keys: int, batches: int, records: int, work: str) -> dict[str, Any]:
             "keys": keys,
             "batches": batches,
             "records_per_batch": records,
+            "record_size": record_size,
             "systems": {},
         }
 
-        merge = MergeSystem(os.path.join(work, "merge"))
+        merge = MergeSystem(os.path.join(work, "merge"), base.schema)
         load = time.perf_counter()
         write_deltalake(
             merge.table_uri,
@@ -101,7 +128,7 @@ def run(keys: int, batches: int, records: int, work: str) -> dict[str, Any]:
         merge_load_s = time.perf_counter() - load
         del base
 
-        sink = SinkSystem(os.path.join(work, "sink"), compact=True)
+        sink = SinkSystem(os.path.join(work, "sink"), compact=True, background=False)
         load = time.perf_counter()
         info = sink.ingest(spark, 0, base_path)
         sink_load_s = time.perf_counter() - load
@@ -148,9 +175,32 @@ def run(keys: int, batches: int, records: int, work: str) -> dict[str, Any]:
         spark.stop()
 
 
+def crossover_point(r: dict[str, Any]) -> dict[str, Any]:
+    """One measured size: table MB, MERGE's and the sink's per-batch cost, and their ratio.
+
+    The sink's cost is its median append plus its amortized pass (the load's pass
+    over the whole table, spread over the batches until the next one).
+    """
+    merge = r["systems"]["merge_per_batch"]["median_s"]
+    sink_append = r["systems"]["compacted_sink"]["median_s"]
+    sink = sink_append + (r["sink_pass"]["amortized_s_per_batch"] or 0.0)
+    return {
+        "keys": r["keys"],
+        "record_size": r.get("record_size", "35B"),
+        "table_mb": r["systems"]["compacted_sink"]["table_bytes"] / 1e6,
+        "merge_table_mb": r["systems"]["merge_per_batch"]["table_bytes"] / 1e6,
+        "merge_s_per_batch": merge,
+        "sink_append_s_per_batch": sink_append,
+        "sink_s_per_batch_amortized": sink,
+        "sink_speedup": merge / sink if sink else None,
+        "states_agree": r["states_agree"],
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.crossover", description=__doc__)
-    parser.add_argument("--keys", type=int, default=5_000_000)
+    parser.add_argument("--keys", default="5000000", help="comma-separated table sizes (keys)")
+    parser.add_argument("--record-size", default="35B", choices=("35B", "512B"))
     parser.add_argument("--batches", type=int, default=10)
     parser.add_argument("--records", type=int, default=30_000)
     parser.add_argument("--out", default="bench/crossover.json")
@@ -159,19 +209,26 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr
     )
     logging.getLogger("compacted_sink").setLevel(logging.WARNING)
-    work = tempfile.mkdtemp(prefix="compacted-sink-crossover-")
-    try:
-        results = run(args.keys, args.batches, args.records, work)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    runs = []
+    for keys in (int(k) for k in args.keys.split(",")):
+        work = tempfile.mkdtemp(prefix="compacted-sink-crossover-")
+        try:
+            runs.append(run(keys, args.batches, args.records, work, args.record_size))
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        for name, s in runs[-1]["systems"].items():
+            print(
+                f"{keys} keys, {name}: median {s['median_s']:.2f} s/batch, "
+                f"table {s['table_bytes'] / 1e6:.0f} MB in {s['files']} files, "
+                f"load {s['load_s']:.1f} s"
+            )
+        print(
+            f"sink pass at load: {runs[-1]['sink_pass']}; states agree: {runs[-1]['states_agree']}"
+        )
+    # The largest run's figures stay at the top level (the file's original shape).
+    results = {**runs[-1], "by_size": [crossover_point(r) for r in runs]}
     with open(args.out, "w") as f:
         json.dump(results, f, indent=1)
-    for name, s in results["systems"].items():
-        print(
-            f"{name}: median {s['median_s']:.2f} s/batch, table {s['table_bytes'] / 1e6:.0f} MB "
-            f"in {s['files']} files, load {s['load_s']:.1f} s"
-        )
-    print(f"sink pass at load: {results['sink_pass']}; states agree: {results['states_agree']}")
     return 0
 
 

@@ -14,6 +14,7 @@ from pyspark.sql import SparkSession
 
 SYSTEM_ORDER = (
     "compacted_sink",
+    "compacted_sink_inline",
     "merge_per_batch",
     "rewrite_per_batch",
     "append_only",
@@ -29,50 +30,109 @@ def versions(spark: SparkSession) -> dict[str, str]:
     return found
 
 
+GOAL_KEYS = 1_000_000
+
+
 def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """The issue's goals, per 1e6-key workload, with the measured figure and pass/miss."""
+    """The issue's goals, with the measured figure and pass/miss.
+
+    At 1e6 keys (the 512 B workloads are the goals' own; the 35 B ones are kept for
+    comparison): ingest and bytes against MERGE, flat per-batch cost, replay against
+    append-only. On every workload: the sink's p99 batch within 1.5× of append-only's
+    and its dirty ratio held near ``min.cleanable.dirty.ratio`` (0.5); on the 35 B
+    workloads its median batch within 1.15× of append-only's. Then the pass's efficiency.
+    """
     rows = []
     for w in results["workloads"]:
-        if w["keys"] < 1_000_000:
-            continue
         s = _systems(w)
         sink, merge, append = (
             s.get("compacted_sink"),
             s.get("merge_per_batch"),
             s.get("append_only"),
         )
-        if sink and merge:
+        if w["keys"] >= GOAL_KEYS and sink and merge:
             speed = merge["ingest_s"] / sink["ingest_s"]
             rows.append(_goal(w, "ingest ≥ 2× faster than MERGE", f"{speed:.2f}×", speed >= 2))
             fewer = merge["bytes_written"] / sink["bytes_written"]
             rows.append(_goal(w, "≥ 3× fewer bytes than MERGE", f"{fewer:.2f}×", fewer >= 3))
-        if sink:
-            growth = cost_growth(sink["per_batch"])
+        if w["keys"] >= GOAL_KEYS and sink:
+            growth = half_growth(sink["per_batch"])
             rows.append(
                 _goal(
                     w,
-                    "per-batch cost flat as the table grows",
-                    f"{growth:.2f} (cleaning cycles ending in the second half against the "
-                    "first; appends and passes included)",
-                    growth <= 1.5,
+                    "per-batch cost flat (last half / first half ≤ 1.1)",
+                    f"{growth:.2f} (mean batch seconds, background passes' load included)",
+                    growth <= 1.1,
                 )
             )
-        if sink and append:
+        if w["keys"] >= GOAL_KEYS and sink and append:
             faster = append["replay_s"] / sink["replay_s"]
             rows.append(
                 _goal(w, "replay ≥ 5× faster than append-only", f"{faster:.2f}×", faster >= 5)
+            )
+        if sink and append and "p99_batch_s" in sink:
+            p99 = sink["p99_batch_s"] / append["p99_batch_s"]
+            rows.append(
+                _goal(
+                    w,
+                    "p99 batch ≤ 1.5× append-only's",
+                    f"{p99:.2f}× ({sink['p99_batch_s']:.2f} s vs {append['p99_batch_s']:.2f} s)",
+                    p99 <= 1.5,
+                )
+            )
+        ratios = steady_dirty_ratios((sink or {}).get("per_batch", []))
+        if ratios:
+            rows.append(
+                _goal(
+                    w,
+                    "dirty ratio held near 0.5 (median ≤ 0.6 at batch ends, after the first pass)",
+                    f"median {statistics.median(ratios):.2f}, max {max(ratios):.2f}",
+                    statistics.median(ratios) <= 0.6,
+                )
+            )
+        if w.get("record_size", "35B") == "35B" and sink and append:
+            median = sink["p50_batch_s"] / append["p50_batch_s"] if "p50_batch_s" in sink else 0
+            rows.append(
+                _goal(
+                    w,
+                    "median batch ≤ 1.15× append-only's",
+                    f"{median:.2f}× ({sink.get('p50_batch_s', 0):.2f} s vs "
+                    f"{append.get('p50_batch_s', 0):.2f} s)",
+                    0 < median <= 1.15,
+                )
             )
     cleaner = results.get("cleaner")
     if cleaner:
         rows.append(
             {
                 "workload": cleaner.get("source", ""),
-                "goal": "cleaning pass efficiency ≥ 0.5",
+                "goal": "cleaning pass efficiency ≥ 0.6",
                 "measured": f"{cleaner['efficiency']:.2f}",
-                "met": cleaner["efficiency"] >= 0.5,
+                "met": cleaner["efficiency"] >= 0.6,
             }
         )
     return rows
+
+
+def steady_dirty_ratios(per_batch: list[dict[str, Any]]) -> list[float]:
+    """The log's dirty ratio at the end of each batch from the one where the first pass ended.
+
+    Before the first pass the whole log is dirty (ratio 1.0): that says nothing about
+    how well background passes keep up.
+    """
+    first = next((i for i, b in enumerate(per_batch) if "clean" in b), None)
+    if first is None:
+        return []
+    return [b["dirty_ratio"] for b in per_batch[first:] if "dirty_ratio" in b]
+
+
+def half_growth(per_batch: list[dict[str, Any]]) -> float:
+    """Mean batch seconds of the second half of the run over the first (batch 0 left out)."""
+    times = [b["s"] for b in per_batch[1:]]
+    if len(times) < 2:
+        return 1.0
+    half = len(times) // 2
+    return statistics.fmean(times[half:]) / statistics.fmean(times[:half])
 
 
 def _goal(w: dict[str, Any], goal: str, measured: str, met: bool) -> dict[str, Any]:
@@ -116,7 +176,15 @@ def cost_growth(per_batch: list[dict[str, Any]]) -> float:
 
 def append_seconds(per_batch: list[dict[str, Any]]) -> list[float]:
     """Each batch's seconds without the pass it ran (the append alone)."""
-    return [b["s"] - b.get("clean", {}).get("duration_s", 0.0) for b in per_batch]
+    return [
+        b["s"]
+        - (
+            0.0
+            if b.get("clean", {}).get("background")
+            else b.get("clean", {}).get("duration_s", 0.0)
+        )
+        for b in per_batch
+    ]
 
 
 def write(results: dict[str, Any], out: str) -> None:
@@ -202,7 +270,7 @@ def markdown(results: dict[str, Any]) -> str:
         "(data, Delta log, the sink's checkpoint table); write amplification = bytes written / "
         "input Parquet bytes.",
         "",
-        "## Goals (1e6 keys)",
+        "## Goals",
         "",
         "| workload | goal | measured | met |",
         "|---|---|---|---|",
@@ -216,7 +284,8 @@ def markdown(results: dict[str, Any]) -> str:
         lines += [
             "",
             f"## {w['name']}: {w['keys']:,} keys, {w['skew']}, {w['batches']} batches × "
-            f"{w['records_per_batch']:,} records, {w['tombstone_fraction']:.0%} tombstones",
+            f"{w['records_per_batch']:,} records of {w.get('record_size', '35B')}, "
+            f"{w['tombstone_fraction']:.0%} tombstones",
             "",
             f"Input: {w['input_bytes'] / 1e6:.1f} MB of Parquet. Final states agree across "
             f"systems (count + checksum): {'yes' if w['states_agree'] else '**NO**'}. "
@@ -224,10 +293,10 @@ def markdown(results: dict[str, Any]) -> str:
             f"({_records(w) / max(1, _live(w)):.1f}×), the ceiling of what compaction can "
             "save a replay.",
             "",
-            "| system | ingest s | s/batch (median) | cost growth late / early | MB written "
-            "| write amp. | table MB | files | replay s | peak RSS MB driver / JVM / worker "
-            "| live keys |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
+            "| system | ingest s | p50 batch s | p99 batch s | drain s | cost growth late / early "
+            "| MB written | write amp. | table MB | files | replay s "
+            "| peak RSS MB driver / JVM / worker | live keys |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for name in SYSTEM_ORDER:
             s = _systems(w).get(name)
@@ -235,8 +304,9 @@ def markdown(results: dict[str, Any]) -> str:
                 continue
             median = statistics.median(b["s"] for b in s["per_batch"][1:] or s["per_batch"])
             lines.append(
-                f"| {name} | {s['ingest_s']:.1f} | {median:.2f} "
-                f"| {cost_growth(s['per_batch']):.2f} | {s['bytes_written'] / 1e6:.1f} "
+                f"| {name} | {s['ingest_s']:.1f} | {s.get('p50_batch_s', median):.2f} "
+                f"| {s.get('p99_batch_s', 0):.2f} | {s.get('drain_s', 0):.2f} "
+                f"| {half_growth(s['per_batch']):.2f} | {s['bytes_written'] / 1e6:.1f} "
                 f"| {s['write_amplification']:.2f} | {s['table_bytes'] / 1e6:.1f} | {s['files']} "
                 f"| {s['replay_s']:.2f} | {s['peak_rss_mb']:.0f} / {s['jvm_peak_rss_mb']:.0f} / "
                 f"{s['worker_peak_rss_mb']:.0f} | {s['live_keys']:,} |"
@@ -291,8 +361,9 @@ def _passes(sink: dict[str, Any]) -> list[str]:
         )
         + ".",
         "",
-        f"Cleaning passes of the sink ({len(passes)}), and what each recopied "
-        "(the known limitation: every file below the first uncleanable offset is rewritten):",
+        f"Cleaning passes of the sink ({len(passes)}; *batch*: the batch in which the pass "
+        "ended, on the cleaner thread when cleaning runs in the background), and what each "
+        "recopied (every file below the first uncleanable offset is rewritten):",
         "",
         "| batch | pass s | MB read | of which clean MB | clean files | clean files with no "
         "superseded key | MB written | records read → kept |",

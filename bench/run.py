@@ -18,6 +18,8 @@ import tempfile
 import time
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
 from pyspark.sql import SparkSession
 
 from bench import cleaner_bench, report
@@ -30,22 +32,67 @@ from bench.measure import (
 )
 from bench.session import bench_session
 from bench.systems import SYSTEMS, checksum, make_system
-from bench.workload import Workload, generate
+from bench.workload import BATCH_SCHEMA, Workload, generate
 
-# The full run is every workload (both key counts, both skews) on every system: 12
-# min on an idle 2-core machine, where each system pays ~0.3-0.5 s of fixed Spark
-# cost a batch. The goals' workload runs first and the cleaner right after it.
-# ``--workloads`` picks any of ALL.
+# The full run: the CDC-like 512-byte workloads at 1e6 keys (the issue's goals), then
+# the original 35-byte ones. Every system pays ~0.3-0.5 s of fixed Spark cost a batch
+# on 2 cores. The per-batch rewrite is left out of the 512 B runs (it rewrites the
+# whole table each batch: minutes at this size, and no goal is measured against it).
+# The 5e6-key workloads (2.5 GB of input) do not fit a run on a 2-core machine: pick
+# them with ``--workloads``. ``--workloads`` picks any of ALL.
+_NO_REWRITE = ("compacted_sink", "merge_per_batch", "append_only")
 ALL = (
+    Workload(
+        name="1e6-uniform-512B",
+        keys=1_000_000,
+        batches=40,
+        records_per_batch=50_000,
+        record_size="512B",
+        systems=_NO_REWRITE,
+    ),
+    Workload(
+        name="1e6-zipf-512B",
+        keys=1_000_000,
+        batches=40,
+        records_per_batch=50_000,
+        skew="zipf",
+        record_size="512B",
+        systems=_NO_REWRITE,
+    ),
     Workload(name="1e6-uniform", keys=1_000_000, batches=50, records_per_batch=30_000),
     Workload(name="1e6-zipf", keys=1_000_000, batches=50, records_per_batch=30_000, skew="zipf"),
     Workload(name="1e5-zipf", keys=100_000, batches=50, records_per_batch=5_000, skew="zipf"),
     Workload(name="1e5-uniform", keys=100_000, batches=50, records_per_batch=5_000),
+    Workload(
+        name="5e6-uniform-512B",
+        keys=5_000_000,
+        batches=60,
+        records_per_batch=100_000,
+        record_size="512B",
+        systems=_NO_REWRITE,
+    ),
+    Workload(
+        name="5e6-zipf-512B",
+        keys=5_000_000,
+        batches=60,
+        records_per_batch=100_000,
+        skew="zipf",
+        record_size="512B",
+        systems=_NO_REWRITE,
+    ),
 )
-FULL = ALL
+FULL = ALL[:6]
 QUICK = (
     Workload(name="1e5-uniform", keys=100_000, batches=6, records_per_batch=10_000),
     Workload(name="1e6-zipf", keys=1_000_000, batches=6, records_per_batch=20_000, skew="zipf"),
+    Workload(
+        name="1e5-uniform-512B",
+        keys=100_000,
+        batches=6,
+        records_per_batch=10_000,
+        record_size="512B",
+        systems=_NO_REWRITE,
+    ),
 )
 CLEANER_SOURCE = {"full": "1e6-uniform", "quick": "1e6-zipf"}
 
@@ -55,11 +102,21 @@ log = logging.getLogger("bench")
 
 
 def run_system(
-    spark: SparkSession, name: str, files: list[str], root: str, rss: PeakRss
+    spark: SparkSession,
+    name: str,
+    files: list[str],
+    root: str,
+    rss: PeakRss,
+    schema: pa.Schema = BATCH_SCHEMA,
 ) -> dict[str, Any]:
-    """Feed every batch file to one system; measure ingest, size, replay and peak RSS."""
+    """Feed every batch file to one system; measure ingest, size, replay and peak RSS.
+
+    A system that cleans in the background is waited for after the last batch; that
+    wait (``drain_s``) counts in ``ingest_s``, so every system's ingest is the time
+    until its table is in its final state.
+    """
     shutil.rmtree(root, ignore_errors=True)
-    system = make_system(name, root)
+    system = make_system(name, root, schema)
     meter = DirectoryMeter(root)
     rss.reset()
     per_batch, ingest_s, written = [], 0.0, 0
@@ -91,6 +148,10 @@ def run_system(
             size.files,
             " (+clean pass)" if "clean" in info else "",
         )
+    finish = getattr(system, "finish", None)
+    drain_s = finish() if finish else 0.0
+    ingest_s += drain_s
+    written += meter.written()
     peak = rss.read()
     size = delta_table_size(system.table_uri)
     replays, rows, digest = [], 0, 0
@@ -99,8 +160,12 @@ def run_system(
         rows, digest = checksum(system.state(spark))
         replays.append(time.perf_counter() - started)
     log.info("%s: ingest %.1f s, replay %.2f s, %d live keys", name, ingest_s, min(replays), rows)
+    latencies = [b["s"] for b in per_batch[1:]] or [b["s"] for b in per_batch]
     return {
         "ingest_s": ingest_s,
+        "p50_batch_s": float(np.percentile(latencies, 50)),
+        "p99_batch_s": float(np.percentile(latencies, 99)),
+        "drain_s": drain_s,
         "bytes_written": written,
         "table_bytes": size.bytes,
         "files": size.files,
@@ -122,8 +187,10 @@ def run_workload(
     input_bytes = sum(os.path.getsize(f) for f in files)
     results = {}
     for name in systems:
+        if workload.systems is not None and name not in workload.systems:
+            continue
         root = os.path.join(work, workload.name, name)
-        results[name] = run_system(spark, name, files, root, rss)
+        results[name] = run_system(spark, name, files, root, rss, workload.schema)
         results[name]["write_amplification"] = results[name]["bytes_written"] / input_bytes
     digests = {r["state_checksum"] for r in results.values()}
     return {
@@ -133,6 +200,7 @@ def run_workload(
         "records_per_batch": workload.records_per_batch,
         "skew": workload.skew,
         "tombstone_fraction": workload.tombstone_fraction,
+        "record_size": workload.record_size,
         "input_bytes": input_bytes,
         "states_agree": len(digests) == 1,
         "systems": results,
@@ -141,11 +209,15 @@ def run_workload(
 
 def warm_up(spark: SparkSession, work: str, systems: tuple[str, ...], rss: PeakRss) -> None:
     """Run every system on a tiny workload first, so that no system pays the JVM's warm-up."""
-    tiny = Workload(name="warm-up", keys=1_000, batches=3, records_per_batch=1_000)
-    files = generate(tiny, os.path.join(work, "input", tiny.name))
-    for name in systems:
-        run_system(spark, name, files, os.path.join(work, tiny.name, name), rss)
-    shutil.rmtree(os.path.join(work, tiny.name), ignore_errors=True)
+    for size in ("35B",):  # one warm-up: the JVM and the Python workers are shared
+        tiny = Workload(
+            name=f"warm-up-{size}", keys=1_000, batches=3, records_per_batch=1_000, record_size=size
+        )
+        files = generate(tiny, os.path.join(work, "input", tiny.name))
+        for name in systems:
+            root = os.path.join(work, tiny.name, name)
+            run_system(spark, name, files, root, rss, tiny.schema)
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def _write(results: dict[str, Any], out: str, started: float) -> None:

@@ -1,7 +1,10 @@
 """The four systems under test, each fed the same batch files one batch at a time.
 
-- ``compacted_sink``: `CompactedStateSink` called as the foreachBatch hook, which
-  appends and cleans when a partition's dirty ratio passes 0.5 (the default).
+- ``compacted_sink``: `CompactedStateSink` called as the foreachBatch hook with
+  cleaning in the background, as a streaming query gets it (``cleaning="auto"``
+  inside a query): the hook appends and wakes the cleaner thread, which cleans when
+  a partition's dirty ratio passes 0.5 (the default) while the next batches append.
+  ``compacted_sink_inline`` is the same with passes in the hook (the synchronous mode).
 - ``append_only``: the same hook with cleaning disabled (ratio 1.0 is never
   exceeded): the ingest floor and the replay ceiling.
 - ``merge_per_batch``: Delta's documented foreachBatch upsert: dedupe the batch
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import glob
 import os
+import threading
 import time
 from typing import Any, Protocol
 
@@ -31,9 +35,11 @@ from pyspark.sql import functions as F
 from bench.measure import delta_table_size
 from bench.recopy import pass_recopy
 from sinks import CleanerConfig, CompactedStateSink
+from sinks.cleaner.cleaner_stats import CleanerStats
 
 TABLE_SCHEMA = pa.schema([("key", pa.string()), ("value", pa.binary()), ("seq", pa.int64())])
 SYSTEMS = ("compacted_sink", "merge_per_batch", "rewrite_per_batch", "append_only")
+OPTIONAL_SYSTEMS = ("compacted_sink_inline",)
 
 
 class System(Protocol):
@@ -62,7 +68,12 @@ def latest_per_key(df: DataFrame) -> DataFrame:
 
 
 class SinkSystem:
-    """The compacted-state sink (``compact=True``) or the same hook never cleaning."""
+    """The compacted-state sink (``compact=True``) or the same hook never cleaning.
+
+    With ``background`` (the default) passes run on the sink's cleaner thread; each
+    batch reports the pass that finished while it ran, if any, and `finish` waits
+    for the last round (the drain, timed apart).
+    """
 
     def __init__(
         self,
@@ -70,6 +81,7 @@ class SinkSystem:
         *,
         compact: bool,
         name: str | None = None,
+        background: bool = True,
     ) -> None:
         self.name = name or ("compacted_sink" if compact else "append_only")
         self.root = root
@@ -80,28 +92,34 @@ class SinkSystem:
             key_columns=("key",),
             config=CleanerConfig(min_cleanable_dirty_ratio=ratio),
             sink_id=f"bench-{self.name}",
+            cleaning="background" if background and compact else "inline",
         )
+        self._finished: list[CleanerStats] = []
+        self._lock = threading.Lock()
+        self.sink.add_pass_listener(self._on_pass)
+
+    def _on_pass(self, stats: CleanerStats) -> None:
+        with self._lock:
+            self._finished.append(stats)
 
     def ingest(self, spark: SparkSession, batch_id: int, batch_path: str) -> dict[str, Any]:
         self.sink(spark.read.parquet(batch_path).select("key", "value"), batch_id)
         report = self.sink.last_append
-        clean = report.clean if report else None
-        if clean is None:
-            return {}
-        return {
-            "clean": {
-                "duration_s": clean.duration_ms / 1000,
-                "segments_read": clean.segments_read,
-                "segments_written": clean.segments_written,
-                "bytes_read": clean.bytes_read,
-                "bytes_written": clean.bytes_written,
-                "records_read": clean.records_read,
-                "records_written": clean.records_written,
-                "first_dirty_offsets": clean.first_dirty_offsets,
-                "end_offsets": clean.end_offsets,
-                "delta_version": clean.delta_version,
-            }
-        }
+        info: dict[str, Any] = {"dirty_ratio": report.dirty_ratio} if report else {}
+        with self._lock:
+            finished, self._finished = self._finished, []
+        if finished:
+            info["clean"] = _pass_figures(finished[-1])
+            info["clean"]["background"] = self.sink.cleaning == "background"
+            if len(finished) > 1:
+                info["passes_finished"] = len(finished)
+        return info
+
+    def finish(self) -> float:
+        """Wait for the cleaner's last round; returns the seconds waited."""
+        started = time.perf_counter()
+        self.sink.await_cleaner()
+        return time.perf_counter() - started
 
     def analyse(self, info: dict[str, Any]) -> None:
         """Untimed: add the pass's clean-vs-dirty recopy figures to ``info``."""
@@ -118,15 +136,30 @@ class SinkSystem:
         return self.sink.state()
 
 
+def _pass_figures(clean: CleanerStats) -> dict[str, Any]:
+    return {
+        "duration_s": clean.duration_ms / 1000,
+        "segments_read": clean.segments_read,
+        "segments_written": clean.segments_written,
+        "bytes_read": clean.bytes_read,
+        "bytes_written": clean.bytes_written,
+        "records_read": clean.records_read,
+        "records_written": clean.records_written,
+        "first_dirty_offsets": clean.first_dirty_offsets,
+        "end_offsets": clean.end_offsets,
+        "delta_version": clean.delta_version,
+    }
+
+
 class MergeSystem:
     """Dedupe each batch in Spark, then ``DeltaTable.merge`` it (delete on tombstone)."""
 
     name = "merge_per_batch"
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, schema: pa.Schema = TABLE_SCHEMA) -> None:
         self.root = root
         self.table_uri = os.path.join(root, "table")
-        DeltaTable.create(self.table_uri, TABLE_SCHEMA, mode="ignore")
+        DeltaTable.create(self.table_uri, schema, mode="ignore")
         self.writer = WriterProperties(compression="ZSTD")
 
     def ingest(self, spark: SparkSession, batch_id: int, batch_path: str) -> dict[str, Any]:
@@ -160,10 +193,11 @@ class RewriteSystem:
 
     name = "rewrite_per_batch"
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, schema: pa.Schema = TABLE_SCHEMA) -> None:
         self.root = root
         self.table_uri = os.path.join(root, "table")
-        DeltaTable.create(self.table_uri, TABLE_SCHEMA, mode="ignore")
+        self.schema = schema
+        DeltaTable.create(self.table_uri, schema, mode="ignore")
 
     def ingest(self, spark: SparkSession, batch_id: int, batch_path: str) -> dict[str, Any]:
         table = DeltaTable(self.table_uri)
@@ -185,7 +219,7 @@ class RewriteSystem:
         for path in sorted(glob.glob(os.path.join(self.table_uri, directory, "part-*.parquet"))):
             relative = os.path.relpath(path, self.table_uri)
             actions.append(AddAction(relative, os.path.getsize(path), {}, stamp, True, "{}"))
-        table.create_write_transaction(actions, "overwrite", TABLE_SCHEMA)
+        table.create_write_transaction(actions, "overwrite", self.schema)
         return {}
 
     def analyse(self, info: dict[str, Any]) -> None:
@@ -202,14 +236,17 @@ def _read_live(spark: SparkSession, uri: str) -> DataFrame:
     return spark.read.parquet(*paths).select("key", "value")
 
 
-def make_system(name: str, root: str) -> System:
+def make_system(name: str, root: str, schema: pa.Schema = TABLE_SCHEMA) -> System:
     os.makedirs(root, exist_ok=True)
     if name == "compacted_sink":
         return SinkSystem(root, compact=True)
+    if name == "compacted_sink_inline":
+        return SinkSystem(root, compact=True, name=name, background=False)
     if name == "append_only":
         return SinkSystem(root, compact=False)
     if name == "merge_per_batch":
-        return MergeSystem(root)
+        return MergeSystem(root, schema)
     if name == "rewrite_per_batch":
-        return RewriteSystem(root)
-    raise ValueError(f"unknown system {name!r}; known: {', '.join(SYSTEMS)}")
+        return RewriteSystem(root, schema)
+    known = ", ".join(SYSTEMS + OPTIONAL_SYSTEMS)
+    raise ValueError(f"unknown system {name!r}; known: {known}")

@@ -14,6 +14,7 @@ from sinks.errors import (
 )
 from sinks.log.history_window import HistoryExpiredError
 from sinks.sink import AppendReport, CompactedStateSink
+from sinks.spark_session import QueryIdentityError
 
 __all__ = [
     "AppendReport",
@@ -28,5 +29,6 @@ __all__ = [
     "HistoryExpiredError",
     "LogCorruptedError",
     "OffsetOutOfRangeError",
+    "QueryIdentityError",
     "SchemaMismatchError",
 ]

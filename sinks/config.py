@@ -28,6 +28,8 @@ MESSAGE_MAX_BYTES = "message.max.bytes"
 FILE_DELETE_DELAY_MS = "file.delete.delay.ms"
 DELETED_FILE_RETENTION_DURATION = "delta.deletedFileRetentionDuration"
 LOG_RETENTION_CHECK_INTERVAL_MS = "log.retention.check.interval.ms"
+LOG_CLEANER_IO_MAX_BYTES_PER_SECOND = "log.cleaner.io.max.bytes.per.second"
+LOG_CLEANER_MAX_BYTES_PER_PASS = "log.cleaner.max.bytes.per.pass"
 
 LONG_MAX = 2**63 - 1
 
@@ -61,6 +63,11 @@ class CleanerConfig:
       the same table property. See `sinks.log.history_window`.
     - ``log_retention_check_interval_ms``: how often the cleaner deletes expired files
       (Kafka's broker-level ``log.retention.check.interval.ms``, 5 minutes).
+    - ``log_cleaner_io_max_bytes_per_second``: Kafka's Throttler: passes are spaced so the
+      cleaner reads and writes at most this many bytes a second on average (default: no limit).
+    - ``log_cleaner_max_bytes_per_pass``: the most input bytes one pass reads; a larger
+      cleanable section is cleaned in several bounded passes, dirtiest partitions first
+      (default: no limit; not a Kafka setting).
     """
 
     cleanup_policy: CleanupPolicy = "compact"
@@ -74,6 +81,8 @@ class CleanerConfig:
     message_max_bytes: int = 1_048_588
     file_delete_delay_ms: int = 604_800_000
     log_retention_check_interval_ms: int = 300_000
+    log_cleaner_io_max_bytes_per_second: float = float("inf")
+    log_cleaner_max_bytes_per_pass: int = LONG_MAX
 
     def __post_init__(self) -> None:
         _check_policy(CLEANUP_POLICY, self.cleanup_policy)
@@ -90,6 +99,10 @@ class CleanerConfig:
             _check_int(name, getattr(self, _FIELD_OF[name]), minimum=0)
         _check_int(SEGMENT_BYTES, self.segment_bytes, minimum=1)
         _check_int(MESSAGE_MAX_BYTES, self.message_max_bytes, minimum=1)
+        rate = self.log_cleaner_io_max_bytes_per_second
+        if isinstance(rate, bool) or not isinstance(rate, int | float) or not rate > 0:
+            raise ConfigError(f"{LOG_CLEANER_IO_MAX_BYTES_PER_SECOND} must be > 0, got {rate!r}")
+        _check_int(LOG_CLEANER_MAX_BYTES_PER_PASS, self.log_cleaner_max_bytes_per_pass, minimum=1)
         for name in (RETENTION_MS, RETENTION_BYTES):
             _check_int(name, getattr(self, _FIELD_OF[name]), minimum=-1)
         if self.max_compaction_lag_ms < self.min_compaction_lag_ms:
@@ -140,6 +153,8 @@ _FIELD_OF = {
     MESSAGE_MAX_BYTES: "message_max_bytes",
     FILE_DELETE_DELAY_MS: "file_delete_delay_ms",
     LOG_RETENTION_CHECK_INTERVAL_MS: "log_retention_check_interval_ms",
+    LOG_CLEANER_IO_MAX_BYTES_PER_SECOND: "log_cleaner_io_max_bytes_per_second",
+    LOG_CLEANER_MAX_BYTES_PER_PASS: "log_cleaner_max_bytes_per_pass",
 }
 # Other names for the same field: the history window under its Delta table property name.
 _ALIASES = {DELETED_FILE_RETENTION_DURATION: "file_delete_delay_ms"}

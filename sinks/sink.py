@@ -13,7 +13,9 @@ A batch id already recorded for the app id is skipped, by this object or by a
 new one on the same path after a restart. Inside a streaming query the app id is
 ``<sink_id>/query=<query id>``: a restarted query keeps its id (it lives in the
 query's checkpoint), and a query started from a fresh checkpoint, whose batch ids
-restart at 0, is not mistaken for the old one.
+restart at 0, is not mistaken for the old one. Under Spark Connect, which tells a
+``foreachBatch`` function nothing about its query, the id is read from the
+query's checkpoint (``checkpoint_location``).
 
 Reliability (SPEC rules 10-12): the first append, pass or ``delete_records`` of a
 sink object recovers the log (`sinks.maintenance.recovery`); with a
@@ -56,11 +58,11 @@ from sinks.maintenance.recovery import RecoveryReport, recover_log, write_clean_
 from sinks.maintenance.retention import RetentionPlan
 from sinks.maintenance.segment_deleter import DeletionReport
 from sinks.reading.state_reader import read_state
+from sinks.spark_session import active_session, streaming_query_id
 
 logger = logging.getLogger("compacted_sink")
 
 CHECKPOINT_TABLE_NAME = "_cleaner-offset-checkpoint"
-_QUERY_ID_PROPERTY = "sql.streaming.queryId"
 
 
 class CompactedStateSink:
@@ -73,7 +75,10 @@ class CompactedStateSink:
     derived from the path. ``clock`` returns epoch milliseconds. ``cleaning`` says
     where passes run: ``"auto"`` (the default) on a background worker inside a
     streaming query and in the hook's call otherwise, or always ``"background"`` or
-    ``"inline"``; `close` stops the worker.
+    ``"inline"``; `close` stops the worker. ``checkpoint_location`` is the streaming
+    query's ``checkpointLocation``: under Spark Connect, where a ``foreachBatch``
+    function is not told its query, the sink reads the query id from it (needed
+    there unless ``sink_id`` is given; see `sinks.spark_session.streaming_query_id`).
     """
 
     def __init__(
@@ -89,6 +94,7 @@ class CompactedStateSink:
         clock: Callable[[], int] | None = None,
         storage_options: dict[str, str] | None = None,
         cleaning: CleaningMode = "auto",
+        checkpoint_location: str | None = None,
     ) -> None:
         if isinstance(key_columns, str):
             key_columns = (key_columns,)
@@ -103,6 +109,10 @@ class CompactedStateSink:
         )
         self.dead_letter_table = normalize_uri(dead_letter_table) if dead_letter_table else None
         self.sink_id = sink_id or _default_sink_id(self.path)
+        self._explicit_sink_id = sink_id is not None
+        self.checkpoint_location = (
+            normalize_uri(checkpoint_location) if checkpoint_location else None
+        )
         self.clock = clock or now_ms
         self.storage_options = dict(storage_options or {})
         self.log_table = LogTable(self.path, self.storage_options)
@@ -150,7 +160,7 @@ class CompactedStateSink:
         """
         started = time.monotonic()
         spark = batch_df.sparkSession
-        query_id = self._query_id(spark)
+        query_id = self._query_id(spark, batch_id)
         app_id = self._app_id(query_id)
         snapshot = self.log_table.snapshot()
         if committed(snapshot, app_id, batch_id):
@@ -223,8 +233,8 @@ class CompactedStateSink:
         append_ms = int((time.monotonic() - started) * 1000)
         cleaner = self.log_cleaner
         stats = None
-        if skipped:
-            pass  # nothing new to clean; a replayed batch stays as cheap as possible
+        if skipped or not cleaner.has_work(snapshot):
+            pass  # nothing to clean or retain: the batch costs no round
         elif self._cleans_in_background(query_id):
             cleaner.wakeup(spark)
         else:
@@ -293,7 +303,7 @@ class CompactedStateSink:
             self.last_retention = cleaner.retain()
         if not self.config.compact:
             return None
-        return cleaner.clean(SparkSession.active(), force=force)
+        return cleaner.clean(active_session(), force=force)
 
     def vacuum(self) -> DeletionReport:
         """Delete now what left the log longer than ``file.delete.delay.ms`` ago (bounded per
@@ -399,7 +409,7 @@ class CompactedStateSink:
 
     def log(self, as_of: AsOf | None = None) -> DataFrame:
         """Every stored record at or above its partition's log start offset, with metadata."""
-        spark = SparkSession.active()
+        spark = active_session()
         snapshot = self.log_table.snapshot(as_of)
         if snapshot is None:
             raise FileNotFoundError(f"no compacted log at {self.path}")
@@ -414,12 +424,22 @@ class CompactedStateSink:
         if snapshot is None:
             raise FileNotFoundError(f"no compacted log at {self.path}")
         return read_state(
-            SparkSession.active(), self.log_table, snapshot, self.key_columns, self.sequence_column
+            active_session(), self.log_table, snapshot, self.key_columns, self.sequence_column
         )
 
-    def _query_id(self, spark: SparkSession) -> str | None:
-        """The id of the streaming query running this batch; None for a direct call."""
-        return spark.sparkContext.getLocalProperty(_QUERY_ID_PROPERTY)
+    def _query_id(self, spark: SparkSession, batch_id: int) -> str | None:
+        """The id of the streaming query running this batch; None for a direct call.
+
+        Under Spark Connect it comes from ``checkpoint_location`` (see
+        `sinks.spark_session.streaming_query_id`).
+        """
+        return streaming_query_id(
+            spark,
+            batch_id,
+            checkpoint_location=self.checkpoint_location,
+            explicit_sink_id=self._explicit_sink_id,
+            storage_options=self.storage_options,
+        )
 
     def _app_id(self, query_id: str | None) -> str:
         return f"{self.sink_id}/query={query_id}" if query_id else self.sink_id

@@ -2,7 +2,8 @@
 
 Usable as a Databricks python-wheel task (entry point ``compacted-sink``, the
 subcommand and its options as parameters): inside a cluster the active
-SparkSession is used; elsewhere a local one is started. Results go to stdout,
+SparkSession is used; with ``--remote sc://…`` (or ``SPARK_REMOTE``) a Spark
+Connect session (Databricks Connect too); elsewhere a local one is started. Results go to stdout,
 progress lines to stderr. Exit codes: 0 done, 1 failed (or a verification did
 not match), 2 bad configuration (the message names the key and the file).
 """
@@ -43,6 +44,7 @@ def _parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser("run", help="run the streaming job a TOML file describes")
     run.add_argument("job", help="job file (TOML)")
+    _remote(run)
     run.set_defaults(handler=_run)
 
     clean = commands.add_parser(
@@ -57,6 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     clean.add_argument(
         "--backoff-ms", type=int, default=15_000, help="log.cleaner.backoff.ms (default 15000)"
     )
+    _remote(clean)
     clean.set_defaults(handler=_clean)
 
     vacuum = commands.add_parser(
@@ -69,6 +72,7 @@ def _parser() -> argparse.ArgumentParser:
     _log_selection(status)
     status.add_argument("--json", action="store_true", help="print JSON instead of a table")
     status.add_argument("--plot", metavar="FILE.png", help="draw dirty ratio and size over time")
+    _remote(status)
     status.set_defaults(handler=_status)
 
     export = commands.add_parser("export", help="export a log's state to Avro container files")
@@ -78,6 +82,7 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--as-of", help="a Delta version or timestamp (default: now)")
     export.add_argument("--verify", action="store_true", help="compare the export with state()")
     export.add_argument("--config", help="job file giving the log's key columns")
+    _remote(export)
     export.set_defaults(handler=_export)
 
     replay = commands.add_parser(
@@ -91,6 +96,7 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument(
         "--verify", action="store_true", help="compare the new state with the source"
     )
+    _remote(replay)
     replay.set_defaults(handler=_replay)
 
     demo = commands.add_parser("demo", help="stream keyed updates into a local compacted log")
@@ -99,6 +105,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--rows-per-batch", type=int, default=1_000)
     demo.add_argument("--keys", type=int, default=2_000)
     demo.add_argument("--partitions", type=int, default=4)
+    demo.add_argument("--remote", help=argparse.SUPPRESS)  # refused: the demo is local
     demo.set_defaults(handler=_demo)
     return parser
 
@@ -116,12 +123,39 @@ def _log_selection(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _session(app: str):
-    from pyspark.sql import SparkSession
+def _remote(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--remote",
+        metavar="URL",
+        help="a Spark Connect server, sc://host:port (Databricks Connect: "
+        "sc://<workspace>:443/;token=…;x-databricks-cluster-id=…); default: $SPARK_REMOTE",
+    )
 
-    active = SparkSession.getActiveSession()
-    if active is not None:
-        return active
+
+def _remote_url(args: argparse.Namespace) -> str | None:
+    import os
+
+    from streaming.session import REMOTE_ENV
+
+    return getattr(args, "remote", None) or os.environ.get(REMOTE_ENV) or None
+
+
+def _session(app: str, args: argparse.Namespace | None = None):
+    """A Spark Connect session (--remote, SPARK_REMOTE); else the active one; else local."""
+    url = _remote_url(args) if args is not None else None
+    if url:
+        from streaming.session import remote_session
+
+        try:
+            return remote_session(url, app)
+        except (ImportError, ValueError) as e:
+            raise ConfigError(f"--remote {url}: {e}") from e
+    from sinks.spark_session import active_session
+
+    try:
+        return active_session()
+    except RuntimeError:
+        pass
     from streaming.session import local_session
 
     return local_session(app)
@@ -140,15 +174,29 @@ def _run(args: argparse.Namespace) -> int:
     from streaming.runner import start
 
     job = load_job(args.job)
-    spark = _session(f"compacted-sink-run-{job.file.stem}")
+    spark = _session(f"compacted-sink-run-{job.file.stem}", args)
     for key, value in job.spark.items():
         spark.conf.set(key, value)
-    query, sinks = start(spark, job, out=_err)
-    _err(f"run: query {query.name} started ({len(sinks)} log(s)); {args.job}")
+    from sinks.spark_session import is_connect
+
+    listener = None
+    if is_connect(spark):
+        # The hook runs in the server's foreachBatch worker and prints there; Spark's
+        # own progress events reach a listener here, in the client.
+        from streaming.progress import ProgressListener
+
+        listener = ProgressListener(out=_err)
+        spark.streams.addListener(listener)
     try:
-        query.awaitTermination()
-    except KeyboardInterrupt:
-        query.stop()
+        query, sinks = start(spark, job, out=_err)
+        _err(f"run: query {query.name} started ({len(sinks)} log(s)); {args.job}")
+        try:
+            query.awaitTermination()
+        except KeyboardInterrupt:
+            query.stop()
+    finally:
+        if listener is not None:  # its event thread would keep the process alive
+            spark.streams.removeListener(listener)
     for sink in sinks:
         sink.close()  # the background cleaner finishes its pass in flight
         _out(f"{sink.path}: dirty ratio {sink.dirty_ratio():.2f}")
@@ -173,7 +221,7 @@ def _clean(args: argparse.Namespace) -> int:
                 f"clean: {ref.spec.path}: no job file given; key columns "
                 f"{list(ref.spec.key_columns)} read from its schema, default cleaner settings"
             )
-    _session("compacted-sink-clean")
+    _session("compacted-sink-clean", args)
     thread = CleanerThread(
         refs, force=args.force, vacuum=args.vacuum, backoff_ms=args.backoff_ms, out=_out
     )
@@ -238,7 +286,7 @@ def _export(args: argparse.Namespace) -> int:
     if not found:
         raise ConfigError(f"export: no compacted log at {args.log}")
     sink = found[0].sink()
-    spark = _session("compacted-sink-export")
+    spark = _session("compacted-sink-export", args)
     with spark_progress(spark, "export", out=_err):
         report = export_state(
             sink, args.to, codec=args.codec, as_of=_as_of(args.as_of), progress=_err
@@ -259,7 +307,7 @@ def _replay(args: argparse.Namespace) -> int:
     from streaming.progress import spark_progress
     from streaming.registry import infer_log
 
-    spark = _session("compacted-sink-replay")
+    spark = _session("compacted-sink-replay", args)
     source_path = normalize_uri(args.source)
     if infer_log(source_path) is not None:
         ref = infer_log(source_path)
@@ -294,6 +342,13 @@ def _replay(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     from streaming.demo import DemoSettings, run
+
+    if _remote_url(args):
+        raise ConfigError(
+            "demo runs on an embedded local Spark session and writes a local lake; it does "
+            "not take --remote or SPARK_REMOTE (unset it). To run on a Spark Connect server, "
+            "describe the query in a job file and use: compacted-sink run JOB.toml --remote URL"
+        )
 
     settings = DemoSettings(
         lake=args.lake,

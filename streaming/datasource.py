@@ -5,7 +5,8 @@ format name to ``foreachBatch``. Executors stage each task's rows as one Parquet
 file under the log's ``_staging/`` directory and send its path to the driver;
 the driver's ``commit(messages, batch_id)`` validates and numbers the records,
 writes the log's segment files and commits them with the core's append
-(Delta ``txn`` per batch id: exactly once), then deletes the staged files;
+(Delta ``txn`` per batch id, scoped to the query id its checkpoint records: exactly
+once, on a classic session and under Spark Connect alike), then deletes the staged files;
 ``abort`` deletes them too.
 
 Spark runs a Python data source's ``commit`` in a Python worker process that has
@@ -51,6 +52,7 @@ from sinks.log.records import (
     check_schema,
 )
 from sinks.log.storage import arrow_filesystem, delete_files, join, normalize_uri
+from sinks.spark_session import checkpoint_query_id
 
 FORMAT = "compacted-state"
 STAGING = "_staging"
@@ -200,9 +202,9 @@ def append_staged(
     checks, numbering, segment files and commit as the ``foreachBatch`` hook's.
     """
     sink = options.sink()
-    app_id = _app_id(sink, options)
+    app_id, *older_ids = _app_ids(sink, options, batch_id)
     snapshot = sink.log_table.snapshot()
-    if committed(snapshot, app_id, batch_id):
+    if any(committed(snapshot, a, batch_id) for a in (app_id, *older_ids)):
         return
     table = _read_staged(options.path, staged)
     if table.num_rows == 0:
@@ -249,12 +251,23 @@ def _delete_staged(path: str, staged: list[StagedFile]) -> None:
     delete_files(path, [m.path for m in staged])
 
 
-def _app_id(sink: CompactedStateSink, options: SinkOptions) -> str:
-    """The sink id, scoped to the query's checkpoint: a fresh checkpoint restarts batch ids at 0."""
+def _app_ids(sink: CompactedStateSink, options: SinkOptions, batch_id: int) -> tuple[str, ...]:
+    """The app id of this query's appends, then the older ids its batches may carry.
+
+    With a checkpoint location the id is ``<sink id>/query=<query id>``, the query id
+    read from the checkpoint (`checkpoint_query_id`, which also checks the checkpoint
+    planned the batch), as the ``foreachBatch`` hook scopes it: a restarted query
+    keeps its id, a fresh checkpoint (batch ids from 0 again) is a new query, also
+    at the same location; a classic session and Spark Connect alike (a data source's
+    ``commit`` runs in a Python worker without a session or local properties). Logs
+    written before this keyed the batch by a digest of the location: that id is
+    checked too, so an upgrade writes no batch twice.
+    """
     if options.checkpoint_location is None:
-        return sink.sink_id
+        return (sink.sink_id,)
+    query_id = checkpoint_query_id(options.checkpoint_location, batch_id)
     digest = hashlib.sha256(options.checkpoint_location.encode()).hexdigest()[:12]
-    return f"{sink.sink_id}/checkpoint={digest}"
+    return (f"{sink.sink_id}/query={query_id}", f"{sink.sink_id}/checkpoint={digest}")
 
 
 def staged_files(path: str) -> list[str]:

@@ -79,8 +79,9 @@ class LogSpec:
     sink_id: str | None = None
     topic: str | None = None
 
-    def sink(self) -> CompactedStateSink:
-        """The sink over this log (opens nothing until used)."""
+    def sink(self, checkpoint_location: str | None = None) -> CompactedStateSink:
+        """The sink over this log (opens nothing until used); ``checkpoint_location`` is the
+        query's, which the sink needs under Spark Connect to know its query."""
         return CompactedStateSink(
             self.path,
             key_columns=self.key_columns,
@@ -89,6 +90,7 @@ class LogSpec:
             checkpoint_table=self.checkpoint_table,
             dead_letter_table=self.dead_letter_table,
             sink_id=self.sink_id,
+            checkpoint_location=checkpoint_location,
         )
 
 

@@ -8,8 +8,12 @@ stdout stays machine-readable):
   pass the sink's cleaner commits, inline or from its background worker.
 - `ProgressListener` is a `StreamingQueryListener`: Spark's view of each
   micro-batch (input rows, rate, duration), for queries whose sink is not ours.
-- `spark_progress` is a context manager that polls Spark's status tracker while
-  long work runs and prints ``<label>: done/total tasks (percent), elapsed``.
+- `spark_progress` is a context manager that follows Spark's task counts while
+  long work runs and prints ``<label>: done/total tasks (percent), elapsed``
+  (the status tracker on a classic session, a progress handler on Spark Connect).
+
+Under Spark Connect a `StreamingQueryListener` added with ``spark.streams.addListener``
+runs in the client, so `ProgressListener` prints where the query was started.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQueryListener
 
 from sinks import CleanerStats, CompactedStateSink
+from sinks.spark_session import is_connect
 
 Out = Callable[[str], None]
 
@@ -63,6 +68,18 @@ class ProgressHook:
         if report is not None:
             self.out(f"{self.label}{report.summary()}")
 
+    def __getstate__(self) -> dict[str, object]:
+        # A thread-local cannot be pickled; a hook shipped to Spark Connect's foreachBatch
+        # worker makes its own, and registers with the sink's cleaner there.
+        state = dict(self.__dict__)
+        del state["_in_hook"]
+        state["_listening"] = False
+        return state
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self._in_hook = threading.local()
+
     def _passed(self, stats: CleanerStats) -> None:
         if not getattr(self._in_hook, "active", False):  # an inline pass is in the batch's line
             self.out(f"{self.label}cleaner: {stats.summary()}")
@@ -100,15 +117,27 @@ def spark_progress(
 ) -> Iterator[None]:
     """Print ``label: done/total tasks`` lines while the block runs Spark jobs.
 
-    Polls the status tracker of the block's job group in a daemon thread; prints
-    only when the count changed, and a final line with the elapsed time.
+    Prints only when the count changed, at most every ``every_s``, and a final line
+    with the elapsed time. A classic session is polled through the status tracker
+    of the block's job group, in a daemon thread; a Spark Connect session, which has
+    no status tracker, reports the progress of each operation to a handler that the
+    block registers (the tasks of the operation running now are counted).
     """
+    started = time.monotonic()
+    if is_connect(spark):
+        handler = _ConnectProgress(label, out, every_s, started)
+        spark.registerProgressHandler(handler)
+        try:
+            yield
+        finally:
+            spark.removeProgressHandler(handler)
+            out(f"{label}: done in {time.monotonic() - started:.1f} s")
+        return
     context = spark.sparkContext
     group = f"compacted-sink-{label}-{time.monotonic_ns()}"
     context.setJobGroup(group, label, interruptOnCancel=False)
     tracker = context.statusTracker()
     stop = threading.Event()
-    started = time.monotonic()
 
     def poll() -> None:
         last = None
@@ -137,3 +166,28 @@ def spark_progress(
         thread.join()
         context.setLocalProperty("spark.jobGroup.id", None)
         out(f"{label}: done in {time.monotonic() - started:.1f} s")
+
+
+class _ConnectProgress:
+    """A Spark Connect progress handler printing ``label: done/total tasks`` lines."""
+
+    def __init__(self, label: str, out: Out, every_s: float, started: float) -> None:
+        self.label = label
+        self.out = out
+        self.every_s = every_s
+        self.started = started
+        self._last: tuple[int, int] | None = None
+        self._printed = 0.0
+
+    def __call__(self, stages, inflight_tasks: int, operation_id, done: bool) -> None:
+        stages = list(stages or [])
+        total = sum(s.num_tasks for s in stages)
+        finished = sum(s.num_completed_tasks for s in stages)
+        now = time.monotonic()
+        if not total or (finished, total) == self._last or now - self._printed < self.every_s:
+            return
+        self._last, self._printed = (finished, total), now
+        self.out(
+            f"{self.label}: {finished}/{total} tasks ({finished / total:.0%}), "
+            f"{now - self.started:.0f} s"
+        )

@@ -51,8 +51,15 @@ def build_source(spark: SparkSession, job: JobConfig) -> DataFrame:
 def build_hook(
     job: JobConfig, *, out: Callable[[str], None] = stderr_line
 ) -> tuple[Hook, list[CompactedStateSink]]:
-    """The query's foreachBatch hook and the sinks behind it."""
-    sinks = [log.sink() for log in job.logs]
+    """The query's foreachBatch hook and the sinks behind it.
+
+    Each sink is told the query's checkpoint location: under Spark Connect it reads
+    the query's id there (exactly once across restarts, a fresh checkpoint is a new
+    query). The hook holds no session, lock or thread, so Connect can pickle it to
+    its foreachBatch worker.
+    """
+    location = checkpoint_location(job)
+    sinks = [log.sink(checkpoint_location=location) for log in job.logs]
     if job.routed:
         routes: dict[str, Hook] = {
             log.topic or "": ProgressHook(sink, out=out, label=f"[{log.topic}] ")

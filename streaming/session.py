@@ -1,4 +1,11 @@
-"""The embedded default SparkSession: local Spark, UTC, few shuffle partitions."""
+"""The sessions a job starts: embedded local Spark, or a Spark Connect server.
+
+``local_session`` is the embedded default (local Spark, UTC, few shuffle
+partitions). ``remote_session`` connects to a Spark Connect server (open-source
+Spark 4's ``start-connect-server.sh``, or Databricks through a
+``sc://<workspace>:443/;token=…;x-databricks-cluster-id=…`` URL); the CLI takes
+it from ``--remote`` or the ``SPARK_REMOTE`` environment variable, as pyspark does.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +13,8 @@ import os
 import sys
 
 from pyspark.sql import SparkSession
+
+REMOTE_ENV = "SPARK_REMOTE"
 
 
 def local_session(app_name: str = "compacted-sink", master: str | None = None) -> SparkSession:
@@ -21,3 +30,22 @@ def local_session(app_name: str = "compacted-sink", master: str | None = None) -
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def remote_session(url: str, app_name: str = "compacted-sink") -> SparkSession:
+    """A Spark Connect session to ``url`` (``sc://host:port``, with ``/;key=value`` parameters).
+
+    Needs the Connect client's packages (``pip install 'compacted-sink[connect]'``).
+    The server's Python workers run the sink's ``foreachBatch`` hook: they need this
+    project and its dependencies installed beside the server.
+    """
+    if not url.startswith("sc://"):
+        raise ValueError(f"a Spark Connect URL starts with sc:// (got {url!r})")
+    try:
+        import grpc  # noqa: F401
+    except ImportError as e:
+        raise ImportError(
+            "a Spark Connect session needs the Connect client packages: "
+            "pip install 'compacted-sink[connect]'"
+        ) from e
+    return SparkSession.builder.remote(url).appName(app_name).getOrCreate()

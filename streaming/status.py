@@ -30,6 +30,7 @@ from deltalake import DeltaTable
 from sinks import CleanerConfig, CompactedStateSink
 from sinks.cleaner.cleaner_stats import format_bytes
 from sinks.cleaner.log_to_clean import LogToClean, cleanable_offsets, dirty_ratio, log_to_clean
+from sinks.cleaner.throttler import budget_summary
 from sinks.log.history_window import list_delta_log, oldest_reachable_version, window_of
 from sinks.log.log_table import COMMIT_INFO_KEY, LogSnapshot, now_ms
 from sinks.maintenance.file_inventory import take_inventory
@@ -89,6 +90,7 @@ class LogStatus:
     partitions: tuple[PartitionStatus, ...]
     settings_inferred: bool = False
     storage: StorageStatus | None = None
+    cleaner_budget: str = ""  # the Throttler and per-pass budget (`budget_summary`)
 
     @property
     def size_bytes(self) -> int:
@@ -119,6 +121,7 @@ class LogStatus:
             "uncleanable_bytes": sum(p.size_bytes for p in self.uncleanable),
             "settings_inferred": self.settings_inferred,
             "storage": asdict(self.storage) if self.storage else None,
+            "cleaner_budget": self.cleaner_budget,
             "partitions": [asdict(p) for p in self.partitions],
         }
 
@@ -170,6 +173,7 @@ def log_status(
         partitions=tuple(partitions),
         settings_inferred=settings_inferred,
         storage=storage_status(sink, snapshot, now=now),
+        cleaner_budget=budget_summary(config),
     )
 
 
@@ -252,6 +256,8 @@ def render_table(statuses: Sequence[LogStatus]) -> str:
         )
         if status.settings_inferred:
             heading += "  [settings inferred: no job file given]"
+        if status.cleaner_budget:
+            heading += f"\n  cleaner limits: {status.cleaner_budget}"
         rows = [[name for name, _ in _COLUMNS]]
         for p in status.partitions:
             rows.append(

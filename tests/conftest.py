@@ -1,41 +1,210 @@
-"""One SparkSession for the whole run (local[2], two shuffle partitions) and a fake clock."""
+"""Sessions for the whole run and a fake clock.
+
+Two Spark sessions: a classic one (local[2], two shuffle partitions), and a Spark
+Connect session on a Connect server started from the pyspark install on loopback
+(`ConnectServer`). ``spark`` is the classic session unless a test is marked
+``both_sessions``: it then runs once on each (the Connect run also carries the
+``connect`` marker, so ``-m "not connect"`` leaves it out).
+
+A process can hold both kinds at once, but pyspark picks classic or Connect
+functions (``F.col``, ``SparkSession.active()``) by the environment variable
+``SPARK_CONNECT_MODE_ENABLED``: the Connect fixtures set it for the test, and
+unset it otherwise.
+"""
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import signal
+import socket
+import subprocess
 import sys
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
+import pyspark
 import pytest
 from pyspark.sql import SparkSession
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
+CONNECT_MODE = "SPARK_CONNECT_MODE_ENABLED"
+SESSIONS = ["classic", pytest.param("connect", marks=pytest.mark.connect)]
+ROOT = Path(__file__).resolve().parent.parent
+SESSION_CONF = {
+    "spark.sql.shuffle.partitions": "2",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
+}
+
 
 def build_session() -> SparkSession:
+    builder = SparkSession.builder.master("local[2]").appName("compacted-sink-tests")
+    for key, value in SESSION_CONF.items():
+        builder = builder.config(key, value)
     return (
-        SparkSession.builder.master("local[2]")
-        .appName("compacted-sink-tests")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.default.parallelism", "2")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        builder.config("spark.default.parallelism", "2")
         .config("spark.driver.memory", "2g")
-        .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
         .getOrCreate()
     )
 
 
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Run a test marked ``both_sessions`` on the classic and on the Connect session."""
+    if metafunc.definition.get_closest_marker("both_sessions") and "spark" in (
+        metafunc.fixturenames
+    ):
+        metafunc.parametrize("spark", SESSIONS, indirect=True)
+
+
 @pytest.fixture(scope="session")
-def spark() -> Iterator[SparkSession]:
+def classic_spark() -> Iterator[SparkSession]:
+    """The classic session (also for fixtures wider than a test)."""
+    os.environ.pop(CONNECT_MODE, None)
     session = build_session()
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+@pytest.fixture
+def spark(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> SparkSession:
+    """The classic session; the Connect one in the ``connect`` run of a ``both_sessions`` test."""
+    if getattr(request, "param", "classic") == "connect":
+        return request.getfixturevalue("connect_spark")
+    monkeypatch.delenv(CONNECT_MODE, raising=False)
+    return request.getfixturevalue("classic_spark")
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM it when pytest dies (Linux's PR_SET_PDEATHSIG)."""
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ConnectServer:
+    """A Spark Connect server (local[2]) from the pyspark install, on a free loopback port.
+
+    Its own process group, ended at teardown; it also dies with pytest. Its Python
+    workers (``foreachBatch`` functions, listeners) use this venv's Python and import
+    the project from the work tree.
+    """
+
+    READY_TIMEOUT_S = 120
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.port = _free_port()
+        self.url = f"sc://127.0.0.1:{self.port}"
+        self.log = base / "connect-server.log"
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        spark_home = Path(pyspark.__file__).parent
+        conf_dir = self.base / "conf"
+        conf_dir.mkdir(exist_ok=True)
+        env = {k: v for k, v in os.environ.items() if k != CONNECT_MODE}
+        env.update(
+            SPARK_HOME=str(spark_home),
+            SPARK_CONF_DIR=str(conf_dir),
+            SPARK_LOCAL_IP="127.0.0.1",
+            PYSPARK_PYTHON=sys.executable,
+            PYSPARK_DRIVER_PYTHON=sys.executable,
+            PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        )
+        conf = {
+            **SESSION_CONF,
+            "spark.connect.grpc.binding.address": "127.0.0.1",
+            "spark.connect.grpc.binding.port": str(self.port),
+            "spark.driver.host": "127.0.0.1",
+            "spark.driver.bindAddress": "127.0.0.1",
+        }
+        command = [
+            str(spark_home / "bin" / "spark-submit"),
+            "--class",
+            "org.apache.spark.sql.connect.service.SparkConnectServer",
+            "--master",
+            "local[2]",
+            "--driver-memory",
+            "1g",
+            *[arg for key, value in conf.items() for arg in ("--conf", f"{key}={value}")],
+        ]
+        with open(self.log, "wb") as log:
+            self.process = subprocess.Popen(
+                command,
+                cwd=self.base,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+        deadline = time.monotonic() + self.READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"Connect server exited: {self.log.read_text()[-2000:]}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    return
+            except OSError:
+                time.sleep(0.5)
+        raise RuntimeError(f"Connect server not listening after {self.READY_TIMEOUT_S} s")
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        for sig, wait_s in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(self.process.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.process.wait(wait_s)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+
+
+@pytest.fixture(scope="session")
+def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConnectServer]:
+    server = ConnectServer(tmp_path_factory.mktemp("connect-server"))
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def _connect_session(connect_server: ConnectServer) -> Iterator[SparkSession]:
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    session = ConnectSession.builder.remote(connect_server.url).getOrCreate()
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def connect_spark(_connect_session: SparkSession, monkeypatch: pytest.MonkeyPatch) -> SparkSession:
+    """A Spark Connect session (the process is in Connect mode for the test)."""
+    monkeypatch.setenv(CONNECT_MODE, "1")
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    ConnectSession._active_session.session = _connect_session
+    return _connect_session
 
 
 class FakeClock:

@@ -31,8 +31,15 @@ from deltalake.exceptions import CommitFailedError
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from sinks.cleaner.clean_segments import clean_segments
 from sinks.cleaner.cleaner_stats import CleanerStats
 from sinks.cleaner.log_to_clean import LogToClean, group_segments_by_size, segments_to_clean
+from sinks.cleaner.offset_map import (
+    MAX_OFFSET_MAP_RECORDS,
+    build_offset_map,
+    dirty_segments,
+    is_mappable,
+)
 from sinks.crash_points import CLEAN_BEFORE_COMMIT, crash_point
 from sinks.log.log_table import CLEANER_OFFSET_TXN, LogSnapshot, LogTable
 from sinks.log.records import DELETE_HORIZON_MS, OFFSET, PARTITION, VALUE
@@ -167,6 +174,7 @@ class Cleaner:
         delete_retention_ms: int,
         segment_bytes: int,
         broadcast_max_records: int = BROADCAST_MAX_RECORDS,
+        offset_map_max_records: int = MAX_OFFSET_MAP_RECORDS,
     ) -> None:
         self.log = log
         self.key_columns = tuple(key_columns)
@@ -174,6 +182,7 @@ class Cleaner:
         self.delete_retention_ms = delete_retention_ms
         self.segment_bytes = segment_bytes
         self.broadcast_max_records = broadcast_max_records
+        self.offset_map_max_records = offset_map_max_records
 
     def clean(
         self,
@@ -204,7 +213,42 @@ class Cleaner:
         )
         groups = [g for segments in chosen for g in group_segments_by_size(segments, group_bytes)]
         written = []
-        if groups:
+        dirty = [
+            s
+            for log, segments in zip(logs, chosen, strict=True)
+            for s in dirty_segments(
+                segments,
+                first_dirty_offset=log.first_dirty_offset,
+                cleaner_offset=snapshot.cleaner_offset(log.partition),
+            )
+        ]
+        if groups and self.uses_offset_map(snapshot, dirty):
+            written = clean_segments(
+                spark,
+                groups,
+                build_offset_map(
+                    spark,
+                    snapshot,
+                    dirty,
+                    self.key_columns,
+                    table_uri=self.log.uri,
+                    storage_options=self.log.storage_options,
+                ),
+                table_uri=self.log.uri,
+                schema=snapshot.arrow_schema,
+                key_columns=self.key_columns,
+                log_start_offsets={
+                    log.partition: snapshot.log_start_offset(log.partition) for log in logs
+                },
+                pass_start_ms=pass_start_ms,
+                delete_retention_ms=self.delete_retention_ms,
+                stats_columns=stats_columns(
+                    snapshot.spark_schema, self.key_columns, self.sequence_column
+                ),
+                max_file_bytes=self.segment_bytes,
+                storage_options=self.log.storage_options,
+            )
+        elif groups:
             written = write_segments(
                 self.retained(spark, snapshot, inputs, groups, pass_start_ms=pass_start_ms),
                 table_uri=self.log.uri,
@@ -256,6 +300,20 @@ class Cleaner:
         # from a fresh read (at or after the pass's own commit when others appended).
         after = self.log.snapshot()
         return replace(stats, duration_ms=duration, delta_version=after.version if after else None)
+
+    def uses_offset_map(self, snapshot: LogSnapshot, dirty: Sequence[Segment]) -> bool:
+        """Whether a pass runs as Kafka's (offset map of the dirty section, one recopy).
+
+        Not with a sequence column (a clean record may beat a dirty one), not with
+        key types pyarrow and Spark compare differently, and not when the map could
+        pass ``offset_map_max_records`` (the shuffled path spills instead).
+        """
+        schema = snapshot.arrow_schema
+        return (
+            self.sequence_column is None
+            and all(is_mappable(schema.field(k).type) for k in self.key_columns)
+            and sum(s.num_records for s in dirty) <= self.offset_map_max_records
+        )
 
     def retained(
         self,

@@ -12,6 +12,9 @@ class CleanerStats:
 
     ``end_offsets`` maps each cleaned partition to the offset its pass ended at
     (the new first dirty offset); ``start_ms`` is the pass's start (epoch ms).
+    ``budget_bytes`` is ``log.cleaner.max.bytes.per.pass`` when one is set, ``work_left``
+    says the budget cut this pass short, ``throttled_ms`` how long the Throttler then
+    held the cleaner back.
     """
 
     log_path: str
@@ -26,6 +29,9 @@ class CleanerStats:
     records_read: int = 0
     records_written: int = 0
     delta_version: int | None = None
+    budget_bytes: int | None = None
+    work_left: bool = False
+    throttled_ms: int = 0
 
     @property
     def partitions(self) -> list[int]:
@@ -52,8 +58,17 @@ class CleanerStats:
             f"{self.records_read} -> {self.records_written} records, "
             f"{format_bytes(self.bytes_read)} -> {format_bytes(self.bytes_written)} "
             f"({self.segments_read} -> {self.segments_written} files, "
-            f"recopy {self.recopy_ratio:.0%}) in {seconds:.1f} s"
+            f"recopy {self.recopy_ratio:.0%}) in {seconds:.1f} s{self._budget()}"
         )
+
+    def _budget(self) -> str:
+        parts = []
+        if self.budget_bytes is not None:
+            more = ", more left" if self.work_left else ""
+            parts.append(f"budget {format_bytes(self.budget_bytes)}{more}")
+        if self.throttled_ms:
+            parts.append(f"throttled {self.throttled_ms / 1000:.1f} s")
+        return f"; {', '.join(parts)}" if parts else ""
 
 
 def format_bytes(n: int) -> str:

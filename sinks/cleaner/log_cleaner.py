@@ -42,7 +42,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from deltalake.exceptions import CommitFailedError
@@ -58,8 +58,10 @@ from sinks.cleaner.log_to_clean import (
     dirty_ratio,
     filthiest_first,
     log_to_clean,
+    within_budget,
 )
-from sinks.config import CleanerConfig
+from sinks.cleaner.throttler import Throttler
+from sinks.config import LONG_MAX, CleanerConfig
 from sinks.crash_points import CLEAN_BEFORE_CHECKPOINT, crash_point
 from sinks.errors import CleanerError, CommitConflictError
 from sinks.log.log_table import LogSnapshot, LogTable
@@ -129,6 +131,7 @@ class LogCleaner:
             check_interval_ms=config.log_retention_check_interval_ms,
             storage_options=log.storage_options,
         )
+        self.throttler = Throttler(config.log_cleaner_io_max_bytes_per_second)
 
     # -- measuring -------------------------------------------------------------------------
 
@@ -172,6 +175,28 @@ class LogCleaner:
             offsets = {p: entry.first_dirty_offset for (_, p), entry in rows.items()}
             self._checkpoint_cache = (time.monotonic(), offsets)
         return offsets
+
+    def has_work(self, snapshot: LogSnapshot) -> bool:
+        """Whether a round now could do anything: retention, a checkpoint to reset, or a
+        cleanable partition (SPEC rule 4, time triggers included). No Spark job.
+
+        A batch asks this before handing the log over, so the many batches that leave
+        nothing cleanable cost no round (no snapshot load, no claim) beside the query.
+        """
+        if self.config.delete:
+            return True
+        if not self.config.compact:
+            return False
+        now = self.clock()
+        return any(
+            log.force_checkpoint
+            or log.is_cleanable(
+                now_ms=now,
+                min_cleanable_dirty_ratio=self.config.min_cleanable_dirty_ratio,
+                max_compaction_lag_ms=self.config.max_compaction_lag_ms,
+            )
+            for log in self.logs_to_clean(snapshot, fresh_checkpoints=False)
+        )
 
     def dirty_ratio(
         self, snapshot: LogSnapshot | None = None, *, fresh_checkpoints: bool = True
@@ -229,6 +254,10 @@ class LogCleaner:
             if snapshot is None:
                 return None
             stats = self._clean(spark, snapshot, force=force)
+            if stats is not None:
+                slept = self.throttler.maybe_throttle(stats.bytes_read + stats.bytes_written)
+                if slept:
+                    stats = replace(stats, throttled_ms=int(slept * 1000))
         if stats is not None:
             self.passes += 1
             self.last_error = None
@@ -260,8 +289,14 @@ class LogCleaner:
             snapshot = fresh
             chosen = self._cleanable(self.logs_to_clean(snapshot), now_ms=start, force=force)
         chosen = [log for log in chosen if log.partition in claimed]
+        budget = self.config.log_cleaner_max_bytes_per_pass
+        plan = within_budget(chosen, snapshot.segments, budget)
+        chosen = list(plan.logs)
+        unused = claimed - {log.partition for log in chosen}
+        if unused:
+            self.manager.abort_cleaning(unused)
+            claimed -= unused
         if not chosen:
-            self.manager.abort_cleaning(claimed)
             return None
         try:
             with self.manager.heartbeating(claimed):
@@ -281,6 +316,8 @@ class LogCleaner:
                 log_path=self.log.uri,
                 partition=chosen[0].partition,
             ) from e
+        if budget < LONG_MAX:
+            stats = replace(stats, budget_bytes=budget, work_left=plan.work_left)
         crash_point(CLEAN_BEFORE_CHECKPOINT)
         self._checkpoint(chosen, stats)
         logger.info("%s", stats.summary())
@@ -427,7 +464,10 @@ class _CleanerThread(threading.Thread):
                 self._pending = False
                 self._busy = True
             try:
-                self.cleaner.maintain(self.spark)
+                report = self.cleaner.maintain(self.spark)
+                if report.clean is not None and report.clean.work_left:
+                    with self._condition:  # the budget cut the pass: the rest goes next
+                        self._pending = True
             except Exception as e:  # noqa: BLE001 - the worker must outlive one bad round
                 self.cleaner.last_error = e
                 logger.warning("cleaner round over %s failed", self.cleaner.log.uri, exc_info=True)

@@ -12,8 +12,8 @@ partition, so a partition's segments never overlap and sort by base offset.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from sinks.log.segment import Segment
 
@@ -176,6 +176,55 @@ def filthiest_first(logs: Iterable[LogToClean]) -> list[LogToClean]:
 def segments_to_clean(segments: Iterable[Segment], first_uncleanable_offset: int) -> list[Segment]:
     """The segments a pass reads: every segment wholly below the first uncleanable offset."""
     return sorted(s for s in segments if s.last_offset < first_uncleanable_offset)
+
+
+@dataclass(frozen=True)
+class PassPlan:
+    """The partitions one pass cleans, each possibly cut short, and whether work is left."""
+
+    logs: tuple[LogToClean, ...]
+    bytes_read: int
+    work_left: bool
+
+
+def within_budget(
+    logs: Sequence[LogToClean], segments: Mapping[int, Sequence[Segment]], max_bytes: int
+) -> PassPlan:
+    """Cut a pass to about ``max_bytes`` of input (``log.cleaner.max.bytes.per.pass``). Pure.
+
+    ``logs`` come dirtiest first and are taken in that order. A partition's pass must
+    read its whole clean section (rule 6: below the end, one record per key), so the
+    cut falls in the dirty section: a partition's first uncleanable offset is lowered
+    to the base of its first dirty segment that would pass the budget. The first
+    partition always gets its clean section and one dirty segment, so every pass
+    makes progress; later ones are skipped when even that does not fit. The rest of
+    the work is left for the next pass (``work_left``), as Kafka's cleaner leaves
+    what did not fit its offset map.
+    """
+    chosen: list[LogToClean] = []
+    used = 0
+    left = False
+    for log in logs:
+        inputs = segments_to_clean(segments.get(log.partition, []), log.first_uncleanable_offset)
+        clean = [s for s in inputs if s.last_offset < log.first_dirty_offset]
+        dirty = [s for s in inputs if s.last_offset >= log.first_dirty_offset]
+        cost = sum(s.size_bytes for s in clean)
+        taken = 0
+        for segment in dirty:
+            first_step = not chosen and taken == 0
+            if not first_step and used + cost + segment.size_bytes > max_bytes:
+                break
+            cost += segment.size_bytes
+            taken += 1
+        if dirty and taken == 0 or not dirty and chosen and used + cost > max_bytes:
+            left = True
+            continue
+        end = log.first_uncleanable_offset
+        if taken < len(dirty):
+            end, left = dirty[taken].base_offset, True
+        chosen.append(replace(log, first_uncleanable_offset=end))
+        used += cost
+    return PassPlan(tuple(chosen), used, left)
 
 
 def group_segments_by_size(segments: Sequence[Segment], max_size: int) -> list[list[Segment]]:

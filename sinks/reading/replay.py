@@ -30,6 +30,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from sinks.errors import CompactedSinkError
 from sinks.log.log_table import AsOf
 from sinks.log.storage import arrow_filesystem, normalize_uri
+from sinks.spark_session import active_session
 
 if TYPE_CHECKING:
     from sinks.sink import CompactedStateSink
@@ -192,7 +193,7 @@ def verify_export(sink: CompactedStateSink, directory: str) -> Verification:
     (maps) are not supported.
     """
     manifest = read_manifest(directory)
-    spark = SparkSession.active()
+    spark = active_session()
     exported = read_export(spark, directory)
     state = sink.state(as_of=manifest["log_version"])
     return Verification(

@@ -41,6 +41,7 @@ def test_without_dead_letter_table_bad_rows_fail_the_batch_and_nothing_is_writte
     assert state_of(sink) == {"a": "0"}
 
 
+@pytest.mark.both_sessions
 def test_with_dead_letter_table_bad_rows_are_quarantined_once_good_rows_written(spark, lake, clock):
     dead = str(lake / "dead")
     sink = CompactedStateSink(str(lake / "log"), config=CONFIG, clock=clock, dead_letter_table=dead)

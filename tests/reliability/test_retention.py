@@ -88,6 +88,7 @@ def test_compact_delete_with_retention_bytes_keeps_at_least_the_limit(spark, lak
     assert state_of(sink) == oracle
 
 
+@pytest.mark.both_sessions
 def test_delete_records_hides_at_once_drops_files_and_is_idempotent(spark, lake, clock):
     sink = CompactedStateSink(
         str(lake / "log"), config=CleanerConfig(min_cleanable_dirty_ratio=1.0), clock=clock

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 
+import pytest
 from chispa import assert_df_equality
 from pyspark.sql import functions as F
 
@@ -33,6 +34,7 @@ def live_paths(sink):
     return {s.path for s in sink.log_table.snapshot().all_segments()}
 
 
+@pytest.mark.both_sessions
 def test_clean_segments_keeps_latest_per_key_in_one_quiet_commit(spark, lake, clock, delta_commits):
     """testCleanSegments, plus rules 3 (state), 6 (retained), 8 (checkpoint), 9 (atomic)."""
     sink = CompactedStateSink(str(lake / "log"), config=NO_CLEAN, clock=clock)
@@ -83,6 +85,7 @@ def json_stats(add):
     return json.loads(add["stats"])
 
 
+@pytest.mark.both_sessions
 def test_cleaning_with_deletes_and_the_delete_horizon(spark, lake, clock):
     """testCleaningWithDeletes and testCleanTombstone (KIP-534), rule 4's expired tombstone."""
     retention = 1_000

@@ -54,11 +54,12 @@ def open_log(path: str, clock: Clock) -> CompactedStateSink:
 
 
 @pytest.fixture(scope="module")
-def template(spark, tmp_path_factory):
+def template(classic_spark, tmp_path_factory):
     """Three partitions, composite keys, out-of-order sequences, stamped tombstones.
 
     Built once; each test cleans its own copy. Returns (lake directory, clock time).
     """
+    spark = classic_spark
     lake = tmp_path_factory.mktemp("narrow-pass")
     clock = Clock(1_700_000_000_000)
     sink = open_log(str(lake / "log"), clock)

@@ -19,6 +19,7 @@ def offsets(sink, partition=0):
     return sorted((r["offset"], r["key"]) for r in rows)
 
 
+@pytest.mark.both_sessions
 def test_offsets_assigned_contiguously_per_partition_in_input_order(spark, lake, clock):
     sink = CompactedStateSink(str(lake / "log"), config=NO_CLEAN, clock=clock)
     batch = spark.createDataFrame(
@@ -41,6 +42,7 @@ def test_offsets_continue_after_restart(spark, lake, clock):
     assert [o for o, _ in offsets(restarted)] == [0, 1, 2, 3]
 
 
+@pytest.mark.both_sessions
 def test_same_batch_id_twice_writes_once_also_from_a_new_sink(spark, lake, clock, delta_commits):
     path = str(lake / "log")
     batch = spark.createDataFrame([("a", "1"), ("b", "2")], "key string, value string")
@@ -71,6 +73,7 @@ def test_two_sink_ids_both_write_the_same_batch_id(spark, lake, clock):
     assert [o for o, _ in offsets(second)] == [0, 1]
 
 
+@pytest.mark.both_sessions
 def test_kafka_shaped_input_is_accepted_as_it_comes_with_offsets_kept(spark, lake, clock):
     """Spark's Kafka source columns, offsets with gaps (testCleaningBeyondMissingOffsets)."""
     ts = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
@@ -104,6 +107,7 @@ def test_kafka_shaped_input_is_accepted_as_it_comes_with_offsets_kept(spark, lak
     assert [(r.key, r.value) for r in state] == [(b"k1", b"v3"), (b"k2", b"v5")]
 
 
+@pytest.mark.both_sessions
 def test_null_keys_are_rejected_with_a_count_and_nothing_is_written(spark, lake, clock):
     path = lake / "log"
     sink = CompactedStateSink(str(path), clock=clock)
@@ -192,6 +196,7 @@ def test_md5_colliding_keys_both_survive_cleaning(spark, lake, clock):
     )
 
 
+@pytest.mark.both_sessions
 def test_sequence_column_orders_out_of_order_events_ties_by_offset(spark, lake, clock):
     schema = "key string, value string, seq long"
     sink = CompactedStateSink(

@@ -13,6 +13,7 @@ import re
 import shutil
 import tempfile
 
+import pytest
 from chispa import assert_df_equality
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -112,6 +113,7 @@ def test_never_cleaned_log(spark, lake, clock):
     assert state_dict(read(spark, sink)) == {"a": "a3", "c": "c1"}
 
 
+@pytest.mark.both_sessions
 def test_cleaned_log_with_a_dirty_tail_and_tombstones_in_both_sections(spark, lake, clock):
     sink = CompactedStateSink(str(lake / "log"), config=NO_CLEAN, clock=clock)
     sink(batch(spark, [("a", "a1"), ("b", "b1"), ("c", "c1"), ("d", "d1"), ("e", "e1")]), 0)
@@ -222,6 +224,7 @@ def test_delete_records_moves_the_log_start_inside_clean_and_dirty_segments(spar
     assert state_dict(read(spark, sink)) == {"f": "f1", "a": "a2"}
 
 
+@pytest.mark.both_sessions
 def test_as_of_an_older_version(spark, lake, clock):
     sink = CompactedStateSink(str(lake / "log"), config=NO_CLEAN, clock=clock)
     sink(batch(spark, [("a", "a1"), ("b", "b1")]), 0)

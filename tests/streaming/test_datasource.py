@@ -66,6 +66,7 @@ def test_options_are_checked_when_the_query_starts() -> None:
         SinkOptions.parse({"path": "/tmp/x", "min.cleanable.dirty.ratio": "high"})
 
 
+@pytest.mark.both_sessions
 def test_a_query_writes_the_log_through_the_data_source(spark, lake) -> None:
     register(spark)
     latest = write_files(lake / "input", files=2, rows=20)
@@ -118,6 +119,7 @@ def test_a_query_writes_the_log_through_the_data_source(spark, lake) -> None:
     assert sink.log().count() == len(latest)  # one record per key after the pass
 
 
+@pytest.mark.both_sessions
 def test_long_work_reports_progress_lines(spark) -> None:
     lines: list[str] = []
     with spark_progress(spark, "export", out=lines.append, every_s=0.2):

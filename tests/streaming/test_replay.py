@@ -29,6 +29,7 @@ SCHEMA = T.StructType(
 )
 
 
+@pytest.mark.both_sessions
 def test_export_verify_and_restore_give_the_same_state(spark, lake, clock) -> None:
     sink = CompactedStateSink(str(lake / "users"), key_columns=("id",), clock=clock)
     first = [("a", ("Ann", ["x"], 1.0)), ("b", ("Bob", [], 2.0)), ("c", ("Cat", None, 3.0))]

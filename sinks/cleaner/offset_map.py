@@ -1,0 +1,160 @@
+"""Kafka's offset map: the latest offset of each key of the dirty section, built exactly.
+
+Kafka's ``Cleaner.buildOffsetMap`` reads the dirty section only (from the first
+dirty offset to the first uncleanable one) and records, per key, the offset of
+its latest record there; the recopy then keeps a record when the map holds no
+newer offset for its key. Here the map is exact (keys compared by value, never
+through a digest: Kafka's ``SkimpyOffsetMap`` would lose a key to an MD5
+collision) and held as an Arrow table of (partition, key columns, offset).
+
+Why the dirty section suffices: the clean section (segments wholly below the
+cleaner offset the log records, see `sinks.reading.state_reader`) holds at most
+one record per (partition, key), and every dirty offset of a partition lies above
+every clean one. So a clean record is obsolete exactly when the map holds its
+key, and a dirty record exactly when the map holds a higher offset for its key.
+With a ``sequence_column`` a clean record may beat a dirty one; passes with a
+sequence column therefore build the map over the whole cleanable range (the
+caller decides which segments to pass).
+
+Built by Spark tasks that each read the narrow columns of some dirty files with
+pyarrow and reduce them to a partial map; the driver merges the partials (a
+second ``max``). Records below a partition's log start offset are invisible and
+play no part.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyspark.sql import SparkSession
+from pyspark.sql.types import StructType
+
+from sinks.log.log_table import LogSnapshot
+from sinks.log.records import OFFSET, PARTITION
+from sinks.log.segment import Segment
+from sinks.log.storage import arrow_filesystem, normalize_uri
+
+# The largest offset map (in dirty records, a bound on its keys) a pass builds on the
+# driver and ships to every recopy task. A key of ~10 bytes costs ~30 bytes in Arrow
+# and ~100 bytes in a task's hash index (Python strings): 2 M records bound a task's
+# index near 200 MB. Above it a pass takes the shuffled path (`Cleaner.retained`).
+MAX_OFFSET_MAP_RECORDS = 2_000_000
+
+_PATH = "path"
+
+
+def is_mappable(arrow_type: pa.DataType) -> bool:
+    """Whether a key column of this type compares the same in pyarrow/pandas as in Spark.
+
+    Strings and binaries compare by bytes, integers, booleans and dates by value, in
+    both. Floats (NaN, -0.0), timestamps and nested types are left to Spark.
+    """
+    return (
+        pa.types.is_string(arrow_type)
+        or pa.types.is_large_string(arrow_type)
+        or pa.types.is_binary(arrow_type)
+        or pa.types.is_large_binary(arrow_type)
+        or pa.types.is_integer(arrow_type)
+        or pa.types.is_boolean(arrow_type)
+        or pa.types.is_date32(arrow_type)
+    )
+
+
+def map_schema(log_schema: pa.Schema, key_columns: Sequence[str]) -> pa.Schema:
+    """The offset map's columns: partition, the key columns, offset (types from the log)."""
+    names = [PARTITION, *[k for k in key_columns if k != PARTITION], OFFSET]
+    return pa.schema([log_schema.field(n) for n in names])
+
+
+def dirty_segments(
+    segments: Sequence[Segment], *, first_dirty_offset: int, cleaner_offset: int | None
+) -> list[Segment]:
+    """The segments of one partition that the map must cover. Pure.
+
+    A segment is clean only when it lies wholly below both the first dirty offset
+    and the cleaner offset the log itself records (what guarantees one record per
+    key); every other segment, including one straddling either, is dirty.
+    """
+    end = min(first_dirty_offset, cleaner_offset) if cleaner_offset is not None else None
+    return [s for s in segments if end is None or s.last_offset >= end]
+
+
+@dataclass(frozen=True)
+class OffsetMapTask:
+    """The picklable function each Spark task runs: dirty file paths in, a partial map out."""
+
+    table_uri: str
+    schema: pa.Schema
+    log_start_offsets: dict[int, int]
+    storage_options: dict[str, str]
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        paths = [p for batch in batches for p in batch.column(_PATH).to_pylist()]
+        partial = self.partial_map(paths)
+        if partial.num_rows:
+            yield from partial.to_batches()
+
+    def partial_map(self, paths: Sequence[str]) -> pa.Table:
+        """The latest offset per (partition, key) over the files ``paths``."""
+        fs, root = arrow_filesystem(self.table_uri, self.storage_options)
+        tables = []
+        for path in paths:
+            with fs.open_input_file(f"{root}/{path}") as source:
+                table = pq.read_table(source, columns=self.schema.names)
+            tables.append(visible(table, self.log_start_offsets).cast(self.schema))
+        if not tables:
+            return self.schema.empty_table()
+        return latest_offsets(pa.concat_tables(tables), self.schema)
+
+
+def visible(table: pa.Table, log_start_offsets: Mapping[int, int]) -> pa.Table:
+    """The rows at or above their partition's log start offset."""
+    floors = {p: s for p, s in log_start_offsets.items() if s > 0}
+    if not floors or table.num_rows == 0:
+        return table
+    partitions = table.column(PARTITION).to_numpy(zero_copy_only=False)
+    floor = np.zeros(table.num_rows, dtype=np.int64)
+    for partition, start in floors.items():
+        floor[partitions == partition] = start
+    offsets = table.column(OFFSET).to_numpy(zero_copy_only=False)
+    return table.filter(pa.array(offsets >= floor))
+
+
+def latest_offsets(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``max(offset)`` per (partition, key columns): a hash aggregate, keys by value."""
+    groups = [n for n in schema.names if n != OFFSET]
+    latest = table.group_by(groups, use_threads=False).aggregate([(OFFSET, "max")])
+    return latest.rename_columns([*groups, OFFSET]).select(schema.names).cast(schema)
+
+
+def build_offset_map(
+    spark: SparkSession,
+    snapshot: LogSnapshot,
+    dirty: Sequence[Segment],
+    key_columns: Sequence[str],
+    *,
+    table_uri: str,
+    storage_options: Mapping[str, str] | None = None,
+) -> pa.Table:
+    """The offset map of ``dirty`` (partition, key columns, offset), on the driver.
+
+    One Spark job: each task reads the narrow columns of its share of the files and
+    reduces them; the driver merges the partial maps. Reads only.
+    """
+    schema = map_schema(snapshot.arrow_schema, key_columns)
+    if not dirty:
+        return schema.empty_table()
+    task = OffsetMapTask(
+        table_uri=normalize_uri(table_uri),
+        schema=schema,
+        log_start_offsets={p: snapshot.log_start_offset(p) for p in {s.partition for s in dirty}},
+        storage_options=dict(storage_options or {}),
+    )
+    spark_schema = StructType([snapshot.spark_schema[n] for n in schema.names])
+    listing = spark.createDataFrame([(s.path,) for s in dirty], f"{_PATH} string")
+    partials = listing.mapInArrow(task, spark_schema).toArrow()
+    return latest_offsets(partials.cast(schema), schema)
