@@ -288,6 +288,7 @@ def write_markdown(result: dict, file: str) -> None:
         return "met" if ok else "NOT met"
 
     kib = 1024
+    beyond = result["data_bytes_on_disk"] - result["removed_within_window_bytes"]
     stopped = ""
     if result["batches"] < s["batches"]:
         stopped = (
@@ -315,7 +316,8 @@ def write_markdown(result: dict, file: str) -> None:
         f"{result['files_on_disk']} |",
         f"| removed within the window | {result['removed_within_window_bytes'] / kib:.1f} KiB |",
         f"| expired, not yet deleted | {result['expired_not_yet_deleted_bytes'] / kib:.1f} KiB |",
-        f"| disk / live | {result['disk_over_live']}x |",
+        f"| disk / live | {result['disk_over_live']}x; without what the window keeps "
+        f"{beyond / kib:.1f} KiB = {beyond / max(result['live_bytes'], 1):.2f}x |",
         f"| Delta log on disk | {result['log_bytes_on_disk'] / kib:.1f} KiB in "
         f"{result['log_files_on_disk']} files |",
         f"| checkpoint table on disk | {result['checkpoint_table_bytes_on_disk'] / kib:.1f} KiB "
@@ -333,12 +335,28 @@ def write_markdown(result: dict, file: str) -> None:
         f"| open under 2 s | {mark(g['open_under_2_s'])} |",
         "",
         "Before (main, issue #11): after 400 batches the table directory held 160x its live "
-        "bytes, growing with every batch; nothing was ever deleted.",
+        "bytes, growing with every batch; nothing was ever deleted. Here, after batch 400: "
+        f"{_ratio_at(result, 399)}; the Delta log stays bounded (trimmed behind each Delta "
+        "checkpoint once its commits leave the window).",
+        "",
+        "Per-batch times follow the machine's load more than the log: the first tenth ran "
+        "beside test suites on the same 2 cores; what the goal checks is that they do not grow "
+        "with the log's history. Disk follows the dashed line, 3x live plus what the window "
+        "keeps: it rises where batches got faster (more batches fit in 30 s), and pokes "
+        "above it between deletion runs (every 10 s), by the files expired since the last.",
         "",
         "![disk vs live, per-batch time](soak.png)",
         "",
     ]
     Path(file).write_text("\n".join(lines))
+
+
+def _ratio_at(result: dict, batch: int) -> str:
+    found = [x for x in result["samples"] if x["batch"] == batch]
+    if not found:
+        return "not reached"
+    x = found[0]
+    return f"{x['data_bytes_on_disk'] / max(x['live_bytes'], 1):.1f}x live on disk"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -177,14 +177,15 @@ class LogCleaner:
         return offsets
 
     def has_work(self, snapshot: LogSnapshot) -> bool:
-        """Whether a round now could do anything: retention, a checkpoint to reset, or a
-        cleanable partition (SPEC rule 4, time triggers included). No Spark job.
+        """Whether a round now could do anything: retention, deletion of expired files, a
+        checkpoint to reset, or a cleanable partition (SPEC rule 4, time triggers
+        included). No Spark job.
 
         A batch asks this before handing the log over, so the many batches that leave
         nothing cleanable cost no round (no snapshot load, no claim) beside the query.
         """
-        if self.config.delete:
-            return True
+        if self.config.delete or self.segment_deleter.due():
+            return True  # retention, or expired files to delete (the deleter's interval)
         if not self.config.compact:
             return False
         now = self.clock()

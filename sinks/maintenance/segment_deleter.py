@@ -197,6 +197,10 @@ class SegmentDeleter:
         self._next_run = 0.0
         self._lock = threading.Lock()
 
+    def due(self) -> bool:
+        """True when the check interval has passed since the last run (no I/O)."""
+        return time.monotonic() >= self._next_run
+
     def maybe_run(self, busy_partitions: Callable[[], Iterable[int]] = tuple) -> bool:
         """Delete now if the check interval has passed since the last run; True if it ran.
 
