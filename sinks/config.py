@@ -28,6 +28,7 @@ MESSAGE_MAX_BYTES = "message.max.bytes"
 FILE_DELETE_DELAY_MS = "file.delete.delay.ms"
 LOG_CLEANER_IO_MAX_BYTES_PER_SECOND = "log.cleaner.io.max.bytes.per.second"
 LOG_CLEANER_MAX_BYTES_PER_PASS = "log.cleaner.max.bytes.per.pass"
+LOG_CLEANER_THREADS = "log.cleaner.threads"
 
 LONG_MAX = 2**63 - 1
 
@@ -58,6 +59,9 @@ class CleanerConfig:
     - ``log_cleaner_max_bytes_per_pass``: the most input bytes one pass reads; a larger
       cleanable section is cleaned in several bounded passes, dirtiest partitions first
       (default: no limit; not a Kafka setting).
+    - ``log_cleaner_threads``: how many Spark tasks a pass on the background cleaner
+      thread runs at once (Kafka's cleaner threads, default 1), so the query's own jobs
+      keep the other cores; a direct ``clean()`` uses every core.
     """
 
     cleanup_policy: CleanupPolicy = "compact"
@@ -72,6 +76,7 @@ class CleanerConfig:
     file_delete_delay_ms: int = 60_000
     log_cleaner_io_max_bytes_per_second: float = float("inf")
     log_cleaner_max_bytes_per_pass: int = LONG_MAX
+    log_cleaner_threads: int = 1
 
     def __post_init__(self) -> None:
         _check_policy(CLEANUP_POLICY, self.cleanup_policy)
@@ -91,6 +96,7 @@ class CleanerConfig:
         if isinstance(rate, bool) or not isinstance(rate, int | float) or not rate > 0:
             raise ConfigError(f"{LOG_CLEANER_IO_MAX_BYTES_PER_SECOND} must be > 0, got {rate!r}")
         _check_int(LOG_CLEANER_MAX_BYTES_PER_PASS, self.log_cleaner_max_bytes_per_pass, minimum=1)
+        _check_int(LOG_CLEANER_THREADS, self.log_cleaner_threads, minimum=1)
         for name in (RETENTION_MS, RETENTION_BYTES):
             _check_int(name, getattr(self, _FIELD_OF[name]), minimum=-1)
         if self.max_compaction_lag_ms < self.min_compaction_lag_ms:
@@ -142,6 +148,7 @@ _FIELD_OF = {
     FILE_DELETE_DELAY_MS: "file_delete_delay_ms",
     LOG_CLEANER_IO_MAX_BYTES_PER_SECOND: "log_cleaner_io_max_bytes_per_second",
     LOG_CLEANER_MAX_BYTES_PER_PASS: "log_cleaner_max_bytes_per_pass",
+    LOG_CLEANER_THREADS: "log_cleaner_threads",
 }
 _TYPE_OF = {f.name: f.type for f in fields(CleanerConfig)}
 
