@@ -269,6 +269,7 @@ def markdown(results: dict[str, Any]) -> str:
         "- Bytes written: every byte of every file that appeared under the system's directory "
         "(data, Delta log, the sink's checkpoint table); write amplification = bytes written / "
         "input Parquet bytes.",
+        *[f"- Note: {note}" for note in results.get("notes", [])],
         "",
         "## Goals",
         "",

@@ -30,6 +30,7 @@ DELETED_FILE_RETENTION_DURATION = "delta.deletedFileRetentionDuration"
 LOG_RETENTION_CHECK_INTERVAL_MS = "log.retention.check.interval.ms"
 LOG_CLEANER_IO_MAX_BYTES_PER_SECOND = "log.cleaner.io.max.bytes.per.second"
 LOG_CLEANER_MAX_BYTES_PER_PASS = "log.cleaner.max.bytes.per.pass"
+LOG_CLEANER_THREADS = "log.cleaner.threads"
 
 LONG_MAX = 2**63 - 1
 
@@ -68,6 +69,9 @@ class CleanerConfig:
     - ``log_cleaner_max_bytes_per_pass``: the most input bytes one pass reads; a larger
       cleanable section is cleaned in several bounded passes, dirtiest partitions first
       (default: no limit; not a Kafka setting).
+    - ``log_cleaner_threads``: how many Spark tasks a pass on the background cleaner
+      thread runs at once (Kafka's cleaner threads, default 1), so the query's own jobs
+      keep the other cores; a direct ``clean()`` uses every core.
     """
 
     cleanup_policy: CleanupPolicy = "compact"
@@ -83,6 +87,7 @@ class CleanerConfig:
     log_retention_check_interval_ms: int = 300_000
     log_cleaner_io_max_bytes_per_second: float = float("inf")
     log_cleaner_max_bytes_per_pass: int = LONG_MAX
+    log_cleaner_threads: int = 1
 
     def __post_init__(self) -> None:
         _check_policy(CLEANUP_POLICY, self.cleanup_policy)
@@ -103,6 +108,7 @@ class CleanerConfig:
         if isinstance(rate, bool) or not isinstance(rate, int | float) or not rate > 0:
             raise ConfigError(f"{LOG_CLEANER_IO_MAX_BYTES_PER_SECOND} must be > 0, got {rate!r}")
         _check_int(LOG_CLEANER_MAX_BYTES_PER_PASS, self.log_cleaner_max_bytes_per_pass, minimum=1)
+        _check_int(LOG_CLEANER_THREADS, self.log_cleaner_threads, minimum=1)
         for name in (RETENTION_MS, RETENTION_BYTES):
             _check_int(name, getattr(self, _FIELD_OF[name]), minimum=-1)
         if self.max_compaction_lag_ms < self.min_compaction_lag_ms:
@@ -155,6 +161,7 @@ _FIELD_OF = {
     LOG_RETENTION_CHECK_INTERVAL_MS: "log_retention_check_interval_ms",
     LOG_CLEANER_IO_MAX_BYTES_PER_SECOND: "log_cleaner_io_max_bytes_per_second",
     LOG_CLEANER_MAX_BYTES_PER_PASS: "log_cleaner_max_bytes_per_pass",
+    LOG_CLEANER_THREADS: "log_cleaner_threads",
 }
 # Other names for the same field: the history window under its Delta table property name.
 _ALIASES = {DELETED_FILE_RETENTION_DURATION: "file_delete_delay_ms"}

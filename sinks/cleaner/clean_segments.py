@@ -199,8 +199,10 @@ def clean_segments(
     stats_columns: Sequence[str],
     max_file_bytes: int,
     storage_options: Mapping[str, str] | None = None,
+    max_tasks: int | None = None,
 ) -> list[WrittenSegment]:
-    """Recopy every group once, one Spark task per group; returns the files written."""
+    """Recopy every group once, one Spark task per group (at most ``max_tasks`` tasks,
+    each then recopying several groups in turn); returns the files written."""
     task = RecopyTask(
         table_uri=normalize_uri(table_uri),
         storage_options=dict(storage_options or {}),
@@ -214,8 +216,7 @@ def clean_segments(
         stats_columns=tuple(stats_columns),
         max_file_bytes=max_file_bytes,
     )
-    tasks = spark.range(0, len(groups), 1, len(groups)).select(
-        F.col("id").cast("int").alias(_GROUP)
-    )
+    slices = min(len(groups), max_tasks or len(groups))
+    tasks = spark.range(0, len(groups), 1, slices).select(F.col("id").cast("int").alias(_GROUP))
     rows = tasks.mapInArrow(task, WRITTEN_SEGMENT_DDL).collect()
     return [WrittenSegment(**row.asDict()) for row in rows]

@@ -40,6 +40,7 @@ from sinks.cleaner.offset_map import (
     dirty_segments,
     is_mappable,
 )
+from sinks.config import LONG_MAX
 from sinks.crash_points import CLEAN_BEFORE_COMMIT, crash_point
 from sinks.log.log_table import CLEANER_OFFSET_TXN, LogSnapshot, LogTable
 from sinks.log.records import DELETE_HORIZON_MS, OFFSET, PARTITION, VALUE
@@ -191,8 +192,12 @@ class Cleaner:
         logs: Sequence[LogToClean],
         *,
         pass_start_ms: int,
+        max_tasks: int | None = None,
     ) -> CleanerStats:
         """One pass over the given partitions, committed atomically against ``snapshot``.
+
+        ``max_tasks`` caps how many Spark tasks the pass runs at once (a background
+        pass leaves the other cores to the query); None: every core.
 
         Raises delta-rs's ``CommitFailedError`` when another cleaner swapped the
         same files first; the files this pass wrote are then orphans for recovery.
@@ -209,7 +214,7 @@ class Cleaner:
         group_bytes = group_size(
             sum(s.size_bytes for s in inputs),
             segment_bytes=self.segment_bytes,
-            parallelism=default_parallelism(spark),
+            parallelism=min(default_parallelism(spark), max_tasks or LONG_MAX),
         )
         groups = [g for segments in chosen for g in group_segments_by_size(segments, group_bytes)]
         written = []
@@ -233,6 +238,7 @@ class Cleaner:
                     self.key_columns,
                     table_uri=self.log.uri,
                     storage_options=self.log.storage_options,
+                    max_tasks=max_tasks,
                 ),
                 table_uri=self.log.uri,
                 schema=snapshot.arrow_schema,
@@ -247,6 +253,7 @@ class Cleaner:
                 ),
                 max_file_bytes=self.segment_bytes,
                 storage_options=self.log.storage_options,
+                max_tasks=max_tasks,
             )
         elif groups:
             written = write_segments(

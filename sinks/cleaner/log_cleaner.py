@@ -207,7 +207,9 @@ class LogCleaner:
 
     # -- one round, in the caller's thread ---------------------------------------------------
 
-    def maintain(self, spark: SparkSession, *, force: bool = False) -> RoundReport:
+    def maintain(
+        self, spark: SparkSession, *, force: bool = False, max_tasks: int | None = None
+    ) -> RoundReport:
         """Retention (delete policies), then one pass over what is cleanable now.
 
         A failed pass is recorded (`last_error`, the partitions marked uncleanable)
@@ -223,7 +225,7 @@ class LogCleaner:
         stats = None
         if self.config.compact:
             try:
-                stats = self.clean(spark, force=force)
+                stats = self.clean(spark, force=force, max_tasks=max_tasks)
             except CleanerError as e:
                 self.last_error = e
                 logger.warning("cleaning %s failed: %s", self.log.uri, e)
@@ -241,7 +243,12 @@ class LogCleaner:
         )
 
     def clean(
-        self, spark: SparkSession, *, force: bool = False, snapshot: LogSnapshot | None = None
+        self,
+        spark: SparkSession,
+        *,
+        force: bool = False,
+        snapshot: LogSnapshot | None = None,
+        max_tasks: int | None = None,
     ) -> CleanerStats | None:
         """One pass over every cleanable partition now, dirtiest first; None when none is.
 
@@ -254,7 +261,7 @@ class LogCleaner:
             snapshot = snapshot or self.log.snapshot()
             if snapshot is None:
                 return None
-            stats = self._clean(spark, snapshot, force=force)
+            stats = self._clean(spark, snapshot, force=force, max_tasks=max_tasks)
             if stats is not None:
                 slept = self.throttler.maybe_throttle(stats.bytes_read + stats.bytes_written)
                 if slept:
@@ -267,7 +274,7 @@ class LogCleaner:
         return stats
 
     def _clean(
-        self, spark: SparkSession, snapshot: LogSnapshot, *, force: bool
+        self, spark: SparkSession, snapshot: LogSnapshot, *, force: bool, max_tasks: int | None
     ) -> CleanerStats | None:
         """Choose, claim, re-plan after the claim, run the pass, checkpoint: Kafka's
         ``grabFilthiestCompactedLog`` + ``cleanLog`` + ``doneCleaning`` for one log."""
@@ -301,7 +308,9 @@ class LogCleaner:
             return None
         try:
             with self.manager.heartbeating(claimed):
-                stats = self.cleaner.clean(spark, snapshot, chosen, pass_start_ms=start)
+                stats = self.cleaner.clean(
+                    spark, snapshot, chosen, pass_start_ms=start, max_tasks=max_tasks
+                )
         except CommitFailedError as e:
             self.manager.abort_cleaning(claimed)
             raise CleanerError(
@@ -465,7 +474,10 @@ class _CleanerThread(threading.Thread):
                 self._pending = False
                 self._busy = True
             try:
-                report = self.cleaner.maintain(self.spark)
+                # Kafka's cleaner threads: the pass leaves the other cores to the query.
+                report = self.cleaner.maintain(
+                    self.spark, max_tasks=self.cleaner.config.log_cleaner_threads
+                )
                 if report.clean is not None and report.clean.work_left:
                     with self._condition:  # the budget cut the pass: the rest goes next
                         self._pending = True

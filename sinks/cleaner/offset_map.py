@@ -139,6 +139,7 @@ def build_offset_map(
     *,
     table_uri: str,
     storage_options: Mapping[str, str] | None = None,
+    max_tasks: int | None = None,
 ) -> pa.Table:
     """The offset map of ``dirty`` (partition, key columns, offset), on the driver.
 
@@ -156,5 +157,7 @@ def build_offset_map(
     )
     spark_schema = StructType([snapshot.spark_schema[n] for n in schema.names])
     listing = spark.createDataFrame([(s.path,) for s in dirty], f"{_PATH} string")
+    if max_tasks is not None:
+        listing = listing.coalesce(max_tasks)
     partials = listing.mapInArrow(task, spark_schema).toArrow()
     return latest_offsets(partials.cast(schema), schema)
