@@ -25,23 +25,12 @@ import sys
 import time
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 from deltalake import DeltaTable
+
+from streaming.kafka import write_kafka_files
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES, ROWS, KEYS = 12, 500, 300
-SCHEMA = pa.schema(
-    [
-        ("key", pa.binary()),
-        ("value", pa.binary()),
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("offset", pa.int64()),
-        ("timestamp", pa.timestamp("us", tz="UTC")),
-        ("timestampType", pa.int32()),
-    ]
-)
 JOB = """
 [source]
 format = "files"
@@ -60,11 +49,11 @@ checkpoint_location = "lake/_chk/users"
 
 def write_input(directory: Path) -> dict[bytes, bytes]:
     """The input files; returns the state a plain replay of them gives."""
-    directory.mkdir(parents=True)
+    batches = []
     offsets = [0, 0]
     state: dict[bytes, bytes] = {}
     n = 0
-    for f in range(FILES):
+    for _ in range(FILES):
         rows = []
         for _ in range(ROWS):
             key_id = n * 7919 % KEYS
@@ -87,7 +76,8 @@ def write_input(directory: Path) -> dict[bytes, bytes]:
             else:
                 state[key] = value
             n += 1
-        pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA), directory / f"{f:03d}.parquet")
+        batches.append(rows)
+    write_kafka_files(directory, batches)
     return state
 
 

@@ -12,9 +12,13 @@ JSON files: tests and local runs feed the exact shape without a broker.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Literal
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -35,6 +39,41 @@ KAFKA_SCHEMA = T.StructType(
     ]
 )
 """The schema of Spark's Kafka source without headers (``includeHeaders`` false)."""
+
+KAFKA_ARROW_SCHEMA = pa.schema(
+    [
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("timestamp", pa.timestamp("us", tz="UTC")),
+        ("timestampType", pa.int32()),
+    ]
+)
+"""`KAFKA_SCHEMA` in Arrow: the schema of the Parquet files `kafka_shaped_files` reads."""
+
+
+def write_kafka_files(
+    directory: str | Path, batches: Iterable[Sequence[Mapping[str, Any]]]
+) -> list[Path]:
+    """Write each batch of Kafka-shaped rows as one Parquet file, in the order given.
+
+    Spark's file source reads new files in modification-time order, so each file gets a
+    modification time one second after the previous one: the files are read as written,
+    however fast they were written.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i, rows in enumerate(batches):
+        path = directory / f"part-{i:05d}.parquet"
+        pq.write_table(pa.Table.from_pylist(list(rows), schema=KAFKA_ARROW_SCHEMA), path)
+        mtime = 1_700_000_000 + i
+        os.utime(path, (mtime, mtime))
+        paths.append(path)
+    return paths
+
 
 HEADERS_FIELD = T.StructField(
     "headers",

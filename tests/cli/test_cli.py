@@ -16,34 +16,23 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
-KAFKA_ARROW_SCHEMA = pa.schema(
-    [
-        ("key", pa.binary()),
-        ("value", pa.binary()),
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("offset", pa.int64()),
-        ("timestamp", pa.timestamp("us", tz="UTC")),
-        ("timestampType", pa.int32()),
-    ]
-)
+from streaming.kafka import write_kafka_files
+
 FILES, ROWS_PER_FILE, KEYS = 3, 200, 50
 CLI = [sys.executable, "-m", "streaming.cli"]
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def write_kafka_files(directory: Path) -> dict[bytes, bytes]:
+def write_input(directory: Path) -> dict[bytes, bytes]:
     """Kafka-shaped Parquet files (2 partitions, 1 in 13 a tombstone); returns the final state."""
-    directory.mkdir()
+    batches = []
     next_offset = {0: 0, 1: 0}
     start = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
     state: dict[bytes, bytes] = {}
     n = 0
-    for f in range(FILES):
+    for _ in range(FILES):
         rows = []
         for _ in range(ROWS_PER_FILE):
             key = f"k{n * 7 % KEYS}".encode()
@@ -66,11 +55,8 @@ def write_kafka_files(directory: Path) -> dict[bytes, bytes]:
                 state[key] = value
             next_offset[partition] += 1
             n += 1
-        table = pa.Table.from_pylist(rows, schema=KAFKA_ARROW_SCHEMA)
-        path = directory / f"part-{f}.parquet"
-        pq.write_table(table, path)
-        # The file source reads in modification-time order: make it the write order.
-        os.utime(path, (1_700_000_000 + f, 1_700_000_000 + f))
+        batches.append(rows)
+    write_kafka_files(directory, batches)
     return state
 
 
@@ -107,7 +93,7 @@ def status_json(cwd: Path) -> dict:
 
 @pytest.mark.slow
 def test_run_status_clean_export_replay(tmp_path: Path) -> None:
-    expected = write_kafka_files(tmp_path / "input")
+    expected = write_input(tmp_path / "input")
     (tmp_path / "job.toml").write_text(JOB)
     (tmp_path / "bad.toml").write_text(JOB.replace("0.9", '"lots"'))
 

@@ -12,21 +12,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
-KAFKA_ARROW_SCHEMA = pa.schema(
-    [
-        ("key", pa.binary()),
-        ("value", pa.binary()),
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("offset", pa.int64()),
-        ("timestamp", pa.timestamp("us", tz="UTC")),
-        ("timestampType", pa.int32()),
-    ]
-)
+from streaming.kafka import write_kafka_files
+
 CLI = [sys.executable, "-m", "streaming.cli"]
 ROOT = Path(__file__).resolve().parents[2]
 JOB = """
@@ -57,10 +46,9 @@ def cli(*args: str, cwd: Path, remote: str | None = None) -> subprocess.Complete
 
 def write_input(directory: Path) -> int:
     """Two Kafka-shaped files of 20 records over 10 keys; returns the number of live keys."""
-    directory.mkdir()
     start = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
-    for f in range(2):
-        rows = [
+    batches = [
+        [
             {
                 "key": f"k{n % 10}".encode(),
                 "value": f"v{n}".encode(),
@@ -72,8 +60,9 @@ def write_input(directory: Path) -> int:
             }
             for n in range(f * 20, f * 20 + 20)
         ]
-        table = pa.Table.from_pylist(rows, schema=KAFKA_ARROW_SCHEMA)
-        pq.write_table(table, directory / f"part-{f}.parquet")
+        for f in range(2)
+    ]
+    write_kafka_files(directory, batches)
     return 10
 
 

@@ -7,35 +7,21 @@ import os
 import time
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from sinks import CompactedStateSink
 from sinks.errors import ConfigError
 from streaming.datasource import SinkOptions, register, remove_stale_staged, staged_files
-from streaming.kafka import KAFKA_SCHEMA, kafka_shaped_files
+from streaming.kafka import KAFKA_SCHEMA, kafka_shaped_files, write_kafka_files
 from streaming.progress import ProgressListener, spark_progress
-
-KAFKA_ARROW = pa.schema(
-    [
-        ("key", pa.binary()),
-        ("value", pa.binary()),
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("offset", pa.int64()),
-        ("timestamp", pa.timestamp("us", tz="UTC")),
-        ("timestampType", pa.int32()),
-    ]
-)
 
 
 def write_files(directory: Path, files: int, rows: int) -> dict[bytes, bytes | None]:
-    directory.mkdir(parents=True)
+    batches = []
     latest: dict[bytes, bytes | None] = {}
     next_offset = [0, 0]
     n = 0
-    for f in range(files):
+    for _ in range(files):
         batch = []
         for _ in range(rows):
             key = f"k{n % 7}".encode()
@@ -55,7 +41,8 @@ def write_files(directory: Path, files: int, rows: int) -> dict[bytes, bytes | N
             latest[key] = value
             next_offset[partition] += 1
             n += 1
-        pq.write_table(pa.Table.from_pylist(batch, schema=KAFKA_ARROW), directory / f"{f}.parquet")
+        batches.append(batch)
+    write_kafka_files(directory, batches)
     return latest
 
 
