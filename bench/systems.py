@@ -4,7 +4,9 @@
   cleaning in the background, as a streaming query gets it (``cleaning="auto"``
   inside a query): the hook appends and wakes the cleaner thread, which cleans when
   a partition's dirty ratio passes 0.5 (the default) while the next batches append.
-  ``compacted_sink_inline`` is the same with passes in the hook (the synchronous mode).
+  ``compacted_sink_inline`` is the same with passes in the hook (the synchronous mode);
+  ``compacted_sink_not_niced`` the same with ``log.cleaner.nice`` 0 (the pass's tasks
+  at the query's CPU priority).
 - ``append_only``: the same hook with cleaning disabled (ratio 1.0 is never
   exceeded): the ingest floor and the replay ceiling.
 - ``merge_per_batch``: Delta's documented foreachBatch upsert: dedupe the batch
@@ -39,7 +41,7 @@ from sinks.cleaner.cleaner_stats import CleanerStats
 
 TABLE_SCHEMA = pa.schema([("key", pa.string()), ("value", pa.binary()), ("seq", pa.int64())])
 SYSTEMS = ("compacted_sink", "merge_per_batch", "rewrite_per_batch", "append_only")
-OPTIONAL_SYSTEMS = ("compacted_sink_inline",)
+OPTIONAL_SYSTEMS = ("compacted_sink_inline", "compacted_sink_not_niced")
 
 
 class System(Protocol):
@@ -82,6 +84,7 @@ class SinkSystem:
         compact: bool,
         name: str | None = None,
         background: bool = True,
+        nice: int = CleanerConfig.log_cleaner_nice,
     ) -> None:
         self.name = name or ("compacted_sink" if compact else "append_only")
         self.root = root
@@ -90,7 +93,7 @@ class SinkSystem:
         self.sink = CompactedStateSink(
             self.table_uri,
             key_columns=("key",),
-            config=CleanerConfig(min_cleanable_dirty_ratio=ratio),
+            config=CleanerConfig(min_cleanable_dirty_ratio=ratio, log_cleaner_nice=nice),
             sink_id=f"bench-{self.name}",
             cleaning="background" if background and compact else "inline",
         )
@@ -242,6 +245,8 @@ def make_system(name: str, root: str, schema: pa.Schema = TABLE_SCHEMA) -> Syste
         return SinkSystem(root, compact=True)
     if name == "compacted_sink_inline":
         return SinkSystem(root, compact=True, name=name, background=False)
+    if name == "compacted_sink_not_niced":
+        return SinkSystem(root, compact=True, name=name, nice=0)
     if name == "append_only":
         return SinkSystem(root, compact=False)
     if name == "merge_per_batch":

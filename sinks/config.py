@@ -31,6 +31,7 @@ LOG_RETENTION_CHECK_INTERVAL_MS = "log.retention.check.interval.ms"
 LOG_CLEANER_IO_MAX_BYTES_PER_SECOND = "log.cleaner.io.max.bytes.per.second"
 LOG_CLEANER_MAX_BYTES_PER_PASS = "log.cleaner.max.bytes.per.pass"
 LOG_CLEANER_THREADS = "log.cleaner.threads"
+LOG_CLEANER_NICE = "log.cleaner.nice"
 
 LONG_MAX = 2**63 - 1
 
@@ -72,6 +73,10 @@ class CleanerConfig:
     - ``log_cleaner_threads``: how many Spark tasks a pass on the background cleaner
       thread runs at once (Kafka's cleaner threads, default 1), so the query's own jobs
       keep the other cores; a direct ``clean()`` uses every core.
+    - ``log_cleaner_nice``: how much a background pass lowers its tasks' CPU priority
+      (a Unix nice increment, 0-19, default 10; not a Kafka setting): a core the pass
+      shares with the query goes to the query's tasks first. Linux only; 0 turns it off.
+      See `sinks.cleaner.cpu_priority`.
     """
 
     cleanup_policy: CleanupPolicy = "compact"
@@ -88,6 +93,7 @@ class CleanerConfig:
     log_cleaner_io_max_bytes_per_second: float = float("inf")
     log_cleaner_max_bytes_per_pass: int = LONG_MAX
     log_cleaner_threads: int = 1
+    log_cleaner_nice: int = 10
 
     def __post_init__(self) -> None:
         _check_policy(CLEANUP_POLICY, self.cleanup_policy)
@@ -109,6 +115,9 @@ class CleanerConfig:
             raise ConfigError(f"{LOG_CLEANER_IO_MAX_BYTES_PER_SECOND} must be > 0, got {rate!r}")
         _check_int(LOG_CLEANER_MAX_BYTES_PER_PASS, self.log_cleaner_max_bytes_per_pass, minimum=1)
         _check_int(LOG_CLEANER_THREADS, self.log_cleaner_threads, minimum=1)
+        _check_int(LOG_CLEANER_NICE, self.log_cleaner_nice, minimum=0)
+        if self.log_cleaner_nice > 19:
+            raise ConfigError(f"{LOG_CLEANER_NICE} must be in [0, 19], got {self.log_cleaner_nice}")
         for name in (RETENTION_MS, RETENTION_BYTES):
             _check_int(name, getattr(self, _FIELD_OF[name]), minimum=-1)
         if self.max_compaction_lag_ms < self.min_compaction_lag_ms:
@@ -162,6 +171,7 @@ _FIELD_OF = {
     LOG_CLEANER_IO_MAX_BYTES_PER_SECOND: "log_cleaner_io_max_bytes_per_second",
     LOG_CLEANER_MAX_BYTES_PER_PASS: "log_cleaner_max_bytes_per_pass",
     LOG_CLEANER_THREADS: "log_cleaner_threads",
+    LOG_CLEANER_NICE: "log_cleaner_nice",
 }
 # Other names for the same field: the history window under its Delta table property name.
 _ALIASES = {DELETED_FILE_RETENTION_DURATION: "file_delete_delay_ms"}

@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from sinks.cleaner.cpu_priority import at_lower_priority
 from sinks.cleaner.offset_map import visible
 from sinks.log.records import DELETE_HORIZON_MS, OFFSET, PARTITION, VALUE
 from sinks.log.segment import Segment
@@ -124,6 +125,7 @@ class RecopyTask:
     delete_retention_ms: int
     stats_columns: tuple[str, ...]
     max_file_bytes: int
+    niceness: int = 0
     _indexes: dict[int, tuple[KeyIndex, np.ndarray]] = field(
         default_factory=dict, compare=False, repr=False
     )
@@ -137,10 +139,14 @@ class RecopyTask:
             group_column=None,
             storage_options=self.storage_options,
         )
-        offset_map = from_ipc(self.offset_map)
-        for batch in batches:
-            for group in batch.column(_GROUP).to_pylist():
-                yield from writer(self.retained(int(group), offset_map))
+        groups = [int(g) for batch in batches for g in batch.column(_GROUP).to_pylist()]
+
+        def recopy() -> Iterator[pa.RecordBatch]:
+            offset_map = from_ipc(self.offset_map)
+            for group in groups:
+                yield from writer(self.retained(group, offset_map))
+
+        yield from at_lower_priority(self.niceness, recopy)
 
     def retained(self, group: int, offset_map: pa.Table) -> Iterator[pa.RecordBatch]:
         """The records group ``group`` keeps, file by file, in offset order."""
@@ -148,7 +154,8 @@ class RecopyTask:
         keys = [k for k in self.key_columns if k != PARTITION]
         for path in self.groups[group]:
             with fs.open_input_file(f"{root}/{path}") as source:
-                table = _conform(pq.read_table(source), self.schema)
+                # Decoded on this (possibly niced) thread, not on Arrow's pool.
+                table = _conform(pq.read_table(source, use_threads=self.niceness == 0), self.schema)
             table = visible(table, self.log_start_offsets)
             if table.num_rows == 0:
                 continue
@@ -200,9 +207,11 @@ def clean_segments(
     max_file_bytes: int,
     storage_options: Mapping[str, str] | None = None,
     max_tasks: int | None = None,
+    niceness: int = 0,
 ) -> list[WrittenSegment]:
     """Recopy every group once, one Spark task per group (at most ``max_tasks`` tasks,
-    each then recopying several groups in turn); returns the files written."""
+    each then recopying several groups in turn, on a thread niced by ``niceness``);
+    returns the files written."""
     task = RecopyTask(
         table_uri=normalize_uri(table_uri),
         storage_options=dict(storage_options or {}),
@@ -215,6 +224,7 @@ def clean_segments(
         delete_retention_ms=delete_retention_ms,
         stats_columns=tuple(stats_columns),
         max_file_bytes=max_file_bytes,
+        niceness=niceness,
     )
     slices = min(len(groups), max_tasks or len(groups))
     tasks = spark.range(0, len(groups), 1, slices).select(F.col("id").cast("int").alias(_GROUP))

@@ -193,11 +193,13 @@ class Cleaner:
         *,
         pass_start_ms: int,
         max_tasks: int | None = None,
+        niceness: int = 0,
     ) -> CleanerStats:
         """One pass over the given partitions, committed atomically against ``snapshot``.
 
         ``max_tasks`` caps how many Spark tasks the pass runs at once (a background
-        pass leaves the other cores to the query); None: every core.
+        pass leaves the other cores to the query); None: every core. Kafka's pass runs
+        its tasks on threads niced by ``niceness``; the Spark path ignores it.
 
         Raises delta-rs's ``CommitFailedError`` when another cleaner swapped the
         same files first; the files this pass wrote are then orphans for recovery.
@@ -239,6 +241,7 @@ class Cleaner:
                     table_uri=self.log.uri,
                     storage_options=self.log.storage_options,
                     max_tasks=max_tasks,
+                    niceness=niceness,
                 ),
                 table_uri=self.log.uri,
                 schema=snapshot.arrow_schema,
@@ -254,6 +257,7 @@ class Cleaner:
                 max_file_bytes=self.segment_bytes,
                 storage_options=self.log.storage_options,
                 max_tasks=max_tasks,
+                niceness=niceness,
             )
         elif groups:
             written = write_segments(

@@ -208,9 +208,16 @@ class LogCleaner:
     # -- one round, in the caller's thread ---------------------------------------------------
 
     def maintain(
-        self, spark: SparkSession, *, force: bool = False, max_tasks: int | None = None
+        self,
+        spark: SparkSession,
+        *,
+        force: bool = False,
+        max_tasks: int | None = None,
+        niceness: int = 0,
     ) -> RoundReport:
         """Retention (delete policies), then one pass over what is cleanable now.
+
+        ``max_tasks`` and ``niceness`` are the pass's share of the cores (see `clean`).
 
         A failed pass is recorded (`last_error`, the partitions marked uncleanable)
         and logged, not raised: the batch that triggered it is committed. Retention
@@ -225,7 +232,7 @@ class LogCleaner:
         stats = None
         if self.config.compact:
             try:
-                stats = self.clean(spark, force=force, max_tasks=max_tasks)
+                stats = self.clean(spark, force=force, max_tasks=max_tasks, niceness=niceness)
             except CleanerError as e:
                 self.last_error = e
                 logger.warning("cleaning %s failed: %s", self.log.uri, e)
@@ -249,8 +256,12 @@ class LogCleaner:
         force: bool = False,
         snapshot: LogSnapshot | None = None,
         max_tasks: int | None = None,
+        niceness: int = 0,
     ) -> CleanerStats | None:
         """One pass over every cleanable partition now, dirtiest first; None when none is.
+
+        The pass runs at most ``max_tasks`` Spark tasks at once (None: every core), each
+        niced by ``niceness`` (`sinks.cleaner.cpu_priority`).
 
         Without ``force`` a partition qualifies by SPEC rule 4 (ratio, max lag, or an
         expired tombstone); with it, any cleanable bytes or expired tombstone will do.
@@ -261,7 +272,9 @@ class LogCleaner:
             snapshot = snapshot or self.log.snapshot()
             if snapshot is None:
                 return None
-            stats = self._clean(spark, snapshot, force=force, max_tasks=max_tasks)
+            stats = self._clean(
+                spark, snapshot, force=force, max_tasks=max_tasks, niceness=niceness
+            )
             if stats is not None:
                 slept = self.throttler.maybe_throttle(stats.bytes_read + stats.bytes_written)
                 if slept:
@@ -274,7 +287,13 @@ class LogCleaner:
         return stats
 
     def _clean(
-        self, spark: SparkSession, snapshot: LogSnapshot, *, force: bool, max_tasks: int | None
+        self,
+        spark: SparkSession,
+        snapshot: LogSnapshot,
+        *,
+        force: bool,
+        max_tasks: int | None,
+        niceness: int,
     ) -> CleanerStats | None:
         """Choose, claim, re-plan after the claim, run the pass, checkpoint: Kafka's
         ``grabFilthiestCompactedLog`` + ``cleanLog`` + ``doneCleaning`` for one log."""
@@ -309,7 +328,12 @@ class LogCleaner:
         try:
             with self.manager.heartbeating(claimed):
                 stats = self.cleaner.clean(
-                    spark, snapshot, chosen, pass_start_ms=start, max_tasks=max_tasks
+                    spark,
+                    snapshot,
+                    chosen,
+                    pass_start_ms=start,
+                    max_tasks=max_tasks,
+                    niceness=niceness,
                 )
         except CommitFailedError as e:
             self.manager.abort_cleaning(claimed)
@@ -474,9 +498,12 @@ class _CleanerThread(threading.Thread):
                 self._pending = False
                 self._busy = True
             try:
-                # Kafka's cleaner threads: the pass leaves the other cores to the query.
+                # Kafka's cleaner threads: the pass leaves the other cores to the query,
+                # and yields the ones it runs on whenever the query's tasks want them.
                 report = self.cleaner.maintain(
-                    self.spark, max_tasks=self.cleaner.config.log_cleaner_threads
+                    self.spark,
+                    max_tasks=self.cleaner.config.log_cleaner_threads,
+                    niceness=self.cleaner.config.log_cleaner_nice,
                 )
                 if report.clean is not None and report.clean.work_left:
                     with self._condition:  # the budget cut the pass: the rest goes next

@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
+from sinks.cleaner.cpu_priority import at_lower_priority
 from sinks.log.log_table import LogSnapshot
 from sinks.log.records import OFFSET, PARTITION
 from sinks.log.segment import Segment
@@ -91,12 +92,17 @@ class OffsetMapTask:
     schema: pa.Schema
     log_start_offsets: dict[int, int]
     storage_options: dict[str, str]
+    niceness: int = 0
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         paths = [p for batch in batches for p in batch.column(_PATH).to_pylist()]
-        partial = self.partial_map(paths)
-        if partial.num_rows:
-            yield from partial.to_batches()
+
+        def partial() -> Iterator[pa.RecordBatch]:
+            table = self.partial_map(paths)
+            if table.num_rows:
+                yield from table.to_batches()
+
+        yield from at_lower_priority(self.niceness, partial)
 
     def partial_map(self, paths: Sequence[str]) -> pa.Table:
         """The latest offset per (partition, key) over the files ``paths``."""
@@ -104,7 +110,9 @@ class OffsetMapTask:
         tables = []
         for path in paths:
             with fs.open_input_file(f"{root}/{path}") as source:
-                table = pq.read_table(source, columns=self.schema.names)
+                table = pq.read_table(
+                    source, columns=self.schema.names, use_threads=self.niceness == 0
+                )
             tables.append(visible(table, self.log_start_offsets).cast(self.schema))
         if not tables:
             return self.schema.empty_table()
@@ -140,6 +148,7 @@ def build_offset_map(
     table_uri: str,
     storage_options: Mapping[str, str] | None = None,
     max_tasks: int | None = None,
+    niceness: int = 0,
 ) -> pa.Table:
     """The offset map of ``dirty`` (partition, key columns, offset), on the driver.
 
@@ -154,6 +163,7 @@ def build_offset_map(
         schema=schema,
         log_start_offsets={p: snapshot.log_start_offset(p) for p in {s.partition for s in dirty}},
         storage_options=dict(storage_options or {}),
+        niceness=niceness,
     )
     spark_schema = StructType([snapshot.spark_schema[n] for n in schema.names])
     listing = spark.createDataFrame([(s.path,) for s in dirty], f"{_PATH} string")

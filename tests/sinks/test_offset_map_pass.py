@@ -220,13 +220,13 @@ def test_the_worker_keeps_going_while_the_budget_left_work(spark, log_copy):
     assert sink.dirty_ratio() == 0.0
 
 
-def test_a_pass_capped_to_one_task_writes_the_same_log(spark, log_copy):
+def test_a_pass_capped_to_one_niced_task_writes_the_same_log(spark, log_copy):
     location, clock = log_copy
     shutil.copytree(location, location + "-capped")
     whole, capped = open_log(location, clock), open_log(location + "-capped", clock)
     whole.cleaner.segment_bytes = capped.cleaner.segment_bytes = 1  # a group per input file
     a = whole.clean(force=True)
-    b = capped.log_cleaner.clean(spark, force=True, max_tasks=1)
+    b = capped.log_cleaner.clean(spark, force=True, max_tasks=1, niceness=10)
     assert b is not None and (a.records_written, a.segments_written) == (
         b.records_written,
         b.segments_written,
