@@ -234,7 +234,6 @@ class Cleaner:
                 spark,
                 groups,
                 build_offset_map(
-                    spark,
                     snapshot,
                     dirty,
                     self.key_columns,

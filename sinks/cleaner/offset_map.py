@@ -16,24 +16,23 @@ With a ``sequence_column`` a clean record may beat a dirty one; passes with a
 sequence column therefore build the map over the whole cleanable range (the
 caller decides which segments to pass).
 
-Built by Spark tasks that each read the narrow columns of some dirty files with
-pyarrow and reduce them to a partial map; the driver merges the partials (a
-second ``max``). Records below a partition's log start offset are invisible and
+Built on the driver, as Kafka's cleaner thread builds its map: pyarrow reads the
+narrow columns (partition, keys, offset) of the dirty files and reduces them with
+one hash ``max``. Records below a partition's log start offset are invisible and
 play no part.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pyspark.sql import SparkSession
-from pyspark.sql.types import StructType
 
-from sinks.cleaner.cpu_priority import at_lower_priority
+from sinks.cleaner.cpu_priority import at_lower_priority, lower_thread_priority
 from sinks.log.log_table import LogSnapshot
 from sinks.log.records import OFFSET, PARTITION
 from sinks.log.segment import Segment
@@ -44,8 +43,6 @@ from sinks.log.storage import arrow_filesystem, normalize_uri
 # and ~100 bytes in a task's hash index (Python strings): 2 M records bound a task's
 # index near 200 MB. Above it a pass takes the shuffled path (`Cleaner.retained`).
 MAX_OFFSET_MAP_RECORDS = 2_000_000
-
-_PATH = "path"
 
 
 def is_mappable(arrow_type: pa.DataType) -> bool:
@@ -84,39 +81,36 @@ def dirty_segments(
     return [s for s in segments if end is None or s.last_offset >= end]
 
 
-@dataclass(frozen=True)
-class OffsetMapTask:
-    """The picklable function each Spark task runs: dirty file paths in, a partial map out."""
+def read_dirty_keys(
+    paths: Sequence[str],
+    schema: pa.Schema,
+    *,
+    table_uri: str,
+    storage_options: Mapping[str, str],
+    log_start_offsets: Mapping[int, int],
+    threads: int,
+    niceness: int = 0,
+) -> pa.Table:
+    """The map's columns of every visible record in ``paths``, ``threads`` files at a time
+    (on pool threads niced by ``niceness``)."""
+    fs, root = arrow_filesystem(table_uri, dict(storage_options))
 
-    table_uri: str
-    schema: pa.Schema
-    log_start_offsets: dict[int, int]
-    storage_options: dict[str, str]
-    niceness: int = 0
+    def read(path: str) -> pa.Table:
+        with fs.open_input_file(f"{root}/{path}") as source:
+            table = pq.read_table(source, columns=schema.names, use_threads=False)
+        return visible(table, log_start_offsets).cast(schema)
 
-    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        paths = [p for batch in batches for p in batch.column(_PATH).to_pylist()]
-
-        def partial() -> Iterator[pa.RecordBatch]:
-            table = self.partial_map(paths)
-            if table.num_rows:
-                yield from table.to_batches()
-
-        yield from at_lower_priority(self.niceness, partial)
-
-    def partial_map(self, paths: Sequence[str]) -> pa.Table:
-        """The latest offset per (partition, key) over the files ``paths``."""
-        fs, root = arrow_filesystem(self.table_uri, self.storage_options)
-        tables = []
-        for path in paths:
-            with fs.open_input_file(f"{root}/{path}") as source:
-                table = pq.read_table(
-                    source, columns=self.schema.names, use_threads=self.niceness == 0
-                )
-            tables.append(visible(table, self.log_start_offsets).cast(self.schema))
-        if not tables:
-            return self.schema.empty_table()
-        return latest_offsets(pa.concat_tables(tables), self.schema)
+    if threads <= 1 or len(paths) <= 1:
+        tables = [read(p) for p in paths]
+    else:
+        with ThreadPoolExecutor(
+            max_workers=threads,
+            thread_name_prefix="offset-map",
+            initializer=lower_thread_priority,
+            initargs=(niceness,),
+        ) as pool:
+            tables = list(pool.map(read, paths))
+    return pa.concat_tables(tables) if tables else schema.empty_table()
 
 
 def visible(table: pa.Table, log_start_offsets: Mapping[int, int]) -> pa.Table:
@@ -132,15 +126,14 @@ def visible(table: pa.Table, log_start_offsets: Mapping[int, int]) -> pa.Table:
     return table.filter(pa.array(offsets >= floor))
 
 
-def latest_offsets(table: pa.Table, schema: pa.Schema) -> pa.Table:
+def latest_offsets(table: pa.Table, schema: pa.Schema, *, use_threads: bool = False) -> pa.Table:
     """``max(offset)`` per (partition, key columns): a hash aggregate, keys by value."""
     groups = [n for n in schema.names if n != OFFSET]
-    latest = table.group_by(groups, use_threads=False).aggregate([(OFFSET, "max")])
+    latest = table.group_by(groups, use_threads=use_threads).aggregate([(OFFSET, "max")])
     return latest.rename_columns([*groups, OFFSET]).select(schema.names).cast(schema)
 
 
 def build_offset_map(
-    spark: SparkSession,
     snapshot: LogSnapshot,
     dirty: Sequence[Segment],
     key_columns: Sequence[str],
@@ -152,22 +145,30 @@ def build_offset_map(
 ) -> pa.Table:
     """The offset map of ``dirty`` (partition, key columns, offset), on the driver.
 
-    One Spark job: each task reads the narrow columns of its share of the files and
-    reduces them; the driver merges the partial maps. Reads only.
+    As Kafka's cleaner thread builds its map: the narrow columns of the dirty files
+    are read and reduced right here, by at most ``max_tasks`` threads (None: one per
+    core) running at ``niceness``. No Spark job: the map is needed on the driver
+    anyway (it ships inside the recopy tasks), and a job would only carry its keys
+    through the JVM to get here. Reads only.
     """
     schema = map_schema(snapshot.arrow_schema, key_columns)
     if not dirty:
         return schema.empty_table()
-    task = OffsetMapTask(
-        table_uri=normalize_uri(table_uri),
-        schema=schema,
-        log_start_offsets={p: snapshot.log_start_offset(p) for p in {s.partition for s in dirty}},
-        storage_options=dict(storage_options or {}),
-        niceness=niceness,
-    )
-    spark_schema = StructType([snapshot.spark_schema[n] for n in schema.names])
-    listing = spark.createDataFrame([(s.path,) for s in dirty], f"{_PATH} string")
-    if max_tasks is not None:
-        listing = listing.coalesce(max_tasks)
-    partials = listing.mapInArrow(task, spark_schema).toArrow()
-    return latest_offsets(partials.cast(schema), schema)
+    threads = max(1, min(max_tasks or os.cpu_count() or 1, len(dirty)))
+
+    def build() -> Iterator[pa.Table]:
+        keys = read_dirty_keys(
+            [s.path for s in dirty],
+            schema,
+            table_uri=normalize_uri(table_uri),
+            storage_options=storage_options or {},
+            log_start_offsets={
+                p: snapshot.log_start_offset(p) for p in {s.partition for s in dirty}
+            },
+            threads=threads,
+            niceness=niceness,
+        )
+        yield latest_offsets(keys, schema, use_threads=threads > 1)
+
+    [offset_map] = at_lower_priority(niceness, build)
+    return offset_map
