@@ -46,6 +46,8 @@ def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for w in results["workloads"]:
         s = _systems(w)
+        # The issue sets these at 1e6 keys x 512 B; the 35 B rows compare with earlier runs.
+        aside = "(35 B, comparison) " if w.get("record_size", "35B") == "35B" else ""
         sink, merge, append = (
             s.get("compacted_sink"),
             s.get("merge_per_batch"),
@@ -53,15 +55,19 @@ def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
         )
         if w["keys"] >= GOAL_KEYS and sink and merge:
             speed = merge["ingest_s"] / sink["ingest_s"]
-            rows.append(_goal(w, "ingest ≥ 2× faster than MERGE", f"{speed:.2f}×", speed >= 2))
+            rows.append(
+                _goal(w, aside + "ingest ≥ 2× faster than MERGE", f"{speed:.2f}×", speed >= 2)
+            )
             fewer = merge["bytes_written"] / sink["bytes_written"]
-            rows.append(_goal(w, "≥ 3× fewer bytes than MERGE", f"{fewer:.2f}×", fewer >= 3))
+            rows.append(
+                _goal(w, aside + "≥ 3× fewer bytes than MERGE", f"{fewer:.2f}×", fewer >= 3)
+            )
         if w["keys"] >= GOAL_KEYS and sink:
             growth = half_growth(sink["per_batch"])
             rows.append(
                 _goal(
                     w,
-                    "per-batch cost flat (last half / first half ≤ 1.1)",
+                    aside + "per-batch cost flat (last half / first half ≤ 1.1)",
                     f"{growth:.2f} (mean batch seconds, background passes' load included)",
                     growth <= 1.1,
                 )
@@ -69,7 +75,9 @@ def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
         if w["keys"] >= GOAL_KEYS and sink and append:
             faster = append["replay_s"] / sink["replay_s"]
             rows.append(
-                _goal(w, "replay ≥ 5× faster than append-only", f"{faster:.2f}×", faster >= 5)
+                _goal(
+                    w, aside + "replay ≥ 5× faster than append-only", f"{faster:.2f}×", faster >= 5
+                )
             )
         if sink and append and "p99_batch_s" in sink:
             p99 = sink["p99_batch_s"] / append["p99_batch_s"]

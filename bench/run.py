@@ -165,6 +165,9 @@ def run_system(
         started = time.perf_counter()
         rows, digest = checksum(system.state(spark))
         replays.append(time.perf_counter() - started)
+    close = getattr(system, "close", None)
+    if close:
+        close()  # its cleaner thread would otherwise idle on beside the next systems
     log.info("%s: ingest %.1f s, replay %.2f s, %d live keys", name, ingest_s, min(replays), rows)
     latencies = [b["s"] for b in per_batch[1:]] or [b["s"] for b in per_batch]
     return {

@@ -124,6 +124,10 @@ class SinkSystem:
         self.sink.await_cleaner()
         return time.perf_counter() - started
 
+    def close(self) -> None:
+        """End the sink's cleaner thread (after the last round)."""
+        self.sink.close()
+
     def analyse(self, info: dict[str, Any]) -> None:
         """Untimed: add the pass's clean-vs-dirty recopy figures to ``info``."""
         clean = info.get("clean")
