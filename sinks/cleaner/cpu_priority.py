@@ -39,11 +39,6 @@ def lower_thread_priority(niceness: int) -> bool:
     return True
 
 
-def thread_nice() -> int:
-    """The calling thread's nice value (the process's where threads have none)."""
-    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id() if _PER_THREAD else 0)
-
-
 def at_lower_priority(niceness: int, produce: Callable[[], Iterator[T]]) -> Iterator[T]:
     """Yield ``produce()``'s items, computed on a thread niced by ``niceness``.
 

@@ -28,13 +28,12 @@ import os
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from sinks.cleaner.cpu_priority import at_lower_priority, lower_thread_priority
 from sinks.log.log_table import LogSnapshot
-from sinks.log.records import OFFSET, PARTITION
+from sinks.log.records import OFFSET, PARTITION, at_or_above
 from sinks.log.segment import Segment
 from sinks.log.storage import arrow_filesystem, normalize_uri
 
@@ -118,12 +117,7 @@ def visible(table: pa.Table, log_start_offsets: Mapping[int, int]) -> pa.Table:
     floors = {p: s for p, s in log_start_offsets.items() if s > 0}
     if not floors or table.num_rows == 0:
         return table
-    partitions = table.column(PARTITION).to_numpy(zero_copy_only=False)
-    floor = np.zeros(table.num_rows, dtype=np.int64)
-    for partition, start in floors.items():
-        floor[partitions == partition] = start
-    offsets = table.column(OFFSET).to_numpy(zero_copy_only=False)
-    return table.filter(pa.array(offsets >= floor))
+    return at_or_above(table, floors)
 
 
 def latest_offsets(table: pa.Table, schema: pa.Schema, *, use_threads: bool = False) -> pa.Table:

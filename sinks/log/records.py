@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -25,6 +26,8 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from sinks.errors import BadInputError, SchemaMismatchError
+
+RecordsT = TypeVar("RecordsT", pa.Table, pa.RecordBatch)
 
 PARTITION = "partition"
 OFFSET = "offset"
@@ -336,9 +339,14 @@ class OffsetAssigner:
 
 def drop_below_log_end(batch: pa.RecordBatch, log_end_offsets: Mapping[int, int]) -> pa.RecordBatch:
     """Kafka records at or above their partition's log end offset (the rest are in the log)."""
-    partitions = batch.column(PARTITION).to_numpy(zero_copy_only=False)
-    floor = np.zeros(batch.num_rows, dtype=np.int64)
-    for p, end in log_end_offsets.items():
-        floor[partitions == p] = end
-    offsets = batch.column(OFFSET).to_numpy(zero_copy_only=False)
-    return batch.filter(pa.array(offsets >= floor))
+    return at_or_above(batch, log_end_offsets)
+
+
+def at_or_above(records: RecordsT, floors: Mapping[int, int]) -> RecordsT:
+    """The rows whose offset is at or above their partition's floor (0 where none is given)."""
+    partitions = records.column(PARTITION).to_numpy(zero_copy_only=False)
+    floor = np.zeros(records.num_rows, dtype=np.int64)
+    for p, start in floors.items():
+        floor[partitions == p] = start
+    offsets = records.column(OFFSET).to_numpy(zero_copy_only=False)
+    return records.filter(pa.array(offsets >= floor))

@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 
 import pytest
 
 from sinks import CleanerConfig, ConfigError
-from sinks.cleaner.cpu_priority import (
-    MAX_NICE,
-    at_lower_priority,
-    lower_thread_priority,
-    thread_nice,
-)
+from sinks.cleaner.cpu_priority import MAX_NICE, at_lower_priority, lower_thread_priority
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice")
+
+
+def thread_nice() -> int:
+    """The calling thread's nice value (Linux keeps one per thread)."""
+    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
 
 
 def in_thread(fn):
