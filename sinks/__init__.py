@@ -12,7 +12,9 @@ from sinks.errors import (
     OffsetOutOfRangeError,
     SchemaMismatchError,
 )
-from sinks.log.history_window import HistoryExpiredError
+from sinks.log.history_window import HistoryExpiredError, TimeTravelError
+from sinks.log.log_keys import KeyColumnsMismatchError
+from sinks.reading.arrow_state import read_state, read_state_batches
 from sinks.sink import AppendReport, CompactedStateSink
 from sinks.spark_session import QueryIdentityError
 
@@ -27,8 +29,12 @@ __all__ = [
     "CompactedStateSink",
     "ConfigError",
     "HistoryExpiredError",
+    "KeyColumnsMismatchError",
     "LogCorruptedError",
     "OffsetOutOfRangeError",
     "QueryIdentityError",
     "SchemaMismatchError",
+    "TimeTravelError",
+    "read_state",
+    "read_state_batches",
 ]

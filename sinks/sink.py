@@ -49,6 +49,7 @@ from sinks.crash_points import (
 from sinks.errors import SchemaMismatchError
 from sinks.log.dead_letter import DeadLetterTable, as_dead_letters, split_batch
 from sinks.log.log_append import AppendReport, LogAppender, committed
+from sinks.log.log_keys import opened_log_keys
 from sinks.log.log_table import AsOf, LogSnapshot, LogTable, now_ms
 from sinks.log.records import PreparedBatch, check_schema, prepare_batch
 from sinks.log.segment_writer import WrittenSegment
@@ -69,8 +70,11 @@ class CompactedStateSink:
     """A compacted log of keyed records in a Delta table, fed by ``foreachBatch``.
 
     ``path`` is the table's location (created on the first batch). ``key_columns``
-    are compared exactly. ``sequence_column`` orders records instead of the offset
-    (ties broken by offset). ``checkpoint_table`` defaults to
+    are compared exactly; None (the default) takes the log's, recorded on it as a
+    table property, or ``("key",)`` for a new log; other key columns than an existing
+    log's raise `KeyColumnsMismatchError` (see `sinks.log.log_keys`); so does another
+    sequence column. ``sequence_column`` orders records instead of the offset (ties
+    broken by offset; None takes the log's). ``checkpoint_table`` defaults to
     ``_cleaner-offset-checkpoint`` beside the table. ``sink_id`` defaults to one
     derived from the path. ``clock`` returns epoch milliseconds. ``cleaning`` says
     where passes run: ``"auto"`` (the default) on a background worker inside a
@@ -84,7 +88,7 @@ class CompactedStateSink:
     def __init__(
         self,
         path: str,
-        key_columns: Sequence[str] = ("key",),
+        key_columns: Sequence[str] | None = None,
         config: CleanerConfig | None = None,
         *,
         sequence_column: str | None = None,
@@ -98,12 +102,15 @@ class CompactedStateSink:
     ) -> None:
         if isinstance(key_columns, str):
             key_columns = (key_columns,)
-        if not key_columns:
+        if key_columns is not None and not key_columns:
             raise ValueError("key_columns must name at least one column")
         self.path = normalize_uri(path)
-        self.key_columns = tuple(key_columns)
+        self.storage_options = dict(storage_options or {})
+        self.log_table = LogTable(self.path, self.storage_options)
+        keys = opened_log_keys(self.log_table, key_columns, sequence_column)
+        self.key_columns = keys.key_columns
         self.config = config or CleanerConfig()
-        self.sequence_column = sequence_column
+        self.sequence_column = sequence_column = keys.sequence_column
         self.checkpoint_path = normalize_uri(
             checkpoint_table or sibling(self.path, CHECKPOINT_TABLE_NAME)
         )
@@ -114,8 +121,6 @@ class CompactedStateSink:
             normalize_uri(checkpoint_location) if checkpoint_location else None
         )
         self.clock = clock or now_ms
-        self.storage_options = dict(storage_options or {})
-        self.log_table = LogTable(self.path, self.storage_options)
         self.checkpoints = CleanerOffsetCheckpoint(self.checkpoint_path, self.storage_options)
         self.cleaner = Cleaner(
             self.log_table,

@@ -56,8 +56,18 @@ _UNITS_MS = {
 _INTERVAL = re.compile(r"^(?:interval\s+)?(\d+)\s*([a-z]+?)s?$")
 
 
-class HistoryExpiredError(CompactedSinkError, ValueError):
+class TimeTravelError(CompactedSinkError, ValueError):
+    """Raised when time travel asks for a version or a time the log cannot be read at."""
+
+
+class HistoryExpiredError(TimeTravelError):
     """Raised when time travel asks for a version older than the history window keeps."""
+
+
+# delta-rs resolves a timestamp before the first commit to version 0 without a word; a
+# request this much before the version it loaded is refused (commit times are file
+# times, and a commit's own timestamp may precede its file's by a little).
+_BEFORE_FIRST_COMMIT_SLACK_MS = 1_000
 
 
 # -- the window as Delta table properties -----------------------------------------------------
@@ -193,32 +203,74 @@ def check_reachable(
     storage_options: Mapping[str, str] | None = None,
     cause: BaseException | None = None,
 ) -> None:
-    """Raise `HistoryExpiredError` when ``requested`` (resolved to ``version``, or None when
-    it could not be loaded) lies before the window of the log at ``uri``.
+    """Raise `TimeTravelError` when ``requested`` (resolved to ``version``, or None when it
+    could not be loaded) cannot be read: `HistoryExpiredError` before the window of the
+    log at ``uri``; `TimeTravelError` past the newest version or before the first commit.
+    Each names the versions (and times) that can be read.
 
     Returns quietly for a version inside the window; re-raises ``cause`` when the
-    request failed for another reason (a version that does not exist yet).
+    request failed for another reason.
     """
     window = window_of(current)
     listing = list_delta_log(uri, storage_options)
+    newest = current.version()
     oldest = oldest_reachable_version(
-        listing, current_version=current.version(), now_ms=now_ms, window_ms=window
+        listing, current_version=newest, now_ms=now_ms, window_ms=window
     )
+    reachable = _reachable_range(listing, oldest, newest)
+    requested_ms = _epoch_ms(requested)
     if version is not None and version >= oldest:
+        loaded_at = listing.commit_ms.get(version)
+        if (
+            requested_ms is not None
+            and loaded_at
+            and requested_ms < loaded_at - _BEFORE_FIRST_COMMIT_SLACK_MS
+        ):
+            raise TimeTravelError(
+                f"{uri}: as_of={requested!r} is before the log's first version; {reachable}"
+            ) from cause
         return
-    if version is None and isinstance(requested, int) and requested > current.version():
-        if cause is not None:
-            raise cause
-        return
-    since = listing.commit_ms.get(oldest)
-    since_text = (
-        datetime.fromtimestamp(since / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-        if since
-        else "?"
-    )
+    if version is None and isinstance(requested, int) and requested > newest:
+        raise TimeTravelError(
+            f"{uri}: as_of={requested!r} is past the log's newest version; {reachable}"
+        ) from cause
+    if version is None and cause is not None and not isinstance(requested, int):
+        if requested_ms is None:
+            raise TimeTravelError(
+                f"{uri}: as_of={requested!r} is neither a Delta version nor a timestamp "
+                f"(ISO 8601, e.g. 2026-11-23T10:00:00Z); {reachable}"
+            ) from cause
     raise HistoryExpiredError(
         f"{uri}: as_of={requested!r} is outside the history window "
         f"(file.delete.delay.ms / {DELETED_FILE_RETENTION_DURATION} = {format_interval(window)}); "
-        f"the oldest version time travel reaches is {oldest} (committed {since_text}), "
-        f"the current one {current.version()}"
+        f"{reachable}"
     ) from cause
+
+
+def _reachable_range(listing: DeltaLogListing, oldest: int, newest: int) -> str:
+    """What time travel reaches, in words: versions and the times they were committed."""
+    return (
+        f"time travel reaches versions {oldest} to {newest} "
+        f"(committed {_utc(listing.commit_ms.get(oldest))} to "
+        f"{_utc(listing.commit_ms.get(newest))})"
+    )
+
+
+def _utc(ms: int | None) -> str:
+    if not ms:
+        return "?"
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _epoch_ms(requested: int | str | datetime) -> int | None:
+    """Epoch milliseconds of a timestamp request (a naive one is UTC); None for a version."""
+    if isinstance(requested, int):
+        return None
+    if isinstance(requested, str):
+        try:
+            requested = datetime.fromisoformat(requested.strip())
+        except ValueError:
+            return None
+    if requested.tzinfo is None:
+        requested = requested.replace(tzinfo=UTC)
+    return int(requested.timestamp() * 1000)

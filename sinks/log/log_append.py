@@ -41,6 +41,7 @@ from sinks.crash_points import APPEND_BEFORE_COMMIT, crash_point
 from sinks.errors import CommitConflictError, SchemaMismatchError
 from sinks.log.append_task import APPEND_TASK_DDL, AppendTask, read_task_output
 from sinks.log.history_window import table_properties
+from sinks.log.log_keys import LogKeys
 from sinks.log.log_table import (
     LOG_END_OFFSET_TXN,
     PARTITIONS_TXN,
@@ -208,8 +209,13 @@ class LogAppender:
                 raise_for_problems(problems, batch_id=batch_id)
             if snapshot is None:
                 # Only a valid batch creates the log: bad input leaves no trace at all.
+                keys = LogKeys(key_columns=self.key_columns, sequence_column=self.sequence_column)
                 snapshot = self.log.create(
-                    schema, table_properties(self.config.file_delete_delay_ms)
+                    schema,
+                    {
+                        **table_properties(self.config.file_delete_delay_ms),
+                        **keys.to_properties(),
+                    },
                 )
                 try:
                     check_schema(schema, snapshot.spark_schema)

@@ -109,6 +109,7 @@ class LogTable:
                 log_arrow_schema(schema),
                 mode="ignore",
                 configuration=dict(configuration) if configuration else None,
+                raise_if_key_not_exists=False,  # the sink's own properties (sinks.log.log_keys)
                 storage_options=self.storage_options or None,
                 name=self.uri.rstrip("/").rsplit("/", 1)[-1],
                 description="compacted-state log",
