@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from sinks import CleanerStats, CompactedSinkError
 from sinks.cleaner.log_to_clean import LogToClean
+from sinks.cleaner.not_cleanable import nothing_cleanable_line
 from sinks.log.log_table import now_ms
 from streaming.registry import LogRef
 
@@ -146,8 +147,26 @@ class CleanerThread:
             if self.clean(candidate) is not None:
                 passes += 1
         if passes == 0:
-            self.out("nothing to clean")
+            for line in self.idle_reasons():
+                self.out(line)
         return passes
+
+    def idle_reasons(self) -> list[str]:
+        """A line per log saying why it was not cleaned: per partition, which of SPEC rule
+        4's triggers is missing (ratio against threshold, lag, tombstones not yet due), or
+        that the log backs off after a failure. Reads Delta metadata only."""
+        now = self.clock()
+        lines = []
+        for ref in self.logs:
+            path = ref.spec.path
+            if self.retry_at.get(path, 0) > now:
+                wait_s = (self.retry_at[path] - now) / 1000
+                lines.append(f"{path}: backing off after a failed pass; retry in {wait_s:.0f} s")
+                continue
+            sink = self.sinks[path]
+            logs = sink.logs_to_clean() if sink.log_table.snapshot() is not None else []
+            lines.append(nothing_cleanable_line(path, logs, sink.config, now_ms=now))
+        return lines
 
     def run(self, stop: threading.Event | None = None) -> None:
         """Clean until ``stop`` is set: the filthiest log, or back off when none is cleanable."""

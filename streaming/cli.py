@@ -5,7 +5,13 @@ subcommand and its options as parameters): inside a cluster the active
 SparkSession is used; with ``--remote sc://…`` (or ``SPARK_REMOTE``) a Spark
 Connect session (Databricks Connect too); elsewhere a local one is started. Results go to stdout,
 progress lines to stderr. Exit codes: 0 done, 1 failed (or a verification did
-not match), 2 bad configuration (the message names the key and the file).
+not match), 2 bad configuration (the message names the key and the file). A
+failing command prints one line, ``compacted-sink <command>: <what went wrong>``;
+``--verbose`` adds the traceback.
+
+Commands that only read Delta metadata or the state (``status``, ``export``,
+``clean --once`` when nothing is cleanable) start no Spark session: they use
+delta-rs and pyarrow (`sinks.read_state`).
 """
 
 from __future__ import annotations
@@ -13,6 +19,8 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import time
+import traceback
 from collections.abc import Sequence
 
 from sinks.errors import CompactedSinkError, ConfigError
@@ -27,18 +35,57 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     try:
         return args.handler(args)
-    except ConfigError as e:
-        print(f"compacted-sink {args.command}: configuration error: {e}", file=sys.stderr)
-        return EXIT_CONFIG
-    except CompactedSinkError as e:
-        print(f"compacted-sink {args.command}: {type(e).__name__}: {e}", file=sys.stderr)
+    except KeyboardInterrupt:
         return EXIT_FAILED
+    except Exception as e:  # noqa: BLE001 - every failure ends as one line (and an exit code)
+        print(f"compacted-sink {args.command}: {failure_message(e)}", file=sys.stderr)
+        if args.verbose:
+            traceback.print_exc()
+        return EXIT_CONFIG if isinstance(e, ConfigError) else EXIT_FAILED
+
+
+def failure_message(error: BaseException) -> str:
+    """One line for ``error``: the sink's own message, or the first line of anything else.
+
+    Spark's errors carry their logical plan and JVM stack after the first line;
+    an error a Spark job raised from this package's code is reported by that
+    error's own message (the class name and text Spark quotes in its first lines).
+    """
+    if isinstance(error, ConfigError):
+        return f"configuration error: {error}"
+    if isinstance(error, CompactedSinkError):
+        return f"{type(error).__name__}: {error}"
+    text = str(error).strip()
+    for line in text.splitlines():
+        for name in _SINK_ERRORS:
+            marker = f"{name}: "
+            if marker in line:
+                return f"{name}: {line.split(marker, 1)[1].strip()}"
+    first = text.splitlines()[0] if text else ""
+    return f"{type(error).__name__}: {first}" if first else type(error).__name__
+
+
+def _sink_error_names() -> tuple[str, ...]:
+    import sinks
+
+    return tuple(
+        name
+        for name in sinks.__all__
+        if isinstance(getattr(sinks, name), type)
+        and issubclass(getattr(sinks, name), CompactedSinkError)
+    )
+
+
+_SINK_ERRORS = _sink_error_names()
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="compacted-sink",
         description="Run, clean, inspect, export and replay compacted logs.",
+    )
+    parser.add_argument(
+        "--verbose", action="store_true", help="print the traceback of a failure too"
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -81,8 +128,9 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--codec", default="deflate", help="Avro codec (default deflate)")
     export.add_argument("--as-of", help="a Delta version or timestamp (default: now)")
     export.add_argument("--verify", action="store_true", help="compare the export with state()")
-    export.add_argument("--config", help="job file giving the log's key columns")
-    _remote(export)
+    export.add_argument(
+        "--config", help=argparse.SUPPRESS
+    )  # accepted as before; the log records its key columns
     export.set_defaults(handler=_export)
 
     replay = commands.add_parser(
@@ -95,6 +143,11 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument("--batch-id", type=int, default=0, help="exactly-once id (default 0)")
     replay.add_argument(
         "--verify", action="store_true", help="compare the new state with the source"
+    )
+    replay.add_argument(
+        "--append",
+        action="store_true",
+        help="append to a --to log that already holds records (refused otherwise)",
     )
     _remote(replay)
     replay.set_defaults(handler=_replay)
@@ -216,10 +269,16 @@ def _clean(args: argparse.Namespace) -> int:
                 f"clean: {ref.spec.path}: no job file given; key columns "
                 f"{list(ref.spec.key_columns)} read from its schema, default cleaner settings"
             )
-    _session("compacted-sink-clean", args)
     thread = CleanerThread(
         refs, force=args.force, vacuum=args.vacuum, backoff_ms=args.backoff_ms, out=_out
     )
+    if args.once and thread.grab_filthiest() is None:
+        # Measuring needs Delta metadata only: no Spark session for a round with no pass.
+        thread.delete_expired_files()
+        for line in thread.idle_reasons():
+            _out(line)
+        return 0
+    _session("compacted-sink-clean", args)
     if args.once:
         thread.run_once()
         return 0
@@ -270,26 +329,19 @@ def _as_of(text: str | None):
 
 
 def _export(args: argparse.Namespace) -> int:
+    """Export with delta-rs, pyarrow and fastavro: no Spark session (`sinks.read_state`)."""
     from sinks.log.storage import normalize_uri
-    from sinks.reading.replay import export_state, verify_export
-    from streaming.progress import spark_progress
-    from streaming.registry import discover_logs
+    from sinks.reading.arrow_export import export_state_arrow, verify_export_arrow
 
-    wanted = normalize_uri(args.log)
-    refs = discover_logs(paths=[wanted], job_files=[args.config] if args.config else [])
-    found = [r for r in refs if r.spec.path == wanted]
-    if not found:
-        raise ConfigError(f"export: no compacted log at {args.log}")
-    sink = found[0].sink()
-    spark = _session("compacted-sink-export", args)
-    with spark_progress(spark, "export", out=_err):
-        report = export_state(
-            sink, args.to, codec=args.codec, as_of=_as_of(args.as_of), progress=_err
-        )
+    path = normalize_uri(args.log)
+    report = export_state_arrow(
+        path, args.to, codec=args.codec, as_of=_as_of(args.as_of), progress=_err
+    )
     _out(report.summary())
     if args.verify:
-        with spark_progress(spark, "verify", out=_err):
-            verification = verify_export(sink, args.to)
+        started = time.monotonic()
+        verification = verify_export_arrow(path, args.to)
+        _err(f"export: verified in {time.monotonic() - started:.1f} s")
         _out(verification.summary())
         return 0 if verification.ok else EXIT_FAILED
     return 0
@@ -297,42 +349,88 @@ def _export(args: argparse.Namespace) -> int:
 
 def _replay(args: argparse.Namespace) -> int:
     from sinks import CompactedStateSink
+    from sinks.log.log_table import LogTable
     from sinks.log.storage import normalize_uri
     from sinks.reading.replay import read_export, read_manifest, restore
     from streaming.progress import spark_progress
     from streaming.registry import infer_log
 
-    spark = _session("compacted-sink-replay", args)
     source_path = normalize_uri(args.source)
-    if infer_log(source_path) is not None:
-        ref = infer_log(source_path)
-        assert ref is not None
-        source_sink = ref.sink()
-        source = source_sink.state(as_of=_as_of(args.as_of))
-        keys = ref.spec.key_columns
+    target_path = normalize_uri(args.to)
+    as_of = _as_of(args.as_of)
+    source_log = infer_log(source_path)
+    if source_log is not None:
+        keys = source_log.spec.key_columns
         name = f"{source_path} (state as of {args.as_of or 'now'})"
+        LogTable(source_path).snapshot(as_of)  # time travel fails here, before Spark starts
     else:
         manifest = read_manifest(source_path)
-        source = read_export(spark, source_path)
         keys = tuple(manifest["key_columns"])
         name = f"export {source_path} ({manifest['keys']} keys, Delta v{manifest['log_version']})"
     if args.key_columns:
         keys = tuple(k.strip() for k in args.key_columns.split(","))
-    target = CompactedStateSink(args.to, key_columns=keys)
+    if not args.append:
+        _refuse_a_log_with_data(target_path)
+    spark = _session("compacted-sink-replay", args)
+    if source_log is not None:
+        source = source_log.sink().state(as_of=as_of)
+    else:
+        source = read_export(spark, source_path)
+    target = CompactedStateSink(target_path, key_columns=keys)
     with spark_progress(spark, "replay", out=_err):
         report = restore(source, target, source_name=name, batch_id=args.batch_id, progress=_err)
     _out(report.summary())
     if args.verify:
-        restored = target.state()
-        missing = source.exceptAll(restored).count()
-        extra = restored.exceptAll(source).count()
-        verdict = "matches" if missing == extra == 0 else "DOES NOT match"
-        _out(
-            f"state() of {target.path} {verdict} the source: {restored.count()} keys, "
-            f"{missing} missing, {extra} unexpected"
-        )
-        return 0 if missing == extra == 0 else EXIT_FAILED
+        return _verify_replay(source_path, as_of, source_log is not None, target_path)
     return 0
+
+
+def _refuse_a_log_with_data(path: str) -> None:
+    """Raise `ConfigError` when the log at ``path`` holds records (replay would mix states)."""
+    from sinks.log.log_table import LogTable
+
+    snapshot = LogTable(path).snapshot()
+    if snapshot is None:
+        return
+    records = sum(s.num_records for s in snapshot.all_segments())
+    ends = snapshot.log_end_offsets()
+    if records or any(ends.values()):
+        raise ConfigError(
+            f"--to {path} already holds a log ({records} records in {len(ends)} partition(s), "
+            f"Delta v{snapshot.version}); replaying into it would mix two states, and a batch "
+            "id it has committed would be skipped. Choose a new --to, or pass --append to "
+            "append the state to it"
+        )
+
+
+def _verify_replay(source: str, as_of, from_log: bool, target: str) -> int:
+    """Compare the new log's state with the source's, on Arrow (no Spark job)."""
+    from collections import Counter
+
+    from sinks import read_state
+    from sinks.reading.arrow_export import canonical, read_export_records
+    from sinks.reading.replay import read_manifest
+
+    started = time.monotonic()
+    restored = read_state(target)
+    if from_log:
+        source_state = read_state(source, as_of=as_of)
+        columns = [c for c in source_state.schema.names if c in restored.schema.names]
+        records = source_state.select(columns).to_pylist()
+    else:
+        columns = [f["name"] for f in read_manifest(source)["spark_schema"]["fields"]]
+        records = read_export_records(source)
+    expected = Counter(canonical(r) for r in records)
+    got = Counter(canonical(r) for r in restored.select(columns).to_pylist())
+    missing = sum((expected - got).values())
+    extra = sum((got - expected).values())
+    verdict = "matches" if missing == extra == 0 else "DOES NOT match"
+    _err(f"replay: verified in {time.monotonic() - started:.1f} s")
+    _out(
+        f"state of {target} {verdict} the source: {restored.num_rows} keys, "
+        f"{missing} missing, {extra} unexpected"
+    )
+    return 0 if missing == extra == 0 else EXIT_FAILED
 
 
 def _demo(args: argparse.Namespace) -> int:

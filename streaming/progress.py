@@ -178,6 +178,8 @@ def spark_progress(
     tracker = context.statusTracker()
     stop = threading.Event()
 
+    shown = MonotonePercent()
+
     def poll() -> None:
         last = None
         while not stop.wait(every_s):
@@ -192,7 +194,7 @@ def spark_progress(
             if total and (done, total) != last:
                 last = (done, total)
                 out(
-                    f"{label}: {done}/{total} tasks ({done / total:.0%}), "
+                    f"{label}: {done}/{total} tasks so far ({shown(done, total):.0%}), "
                     f"{time.monotonic() - started:.0f} s"
                 )
 
@@ -217,6 +219,7 @@ class _ConnectProgress:
         self.started = started
         self._last: tuple[int, int] | None = None
         self._printed = 0.0
+        self._shown = MonotonePercent()
 
     def __call__(self, stages, inflight_tasks: int, operation_id, done: bool) -> None:
         stages = list(stages or [])
@@ -227,6 +230,22 @@ class _ConnectProgress:
             return
         self._last, self._printed = (finished, total), now
         self.out(
-            f"{self.label}: {finished}/{total} tasks ({finished / total:.0%}), "
+            f"{self.label}: {finished}/{total} tasks so far ({self._shown(finished, total):.0%}), "
             f"{now - self.started:.0f} s"
         )
+
+
+class MonotonePercent:
+    """The share of tasks done, never lower than the last one shown.
+
+    Long work runs several Spark jobs whose tasks become known one job at a time,
+    so done/total drops whenever a job starts; a progress line that runs backwards
+    reads as work undone. The count stays exact ("so far"); the percent only rises.
+    """
+
+    def __init__(self) -> None:
+        self.last = 0.0
+
+    def __call__(self, done: int, total: int) -> float:
+        self.last = max(self.last, done / total if total else 0.0)
+        return self.last

@@ -121,7 +121,7 @@ class LogStatus:
             "uncleanable_bytes": sum(p.size_bytes for p in self.uncleanable),
             "settings_inferred": self.settings_inferred,
             "storage": asdict(self.storage) if self.storage else None,
-            "cleaner_budget": self.cleaner_budget,
+            "cleaner_budget": self.cleaner_budget or "unlimited",
             "partitions": [asdict(p) for p in self.partitions],
         }
 

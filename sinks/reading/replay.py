@@ -217,7 +217,7 @@ class RestoreReport:
 
     def summary(self) -> str:
         if self.skipped:
-            return f"restore into {self.target}: batch {self.batch_id} already committed, skipped"
+            return f"replay into {self.target}: batch {self.batch_id} already committed, skipped"
         return (
             f"restored {self.records} keys from {self.source} into {self.target} "
             f"in {self.duration_ms / 1000:.1f} s"
@@ -239,7 +239,7 @@ def restore(
     """
     say = progress or (lambda _line: None)
     started = time.monotonic()
-    say(f"restore: appending {source_name} to {target.path} as batch {batch_id}")
+    say(f"replay: appending {source_name} to {target.path} as batch {batch_id}")
     target(source, batch_id)
     appended = target.last_append
     report = RestoreReport(
@@ -337,7 +337,7 @@ class AvroFileWriter:
             writer = fastavro.write.Writer(out, parsed, codec=self.codec, metadata=self.metadata)
             for batch in batches:
                 for row in batch.to_pylist():
-                    writer.write(_avro_value(row))
+                    writer.write(avro_value(row))
                     records += 1
             writer.flush()
         size = fs.get_file_info(f"{root}/{name}").size
@@ -377,12 +377,12 @@ class AvroFileReader:
                         yield pa.RecordBatch.from_pylist(rows, schema=schema)
 
 
-def _avro_value(value: Any) -> Any:
+def avro_value(value: Any) -> Any:
     """Arrow's Python values as fastavro takes them: maps arrive as lists of pairs."""
     if isinstance(value, dict):
-        return {k: _avro_value(v) for k, v in value.items()}
+        return {k: avro_value(v) for k, v in value.items()}
     if isinstance(value, list):
         if value and all(isinstance(v, tuple) and len(v) == 2 for v in value):
-            return {k: _avro_value(v) for k, v in value}
-        return [_avro_value(v) for v in value]
+            return {k: avro_value(v) for k, v in value}
+        return [avro_value(v) for v in value]
     return value
