@@ -58,6 +58,7 @@ from sinks.maintenance import retention
 from sinks.maintenance.recovery import RecoveryReport, recover_log, write_clean_shutdown_marker
 from sinks.maintenance.retention import RetentionPlan
 from sinks.maintenance.segment_deleter import DeletionReport
+from sinks.python_workers import check_python_workers
 from sinks.reading.state_reader import read_state
 from sinks.spark_session import active_session, streaming_query_id
 
@@ -174,6 +175,7 @@ class CompactedStateSink:
             self._finish(spark, batch_id, snapshot, started, skipped=True, query_id=query_id)
             return
 
+        check_python_workers(spark)  # once per SparkContext: a one-line error, not a trace
         if snapshot is not None:
             self._ensure_recovered()
         # One walk forward: prepare and check once, split good from bad once (the
