@@ -223,6 +223,7 @@ class CompactedStateSink:
             skipped=info.already_committed,
             query_id=query_id,
             written=list(info.written),
+            redelivered=info.redelivered,
         )
 
     def _finish(
@@ -235,6 +236,7 @@ class CompactedStateSink:
         skipped: bool,
         query_id: str | None,
         written: list[WrittenSegment] | None = None,
+        redelivered: int = 0,
     ) -> None:
         """Report the batch, then hand the log to its cleaner (inline, or wake the worker)."""
         append_ms = int((time.monotonic() - started) * 1000)
@@ -260,6 +262,7 @@ class CompactedStateSink:
             duration_ms=append_ms,
             delta_version=snapshot.version,
             clean=stats,
+            redelivered=redelivered,
         )
         logger.info("%s", self.last_append.summary())
 

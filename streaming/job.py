@@ -80,8 +80,9 @@ class LogSpec:
     topic: str | None = None
 
     def sink(self, checkpoint_location: str | None = None) -> CompactedStateSink:
-        """The sink over this log (opens nothing until used); ``checkpoint_location`` is the
-        query's, which the sink needs under Spark Connect to know its query."""
+        """The sink over this log (reads only the log's key properties until used);
+        ``checkpoint_location`` is the query's, which the sink needs under Spark Connect
+        to know its query."""
         return CompactedStateSink(
             self.path,
             key_columns=self.key_columns,

@@ -4,8 +4,8 @@ A cleaner-offset checkpoint table lists the logs it has cleaned (Kafka's
 ``cleaner-offset-checkpoint`` lists the partitions of a log dir), but not their
 key columns or cleaner settings. Those come from the job files that write the
 logs; a registered log no job file describes gets the default `CleanerConfig`
-and key columns read from its schema (the sink writes the key columns first,
-before ``value``), and `LogRef.inferred` says so.
+and the key and sequence columns the log records (`sinks.log.log_keys`; read from
+its schema for a log older than those properties), and `LogRef.inferred` says so.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from checkpoints import CleanerOffsetCheckpoint
 from sinks import CleanerConfig, CompactedStateSink
 from sinks.errors import ConfigError
 from sinks.log.history_window import window_of
+from sinks.log.log_keys import log_keys
 from sinks.log.log_table import LogTable
 from sinks.log.records import VALUE
 from sinks.log.storage import normalize_uri
@@ -73,9 +74,11 @@ def infer_log(path: str, *, checkpoint_table: str | None = None) -> LogRef | Non
     snapshot = LogTable(normalize_uri(path)).snapshot()
     if snapshot is None:
         return None
+    keys = log_keys(snapshot)  # recorded on the log; read from its schema for older logs
     spec = LogSpec(
         path=normalize_uri(path),
-        key_columns=key_columns_of(snapshot.spark_schema.names),
+        key_columns=keys.key_columns,
+        sequence_column=keys.sequence_column,
         # The history window is the table's own (its Delta property), never a default
         # that would shorten or lengthen what the job that writes the log chose.
         config=CleanerConfig(file_delete_delay_ms=window_of(snapshot.table)),

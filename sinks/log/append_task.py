@@ -69,7 +69,9 @@ class AppendTask:
                 if not validator.validate(batch) or validator.found_problems:
                     continue  # keep counting; the driver discards what was written
                 if self.has_offsets:
-                    yield drop_below_log_end(batch, self.log_end_offsets)
+                    kept = drop_below_log_end(batch, self.log_end_offsets)
+                    validator.count_redelivered(batch, kept)
+                    yield kept
                 else:
                     yield assigner.assign(batch)
 

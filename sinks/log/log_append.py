@@ -26,6 +26,7 @@ What the log keeps true:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -76,11 +77,14 @@ class LogAppendInfo:
 
     ``snapshot`` is the log after it. ``already_committed`` when the batch id was
     found committed (by an earlier attempt or another writer) and nothing was added.
+    ``redelivered`` counts Kafka records dropped because their offsets lay below the
+    log end offset (a query from a fresh checkpoint reading the topic again).
     """
 
     snapshot: LogSnapshot
     written: tuple[WrittenSegment, ...] = ()
     already_committed: bool = False
+    redelivered: int = 0  # Kafka records the log already held (a redelivery), dropped
 
 
 @dataclass(frozen=True)
@@ -97,6 +101,7 @@ class AppendReport:
     duration_ms: int
     delta_version: int | None
     clean: CleanerStats | None = None
+    redelivered: int = 0  # Kafka records already in the log (offsets below its end), dropped
 
     def summary(self) -> str:
         if self.skipped:
@@ -106,6 +111,11 @@ class AppendReport:
                 f"batch {self.batch_id}: appended {self.records} records to "
                 f"{len(self.partitions)} partition(s) in {self.files} file(s) "
                 f"({self.bytes} B) in {self.duration_ms / 1000:.1f} s"
+            )
+        if self.redelivered:
+            head += (
+                f"; dropped {self.redelivered} redelivered record(s) whose offsets the log "
+                "already holds"
             )
         tail = f"; dirty ratio {self.dirty_ratio:.2f}"
         return head + tail + (f"; {self.clean.summary()}" if self.clean else "")
@@ -229,10 +239,13 @@ class LogAppender:
                     self.discard(written)  # another writer created it and appended first
                     continue
             if not written:
-                return LogAppendInfo(self.commit_empty(snapshot, app_id, batch_id))
+                empty = self.commit_empty(snapshot, app_id, batch_id)
+                return LogAppendInfo(empty, redelivered=report.redelivered)
             outcome = self._commit_until_settled(snapshot, written, end_offsets, app_id, batch_id)
             if isinstance(outcome, LogAppendInfo):
-                return outcome
+                if outcome.already_committed:
+                    return outcome
+                return dataclasses.replace(outcome, redelivered=report.redelivered)
             if outcome is None:
                 break
             snapshot = outcome

@@ -14,6 +14,7 @@ place for the checks, whichever path appends.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TypeVar
@@ -142,6 +143,7 @@ class PartitionCounts:
     null_offsets: int = 0
     repeated_offsets: int = 0
     undecodable: int = 0
+    redelivered: int = 0  # Kafka records below the log end offset: already in the log, dropped
 
     def __add__(self, other: PartitionCounts) -> PartitionCounts:
         return PartitionCounts(
@@ -150,8 +152,11 @@ class PartitionCounts:
 
     @property
     def bad(self) -> int:
-        """How many problems were counted (a row may count twice)."""
-        return sum(getattr(self, f.name) for f in fields(self) if f.name != "rows")
+        """How many problems were counted (a row may count twice); redelivered rows are none."""
+        return sum(getattr(self, f.name) for f in fields(self) if f.name not in _NOT_PROBLEMS)
+
+
+_NOT_PROBLEMS = ("rows", "redelivered")
 
 
 COUNT_COLUMNS = tuple(f.name for f in fields(PartitionCounts))
@@ -177,6 +182,11 @@ class BatchReport:
     @property
     def rows(self) -> int:
         return self._total("rows")
+
+    @property
+    def redelivered(self) -> int:
+        """Kafka records dropped because the log already held their offsets (a redelivery)."""
+        return self._total("redelivered")
 
     @property
     def null_partitions(self) -> int:
@@ -293,6 +303,16 @@ class RecordValidator:
         last = len(o) - 1
         self._last = (int(p[last]), int(o[last])) if valid[last] else None
         return same
+
+    def count_redelivered(self, before: pa.RecordBatch, kept: pa.RecordBatch) -> None:
+        """Count, per partition, the rows `drop_below_log_end` took out of ``before``."""
+        if before.num_rows == kept.num_rows:
+            return
+        dropped = Counter(before.column(PARTITION).to_pylist())
+        dropped.subtract(kept.column(PARTITION).to_pylist())
+        for partition, n in dropped.items():
+            if n:
+                self._add(partition, PartitionCounts(redelivered=n))
 
     def _add(self, partition: int | None, counts: PartitionCounts) -> None:
         self._counts[partition] = self._counts.get(partition, PartitionCounts()) + counts

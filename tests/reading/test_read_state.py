@@ -14,6 +14,7 @@ import json
 
 import pyarrow as pa
 import pytest
+from deltalake import DeltaTable
 
 from sinks import (
     CleanerConfig,
@@ -185,6 +186,14 @@ def test_as_of_versions_and_timestamps(spark, lake, clock):
     assert as_dict(read_state(sink.path, as_of=before_pass)) == {"a": "a2", "b": "b1", "c": "c1"}
     latest = as_dict(read_state(sink.path, as_of="2100-01-01T00:00:00Z"))  # after every commit
     assert latest == as_dict(read_state(sink.path)) == {"b": "b2", "c": "c1"}
+    # Delta's history says WRITE for every commit; the sink's entry names the pass.
+    history = DeltaTable(sink.path).history()
+    operations = [_entry(c.get("compactedSink")).get("operation") for c in history]
+    assert operations.count("clean") == 1 and operations.count("append") == 3
+
+
+def _entry(value) -> dict:
+    return json.loads(value) if isinstance(value, str) else value or {}
 
 
 def test_time_travel_outside_the_log_names_the_range_it_reaches(spark, lake, clock):
