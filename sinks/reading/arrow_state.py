@@ -24,7 +24,9 @@ order, with the log's types; not the metadata (``partition``, ``offset``,
 ``timestamp``) nor the cleaner's ``delete_horizon_ms``. ``state()`` returns the
 key columns and ``value`` of the same rows. The log's key columns and sequence
 column come from the log itself (`sinks.log.log_keys`), so a reader needs only
-the path. Reads only; idempotent.
+the path. Reads only; idempotent. Key columns must be of types Arrow's hash join
+groups by (strings, binaries, numbers, dates, timestamps, decimals), not structs
+or lists; values and payload may be of any type.
 """
 
 from __future__ import annotations
