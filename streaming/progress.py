@@ -9,8 +9,10 @@ stdout stays machine-readable):
 - `ProgressListener` is a `StreamingQueryListener`: Spark's view of each
   micro-batch (input rows, rate, duration), for queries whose sink is not ours.
 - `spark_progress` is a context manager that follows Spark's task counts while
-  long work runs and prints ``<label>: done/total tasks (percent), elapsed``
-  (the status tracker on a classic session, a progress handler on Spark Connect).
+  long work runs and prints ``<label>: done/total tasks done (of those known so
+  far), elapsed`` (the status tracker on a classic session, a progress handler on
+  Spark Connect). No percentage: long work runs several Spark jobs and Spark learns
+  a job's tasks when it starts, so done/total would run backwards at each new job.
 
 Under Spark Connect a `StreamingQueryListener` added with ``spark.streams.addListener``
 runs in the client, so `ProgressListener` prints where the query was started.
@@ -178,8 +180,6 @@ def spark_progress(
     tracker = context.statusTracker()
     stop = threading.Event()
 
-    shown = MonotonePercent()
-
     def poll() -> None:
         last = None
         while not stop.wait(every_s):
@@ -194,7 +194,7 @@ def spark_progress(
             if total and (done, total) != last:
                 last = (done, total)
                 out(
-                    f"{label}: {done}/{total} tasks so far ({shown(done, total):.0%}), "
+                    f"{label}: {done}/{total} tasks done (of those known so far), "
                     f"{time.monotonic() - started:.0f} s"
                 )
 
@@ -219,7 +219,6 @@ class _ConnectProgress:
         self.started = started
         self._last: tuple[int, int] | None = None
         self._printed = 0.0
-        self._shown = MonotonePercent()
 
     def __call__(self, stages, inflight_tasks: int, operation_id, done: bool) -> None:
         stages = list(stages or [])
@@ -230,22 +229,6 @@ class _ConnectProgress:
             return
         self._last, self._printed = (finished, total), now
         self.out(
-            f"{self.label}: {finished}/{total} tasks so far ({self._shown(finished, total):.0%}), "
+            f"{self.label}: {finished}/{total} tasks done (of those known so far), "
             f"{now - self.started:.0f} s"
         )
-
-
-class MonotonePercent:
-    """The share of tasks done, never lower than the last one shown.
-
-    Long work runs several Spark jobs whose tasks become known one job at a time,
-    so done/total drops whenever a job starts; a progress line that runs backwards
-    reads as work undone. The count stays exact ("so far"); the percent only rises.
-    """
-
-    def __init__(self) -> None:
-        self.last = 0.0
-
-    def __call__(self, done: int, total: int) -> float:
-        self.last = max(self.last, done / total if total else 0.0)
-        return self.last
