@@ -267,7 +267,7 @@ def _clean(args: argparse.Namespace) -> int:
         if ref.inferred:
             _err(
                 f"clean: {ref.spec.path}: no job file given; key columns "
-                f"{list(ref.spec.key_columns)} read from its schema, default cleaner settings"
+                f"{list(ref.spec.key_columns)} as the log records them, default cleaner settings"
             )
     thread = CleanerThread(
         refs, force=args.force, vacuum=args.vacuum, backoff_ms=args.backoff_ms, out=_out
