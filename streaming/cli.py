@@ -235,6 +235,8 @@ def _run(args: argparse.Namespace) -> int:
     from sinks.spark_session import is_connect
     from streaming.progress import query_progress
 
+    if not args.verbose:
+        _quiet_query_failures(spark)
     query, sinks = start(spark, job, out=_err)
     _err(f"run: query {query.name} started ({len(sinks)} log(s)); {args.job}")
     # Under Spark Connect the hook prints in the server's foreachBatch worker; Spark's
@@ -249,6 +251,24 @@ def _run(args: argparse.Namespace) -> int:
         sink.close()  # the background cleaner finishes its pass in flight
         _out(f"{sink.path}: dirty ratio {sink.dirty_ratio():.2f}")
     return 0
+
+
+def _quiet_query_failures(spark) -> None:
+    """Leave a failed query's report to `main`'s one line: py4j and Spark's streaming
+    engine each log the whole Python traceback and JVM stack (about 200 lines, the
+    useful one repeated) when a foreachBatch function raises; ``--verbose`` keeps them."""
+    logging.getLogger("py4j").setLevel(logging.CRITICAL)
+    from sinks.spark_session import is_connect
+
+    if is_connect(spark):
+        return
+    try:
+        log4j = spark.sparkContext._jvm.org.apache.logging.log4j
+        log4j.core.config.Configurator.setLevel(
+            "org.apache.spark.sql.execution.streaming", log4j.Level.OFF
+        )
+    except Exception:  # noqa: BLE001 - another logging backend: its lines stay
+        pass
 
 
 def _refs(args: argparse.Namespace):

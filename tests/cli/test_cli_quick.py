@@ -4,11 +4,13 @@ A log is built in-process; then each command runs as a subprocess whose
 ``SPARK_HOME`` points nowhere, so a command that tried to start Spark would fail:
 ``status``, ``export --verify``, ``clean --once`` with nothing cleanable (saying
 why), a refused ``replay`` into a log holding records, and time travel outside
-the log (one line, the traceback only under ``--verbose``).
+the log (one line, the traceback only under ``--verbose``). A ``run`` whose input
+holds a null key (Spark started, as it must be) fails with one line too.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import re
@@ -17,6 +19,7 @@ import sys
 from pathlib import Path
 
 from sinks import CleanerConfig, CompactedStateSink, read_state
+from streaming.kafka import write_kafka_files
 
 CLI = [sys.executable, "-m", "streaming.cli"]
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,3 +72,50 @@ def test_status_export_clean_and_failures_without_spark(spark, tmp_path):
         "--verbose", "export", "lake/users", "--to", "old", "--as-of", "999", cwd=tmp_path
     )
     assert verbose.returncode == 1 and "Traceback" in verbose.stderr
+
+
+JOB = """
+[source]
+format = "files"
+path = "input"
+
+[sink]
+path = "lake/users"
+
+[trigger]
+available_now = true
+"""
+
+
+def test_run_with_a_null_key_fails_in_one_line(tmp_path):
+    start = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    rows = [
+        {
+            "key": None if i == 3 else f"k{i}".encode(),
+            "value": b"v",
+            "topic": "users",
+            "partition": 0,
+            "offset": i,
+            "timestamp": start,
+            "timestampType": 0,
+        }
+        for i in range(10)
+    ]
+    write_kafka_files(tmp_path / "input", [rows])
+    (tmp_path / "job.toml").write_text(JOB)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SPARK_MASTER": "local[1]"}
+    done = subprocess.run(
+        [*CLI, "run", "job.toml"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        "compacted-sink run: BadInputError: batch 0: 1 of 10 rows have a null key"
+    )
+    assert done.stderr.count("BadInputError") == 1
+    assert "Traceback" not in done.stderr and len(done.stderr.splitlines()) < 20
