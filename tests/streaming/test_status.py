@@ -49,7 +49,11 @@ def test_status_history_plot_and_the_cleaner_loop(spark, lake, tmp_path) -> None
     cleaned = [line.split()[1] for line in lines if line.startswith("cleaned ")]
     assert cleaned == [users.path, orders.path]  # filthiest first
     assert log_status(users).dirty_ratio == 0.0
-    assert loop.run_once() == 0 and lines[-1] == "nothing to clean"
+    assert loop.run_once() == 0  # then a line per log saying why, per partition
+    assert [line.split(": ")[:3] for line in lines[-2:]] == [
+        [users.path, "nothing to clean", "p0"],
+        [orders.path, "nothing to clean", "p0"],
+    ]
 
     points = history(users)
     assert [p.operation for p in points][-1] == "clean"
