@@ -424,11 +424,14 @@ class CompactedStateSink:
 
         Cleaning is paused meanwhile; the log is recovered afterwards.
         """
-        self.pause_cleaning()
+        snapshot = self.log_table.snapshot(verify=False)
+        if snapshot is None:
+            raise FileNotFoundError(f"no compacted log at {self.path}")
+        self.manager.pause_cleaning(snapshot.partitions)
         try:
             restored = foreign_changes.restore(self.log_table, version)
         finally:
-            self.resume_cleaning()
+            self.manager.resume_cleaning(snapshot.partitions)
         self.recover()
         return restored
 
