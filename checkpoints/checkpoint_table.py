@@ -47,7 +47,17 @@ CHECKPOINT_SCHEMA = pa.schema(
     ]
 )
 # Kept small: no one time-travels this table. The segment deleter trims it further.
+HANDS_OFF_PROPERTIES = {
+    # Databricks' auto compaction and optimized writes (Delta's names): rearranging a log's
+    # files costs a pass a rewrite (`sinks.maintenance.rearrangement`). Predictive
+    # optimization is a catalog setting: docs/operations.md gives the statement.
+    "delta.autoOptimize.autoCompact": "false",
+    "delta.autoOptimize.optimizeWrite": "false",
+}
+"""Table properties that tell engines which honour them not to rearrange a table's files."""
+
 TABLE_PROPERTIES = {
+    **HANDS_OFF_PROPERTIES,
     "delta.deletedFileRetentionDuration": "interval 1 hour",
     "delta.logRetentionDuration": "interval 1 hour",
     "delta.checkpointInterval": "100",
@@ -152,6 +162,10 @@ class CleanerOffsetCheckpoint:
             return DeltaTable(self.uri, storage_options=self.storage_options or None)
         except TableNotFoundError:
             return None
+
+    def open_or_create(self) -> DeltaTable:
+        """The table, created with its properties if it does not exist yet."""
+        return self._table() or self._create()
 
     def _create(self) -> DeltaTable:
         try:

@@ -43,3 +43,13 @@ class CleanerError(CompactedSinkError):
         super().__init__(f"{message} (log {log_path}, partition {partition})")
         self.log_path = log_path
         self.partition = partition
+
+
+class ForeignChangeError(CompactedSinkError):
+    """Raised when another engine changed a log's records (DELETE, UPDATE, MERGE, an overwrite,
+    RESTORE); names the Delta version, the operation and the engine, and how to go on."""
+
+    def __init__(self, message: str, *, log_path: str, version: int) -> None:
+        super().__init__(message)
+        self.log_path = log_path
+        self.version = version

@@ -54,7 +54,7 @@ from sinks.log.log_table import AsOf, LogSnapshot, LogTable, now_ms
 from sinks.log.records import PreparedBatch, check_schema, prepare_batch
 from sinks.log.segment_writer import WrittenSegment
 from sinks.log.storage import normalize_uri, sibling
-from sinks.maintenance import retention
+from sinks.maintenance import foreign_changes, retention
 from sinks.maintenance.recovery import RecoveryReport, recover_log, write_clean_shutdown_marker
 from sinks.maintenance.retention import RetentionPlan
 from sinks.maintenance.segment_deleter import DeletionReport
@@ -414,6 +414,36 @@ class CompactedStateSink:
             dead_letters, log_path=self.path, app_id=app_id, batch_id=batch_id, now_ms=self.clock()
         )
         crash_point(DEAD_LETTER_BEFORE_APPEND)
+
+    # -- other engines on the log --------------------------------------------------------
+
+    def accept_foreign_changes(self, through_version: int | None = None) -> int:
+        """Accept the records as they are after another engine's data change, and go on.
+
+        Every commit up to ``through_version`` (default: the current version) is taken
+        as it is; the sink stops at later ones again. Returns the accepted version.
+        What another engine deleted stays deleted; a key whose newest record it removed
+        shows its previous value. See `sinks.log.foreign_commits`.
+        """
+        return foreign_changes.accept(self.log_table, through_version)
+
+    def restore(self, version: int) -> int:
+        """Bring the log back to Delta ``version`` (inside the history window), undoing
+        everything committed after it: another engine's change, and the sink's own appends
+        and passes. Offsets keep counting from the log end offset. Returns the new version.
+
+        Cleaning is paused meanwhile; the log is recovered afterwards.
+        """
+        snapshot = self.log_table.snapshot(verify=False)
+        if snapshot is None:
+            raise FileNotFoundError(f"no compacted log at {self.path}")
+        self.manager.pause_cleaning(snapshot.partitions)
+        try:
+            restored = foreign_changes.restore(self.log_table, version)
+        finally:
+            self.manager.resume_cleaning(snapshot.partitions)
+        self.recover()
+        return restored
 
     # -- reading -----------------------------------------------------------------------
 

@@ -350,7 +350,7 @@ def history(sink: CompactedStateSink, *, max_points: int = 120) -> list[HistoryP
                 version=version,
                 timestamp_ms=at,
                 operation=info.get("operation", commits[version].get("operation", "?")),
-                size_bytes=sum(s.size_bytes for s in snapshot.all_segments()),
+                size_bytes=sum(s.size_bytes for s in snapshot.data_files()),
                 dirty_ratio=dirty_ratio(logs),
             )
         )

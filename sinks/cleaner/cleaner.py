@@ -206,6 +206,8 @@ class Cleaner:
         A crash anywhere leaves either the old files or the new ones live, never both.
         """
         started = time.monotonic()
+        if snapshot.foreign_files:
+            raise ValueError("a pass plans over segments: rewrite the foreign files first")
         chosen = [
             segments_to_clean(
                 snapshot.segments.get(log.partition, []), log.first_uncleanable_offset
@@ -250,9 +252,7 @@ class Cleaner:
                 },
                 pass_start_ms=pass_start_ms,
                 delete_retention_ms=self.delete_retention_ms,
-                stats_columns=stats_columns(
-                    snapshot.spark_schema, self.key_columns, self.sequence_column
-                ),
+                stats_columns=self.stats_columns(snapshot),
                 max_file_bytes=self.segment_bytes,
                 storage_options=self.log.storage_options,
                 max_tasks=max_tasks,
@@ -263,9 +263,7 @@ class Cleaner:
                 self.retained(spark, snapshot, inputs, groups, pass_start_ms=pass_start_ms),
                 table_uri=self.log.uri,
                 schema=snapshot.arrow_schema,
-                stats_columns=stats_columns(
-                    snapshot.spark_schema, self.key_columns, self.sequence_column
-                ),
+                stats_columns=self.stats_columns(snapshot),
                 max_file_bytes=self.segment_bytes,
                 group_column=_GROUP,
                 storage_options=self.log.storage_options,
@@ -310,6 +308,10 @@ class Cleaner:
         # from a fresh read (at or after the pass's own commit when others appended).
         after = self.log.snapshot()
         return replace(stats, duration_ms=duration, delta_version=after.version if after else None)
+
+    def stats_columns(self, snapshot: LogSnapshot) -> list[str]:
+        """The columns whose statistics each file this log's passes write carries."""
+        return stats_columns(snapshot.spark_schema, self.key_columns, self.sequence_column)
 
     def uses_offset_map(self, snapshot: LogSnapshot, dirty: Sequence[Segment]) -> bool:
         """Whether a pass runs as Kafka's (offset map of the dirty section, one recopy).

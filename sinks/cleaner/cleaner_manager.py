@@ -40,7 +40,7 @@ from dataclasses import asdict
 
 import pyarrow as pa
 from deltalake import DeltaTable
-from deltalake.exceptions import CommitFailedError, TableNotFoundError
+from deltalake.exceptions import CommitFailedError
 
 from checkpoints import CheckpointEntry, CleanerOffsetCheckpoint
 from checkpoints.checkpoint_table import CHECKPOINT_SCHEMA
@@ -482,15 +482,4 @@ def _equals(column: str, value: object) -> str:
 
 
 def _checkpoint_table(checkpoints: CleanerOffsetCheckpoint) -> DeltaTable:
-    options = checkpoints.storage_options or None
-    try:
-        return DeltaTable(checkpoints.uri, storage_options=options)
-    except TableNotFoundError:
-        DeltaTable.create(
-            checkpoints.uri,
-            CHECKPOINT_SCHEMA,
-            mode="ignore",
-            storage_options=options,
-            name="cleaner-offset-checkpoint",
-        )
-        return DeltaTable(checkpoints.uri, storage_options=options)
+    return checkpoints.open_or_create()

@@ -66,6 +66,7 @@ from sinks.crash_points import CLEAN_BEFORE_CHECKPOINT, crash_point
 from sinks.errors import CleanerError, CommitConflictError
 from sinks.log.log_table import LogSnapshot, LogTable
 from sinks.maintenance import retention
+from sinks.maintenance.rearrangement import absorb
 from sinks.maintenance.retention import RetentionPlan
 from sinks.maintenance.segment_deleter import SegmentDeleter
 
@@ -78,6 +79,8 @@ inline for direct calls."""
 
 DEFAULT_BACKOFF_MS = 15_000  # Kafka's log.cleaner.backoff.ms
 DEFAULT_IDLE_MS = 600_000
+PASS_ATTEMPTS = 3
+"""How many times `LogCleaner.clean` plans a pass whose commit another writer's beat."""
 PassListener = Callable[[CleanerStats], None]
 
 
@@ -188,6 +191,8 @@ class LogCleaner:
             return True  # retention, or expired files to delete (the deleter's interval)
         if not self.config.compact:
             return False
+        if snapshot.foreign_files:
+            return True  # another engine's files, for the next pass to rewrite
         now = self.clock()
         return any(
             log.force_checkpoint
@@ -269,12 +274,24 @@ class LogCleaner:
         when the pass fails; the log is then unchanged.
         """
         with self._pass_lock:
-            snapshot = snapshot or self.log.snapshot()
-            if snapshot is None:
-                return None
-            stats = self._clean(
-                spark, snapshot, force=force, max_tasks=max_tasks, niceness=niceness
-            )
+            stats = None
+            for attempt in range(PASS_ATTEMPTS):
+                snapshot = snapshot if attempt == 0 and snapshot else self.log.snapshot()
+                if snapshot is None:
+                    return None
+                try:
+                    stats = self._clean(
+                        spark, snapshot, force=force, max_tasks=max_tasks, niceness=niceness
+                    )
+                    break
+                except CleanerError as e:
+                    # Another writer swapped the same files first (another cleaner, an
+                    # OPTIMIZE): nothing was committed; plan again from the new version.
+                    if attempt + 1 == PASS_ATTEMPTS or not isinstance(
+                        e.__cause__, CommitFailedError
+                    ):
+                        raise
+                    logger.info("pass over %s conflicted; planning again: %s", self.log.uri, e)
             if stats is not None:
                 slept = self.throttler.maybe_throttle(stats.bytes_read + stats.bytes_written)
                 if slept:
@@ -296,7 +313,16 @@ class LogCleaner:
         niceness: int,
     ) -> CleanerStats | None:
         """Choose, claim, re-plan after the claim, run the pass, checkpoint: Kafka's
-        ``grabFilthiestCompactedLog`` + ``cleanLog`` + ``doneCleaning`` for one log."""
+        ``grabFilthiestCompactedLog`` + ``cleanLog`` + ``doneCleaning`` for one log.
+
+        Files another engine wrote are rewritten into segments first (`_absorb`): a
+        pass plans over segments only.
+        """
+        if snapshot.foreign_files:
+            absorbed = self._absorb(spark, snapshot)
+            if absorbed is None:
+                return None
+            snapshot = absorbed
         start = self.clock()
         candidates = self.logs_to_clean(snapshot)
         chosen = self._cleanable(candidates, now_ms=start, force=force)
@@ -312,6 +338,13 @@ class LogCleaner:
             logger.info("cleaning only %s of %s: the others are busy", claimed, self.log.uri)
         fresh = self.log.snapshot()
         assert fresh is not None
+        if fresh.foreign_files:  # another engine rewrote files since: rewrite them first
+            self.manager.abort_cleaning(claimed)
+            raise CleanerError(
+                "another engine rewrote files while this pass was planned",
+                log_path=self.log.uri,
+                partition=chosen[0].partition,
+            ) from CommitFailedError(f"{self.log.uri}: foreign files at version {fresh.version}")
         if fresh.version != snapshot.version:  # plan again after the claim: less to conflict
             snapshot = fresh
             chosen = self._cleanable(self.logs_to_clean(snapshot), now_ms=start, force=force)
@@ -356,6 +389,41 @@ class LogCleaner:
         self._checkpoint(chosen, stats)
         logger.info("%s", stats.summary())
         return stats
+
+    def _absorb(self, spark: SparkSession, snapshot: LogSnapshot) -> LogSnapshot | None:
+        """Rewrite another engine's files into segments (`sinks.maintenance.rearrangement`),
+        holding every partition of the log; None when some partition is busy elsewhere.
+
+        Every partition, because a foreign file may hold any of them, and a pass over a
+        partition must not run while its records sit outside its segments.
+        """
+        partitions = snapshot.partitions
+        claimed = set(self.manager.start_cleaning(partitions))
+        if claimed != set(partitions):
+            self.manager.abort_cleaning(claimed)
+            logger.info("files another engine wrote in %s wait: partitions busy", self.log.uri)
+            return None
+        try:
+            with self.manager.heartbeating(claimed):
+                fresh = self.log.snapshot() or snapshot
+                report = absorb(
+                    spark,
+                    self.log,
+                    fresh,
+                    stats_columns=self.cleaner.stats_columns(fresh),
+                    segment_bytes=self.config.segment_bytes,
+                )
+        except CommitFailedError as e:
+            raise CleanerError(
+                f"another writer rewrote the same files first ({e}); tried again next round",
+                log_path=self.log.uri,
+                partition=partitions[0],
+            ) from e
+        finally:
+            self.manager.abort_cleaning(claimed)
+        if report is not None:
+            logger.info("cleaner: %s: %s", self.log.uri, report.summary())
+        return self.log.snapshot()
 
     def _cleanable(
         self, candidates: Sequence[LogToClean], *, now_ms: int, force: bool

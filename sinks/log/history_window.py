@@ -34,6 +34,7 @@ from datetime import UTC, datetime
 import pyarrow.fs as pafs
 from deltalake import DeltaTable
 
+from checkpoints.checkpoint_table import HANDS_OFF_PROPERTIES
 from sinks.errors import CompactedSinkError, ConfigError
 
 DELETED_FILE_RETENTION_DURATION = "delta.deletedFileRetentionDuration"
@@ -98,9 +99,11 @@ def parse_interval_ms(text: str, *, key: str = DELETED_FILE_RETENTION_DURATION) 
 
 
 def table_properties(window_ms: int) -> dict[str, str]:
-    """The Delta table properties that make a log keep ``window_ms`` of history, no more."""
+    """The Delta table properties that make a log keep ``window_ms`` of history, no more,
+    and ask other engines not to rearrange its files (`HANDS_OFF_PROPERTIES`)."""
     interval = format_interval(window_ms)
     return {
+        **HANDS_OFF_PROPERTIES,
         DELETED_FILE_RETENTION_DURATION: interval,
         LOG_RETENTION_DURATION: interval,
         CHECKPOINT_INTERVAL: str(DEFAULT_CHECKPOINT_INTERVAL),

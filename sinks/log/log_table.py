@@ -9,7 +9,12 @@ own offsets in Delta ``txn`` actions, committed in the same commit as the data:
 - ``compacted-sink/log-start-offset/<p>``: set by retention and ``delete_records``;
 - ``compacted-sink/cleaner-offset/<p>``: where the last committed pass ended, so a
   crash between a pass's commit and its checkpoint row is repaired from the log;
-- ``compacted-sink/partitions``: one more than the highest partition ever written.
+- ``compacted-sink/partitions``: one more than the highest partition ever written;
+- ``compacted-sink/checked-version``: the version a commit was planned from, every
+  commit before it checked for other engines' data changes (`sinks.log.foreign_commits`).
+
+Files another engine wrote (an OPTIMIZE's) are `ForeignFile`s beside the segments:
+read like any file, never taken for a segment (`sinks.log.segment.classify`).
 
 Every snapshot is read once and then used as a value: a pass commits against the
 snapshot it planned from, never a refreshed one (delta-rs does not check that a
@@ -24,10 +29,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from functools import cached_property
 from typing import Any
+from urllib.parse import unquote
 
 import pyarrow as pa
 from deltalake import DeltaTable
-from deltalake.exceptions import TableNotFoundError
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.transaction import CommitProperties, Transaction
 from deltalake.transaction import RemoveAction as _RemoveAction
 from pyspark.sql import DataFrame, SparkSession
@@ -36,8 +42,15 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
 from sinks.log.file_reader import read_files
+from sinks.log.foreign_commits import (
+    ACCEPTED_VERSION_TXN,
+    CHECKED_VERSION_TXN,
+    COMMIT_INFO_KEY,
+    CommitGuard,
+    read_commit,
+)
 from sinks.log.history_window import check_reachable
-from sinks.log.segment import Segment
+from sinks.log.segment import DataFile, ForeignFile, Segment, classify
 from sinks.log.segment_writer import WrittenSegment
 from sinks.log.storage import is_local, join
 
@@ -46,9 +59,11 @@ LOG_END_OFFSET_TXN = TXN_PREFIX + "log-end-offset/{}"
 LOG_START_OFFSET_TXN = TXN_PREFIX + "log-start-offset/{}"
 CLEANER_OFFSET_TXN = TXN_PREFIX + "cleaner-offset/{}"
 PARTITIONS_TXN = TXN_PREFIX + "partitions"
-COMMIT_INFO_KEY = "compactedSink"
 
 AsOf = int | str | datetime
+
+REBASE_ATTEMPTS = 16
+"""How many concurrent versions in a row a commit that removes files is rebased over."""
 
 
 def now_ms() -> int:
@@ -62,16 +77,30 @@ class LogTable:
     def __init__(self, uri: str, storage_options: Mapping[str, str] | None = None) -> None:
         self.uri = uri
         self.storage_options = dict(storage_options or {})
+        self.guard = CommitGuard(uri, self.storage_options)
 
-    def snapshot(self, as_of: AsOf | None = None) -> LogSnapshot | None:
-        """The log as of now (or a Delta version / timestamp); None when no table exists yet."""
+    def snapshot(self, as_of: AsOf | None = None, *, verify: bool = True) -> LogSnapshot | None:
+        """The log as of now (or a Delta version / timestamp); None when no table exists yet.
+
+        Raises `ForeignChangeError` when a commit up to that version, not checked
+        before, is another engine's data change (`sinks.log.foreign_commits`);
+        ``verify=False`` skips that check (for the ways out of it).
+        """
         try:
             table = DeltaTable(self.uri, storage_options=self.storage_options or None)
         except TableNotFoundError:
             return None
         if as_of is not None:
             self._travel(table, as_of)
-        return LogSnapshot(self.uri, table)
+        snapshot = LogSnapshot(self.uri, table, self.storage_options)
+        if verify:
+            self.guard.check(
+                snapshot.version,
+                checked=snapshot.txn_version(CHECKED_VERSION_TXN),
+                accepted=snapshot.txn_version(ACCEPTED_VERSION_TXN),
+            )
+            snapshot.verified = True
+        return snapshot
 
     def _travel(self, table: DeltaTable, as_of: AsOf) -> None:
         """Load ``as_of`` into ``table``; raises `HistoryExpiredError` before the history window."""
@@ -123,13 +152,17 @@ class LogTable:
         return snapshot
 
     def read(
-        self, spark: SparkSession, snapshot: LogSnapshot, segments: Sequence[Segment] | None = None
+        self,
+        spark: SparkSession,
+        snapshot: LogSnapshot,
+        segments: Sequence[DataFile] | None = None,
     ) -> DataFrame:
-        """The records of ``segments`` (default: every live segment) as a DataFrame.
+        """The records of ``segments`` (default: every live file) as a DataFrame.
 
-        Records below a partition's log start offset are filtered out.
+        Records below a partition's log start offset are filtered out (a foreign file
+        may hold any partition's).
         """
-        chosen = snapshot.all_segments() if segments is None else list(segments)
+        chosen = snapshot.data_files() if segments is None else list(segments)
         if not chosen:
             return spark.createDataFrame([], snapshot.spark_schema)
         if is_local(self.uri):
@@ -144,7 +177,7 @@ class LogTable:
                 snapshot.spark_schema,
                 storage_options=self.storage_options,
             )
-        starts = {p: snapshot.log_start_offset(p) for p in {s.partition for s in chosen}}
+        starts = {p: snapshot.log_start_offset(p) for p in snapshot.partitions}
         floors = {p: start for p, start in starts.items() if start > 0}
         if floors:
             floor = F.create_map(*[F.lit(x) for kv in floors.items() for x in kv])[
@@ -157,10 +190,14 @@ class LogTable:
 class LogSnapshot:
     """One version of a log: its segments per partition and its recorded offsets."""
 
-    def __init__(self, uri: str, table: DeltaTable) -> None:
+    def __init__(
+        self, uri: str, table: DeltaTable, storage_options: Mapping[str, str] | None = None
+    ) -> None:
         self.uri = uri
         self.table = table
+        self.storage_options = dict(storage_options or {})
         self.version = table.version()
+        self.verified = False  # every commit up to this version checked for foreign changes
         self._transactions: dict[str, int | None] = {}
 
     @cached_property
@@ -172,23 +209,47 @@ class LogSnapshot:
         return log_arrow_schema(self.spark_schema)
 
     @cached_property
-    def segments(self) -> dict[int, list[Segment]]:
-        """Live segments per partition, ordered by base offset."""
+    def _files(self) -> tuple[dict[int, list[Segment]], list[ForeignFile]]:
         actions = pa.table(self.table.get_add_actions(flatten=True))
         by_partition: dict[int, list[Segment]] = {}
+        foreign: list[ForeignFile] = []
         for row in actions.to_pylist():
-            segment = _segment(row)
-            by_partition.setdefault(segment.partition, []).append(segment)
-        return {p: sorted(s) for p, s in sorted(by_partition.items())}
+            file = _data_file(row)
+            if isinstance(file, ForeignFile):
+                foreign.append(file)
+            else:
+                by_partition.setdefault(file.partition, []).append(file)
+        segments = {p: sorted(s) for p, s in sorted(by_partition.items())}
+        return segments, sorted(foreign, key=lambda f: f.path)
+
+    @property
+    def segments(self) -> dict[int, list[Segment]]:
+        """Live segments per partition, ordered by base offset (foreign files not included)."""
+        return self._files[0]
+
+    @property
+    def foreign_files(self) -> list[ForeignFile]:
+        """Live files another engine wrote, not yet rewritten into segments by a pass."""
+        return self._files[1]
 
     def all_segments(self) -> list[Segment]:
         return [s for segments in self.segments.values() for s in segments]
+
+    def data_files(self) -> list[DataFile]:
+        """Every live data file: the segments, then the foreign files."""
+        return [*self.all_segments(), *self.foreign_files]
 
     @cached_property
     def partitions(self) -> list[int]:
         """Every partition ever written, including those whose files are all gone."""
         known = self.txn_version(PARTITIONS_TXN) or 0
-        return sorted(set(range(known)) | set(self.segments))
+        foreign = {
+            p
+            for f in self.foreign_files
+            if f.partitions
+            for p in range(f.partitions[0], f.partitions[1] + 1)
+        }
+        return sorted(set(range(known)) | set(self.segments) | foreign)
 
     def txn_version(self, app_id: str) -> int | None:
         """The version recorded for ``app_id`` by a Delta ``txn`` action, if any.
@@ -222,33 +283,67 @@ class LogSnapshot:
         self,
         *,
         adds: Iterable[WrittenSegment] = (),
-        removes: Iterable[Segment] = (),
+        removes: Iterable[DataFile] = (),
         data_change: bool,
         transactions: Mapping[str, int],
         info: Mapping[str, Any],
     ) -> None:
         """Commit adds and removes atomically against this snapshot's version.
 
-        delta-rs rebases over concurrent commits that do not conflict (an append
-        beside a pass); it raises ``CommitFailedError`` when one does (a concurrent
-        pass removed a file this one removes, or another writer moved the same
-        partition's log end offset). The caller decides whether to re-plan.
-        ``info`` lands in the commit's metadata under ``compactedSink``.
+        A commit that adds only is rebased by delta-rs over concurrent commits (an
+        append beside a pass). A commit that removes files is rebased here instead, and
+        only over commits that removed none of them: delta-rs lets a remove through
+        after another engine's OPTIMIZE removed the same file, which would bring its
+        records back twice. Raises ``CommitFailedError`` when a concurrent commit
+        removed a file this one removes; the caller decides whether to re-plan.
+        ``info`` lands in the commit's metadata under ``compactedSink``; the commit also
+        records this snapshot's version as checked for foreign changes, when it was.
         """
         stamp = now_ms()
+        if self.verified:
+            transactions = {CHECKED_VERSION_TXN: self.version, **transactions}
+        removes = list(removes)
         actions: list[Any] = [
             _RemoveAction(s.path, data_change, stamp, s.size_bytes, {}) for s in removes
         ]
         actions += [a.add_action(data_change=data_change, modification_time=stamp) for a in adds]
-        self.table.create_write_transaction(
-            actions,
-            "append",
-            self.arrow_schema,
-            commit_properties=CommitProperties(
-                app_transactions=[Transaction(k, v, stamp) for k, v in transactions.items()],
-                custom_metadata={COMMIT_INFO_KEY: dict(info)},
-            ),
+        properties = CommitProperties(
+            app_transactions=[Transaction(k, v, stamp) for k, v in transactions.items()],
+            custom_metadata={COMMIT_INFO_KEY: dict(info)},
+            max_commit_retries=0 if removes else None,
         )
+        if not removes:
+            self.table.create_write_transaction(
+                actions, "append", self.arrow_schema, commit_properties=properties
+            )
+            return
+        removed = {unquote(s.path) for s in removes}
+        table = self.table
+        for _ in range(REBASE_ATTEMPTS):
+            try:
+                table.create_write_transaction(
+                    actions, "append", self.arrow_schema, commit_properties=properties
+                )
+                return
+            except CommitFailedError:
+                latest = DeltaTable(self.uri, storage_options=self.storage_options or None)
+                if latest.version() == table.version():
+                    raise
+                self._check_removes(removed, table.version(), latest.version())
+                table = latest
+        raise CommitFailedError(f"{self.uri}: still behind after {REBASE_ATTEMPTS} rebases")
+
+    def _check_removes(self, removed: set[str], after: int, through: int) -> None:
+        """Raise ``CommitFailedError`` when a commit in ``(after, through]`` removed a file
+        of ``removed``."""
+        for version in range(after + 1, through + 1):
+            for action in read_commit(self.uri, version, self.storage_options) or []:
+                path = action.get("remove", {}).get("path")
+                if path is not None and unquote(path) in removed:
+                    raise CommitFailedError(
+                        f"{self.uri}: version {version} removed {path}, which this commit "
+                        "removes too"
+                    )
 
 
 def log_arrow_schema(schema: StructType) -> pa.Schema:
@@ -257,18 +352,23 @@ def log_arrow_schema(schema: StructType) -> pa.Schema:
     return pa.schema([f.with_nullable(True) for f in arrow])
 
 
-def _segment(row: Mapping[str, Any]) -> Segment:
-    return Segment(
-        partition=int(row["min.partition"]),
-        base_offset=int(row["min.offset"]),
-        last_offset=int(row["max.offset"]),
+def _data_file(row: Mapping[str, Any]) -> DataFile:
+    return classify(
         path=row["path"],
         size_bytes=int(row["size_bytes"]),
-        num_records=int(row["num_records"]),
+        num_records=_int(row.get("num_records")) or 0,
+        min_partition=_int(row.get("min.partition")),
+        max_partition=_int(row.get("max.partition")),
+        min_offset=_int(row.get("min.offset")),
+        max_offset=_int(row.get("max.offset")),
         min_timestamp_ms=_millis(row.get("min.timestamp")),
         max_timestamp_ms=_millis(row.get("max.timestamp")),
-        min_delete_horizon_ms=row.get("min.delete_horizon_ms"),
+        min_delete_horizon_ms=_int(row.get("min.delete_horizon_ms")),
     )
+
+
+def _int(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 def _millis(value: datetime | None) -> int | None:

@@ -1,14 +1,32 @@
 """`Segment`: one Parquet data file of a log, Kafka's log segment, as plain numbers.
 
-Every data file holds records of exactly one partition, sorted by offset, so a
-partition's segments never overlap and sort by base offset. A segment covers the
-half-open offset range ``[base_offset, last_offset + 1)``. The numbers come from
-the file's add action in the Delta log (its statistics); nothing here does I/O.
+Every file this sink writes holds records of exactly one partition, sorted by
+offset, so a partition's segments never overlap and sort by base offset. A
+segment covers the half-open offset range ``[base_offset, last_offset + 1)``.
+The numbers come from the file's add action in the Delta log (its statistics);
+nothing here does I/O.
+
+Other engines maintain Delta tables too (OPTIMIZE, Z-order, liquid clustering,
+auto compaction) and write files of their own: one file may then hold records of
+several partitions, in any row order. Such a file is a `ForeignFile`, recognised
+by its path and its statistics (`classify`): it is read like any other file, but
+it is never taken for a segment, so never for a clean one, until a pass rewrites
+it into segments (`sinks.maintenance.rearrangement`).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+from urllib.parse import unquote
+
+SEGMENT_PATH = re.compile(r"partition-(\d+)/(\d{20})-[0-9a-f]{32}\.parquet")
+"""How this sink names a segment: ``partition-<p>/<base offset, 20 digits>-<uuid>.parquet``."""
+
+
+def segment_path(partition: int, base_offset: int, unique: str) -> str:
+    """The path (relative to the table) of a segment this sink writes."""
+    return f"partition-{partition}/{base_offset:020d}-{unique}.parquet"
 
 
 @dataclass(frozen=True, order=True)
@@ -29,3 +47,75 @@ class Segment:
     def next_offset(self) -> int:
         """The offset just past this segment's last record."""
         return self.last_offset + 1
+
+
+@dataclass(frozen=True)
+class ForeignFile:
+    """A live data file another engine wrote, that is not one partition's offset-ordered run.
+
+    ``partitions`` is the ``[min, max]`` partition range its statistics give (None when
+    it has none); ``why`` says what gave it away.
+    """
+
+    path: str
+    size_bytes: int
+    num_records: int
+    partitions: tuple[int, int] | None
+    why: str
+
+    def may_hold(self, partition: int) -> bool:
+        """Whether records of ``partition`` may be in this file (always, without statistics)."""
+        return self.partitions is None or self.partitions[0] <= partition <= self.partitions[1]
+
+
+DataFile = Segment | ForeignFile
+"""Any live data file of a log: what a reader reads and what storage keeps."""
+
+
+def classify(
+    *,
+    path: str,
+    size_bytes: int,
+    num_records: int,
+    min_partition: int | None,
+    max_partition: int | None,
+    min_offset: int | None,
+    max_offset: int | None,
+    min_timestamp_ms: int | None = None,
+    max_timestamp_ms: int | None = None,
+    min_delete_horizon_ms: int | None = None,
+) -> DataFile:
+    """A `Segment` when the file is one this sink wrote, as its statistics confirm; else a
+    `ForeignFile`. Pure.
+
+    A segment's path names its partition and base offset (`SEGMENT_PATH`), and its
+    statistics agree: one partition, the named base offset. Anything else, such as an
+    OPTIMIZE's ``part-…`` file, is foreign, whatever its statistics say: only this
+    sink's writer guarantees one partition sorted by offset.
+    """
+    named = SEGMENT_PATH.fullmatch(unquote(path))
+    known = None not in (min_partition, max_partition, min_offset, max_offset)
+    why = None
+    if not known:
+        why = "has no partition or offset statistics"
+    elif min_partition != max_partition:
+        why = f"holds partitions {min_partition} to {max_partition}"
+    elif named is None:
+        why = "was not written by this sink"
+    elif (int(named.group(1)), int(named.group(2))) != (min_partition, min_offset):
+        why = "does not hold what its name says"
+    if why is not None:
+        partitions = (min_partition, max_partition) if known else None
+        return ForeignFile(path, size_bytes, num_records, partitions, why)  # type: ignore[arg-type]
+    assert min_partition is not None and min_offset is not None and max_offset is not None
+    return Segment(
+        partition=min_partition,
+        base_offset=min_offset,
+        last_offset=max_offset,
+        path=path,
+        size_bytes=size_bytes,
+        num_records=num_records,
+        min_timestamp_ms=min_timestamp_ms,
+        max_timestamp_ms=max_timestamp_ms,
+        min_delete_horizon_ms=min_delete_horizon_ms,
+    )

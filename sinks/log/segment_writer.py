@@ -26,6 +26,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
 
 from sinks.log.records import DELETE_HORIZON_MS, OFFSET, PARTITION
+from sinks.log.segment import segment_path
 from sinks.log.storage import arrow_filesystem
 
 WRITTEN_SEGMENT_DDL = (
@@ -153,7 +154,7 @@ class _OpenSegment:
         self.run_key = run_key
         self.partition = run_key[0]
         self.base_offset = int(first.column("offset")[0].as_py())
-        self.path = f"partition-{self.partition}/{self.base_offset:020d}-{uuid.uuid4().hex}.parquet"
+        self.path = segment_path(self.partition, self.base_offset, uuid.uuid4().hex)
         self._fs, self._root, self._task = fs, root, task
         fs.create_dir(f"{root}/partition-{self.partition}", recursive=True)
         self._stream = fs.open_output_stream(f"{root}/{self.path}")

@@ -81,7 +81,7 @@ def take_inventory(log: LogTable, snapshot: LogSnapshot) -> FileInventory:
     """List the data files and read the tombstones of ``snapshot``; no data file is opened."""
     on_disk = tuple(list_data_files(log))
     listing = list_delta_log(log.uri, log.storage_options)
-    live = {unquote(s.path): s.size_bytes for s in snapshot.all_segments()}
+    live = {unquote(s.path): s.size_bytes for s in snapshot.data_files()}
     tombstones = read_tombstones(log, snapshot.version)
     return FileInventory(live, tombstones, on_disk, listing)
 
@@ -134,7 +134,7 @@ def read_tombstones(log: LogTable, version: int) -> dict[str, Tombstone]:
 
 def referenced_paths(log: LogTable, snapshot: LogSnapshot) -> set[str]:
     """Every data file the log still names at ``snapshot``: live, or removed inside the window."""
-    live = {unquote(s.path) for s in snapshot.all_segments()}
+    live = {unquote(s.path) for s in snapshot.data_files()}
     return live | set(read_tombstones(log, snapshot.version))
 
 

@@ -18,7 +18,10 @@ its last offset lies below the cleaner offset the snapshot records, and *dirty*
 otherwise: a segment straddling E, and every segment of a partition the log
 records no pass for (never cleaned, or cleaned before the log carried the txn),
 is dirty. A dirty record always has a higher offset than a clean one of the same
-partition, since a partition's segments never overlap.
+partition, since a partition's segments never overlap. A file another engine
+wrote (`sinks.log.segment.ForeignFile`: an OPTIMIZE may merge partitions and
+offset ranges, clean and dirty, into one file) is always dirty: its records
+compete by offset with the rest of the tail, which is exact whatever it holds.
 
 "Latest" is the highest offset, or with a ``sequence_column`` the highest
 (sequence, offset), within a partition. A key is expected to stay in one
@@ -40,7 +43,7 @@ from pyspark.sql import types as T
 
 from sinks.log.log_table import LogSnapshot, LogTable
 from sinks.log.records import OFFSET, PARTITION, VALUE
-from sinks.log.segment import Segment
+from sinks.log.segment import DataFile, ForeignFile, Segment
 
 # The largest lookup table (estimated, see `broadcast_bytes`) this reader asks Spark
 # to broadcast: an eighth of the 1 GiB Spark gives a driver by default, and of
@@ -66,7 +69,7 @@ class LogSections:
     """
 
     clean: tuple[Segment, ...]
-    dirty: tuple[Segment, ...]
+    dirty: tuple[DataFile, ...]
 
     @property
     def dirty_records(self) -> int:
@@ -75,20 +78,31 @@ class LogSections:
 
 
 def split_at_cleaner_offset(
-    segments: Mapping[int, Sequence[Segment]], cleaner_offsets: Mapping[int, int | None]
+    segments: Mapping[int, Sequence[Segment]],
+    cleaner_offsets: Mapping[int, int | None],
+    foreign: Sequence[ForeignFile] = (),
 ) -> LogSections:
     """Clean: segments wholly below their partition's cleaner offset. Pure.
 
-    A partition with no recorded offset is all dirty.
+    A partition with no recorded offset is all dirty; so is every foreign file.
     """
     clean: list[Segment] = []
-    dirty: list[Segment] = []
+    dirty: list[DataFile] = [*foreign]
     for partition, partition_segments in sorted(segments.items()):
         end = cleaner_offsets.get(partition)
         for segment in sorted(partition_segments):
             below = end is not None and segment.last_offset < end
             (clean if below else dirty).append(segment)
     return LogSections(tuple(clean), tuple(dirty))
+
+
+def log_sections(snapshot: LogSnapshot) -> LogSections:
+    """``snapshot``'s live files split at each partition's cleaner offset, as the log records it."""
+    return split_at_cleaner_offset(
+        snapshot.segments,
+        {p: snapshot.cleaner_offset(p) for p in snapshot.segments},
+        snapshot.foreign_files,
+    )
 
 
 def broadcast_bytes(rows: int, fields: Sequence[T.DataType]) -> int:
@@ -121,9 +135,7 @@ def read_state(
     read (`LogTable.read`). Reads only; ``snapshot`` may be an older version.
     """
     keys = [*key_columns]
-    sections = split_at_cleaner_offset(
-        snapshot.segments, {p: snapshot.cleaner_offset(p) for p in snapshot.segments}
-    )
+    sections = log_sections(snapshot)
     clean = log_table.read(spark, snapshot, sections.clean)
     if not sections.dirty:
         return _live(clean, keys)

@@ -6,16 +6,17 @@ import json
 import os
 import shutil
 import time
+import uuid
 
 import pytest
 from deltalake import DeltaTable
-from deltalake.transaction import AddAction
+from deltalake.transaction import AddAction, CommitProperties
 from reliability_support import kv_frame, state_of, unreferenced_files
 
 from checkpoints import CheckpointEntry, CleanerOffsetCheckpoint
 from sinks import CleanerConfig, CompactedStateSink, LogCorruptedError
-from sinks.log.log_table import LogTable
-from sinks.log.segment import Segment
+from sinks.log.log_table import COMMIT_INFO_KEY, LogTable
+from sinks.log.segment import Segment, segment_path
 from sinks.maintenance.recovery import (
     CLEAN_SHUTDOWN_MARKER,
     DataFile,
@@ -180,14 +181,23 @@ def _commit_copy(path: str, *, stats_offsets: tuple[int, int] | None = None) -> 
         if '"add"' in line
     ]
     first = adds[0]
-    name = f"partition-0/{'9' * 20}-copy.parquet"
-    shutil.copy(os.path.join(path, first["path"]), os.path.join(path, name))
     stats = json.loads(first["stats"])
     if stats_offsets is not None:
         stats["minValues"]["offset"], stats["maxValues"]["offset"] = stats_offsets
+    # Named and committed as the sink names and commits its own files: the corruption is
+    # the sink's, not another engine's (which `sinks.log.foreign_commits` stops at).
+    name = segment_path(0, stats["minValues"]["offset"], uuid.uuid4().hex)
+    shutil.copy(os.path.join(path, first["path"]), os.path.join(path, name))
     action = AddAction(name, first["size"], {}, int(time.time() * 1000), True, json.dumps(stats))
     table = DeltaTable(path)
-    table.create_write_transaction([action], "append", table.schema())
+    table.create_write_transaction(
+        [action],
+        "append",
+        table.schema(),
+        commit_properties=CommitProperties(
+            custom_metadata={COMMIT_INFO_KEY: {"operation": "append"}}
+        ),
+    )
 
 
 def test_duplicated_offsets_are_detected_and_nothing_is_deleted(spark, lake, clock):

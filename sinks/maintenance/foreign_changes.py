@@ -1,0 +1,86 @@
+"""The two ways on after another engine changed a log's records: accept, or restore.
+
+`sinks.log.foreign_commits` stops the sink at a commit another engine made that
+added or removed records (DELETE, UPDATE, MERGE, an overwrite, RESTORE). An
+operator then chooses:
+
+- `accept`: the records are what they now are. The sink records the accepted
+  version in the log (``compacted-sink/accepted-version``) and checks only later
+  commits. Files the other engine wrote are rewritten into segments by the next
+  pass; what it deleted stays deleted.
+- `restore`: the log goes back to a version before the change (Delta's RESTORE,
+  made by the sink so it is its own commit), inside the history window. The
+  sink's offsets are set as they were then, except the log end offset, which keeps
+  counting (offsets never repeat). Everything after that version is undone,
+  including batches the sink appended since.
+"""
+
+from __future__ import annotations
+
+from deltalake.transaction import CommitProperties, Transaction
+
+from sinks.errors import CompactedSinkError
+from sinks.log.foreign_commits import ACCEPTED_VERSION_TXN, CHECKED_VERSION_TXN, COMMIT_INFO_KEY
+from sinks.log.log_table import (
+    CLEANER_OFFSET_TXN,
+    LOG_END_OFFSET_TXN,
+    LOG_START_OFFSET_TXN,
+    LogSnapshot,
+    LogTable,
+    now_ms,
+)
+
+
+def accept(log: LogTable, through_version: int | None = None) -> int:
+    """Accept every commit up to ``through_version`` (default: the current one) as it is."""
+    snapshot = _current(log)
+    version = snapshot.version if through_version is None else through_version
+    if not 0 <= version <= snapshot.version:
+        raise ValueError(f"log {log.uri} has versions 0 to {snapshot.version}, not {version}")
+    snapshot.commit(
+        data_change=False,
+        transactions={ACCEPTED_VERSION_TXN: version, CHECKED_VERSION_TXN: version},
+        info={"operation": "accept-foreign-changes", "throughVersion": version},
+    )
+    return version
+
+
+def restore(log: LogTable, version: int) -> int:
+    """Restore the log to ``version`` in one commit of the sink's own; returns the new version.
+
+    Raises `HistoryExpiredError` when ``version`` lies before the history window, and
+    `CompactedSinkError` when a file that version needs is gone.
+    """
+    current = _current(log)
+    target = log.snapshot(version, verify=False)
+    assert target is not None
+    offsets = {CHECKED_VERSION_TXN: current.version, ACCEPTED_VERSION_TXN: current.version}
+    for p in current.partitions:
+        offsets[LOG_END_OFFSET_TXN.format(p)] = current.log_end_offset(p)
+        offsets[LOG_START_OFFSET_TXN.format(p)] = target.log_start_offset(p)
+        # No pass recorded then: a cleaner offset of 0 makes every segment dirty.
+        offsets[CLEANER_OFFSET_TXN.format(p)] = target.cleaner_offset(p) or 0
+    stamp = now_ms()
+    try:
+        current.table.restore(
+            version,
+            commit_properties=CommitProperties(
+                app_transactions=[Transaction(k, v, stamp) for k, v in offsets.items()],
+                custom_metadata={COMMIT_INFO_KEY: {"operation": "restore", "toVersion": version}},
+            ),
+        )
+    except Exception as e:  # noqa: BLE001 - delta-rs reports missing files in several ways
+        raise CompactedSinkError(
+            f"log {log.uri}: cannot restore version {version} ({e}); the files it needs "
+            "must still be on storage (inside the history window)"
+        ) from e
+    after = log.snapshot()
+    assert after is not None
+    return after.version
+
+
+def _current(log: LogTable) -> LogSnapshot:
+    snapshot = log.snapshot(verify=False)
+    if snapshot is None:
+        raise FileNotFoundError(f"no compacted log at {log.uri}")
+    return snapshot

@@ -1,0 +1,122 @@
+"""Absorbing another engine's rearrangement: foreign files rewritten into segments.
+
+An OPTIMIZE, a Z-order, liquid clustering or auto compaction (another engine's
+``dataChange=false`` commit) replaces the sink's segments with files of its own:
+one file may hold several partitions, clean and dirty records together, in any
+row order (`sinks.log.segment.ForeignFile`). Readers stay exact over such files
+(they are always dirty, `sinks.reading.state_reader`), but a pass plans over
+segments only, so before a pass the cleaner rewrites them back (`absorb`).
+
+The rewrite keeps every visible record and moves none between partitions: the
+foreign files' records are grouped by partition and by the gap between the
+partition's remaining segments they fall in, sorted by offset, and written as
+segments (at most ``segment.bytes`` each), so no new segment overlaps an old one.
+Why no record falls inside a remaining segment's range: the foreign files hold
+exactly the records of the segments the other engine removed, and a partition's
+segments never overlapped. The swap is one commit with ``dataChange=false``,
+against the snapshot the rewrite read; a concurrent rewrite of the same files
+makes it fail (``CommitFailedError``) and the caller tries again later.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from deltalake.exceptions import CommitFailedError
+from pyspark.sql import Column, SparkSession
+from pyspark.sql import functions as F
+
+from sinks.log.log_table import LogSnapshot, LogTable
+from sinks.log.records import OFFSET, PARTITION
+from sinks.log.segment_writer import write_segments
+from sinks.log.storage import delete_files
+
+_GAP = "_gap"
+
+
+@dataclass(frozen=True)
+class AbsorbReport:
+    """What one rewrite of foreign files did."""
+
+    files_read: int
+    bytes_read: int
+    segments_written: int
+    bytes_written: int
+    records: int
+    version: int | None
+
+    def summary(self) -> str:
+        return (
+            f"rewrote {self.files_read} file(s) another engine wrote ({self.bytes_read} B) into "
+            f"{self.segments_written} segment(s) ({self.records} records, {self.bytes_written} B)"
+        )
+
+
+def absorb(
+    spark: SparkSession,
+    log: LogTable,
+    snapshot: LogSnapshot,
+    *,
+    stats_columns: list[str],
+    segment_bytes: int,
+) -> AbsorbReport | None:
+    """Rewrite ``snapshot``'s foreign files into segments in one commit; None when it has none.
+
+    Raises ``CommitFailedError`` when another commit removed one of those files first
+    (the files written here are deleted again).
+    """
+    foreign = snapshot.foreign_files
+    if not foreign:
+        return None
+    records = log.read(spark, snapshot, foreign).withColumn(_GAP, gap_index(snapshot))
+    written = write_segments(
+        records.repartition(PARTITION, _GAP),
+        table_uri=log.uri,
+        schema=snapshot.arrow_schema,
+        stats_columns=stats_columns,
+        max_file_bytes=segment_bytes,
+        group_column=_GAP,
+        storage_options=log.storage_options,
+    )
+    report = AbsorbReport(
+        files_read=len(foreign),
+        bytes_read=sum(f.size_bytes for f in foreign),
+        segments_written=len(written),
+        bytes_written=sum(w.size_bytes for w in written),
+        records=sum(w.num_records for w in written),
+        version=None,
+    )
+    try:
+        snapshot.commit(
+            adds=written,
+            removes=foreign,
+            data_change=False,
+            transactions={},
+            info={
+                "operation": "absorb",
+                "filesRemoved": report.files_read,
+                "filesAdded": report.segments_written,
+                "records": report.records,
+            },
+        )
+    except CommitFailedError:
+        delete_files(log.uri, [w.path for w in written], log.storage_options)
+        raise
+    after = log.snapshot()
+    return AbsorbReport(**{**report.__dict__, "version": after.version if after else None})
+
+
+def gap_index(snapshot: LogSnapshot) -> Column:
+    """For a record, how many of its partition's segments start at or below its offset."""
+    bases = {
+        p: [s.base_offset for s in segments]
+        for p, segments in snapshot.segments.items()
+        if segments
+    }
+    if not bases:
+        return F.lit(0)
+    table = F.create_map(
+        *[x for p, b in bases.items() for x in (F.lit(p), F.array(*[F.lit(o) for o in b]))]
+    )
+    below = F.filter(F.element_at(table, F.col(PARTITION)), lambda base: base <= F.col(OFFSET))
+    return F.coalesce(F.size(below), F.lit(0)).cast("long")

@@ -1,0 +1,330 @@
+"""Other engines on the log (SPEC rule 14): their rearrangements absorbed, their data changes
+stopped.
+
+delta-rs stands in for the other engine: its OPTIMIZE (bin-packing across partitions)
+and Z-order are ``dataChange=false`` commits, as Databricks' auto compaction,
+predictive optimization and liquid clustering are; its DELETE, UPDATE, append and
+RESTORE change data as Spark's do. Every check compares ``state()`` with a replay
+of what was fed in.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from deltalake import DeltaTable, write_deltalake
+from reliability_support import Oracle, assert_offsets_unique, state_of
+
+from sinks import CleanerConfig, CompactedStateSink, ForeignChangeError
+from sinks.crash_points import CLEAN_BEFORE_COMMIT, armed
+from sinks.log.segment import SEGMENT_PATH
+
+PARTITIONS = 3
+CONFIG = CleanerConfig(min_cleanable_dirty_ratio=0.99, delete_retention_ms=1_000)
+
+
+class Feed:
+    """Random keyed updates and tombstones into a sink, remembered by an oracle."""
+
+    def __init__(self, spark, sink, clock, seed: int = 7) -> None:
+        self.spark, self.sink, self.clock = spark, sink, clock
+        self.rng = random.Random(seed)
+        self.oracle = Oracle()
+        self.batch_id = 0
+
+    def rows(self, n: int = 40):
+        rows = []
+        for _ in range(n):
+            key = f"k{self.rng.randrange(60)}"
+            value = None if self.rng.random() < 0.15 else f"v{self.batch_id}-{self.rng.random()}"
+            rows.append((key, value, int(key[1:]) % PARTITIONS))
+        return rows
+
+    def append(self, n: int = 40) -> None:
+        rows = self.rows(n)
+        self.sink(
+            self.spark.createDataFrame(rows, "key string, value string, partition int"),
+            self.batch_id,
+        )
+        self.oracle.apply((k, v) for k, v, _ in rows)
+        self.batch_id += 1
+        self.clock.advance(400)
+
+
+def foreign_files(path: str) -> list[str]:
+    paths = DeltaTable(path).file_uris()
+    return [p for p in paths if not SEGMENT_PATH.search(p)]
+
+
+def optimize(path: str) -> None:
+    DeltaTable(path).optimize.compact()
+
+
+def z_order(path: str) -> None:
+    DeltaTable(path).optimize.z_order(["key"])
+
+
+def test_optimize_and_z_order_at_every_point_leave_state_log_and_offsets_exact(spark, lake, clock):
+    path = str(lake / "users")
+    sink = CompactedStateSink(path, config=CONFIG, clock=clock, cleaning="inline")
+    feed = Feed(spark, sink, clock)
+    steps = [
+        *(["append"] * 4),
+        "optimize",  # merges every partition's files into one, across partitions
+        *(["append"] * 3),
+        "clean",  # rewrites the foreign file into segments, then cleans
+        "z_order",  # reorders the compacted log's rows by key
+        *(["append"] * 2),
+        "delete_records",  # below a foreign file's offsets, before any pass absorbed it
+        "optimize",
+        "clean",
+        *(["append"] * 2),
+        "z_order",
+    ]
+    for step in steps:
+        if step == "append":
+            feed.append()
+        elif step == "optimize":
+            optimize(path)
+            assert foreign_files(path)
+        elif step == "z_order":
+            z_order(path)
+        elif step == "clean":
+            clock.advance(2_000)  # tombstones stamped by earlier passes expire
+            sink.clean(force=True)
+            assert not foreign_files(path)
+        elif step == "delete_records":
+            end = sink.log_table.snapshot().log_end_offset(0)
+            sink.delete_records(0, end - 5)
+            records = [(r.key, r.offset) for r in sink.log().collect() if r.partition == 0]
+            assert all(offset >= end - 5 for _, offset in records)
+            # Kafka's DeleteRecords: what went below the log start is gone from the state.
+            feed.oracle.state = {
+                k: v
+                for k, v in feed.oracle.state.items()
+                if int(k[1:]) % PARTITIONS != 0 or any(k == key for key, _ in records)
+            }
+        assert state_of(sink) == feed.oracle.state, f"after {step}"
+
+    # The next pass leaves nothing foreign, and every live file is one partition's run.
+    clock.advance(2_000)
+    sink.clean(force=True)
+    assert not foreign_files(path)
+    assert state_of(sink) == feed.oracle.state
+    assert assert_offsets_unique(path) == sink.log().count()
+    reopened = CompactedStateSink(path, config=CONFIG, clock=clock)
+    assert reopened.recover().version is not None  # offsets verified, no corruption found
+    assert state_of(reopened) == feed.oracle.state
+
+
+def test_a_pass_that_an_optimize_beats_to_the_commit_conflicts_and_plans_again(
+    spark, lake, clock, delta_commits
+):
+    path = str(lake / "users")
+    sink = CompactedStateSink(path, config=CONFIG, clock=clock, cleaning="inline")
+    feed = Feed(spark, sink, clock)
+    for _ in range(5):
+        feed.append()
+    with armed(CLEAN_BEFORE_COMMIT, lambda: optimize(path)):
+        stats = sink.clean(force=True)
+    assert stats is not None
+    operations = [
+        next(a["commitInfo"] for a in c if "commitInfo" in a) for c in delta_commits(path)[-3:]
+    ]
+    # OPTIMIZE went in between the pass's plan and its commit; the pass's commit failed,
+    # it planned again, rewrote the OPTIMIZE's file into segments, then cleaned.
+    assert operations[0]["operation"] == "OPTIMIZE"
+    assert [o["compactedSink"]["operation"] for o in operations[1:]] == ["absorb", "clean"]
+    assert not foreign_files(path)
+    assert state_of(sink) == feed.oracle.state
+
+
+def test_a_streaming_query_beside_a_scheduled_optimize_loses_nothing(spark, lake, tmp_path):
+    source = tmp_path / "in"
+    source.mkdir()
+    rng = random.Random(3)
+    oracle = Oracle()
+    for i in range(10):
+        rows = [
+            (f"k{rng.randrange(80)}", None if rng.random() < 0.1 else f"v{i}") for _ in range(60)
+        ]
+        oracle.apply(rows)
+        file = source / f"{i:03d}.parquet"
+        pq.write_table(
+            pa.table(
+                {
+                    "key": [k for k, _ in rows],
+                    "value": [v for _, v in rows],
+                    "partition": pa.array([int(k[1:]) % PARTITIONS for k, _ in rows], pa.int32()),
+                }
+            ),
+            str(file),
+        )
+        os.utime(file, (1_700_000_000 + i, 1_700_000_000 + i))  # the source reads in this order
+    path = str(lake / "users")
+    sink = CompactedStateSink(
+        path,
+        config=CleanerConfig(min_cleanable_dirty_ratio=0.3),
+        cleaning="background",
+        checkpoint_location=str(lake / "_chk"),
+    )
+    stop = threading.Event()
+    optimized = []
+
+    def scheduled_optimize() -> None:
+        while not stop.is_set():
+            try:
+                DeltaTable(path).optimize.compact()
+                optimized.append(time.monotonic())
+            except Exception:  # noqa: BLE001 - no table yet, or a commit conflict: try again
+                pass
+            stop.wait(0.5)
+
+    thread = threading.Thread(target=scheduled_optimize, daemon=True)
+    thread.start()
+    try:
+        query = (
+            spark.readStream.schema("key string, value string, partition int")
+            .option("maxFilesPerTrigger", 1)
+            .parquet(str(source))
+            .writeStream.foreachBatch(sink)
+            .option("checkpointLocation", str(lake / "_chk"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+        assert query.exception() is None
+        sink.await_cleaner(60)
+    finally:
+        stop.set()
+        thread.join()
+    assert optimized, "the OPTIMIZE ran beside the query"
+    assert state_of(sink) == oracle.state
+    sink.clean(force=True)
+    assert not foreign_files(path)
+    assert state_of(sink) == oracle.state
+    assert sink.log().count() == assert_offsets_unique(path)
+    sink.close()
+
+
+def _a_key(path: str) -> str:
+    return DeltaTable(path).to_pyarrow_table(columns=["key"]).column(0)[0].as_py()
+
+
+def _delete(path: str) -> None:
+    DeltaTable(path).delete(f"key = '{_a_key(path)}'")
+
+
+def _update(path: str) -> None:
+    DeltaTable(path).update(updates={"value": "'edited'"}, predicate=f"key = '{_a_key(path)}'")
+
+
+def _append(path: str) -> None:
+    table = DeltaTable(path).to_pyarrow_table()
+    write_deltalake(path, table.slice(0, 1), mode="append")
+
+
+def _restore(path: str) -> None:
+    DeltaTable(path).restore(1)
+
+
+@pytest.mark.parametrize(
+    ("change", "operation"),
+    [(_delete, "DELETE"), (_update, "UPDATE"), (_append, "WRITE"), (_restore, "RESTORE")],
+)
+def test_another_engines_data_change_stops_the_sink_naming_version_operation_and_engine(
+    spark, lake, clock, change, operation
+):
+    path = str(lake / "users")
+    sink = CompactedStateSink(path, config=CONFIG, clock=clock, cleaning="inline")
+    feed = Feed(spark, sink, clock)
+    for _ in range(3):
+        feed.append()
+    change(path)
+    foreign_version = DeltaTable(path).version()
+
+    with pytest.raises(ForeignChangeError) as stopped:
+        feed.append()
+    message = str(stopped.value)
+    assert f"Delta version {foreign_version}" in message
+    assert operation in message and "delta-rs" in message
+    assert "accept_foreign_changes" in message and f"--to-version {foreign_version - 1}" in message
+    assert stopped.value.version == foreign_version
+    assert DeltaTable(path).version() == foreign_version  # nothing was written
+    for reader in (sink, CompactedStateSink(path, config=CONFIG, clock=clock)):
+        with pytest.raises(ForeignChangeError):
+            reader.state()
+    # The state before the change is still there to read.
+    assert state_of_as_of(sink, foreign_version - 1) == feed.oracle.state
+
+    assert sink.accept_foreign_changes() == foreign_version
+    feed.batch_id += 1  # the refused batch is fed again under a new id
+    feed.append()
+    sink.clean(force=True)
+    if change is not _append:  # an accepted INSERT of a copied record repeats its offset
+        assert assert_offsets_unique(path) == sink.log().count()
+
+
+def state_of_as_of(sink, version):
+    return {r["key"]: r["value"] for r in sink.state(as_of=version).collect()}
+
+
+def test_restore_undoes_another_engines_delete_and_offsets_keep_counting(spark, lake, clock):
+    path = str(lake / "users")
+    sink = CompactedStateSink(path, config=CONFIG, clock=clock, cleaning="inline")
+    feed = Feed(spark, sink, clock)
+    for _ in range(4):
+        feed.append()
+    sink.clean(force=True)
+    before = DeltaTable(path).version()
+    expected = dict(feed.oracle.state)
+    end_offsets = sink.log_table.snapshot().log_end_offsets()
+    _delete(path)
+    with pytest.raises(ForeignChangeError):
+        sink.state()
+
+    sink.restore(before)
+    assert state_of(sink) == expected
+    feed.append()
+    assert state_of(sink) == feed.oracle.state
+    new = [r for r in sink.log().collect() if r.offset >= end_offsets.get(r.partition, 0)]
+    assert len(new) == 40  # the batch after the restore numbered from the old log end
+    assert assert_offsets_unique(path) == sink.log().count()
+
+
+def test_the_log_and_the_checkpoint_table_ask_other_engines_not_to_rearrange_them(
+    spark, lake, clock
+):
+    sink = CompactedStateSink(str(lake / "users"), config=CONFIG, clock=clock)
+    Feed(spark, sink, clock).append()
+    for table in (lake / "users", lake / "_cleaner-offset-checkpoint"):
+        configuration = DeltaTable(str(table)).metadata().configuration
+        assert configuration["delta.autoOptimize.autoCompact"] == "false"
+        assert configuration["delta.autoOptimize.optimizeWrite"] == "false"
+
+
+def test_commits_the_sink_makes_are_not_taken_for_foreign_ones(spark, lake, clock, delta_commits):
+    """Appends, passes, retention and property changes never stop the sink."""
+    path = str(lake / "users")
+    sink = CompactedStateSink(
+        path,
+        config=CleanerConfig(cleanup_policy="compact,delete", retention_ms=10**12),
+        clock=clock,
+        cleaning="inline",
+    )
+    feed = Feed(spark, sink, clock)
+    for _ in range(3):
+        feed.append()
+    sink.clean(force=True)
+    sink.delete_records(1, 5)
+    DeltaTable(path).alter.set_table_properties({"delta.appendOnly": "false"})
+    feed.append()
+    infos = [next(a["commitInfo"] for a in c if "commitInfo" in a) for c in delta_commits(path)]
+    assert any("compactedSink" not in i for i in infos[1:])  # the property change
+    assert CompactedStateSink(path, clock=clock).state().count() >= 0
