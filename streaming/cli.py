@@ -115,6 +115,22 @@ def _parser() -> argparse.ArgumentParser:
     _log_selection(vacuum)
     vacuum.set_defaults(handler=_vacuum)
 
+    accept = commands.add_parser(
+        "accept", help="accept another engine's change to a log's records, and go on"
+    )
+    accept.add_argument("log", help="the log's path")
+    accept.add_argument(
+        "--through-version", type=int, help="the last version to accept (default: the current)"
+    )
+    accept.set_defaults(handler=_accept)
+
+    restore = commands.add_parser(
+        "restore", help="restore a log to a Delta version, undoing every later commit"
+    )
+    restore.add_argument("log", help="the log's path")
+    restore.add_argument("--to-version", type=int, required=True, help="the version to restore")
+    restore.set_defaults(handler=_restore)
+
     status = commands.add_parser("status", help="cleaner gauges per log and partition")
     _log_selection(status)
     status.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -321,6 +337,26 @@ def _vacuum(args: argparse.Namespace) -> int:
             _out(report.summary())
             if not report.left_for_next_call:
                 break
+    return 0
+
+
+def _accept(args: argparse.Namespace) -> int:
+    """Accept the log's records as another engine left them (`accept_foreign_changes`)."""
+    from sinks import CompactedStateSink
+
+    version = CompactedStateSink(args.log).accept_foreign_changes(args.through_version)
+    _out(f"accept: {args.log}: commits through version {version} accepted as they are")
+    return 0
+
+
+def _restore(args: argparse.Namespace) -> int:
+    """Bring the log back to ``--to-version`` (`CompactedStateSink.restore`)."""
+    from sinks import CompactedStateSink
+
+    version = CompactedStateSink(args.log).restore(args.to_version)
+    _out(
+        f"restore: {args.log}: back at version {args.to_version}'s records (now version {version})"
+    )
     return 0
 
 

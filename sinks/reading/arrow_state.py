@@ -6,7 +6,8 @@ log's state with delta-rs and pyarrow alone, no JVM, resolved exactly as
 
     state = (clean ▷ keys(dirty)) ∪ latest(dirty), tombstones dropped
 
-Which segments are clean is `split_at_cleaner_offset`'s answer for the snapshot,
+Which segments are clean is `log_sections`' answer for the snapshot (files another
+engine wrote are always dirty),
 the same function `state()` asks. Only the dirty tail's narrow columns
 (partition, key columns, the sequence column, offset) are held in memory, as the
 *winners*: each (partition, key)'s latest offset there (with a ``sequence_column``,
@@ -49,9 +50,9 @@ from sinks.log.records import (
     VALUE,
     at_or_above,
 )
-from sinks.log.segment import Segment
+from sinks.log.segment import DataFile
 from sinks.log.storage import normalize_uri
-from sinks.reading.state_reader import LogSections, split_at_cleaner_offset
+from sinks.reading.state_reader import LogSections, log_sections
 
 DEFAULT_BATCH_ROWS = 65_536
 _PATH = "path"
@@ -115,7 +116,7 @@ class SegmentReader:
     storage_options: Mapping[str, str]
     floors: Mapping[int, int]
 
-    def read(self, segment: Segment, schema: pa.Schema) -> Iterator[pa.Table]:
+    def read(self, segment: DataFile, schema: pa.Schema) -> Iterator[pa.Table]:
         reader = ParquetReaderTask(
             table_uri=self.uri, schema=schema, storage_options=dict(self.storage_options)
         )
@@ -126,7 +127,7 @@ class SegmentReader:
             if records.num_rows:
                 yield records
 
-    def read_all(self, segments: Sequence[Segment], schema: pa.Schema) -> pa.Table:
+    def read_all(self, segments: Sequence[DataFile], schema: pa.Schema) -> pa.Table:
         tables = [t for s in segments for t in self.read(s, schema)]
         return pa.concat_tables(tables) if tables else schema.empty_table()
 
@@ -150,9 +151,7 @@ class StatePlan:
     def of(cls, snapshot: LogSnapshot, storage_options: Mapping[str, str]) -> StatePlan:
         """Split ``snapshot`` into sections and find the tail's winners (reads narrow columns)."""
         keys = log_keys(snapshot)
-        sections = split_at_cleaner_offset(
-            snapshot.segments, {p: snapshot.cleaner_offset(p) for p in snapshot.segments}
-        )
+        sections = log_sections(snapshot)
         starts = {p: snapshot.log_start_offset(p) for p in snapshot.partitions}
         reader = SegmentReader(
             snapshot.uri, storage_options, {p: s for p, s in starts.items() if s > 0}

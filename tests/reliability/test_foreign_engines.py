@@ -21,9 +21,10 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 from reliability_support import Oracle, assert_offsets_unique, state_of
 
-from sinks import CleanerConfig, CompactedStateSink, ForeignChangeError
+from sinks import CleanerConfig, CompactedStateSink, ForeignChangeError, read_state
 from sinks.crash_points import CLEAN_BEFORE_COMMIT, armed
 from sinks.log.segment import SEGMENT_PATH
+from streaming.cli import main as cli
 
 PARTITIONS = 3
 CONFIG = CleanerConfig(min_cleanable_dirty_ratio=0.99, delete_retention_ms=1_000)
@@ -60,6 +61,14 @@ class Feed:
 def foreign_files(path: str) -> list[str]:
     paths = DeltaTable(path).file_uris()
     return [p for p in paths if not SEGMENT_PATH.search(p)]
+
+
+def arrow_state(path: str) -> dict[str, str]:
+    """`read_state` (no Spark) as a dict."""
+    table = read_state(path)
+    return dict(
+        zip(table.column("key").to_pylist(), table.column("value").to_pylist(), strict=True)
+    )
 
 
 def optimize(path: str) -> None:
@@ -111,6 +120,7 @@ def test_optimize_and_z_order_at_every_point_leave_state_log_and_offsets_exact(s
                 if int(k[1:]) % PARTITIONS != 0 or any(k == key for key, _ in records)
             }
         assert state_of(sink) == feed.oracle.state, f"after {step}"
+        assert arrow_state(path) == feed.oracle.state, f"read_state after {step}"
 
     # The next pass leaves nothing foreign, and every live file is one partition's run.
     clock.advance(2_000)
@@ -289,8 +299,9 @@ def test_restore_undoes_another_engines_delete_and_offsets_keep_counting(spark, 
     with pytest.raises(ForeignChangeError):
         sink.state()
 
-    sink.restore(before)
+    assert cli(["restore", path, "--to-version", str(before)]) == 0
     assert state_of(sink) == expected
+    assert arrow_state(path) == expected
     feed.append()
     assert state_of(sink) == feed.oracle.state
     new = [r for r in sink.log().collect() if r.offset >= end_offsets.get(r.partition, 0)]
