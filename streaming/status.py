@@ -383,7 +383,7 @@ def plot_history(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, (ratio_axis, size_axis) = plt.subplots(2, 1, figsize=(10, 7), sharex=True)
+    figure, (ratio_axis, size_axis) = plt.subplots(2, 1, figsize=(12, 7), sharex=True)
     for path, points in series.items():
         if not points:
             continue
@@ -414,7 +414,8 @@ def plot_history(
     size_axis.set_xlabel("commit time (UTC)")
     for axis in (ratio_axis, size_axis):
         axis.grid(alpha=0.3)
-        axis.legend(loc="upper left", fontsize="small")
+        # Beside the plot, not over it: a log's first spike sits in the upper left corner.
+        axis.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small", borderaxespad=0)
     figure.autofmt_xdate()
     figure.tight_layout()
     figure.savefig(file, dpi=110)

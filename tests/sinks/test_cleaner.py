@@ -11,6 +11,7 @@ from pyspark.sql import functions as F
 
 from checkpoints import CleanerOffsetCheckpoint
 from sinks import CleanerConfig, CompactedStateSink
+from sinks.log.foreign_commits import CHECKED_VERSION_TXN
 from sinks.log.log_table import CLEANER_OFFSET_TXN
 
 NO_CLEAN = CleanerConfig(min_cleanable_dirty_ratio=1.0)
@@ -66,7 +67,11 @@ def test_clean_segments_keeps_latest_per_key_in_one_quiet_commit(spark, lake, cl
     assert {a["path"] for a in adds} == live_paths(sink)
     assert all(a["dataChange"] is False for a in [*removes, *adds])
     txns = {a["txn"]["appId"]: a["txn"]["version"] for a in actions if "txn" in a}
-    assert txns == {CLEANER_OFFSET_TXN.format(0): 7}
+    # and the version it was planned from, every commit before it checked for foreign changes
+    assert txns == {
+        CLEANER_OFFSET_TXN.format(0): 7,
+        CHECKED_VERSION_TXN: len(delta_commits(sink.path)) - 2,
+    }
     assert all(json_stats(a)["numRecords"] >= 1 for a in adds)
     # rule 8: the checkpoint row holds E and the pass's figures
     row = CleanerOffsetCheckpoint(sink.checkpoint_path).read(sink.path)[(sink.path, 0)]
