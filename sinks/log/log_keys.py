@@ -125,8 +125,9 @@ def opened_log_keys(
     log: LogTable, key_columns: Sequence[str] | None, sequence_column: str | None
 ) -> LogKeys:
     """The keys a sink opened on ``log`` uses: the log's when it exists (see `LogKeys.resolve`),
-    else the sink's own, ``("key",)`` when it names none."""
-    snapshot = log.snapshot()
+    else the sink's own, ``("key",)`` when it names none. Opening never stops at another
+    engine's change (`sinks.log.foreign_commits`): the sink's reads and writes do."""
+    snapshot = log.snapshot(verify=False)
     if snapshot is None:
         keys = DEFAULT_KEY_COLUMNS if key_columns is None else tuple(key_columns)
         return LogKeys(key_columns=keys, sequence_column=sequence_column)
