@@ -363,7 +363,8 @@ class ConsumerStreamReader(DataSourceStreamReader):
         return self.reading.plan(snapshot, from_offset(start), from_offset(end))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, ConsumerReadPartition)
+        if not isinstance(partition, ConsumerReadPartition):
+            return iter(())  # Spark reads one empty partition when none was planned
         return self.reading.read_range(partition)
 
     def commit(self, end: dict) -> None:
@@ -404,7 +405,8 @@ class ConsumerBatchReader(DataSourceReader):
         return self.reading.plan(snapshot, start, end)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, ConsumerReadPartition)
+        if not isinstance(partition, ConsumerReadPartition):
+            return iter(())  # Spark reads one empty partition when none was planned
         return self.reading.read_range(partition)
 
 
