@@ -39,6 +39,7 @@ Options:
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -74,6 +75,7 @@ from streaming.consumer_position import (
 
 CHECKPOINT_TABLE_NAME = "_cleaner-offset-checkpoint"  # as `sinks.sink` places it
 TASK_MAX_BYTES = 128 * 1024 * 1024  # files one task reads, as Spark's maxPartitionBytes
+HEARTBEATS_PER_EXPIRATION = 4  # an idle, running consumer recommits this often per expiration
 
 
 @dataclass(frozen=True)
@@ -322,6 +324,7 @@ class ConsumerStreamReader(DataSourceStreamReader):
         self.reading = _LogReading(options, schema)
         self.options = options
         self._planned: dict[str, LogSnapshot] = {}  # end offset -> the snapshot that saw it
+        self._committed: tuple[Positions, float] | None = None  # last commit, monotonic time
 
     def initialOffset(self) -> dict:  # noqa: N802
         """The starting positions; a registered consumer's committed offsets come first."""
@@ -340,6 +343,15 @@ class ConsumerStreamReader(DataSourceStreamReader):
         return ReadMaxRows(self.options.max_offsets_per_trigger)
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:  # noqa: N802
+        """The end of the next micro-batch.
+
+        Spark asks from the end of its last committed batch, so a registered consumer
+        commits ``start`` here too (when it moved, or as a heartbeat): Spark calls
+        ``commit(end)`` only when it plans the batch after, and a consumer that stops
+        after its last batch must not hold what it has read.
+        """
+        if self.options.consumer_id is not None:
+            self._commit(from_offset(start), only_if_stale=True)
         snapshot = self.reading.snapshot()
         bounds = LogPositions.of(snapshot)
         budget = limit.max_rows if isinstance(limit, ReadMaxRows) else None
@@ -373,8 +385,15 @@ class ConsumerStreamReader(DataSourceStreamReader):
         if self.options.consumer_id is not None:
             self._commit(from_offset(end))
 
-    def _commit(self, positions: Positions) -> None:
+    def _commit(self, positions: Positions, *, only_if_stale: bool = False) -> None:
         assert self.options.consumer_id is not None
+        now = time.monotonic()
+        if only_if_stale and self._committed is not None:
+            last, at = self._committed
+            heartbeat_s = self.options.consumer_expiration_ms / 1000 / HEARTBEATS_PER_EXPIRATION
+            if last == positions and now - at < heartbeat_s:
+                return
+        self._committed = (dict(positions), now)
         self.options.consumer_offsets().commit(
             self.options.path,
             self.options.consumer_id,

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import pytest
 
+from checkpoints.consumer_offsets import ConsumerOffsets
 from sinks import CleanerConfig, CompactedStateSink
 from streaming.consumer_position import DataLossError
 from streaming.datasource import register
@@ -198,3 +200,89 @@ def test_starting_timestamp_starts_at_the_first_record_at_or_after_it(spark, lak
     assert {(r.partition, r.offset, r.key, r.value) for r in read.collect()} == appended(
         sink, before
     )
+
+
+RETENTION_MS = 60_000  # delete.retention.ms of the lagging-consumer logs
+STOPPED_MS = 2 * 3_600_000  # how long the consumer stays stopped (fake time)
+
+
+def read_available(spark, path, checkpoint, seen_dir, **options) -> None:
+    reader = spark.readStream.format("compacted-state")
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    query = (
+        reader.load(path)
+        .writeStream.foreachBatch(collector(str(seen_dir)))
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    assert query.exception() is None
+
+
+def lagging_consumer(spark, lake, clock, name: str, **options) -> tuple[list[tuple], list]:
+    """A consumer reads the log, stops; deletes arrive; it stays stopped for STOPPED_MS
+    (longer than delete.retention.ms) while passes run; then it reads again.
+    Returns the rows it read after the restart, and every pass's figures."""
+    path, checkpoint, seen_dir = str(lake / name), lake / f"_chk_{name}", lake / f"seen_{name}"
+    config = CleanerConfig(min_cleanable_dirty_ratio=1.0, delete_retention_ms=RETENTION_MS)
+    sink = CompactedStateSink(path, config=config, clock=clock)
+    passes: list = []
+    sink.add_pass_listener(passes.append)
+    rows = [(f"k{i}", f"v{i}", i % 2) for i in range(10)]
+    sink(spark.createDataFrame(rows, "key string, value string, partition int"), 0)
+    read_available(spark, path, checkpoint, seen_dir, **options)
+    before = len(seen(seen_dir))
+
+    deletes = [(f"k{i}", None, i % 2) for i in range(5)] + [("k5", "v5b", 1)]
+    sink(spark.createDataFrame(deletes, "key string, value string, partition int"), 1)
+    sink.clean(force=True)  # stamps the tombstones' delete horizon: now + delete.retention.ms
+    clock.advance(STOPPED_MS)
+    for batch_id in range(2, 5):  # the log goes on while the consumer is stopped
+        more = [(f"k{i}", f"v{i}-{batch_id}", i % 2) for i in range(6, 10)]
+        sink(spark.createDataFrame(more, "key string, value string, partition int"), batch_id)
+        sink.clean(force=True)
+    read_available(spark, path, checkpoint, seen_dir, **options)
+    return seen(seen_dir)[before:], passes
+
+
+def test_a_registered_consumer_stopped_past_delete_retention_sees_every_delete(
+    spark, lake, clock
+) -> None:
+    register(spark)
+    clock.now = int(time.time() * 1000)  # consumers commit with the wall clock
+    rows, passes = lagging_consumer(spark, lake, clock, "registered", **{"consumer.id": "billing"})
+    deleted = sorted(key for _, _, key, value in rows if value is None)
+    assert deleted == ["k0", "k1", "k2", "k3", "k4"]
+    held = [p.tombstones_held for p in passes if p.start_ms >= clock() - 1]
+    assert max(held) == 5
+    assert any("held 5 tombstones for consumers" in p.summary() for p in passes)
+
+    # Spark commits a batch to its source when it plans the next one: once the consumer
+    # has gone on past its last batch, the next pass drops the tombstones it held.
+    path = str(lake / "registered")
+    sink = CompactedStateSink(path, clock=clock)
+    clock.advance(1)
+    read_before = sink.log_table.snapshot().log_end_offsets()
+    sink(spark.createDataFrame([("k9", "last", 1)], "key string, value string, partition int"), 5)
+    billing = {"consumer.id": "billing"}
+    read_available(spark, path, lake / "_chk_registered", lake / "seen_registered", **billing)
+    stats = sink.clean(force=True)
+    assert stats is not None and stats.tombstones_held == 0
+    assert sink.log().where("value is null").count() == 0
+    consumers = ConsumerOffsets(str(lake / "_consumer-offsets")).consumers(path, now_ms=clock())
+    assert [c.consumer_id for c in consumers] == ["billing"] and not consumers[0].expired
+    assert consumers[0].committed == read_before  # the last batch commits with the next
+
+
+def test_an_unregistered_or_expired_consumer_may_miss_deletes(spark, lake, clock) -> None:
+    register(spark)
+    clock.now = int(time.time() * 1000)
+    rows, passes = lagging_consumer(spark, lake, clock, "unregistered")
+    assert [key for _, _, key, value in rows if value is None] == []
+    assert all(p.tombstones_held == 0 for p in passes)
+
+    expiring = {"consumer.id": "brief", "consumer.expiration.ms": str(STOPPED_MS // 2)}
+    rows, passes = lagging_consumer(spark, lake, clock, "expired", **expiring)
+    assert [key for _, _, key, value in rows if value is None] == []
