@@ -15,6 +15,7 @@ import pytest
 from checkpoints.consumer_offsets import ConsumerOffsets
 from sinks import CleanerConfig, CompactedStateSink
 from streaming.consumer_position import DataLossError
+from streaming.consumers import consumer_report, delete_consumer, reset_offsets
 from streaming.datasource import register
 
 NEVER = CleanerConfig(min_cleanable_dirty_ratio=1.0)  # passes run only when the test asks
@@ -258,6 +259,8 @@ def test_a_registered_consumer_stopped_past_delete_retention_sees_every_delete(
     held = [p.tombstones_held for p in passes if p.start_ms >= clock() - 1]
     assert max(held) == 5
     assert any("held 5 tombstones for consumers" in p.summary() for p in passes)
+    report = consumer_report(str(lake / "registered"), now=clock())
+    assert [(r.consumer.consumer_id, r.tombstones_held) for r in report] == [("billing", 5)]
 
     # Spark commits a batch to its source when it plans the next one: once the consumer
     # has gone on past its last batch, the next pass drops the tombstones it held.
@@ -274,6 +277,10 @@ def test_a_registered_consumer_stopped_past_delete_retention_sees_every_delete(
     consumers = ConsumerOffsets(str(lake / "_consumer-offsets")).consumers(path, now_ms=clock())
     assert [c.consumer_id for c in consumers] == ["billing"] and not consumers[0].expired
     assert consumers[0].committed == read_before  # the last batch commits with the next
+    assert consumer_report(path, now=clock())[0].lag == {0: 0, 1: 1}
+    assert reset_offsets(path, "billing", "earliest") == {0: 0, 1: 0}
+    assert delete_consumer(path, "billing") == 2
+    assert consumer_report(path, now=clock()) == []
 
 
 def test_an_unregistered_or_expired_consumer_may_miss_deletes(spark, lake, clock) -> None:
