@@ -1,7 +1,7 @@
 """A consumer's bootstrap read of a 1e6-record log against Spark reading the same files.
 
-Builds a log of ``--records`` records (``--partitions`` partitions, ``--value-bytes``-byte
-string values, half the keys superseded, one forced pass), then times, best of
+Builds a log of ``--records`` records (``--partitions`` partitions, distinct keys,
+``--value-bytes``-byte hex string values, one forced pass), then times, best of
 ``--repeat``, each read written to Spark's ``noop`` sink (every row and column
 materialized, nothing written):
 
@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -36,12 +38,11 @@ def build_log(spark: SparkSession, path: str, records: int, partitions: int, val
     batches = 4
     per_batch = records // batches
     for b in range(batches):
+        ids = F.col("id").cast("string")
         df = spark.range(b * per_batch, (b + 1) * per_batch, numPartitions=4).select(
-            F.concat(F.lit("key-"), (F.col("id") % (records // 2)).cast("string")).alias("key"),
-            F.concat(F.col("id").cast("string"), F.lit("-"), F.lit("x" * value_bytes)).alias(
-                "value"
-            ),
-            (F.col("id") % (records // 2) % partitions).cast("int").alias("partition"),
+            F.concat(F.lit("key-"), ids).alias("key"),
+            F.substring(F.concat(F.sha2(ids, 512), F.md5(ids)), 1, value_bytes).alias("value"),
+            (F.col("id") % partitions).cast("int").alias("partition"),
         )
         sink(df, b)
     sink.clean(force=True)
@@ -62,6 +63,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--out", default=None, help="write the figures as JSON here")
     args = parser.parse_args()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # executors import this project
 
     spark = (
         SparkSession.builder.master("local[2]")

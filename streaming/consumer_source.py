@@ -75,6 +75,7 @@ from streaming.consumer_position import (
 
 CHECKPOINT_TABLE_NAME = "_cleaner-offset-checkpoint"  # as `sinks.sink` places it
 TASK_MAX_BYTES = 128 * 1024 * 1024  # files one task reads, as Spark's maxPartitionBytes
+_BATCH_ROWS = 65_536
 HEARTBEATS_PER_EXPIRATION = 4  # an idle, running consumer recommits this often per expiration
 
 
@@ -168,10 +169,14 @@ class LogPositions:
 class ConsumerReadPartition(InputPartition):
     """What one Spark task reads: consecutive files of one partition, one offset range."""
 
-    def __init__(self, fetch: FetchRange, paths: Sequence[str]) -> None:
+    def __init__(
+        self, fetch: FetchRange, paths: Sequence[str], whole: Sequence[bool], ordered: bool
+    ) -> None:
         super().__init__((fetch.partition, fetch.from_offset, fetch.until_offset))
         self.fetch = fetch
         self.paths = tuple(paths)
+        self.whole = tuple(whole)  # per file: every offset of it lies in the range
+        self.ordered = ordered  # the files' offset ranges follow one another
 
 
 def plan_partitions(
@@ -209,7 +214,12 @@ def plan_partitions(
 def _read_partition(fetch: FetchRange, run: Sequence[Segment]) -> ConsumerReadPartition:
     low = max(fetch.from_offset, run[0].base_offset)
     high = min(fetch.until_offset, max(s.last_offset for s in run) + 1)
-    return ConsumerReadPartition(FetchRange(fetch.partition, low, high), [s.path for s in run])
+    return ConsumerReadPartition(
+        FetchRange(fetch.partition, low, high),
+        [s.path for s in run],
+        [low <= s.base_offset and s.last_offset < high for s in run],
+        all(a.last_offset < b.base_offset for a, b in zip(run, run[1:], strict=False)),
+    )
 
 
 @dataclass(frozen=True)
@@ -220,37 +230,58 @@ class RangeReader:
     schema: pa.Schema
 
     def __call__(self, partition: ConsumerReadPartition) -> Iterator[pa.RecordBatch]:
+        """The range's records in offset order: files whose offsets follow one another
+        stream batch by batch (a file wholly inside the range unfiltered by offset);
+        overlapping files (rewritten by another engine) are read whole and sorted."""
         fs, root = arrow_filesystem(self.table_uri)
-        fetch = partition.fetch
-        wanted = [
-            (PARTITION, "=", fetch.partition),
-            (OFFSET, ">=", fetch.from_offset),
-            (OFFSET, "<", fetch.until_offset),
-        ]
-        tables = []
-        for path in partition.paths:
-            names = pq.read_schema(f"{root}/{path}", filesystem=fs).names
-            present = [n for n in self.schema.names if n in names]
-            table = pq.read_table(f"{root}/{path}", filesystem=fs, columns=present, filters=wanted)
-            tables.append(_conform(table, self.schema))
-        if not tables:
+        if partition.ordered:
+            for path, whole in zip(partition.paths, partition.whole, strict=True):
+                yield from self._file(fs, f"{root}/{path}", partition.fetch, whole)
             return
+        tables = [
+            pa.Table.from_batches(
+                list(self._file(fs, f"{root}/{p}", partition.fetch, False)), self.schema
+            )
+            for p in partition.paths
+        ]
         rows = pa.concat_tables(tables)
         offsets = rows.column(OFFSET).to_numpy()
         if len(offsets) > 1 and not bool(np.all(offsets[1:] > offsets[:-1])):
             rows = rows.take(pc.sort_indices(rows.column(OFFSET)))
-        yield from rows.combine_chunks().to_batches(max_chunksize=65_536)
+        yield from rows.combine_chunks().to_batches(max_chunksize=_BATCH_ROWS)
+
+    def _file(
+        self, fs: pa.fs.FileSystem, path: str, fetch: FetchRange, whole: bool
+    ) -> Iterator[pa.RecordBatch]:
+        with fs.open_input_file(path) as source:
+            parquet = pq.ParquetFile(source)
+            present = [n for n in self.schema.names if n in parquet.schema_arrow.names]
+            for batch in parquet.iter_batches(batch_size=_BATCH_ROWS, columns=present):
+                mask = pc.equal(batch.column(PARTITION), fetch.partition)
+                if not whole:
+                    offsets = batch.column(OFFSET)
+                    mask = pc.and_(
+                        mask,
+                        pc.and_(
+                            pc.greater_equal(offsets, fetch.from_offset),
+                            pc.less(offsets, fetch.until_offset),
+                        ),
+                    )
+                if not pc.all(mask).as_py():
+                    batch = batch.filter(mask)
+                if batch.num_rows:
+                    yield _conform_batch(batch, self.schema)
 
 
-def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+def _conform_batch(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
     """Exactly ``schema``'s columns, in order: missing ones (older files) null, types cast."""
     columns = [
-        table.column(f.name).cast(f.type)
-        if f.name in table.schema.names
-        else pa.nulls(table.num_rows, f.type)
+        batch.column(f.name).cast(f.type)
+        if f.name in batch.schema.names
+        else pa.nulls(batch.num_rows, f.type)
         for f in schema
     ]
-    return pa.Table.from_arrays(columns, schema=schema)
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
 def timestamp_positions(snapshot: LogSnapshot, target_ms: int) -> Positions:

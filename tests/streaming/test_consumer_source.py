@@ -261,6 +261,9 @@ def test_a_registered_consumer_stopped_past_delete_retention_sees_every_delete(
     assert any("held 5 tombstones for consumers" in p.summary() for p in passes)
     report = consumer_report(str(lake / "registered"), now=clock())
     assert [(r.consumer.consumer_id, r.tombstones_held) for r in report] == [("billing", 5)]
+    assert report[0].line().startswith("billing: live, lag ") and "holds 5 tombstones" in (
+        report[0].line()
+    )
 
     # Spark commits a batch to its source when it plans the next one: once the consumer
     # has gone on past its last batch, the next pass drops the tombstones it held.
