@@ -53,6 +53,7 @@ from sinks.log.records import (
 )
 from sinks.log.storage import arrow_filesystem, delete_files, join, normalize_uri
 from sinks.spark_session import checkpoint_query_id
+from streaming import consumer_source
 
 FORMAT = "compacted-state"
 STAGING = "_staging"
@@ -66,11 +67,23 @@ def register(spark: SparkSession) -> None:
 
 
 class CompactedStateDataSource(DataSource):
-    """The ``compacted-state`` format: a streaming sink over one compacted log."""
+    """The ``compacted-state`` format: a streaming sink over one compacted log, and its
+    consumers' reader (``readStream`` / ``read``, see `streaming.consumer_source`)."""
 
     @classmethod
     def name(cls) -> str:
         return FORMAT
+
+    def schema(self) -> T.StructType:
+        return consumer_source.source_schema(consumer_source.SourceOptions.parse(self.options).path)
+
+    def streamReader(self, schema: T.StructType) -> consumer_source.ConsumerStreamReader:  # noqa: N802
+        options = consumer_source.SourceOptions.parse(self.options)
+        return consumer_source.ConsumerStreamReader(options, schema)
+
+    def reader(self, schema: T.StructType) -> consumer_source.ConsumerBatchReader:
+        options = consumer_source.SourceOptions.parse(self.options)
+        return consumer_source.ConsumerBatchReader(options, schema)
 
     def streamWriter(self, schema: T.StructType, overwrite: bool) -> CompactedStateStreamWriter:  # noqa: N802
         options = SinkOptions.parse(self.options)

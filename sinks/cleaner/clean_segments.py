@@ -71,14 +71,19 @@ def retained_mask(
 
 
 def apply_tombstone_rules(
-    table: pa.Table, *, pass_start_ms: int, delete_retention_ms: int
+    table: pa.Table, *, pass_start_ms: int, delete_retention_ms: int, held_below: int | None = None
 ) -> pa.Table:
-    """KIP-534 over Arrow rows: drop expired tombstones, stamp unstamped ones."""
+    """KIP-534 over Arrow rows of one partition: drop expired tombstones, stamp unstamped ones.
+
+    An expired tombstone at or above ``held_below`` stays (`sinks.cleaner.consumer_holds`).
+    """
     tombstone = pc.is_null(table.column(VALUE))
     horizon = table.column(DELETE_HORIZON_MS)
     expired = pc.and_(
         tombstone, pc.fill_null(pc.less(horizon, pa.scalar(pass_start_ms, pa.int64())), False)
     )
+    if held_below is not None:
+        expired = pc.and_(expired, pc.less(table.column(OFFSET), held_below))
     if pc.any(expired).as_py():
         table = table.filter(pc.invert(expired))
         tombstone = pc.is_null(table.column(VALUE))
@@ -126,6 +131,7 @@ class RecopyTask:
     stats_columns: tuple[str, ...]
     max_file_bytes: int
     niceness: int = 0
+    held_below: dict[int, int] = field(default_factory=dict)
     _indexes: dict[int, tuple[KeyIndex, np.ndarray]] = field(
         default_factory=dict, compare=False, repr=False
     )
@@ -168,6 +174,7 @@ class RecopyTask:
                 table.filter(pa.array(keep)),
                 pass_start_ms=self.pass_start_ms,
                 delete_retention_ms=self.delete_retention_ms,
+                held_below=self.held_below.get(partition),
             )
             yield from kept.to_batches()
 
@@ -208,6 +215,7 @@ def clean_segments(
     storage_options: Mapping[str, str] | None = None,
     max_tasks: int | None = None,
     niceness: int = 0,
+    held_below: Mapping[int, int] | None = None,
 ) -> list[WrittenSegment]:
     """Recopy every group once, one Spark task per group (at most ``max_tasks`` tasks,
     each then recopying several groups in turn, on a thread niced by ``niceness``);
@@ -225,6 +233,7 @@ def clean_segments(
         stats_columns=tuple(stats_columns),
         max_file_bytes=max_file_bytes,
         niceness=niceness,
+        held_below=dict(held_below or {}),
     )
     slices = min(len(groups), max_tasks or len(groups))
     tasks = spark.range(0, len(groups), 1, slices).select(F.col("id").cast("int").alias(_GROUP))

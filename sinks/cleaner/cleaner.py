@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from deltalake.exceptions import CommitFailedError
@@ -33,6 +33,7 @@ from pyspark.sql import functions as F
 
 from sinks.cleaner.clean_segments import clean_segments
 from sinks.cleaner.cleaner_stats import CleanerStats
+from sinks.cleaner.consumer_holds import held_tombstones
 from sinks.cleaner.log_to_clean import LogToClean, group_segments_by_size, segments_to_clean
 from sinks.cleaner.offset_map import (
     MAX_OFFSET_MAP_RECORDS,
@@ -108,13 +109,19 @@ def drop_tombstones(df: DataFrame) -> DataFrame:
     return df.filter(F.col(VALUE).isNotNull())
 
 
-def drop_expired_tombstones(df: DataFrame, *, pass_start_ms: int) -> DataFrame:
-    """Remove tombstones whose delete horizon lies before this pass's start."""
+def drop_expired_tombstones(
+    df: DataFrame, *, pass_start_ms: int, held_below: Mapping[int, int] | None = None
+) -> DataFrame:
+    """Remove tombstones whose delete horizon lies before this pass's start, except those at
+    or above their partition's ``held_below`` (`sinks.cleaner.consumer_holds`)."""
     expired = (
         F.col(VALUE).isNull()
         & F.col(DELETE_HORIZON_MS).isNotNull()
         & (F.col(DELETE_HORIZON_MS) < F.lit(pass_start_ms))
     )
+    if held_below:
+        floor = F.create_map(*[F.lit(x) for kv in held_below.items() for x in kv])
+        expired = expired & ~F.coalesce(F.col(OFFSET) >= floor[F.col(PARTITION)], F.lit(False))
     return df.filter(~expired)
 
 
@@ -130,10 +137,14 @@ def stamp_delete_horizon(
 
 
 def apply_tombstone_rules(
-    df: DataFrame, *, pass_start_ms: int, delete_retention_ms: int
+    df: DataFrame,
+    *,
+    pass_start_ms: int,
+    delete_retention_ms: int,
+    held_below: Mapping[int, int] | None = None,
 ) -> DataFrame:
     """KIP-534 on kept records, one row at a time: drop expired tombstones, stamp new ones."""
-    kept = drop_expired_tombstones(df, pass_start_ms=pass_start_ms)
+    kept = drop_expired_tombstones(df, pass_start_ms=pass_start_ms, held_below=held_below)
     return stamp_delete_horizon(
         kept, pass_start_ms=pass_start_ms, delete_retention_ms=delete_retention_ms
     )
@@ -194,12 +205,15 @@ class Cleaner:
         pass_start_ms: int,
         max_tasks: int | None = None,
         niceness: int = 0,
+        held_below: Mapping[int, int] | None = None,
     ) -> CleanerStats:
         """One pass over the given partitions, committed atomically against ``snapshot``.
 
         ``max_tasks`` caps how many Spark tasks the pass runs at once (a background
         pass leaves the other cores to the query); None: every core. Kafka's pass runs
         its tasks on threads niced by ``niceness``; the Spark path ignores it.
+        ``held_below`` keeps expired tombstones registered consumers have not read
+        (`sinks.cleaner.consumer_holds`).
 
         Raises delta-rs's ``CommitFailedError`` when another cleaner swapped the
         same files first; the files this pass wrote are then orphans for recovery.
@@ -257,10 +271,13 @@ class Cleaner:
                 storage_options=self.log.storage_options,
                 max_tasks=max_tasks,
                 niceness=niceness,
+                held_below=held_below,
             )
         elif groups:
             written = write_segments(
-                self.retained(spark, snapshot, inputs, groups, pass_start_ms=pass_start_ms),
+                self.retained(
+                    spark, snapshot, inputs, groups, pass_start_ms=pass_start_ms, held=held_below
+                ),
                 table_uri=self.log.uri,
                 schema=snapshot.arrow_schema,
                 stats_columns=self.stats_columns(snapshot),
@@ -281,6 +298,14 @@ class Cleaner:
             bytes_written=sum(w.size_bytes for w in written),
             records_read=sum(s.num_records for s in inputs),
             records_written=sum(w.num_records for w in written),
+            tombstones_held=held_tombstones(
+                self.log.uri,
+                written,
+                pass_start_ms=pass_start_ms,
+                storage_options=self.log.storage_options,
+            )
+            if held_below
+            else 0,
         )
         crash_point(CLEAN_BEFORE_COMMIT)
         try:
@@ -335,6 +360,7 @@ class Cleaner:
         groups: Sequence[Sequence[Segment]],
         *,
         pass_start_ms: int,
+        held: Mapping[int, int] | None = None,
     ) -> DataFrame:
         """The records a pass keeps of ``inputs``, with the index of their group in ``_GROUP``.
 
@@ -355,7 +381,10 @@ class Cleaner:
 
         def rules(df: DataFrame) -> DataFrame:
             return apply_tombstone_rules(
-                df, pass_start_ms=pass_start_ms, delete_retention_ms=self.delete_retention_ms
+                df,
+                pass_start_ms=pass_start_ms,
+                delete_retention_ms=self.delete_retention_ms,
+                held_below=held,
             )
 
         if sum(s.num_records for s in inputs) <= self.broadcast_max_records:

@@ -14,7 +14,8 @@ class CleanerStats:
     (the new first dirty offset); ``start_ms`` is the pass's start (epoch ms).
     ``budget_bytes`` is ``log.cleaner.max.bytes.per.pass`` when one is set, ``work_left``
     says the budget cut this pass short, ``throttled_ms`` how long the Throttler then
-    held the cleaner back.
+    held the cleaner back; ``tombstones_held`` counts expired tombstones kept for
+    registered consumers (`sinks.cleaner.consumer_holds`).
     """
 
     log_path: str
@@ -32,6 +33,7 @@ class CleanerStats:
     budget_bytes: int | None = None
     work_left: bool = False
     throttled_ms: int = 0
+    tombstones_held: int = 0
 
     @property
     def partitions(self) -> list[int]:
@@ -68,6 +70,8 @@ class CleanerStats:
             parts.append(f"budget {format_bytes(self.budget_bytes)}{more}")
         if self.throttled_ms:
             parts.append(f"throttled {self.throttled_ms / 1000:.1f} s")
+        if self.tombstones_held:
+            parts.append(f"held {self.tombstones_held} tombstones for consumers")
         return f"; {', '.join(parts)}" if parts else ""
 
 

@@ -52,6 +52,7 @@ from checkpoints import CheckpointEntry, CleanerOffsetCheckpoint
 from sinks.cleaner.cleaner import Cleaner
 from sinks.cleaner.cleaner_manager import CleanerManager
 from sinks.cleaner.cleaner_stats import CleanerStats
+from sinks.cleaner.consumer_holds import consumer_holds, without_held_tombstones
 from sinks.cleaner.log_to_clean import (
     LogToClean,
     cleanable_offsets,
@@ -169,7 +170,26 @@ class LogCleaner:
                 min_compaction_lag_ms=self.config.min_compaction_lag_ms,
             )
             candidates.append(log_to_clean(self.log.uri, p, segments, offsets))
+        if any(c.has_expired_tombstones(now) for c in candidates):
+            held = self.consumer_holds(snapshot, now_ms=now)
+            candidates = [
+                without_held_tombstones(
+                    c, snapshot.segments.get(c.partition, []), held.get(c.partition)
+                )
+                for c in candidates
+            ]
         return candidates
+
+    def consumer_holds(self, snapshot: LogSnapshot, *, now_ms: int) -> dict[int, int]:
+        """Per partition, where registered consumers hold expired tombstones (see
+        `sinks.cleaner.consumer_holds`); empty when no live consumer reads the log."""
+        return consumer_holds(
+            self.checkpoints.uri,
+            self.log.uri,
+            snapshot.partitions,
+            now_ms=now_ms,
+            storage_options=self.checkpoints.storage_options,
+        )
 
     def _checkpointed_offsets(self, *, fresh: bool) -> dict[int, int]:
         read_at, offsets = self._checkpoint_cache
@@ -367,6 +387,7 @@ class LogCleaner:
                     pass_start_ms=start,
                     max_tasks=max_tasks,
                     niceness=niceness,
+                    held_below=self.consumer_holds(snapshot, now_ms=start),
                 )
         except CommitFailedError as e:
             self.manager.abort_cleaning(claimed)

@@ -1,0 +1,247 @@
+"""The consumer-offsets table: Kafka's ``__consumer_offsets``, as a Delta table.
+
+One row per (log, consumer, partition): the consumer's committed offset (the
+position of the next record it reads, as in Kafka), when it committed, and how long
+it stays registered without committing (``consumer.expiration.ms``, chosen by the
+consumer). It lives beside the cleaner-offset checkpoint (``_consumer-offsets`` in
+the same directory) and, like it, is shared by many logs.
+
+A registered consumer holds deletes: a pass keeps a tombstone whose delete horizon
+has passed while a live consumer's committed offset is at or below it
+(`held_below`). A consumer that has not committed for its expiration time holds
+nothing any more (Paimon's ``consumer.expiration-time``; Kafka expires idle groups'
+offsets after ``offsets.retention.minutes``, 7 days). Rows are upserted with one
+Delta MERGE per commit, so a reader sees a consumer's old offsets or its new ones,
+never a mix; committing the same offsets twice is harmless (idempotent).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass
+
+import pyarrow as pa
+from deltalake import DeltaTable
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
+
+CONSUMER_OFFSETS_TABLE_NAME = "_consumer-offsets"
+DEFAULT_CONSUMER_EXPIRATION_MS = 7 * 24 * 3_600_000  # Kafka's offsets.retention.minutes
+
+CONSUMER_OFFSETS_SCHEMA = pa.schema(
+    [
+        ("log_path", pa.string()),
+        ("consumer_id", pa.string()),
+        ("partition", pa.int32()),
+        ("committed_offset", pa.int64()),
+        ("committed_ms", pa.int64()),
+        ("expiration_ms", pa.int64()),
+    ]
+)
+# Kept small: no one time-travels this table; each micro-batch of each consumer merges once.
+TABLE_PROPERTIES = {
+    "delta.deletedFileRetentionDuration": "interval 1 hour",
+    "delta.logRetentionDuration": "interval 1 hour",
+    "delta.checkpointInterval": "50",
+    "delta.enableExpiredLogCleanup": "true",
+}
+_COMPACT_EVERY = 50  # versions between compactions (and vacuums) of the table's small files
+_RETRIES = 10
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommittedOffset:
+    """One (log, consumer, partition) row: the consumer's next offset in that partition."""
+
+    log_path: str
+    consumer_id: str
+    partition: int
+    committed_offset: int
+    committed_ms: int
+    expiration_ms: int = DEFAULT_CONSUMER_EXPIRATION_MS
+
+    def expired(self, now_ms: int) -> bool:
+        """True when the consumer has not committed for longer than its expiration time."""
+        return now_ms - self.committed_ms > self.expiration_ms
+
+
+@dataclass(frozen=True)
+class ConsumerState:
+    """One consumer of one log: its committed offsets and whether it still holds deletes."""
+
+    consumer_id: str
+    committed: dict[int, int]
+    committed_ms: int
+    expiration_ms: int
+    expired: bool
+
+
+def held_below(
+    offsets: Iterable[CommittedOffset], partitions: Iterable[int], *, now_ms: int
+) -> dict[int, int]:
+    """Per partition, the lowest committed offset of the live (unexpired) consumers. Pure.
+
+    A pass must not drop an expired tombstone at or above it: some registered consumer
+    has not read it yet. A live consumer with no row for a partition holds it from 0
+    (it reads a partition it has not seen from the start). Empty when no consumer is live.
+    """
+    live = [o for o in offsets if not o.expired(now_ms)]
+    consumers = {o.consumer_id for o in live}
+    if not consumers:
+        return {}
+    committed = {(o.consumer_id, o.partition): o.committed_offset for o in live}
+    return {p: min(committed.get((c, p), 0) for c in consumers) for p in sorted(set(partitions))}
+
+
+class ConsumerOffsets:
+    """The consumer-offsets table at ``uri``, created on first commit. Safe to share."""
+
+    def __init__(self, uri: str, storage_options: Mapping[str, str] | None = None) -> None:
+        self.uri = uri
+        self.storage_options = dict(storage_options or {})
+
+    def read(self, log_path: str | None = None) -> list[CommittedOffset]:
+        """Every row (or one log's rows)."""
+        table = self._table()
+        if table is None:
+            return []
+        rows = table.to_pyarrow_table().to_pylist()
+        return [CommittedOffset(**r) for r in rows if log_path is None or r["log_path"] == log_path]
+
+    def consumers(self, log_path: str, *, now_ms: int) -> list[ConsumerState]:
+        """The consumers of ``log_path``, sorted by id."""
+        by_id: dict[str, list[CommittedOffset]] = {}
+        for row in self.read(log_path):
+            by_id.setdefault(row.consumer_id, []).append(row)
+        states = []
+        for consumer_id, rows in sorted(by_id.items()):
+            last = max(r.committed_ms for r in rows)
+            expiration = max(r.expiration_ms for r in rows)
+            states.append(
+                ConsumerState(
+                    consumer_id=consumer_id,
+                    committed={r.partition: r.committed_offset for r in rows},
+                    committed_ms=last,
+                    expiration_ms=expiration,
+                    expired=now_ms - last > expiration,
+                )
+            )
+        return states
+
+    def committed(self, log_path: str, consumer_id: str) -> dict[int, int]:
+        """A consumer's committed offsets per partition; empty when it never committed."""
+        return {
+            r.partition: r.committed_offset
+            for r in self.read(log_path)
+            if r.consumer_id == consumer_id
+        }
+
+    def held_below(
+        self, log_path: str, partitions: Iterable[int], *, now_ms: int
+    ) -> dict[int, int]:
+        """`held_below` over this table's rows for ``log_path``."""
+        return held_below(self.read(log_path), partitions, now_ms=now_ms)
+
+    def commit(
+        self,
+        log_path: str,
+        consumer_id: str,
+        offsets: Mapping[int, int],
+        *,
+        expiration_ms: int = DEFAULT_CONSUMER_EXPIRATION_MS,
+        clock: Callable[[], int] | None = None,
+    ) -> None:
+        """Upsert a consumer's committed offsets in one commit; retried on conflicts.
+
+        Idempotent: committing the same offsets again only moves ``committed_ms``.
+        """
+        stamp = (clock or _now_ms)()
+        rows = [
+            asdict(
+                CommittedOffset(
+                    log_path=log_path,
+                    consumer_id=consumer_id,
+                    partition=int(p),
+                    committed_offset=int(o),
+                    committed_ms=stamp,
+                    expiration_ms=expiration_ms,
+                )
+            )
+            for p, o in sorted(offsets.items())
+        ]
+        if rows:
+            self._merge(pa.Table.from_pylist(rows, schema=CONSUMER_OFFSETS_SCHEMA))
+
+    def delete(self, log_path: str, consumer_id: str) -> int:
+        """Unregister a consumer of ``log_path``: it holds nothing any more; returns rows gone."""
+        table = self._table()
+        if table is None:
+            return 0
+        predicate = f"log_path = '{_quote(log_path)}' AND consumer_id = '{_quote(consumer_id)}'"
+        metrics = table.delete(predicate)
+        return int(metrics.get("num_deleted_rows", 0))
+
+    def _merge(self, source: pa.Table) -> None:
+        for attempt in range(_RETRIES):
+            table = self._table() or self._create()
+            try:
+                (
+                    table.merge(
+                        source,
+                        predicate=(
+                            "t.log_path = s.log_path AND t.consumer_id = s.consumer_id "
+                            'AND t."partition" = s."partition"'
+                        ),
+                        source_alias="s",
+                        target_alias="t",
+                    )
+                    .when_matched_update_all()
+                    .when_not_matched_insert_all()
+                    .execute()
+                )
+                break
+            except CommitFailedError:
+                if attempt == _RETRIES - 1:
+                    raise
+                time.sleep(0.05 * (attempt + 1))
+        table.update_incremental()
+        if table.version() % _COMPACT_EVERY == 0:
+            table.optimize.compact()
+            table.vacuum(retention_hours=1, dry_run=False, enforce_retention_duration=False)
+
+    def _table(self) -> DeltaTable | None:
+        try:
+            return DeltaTable(self.uri, storage_options=self.storage_options or None)
+        except TableNotFoundError:
+            return None
+
+    def _create(self) -> DeltaTable:
+        try:
+            DeltaTable.create(
+                self.uri,
+                CONSUMER_OFFSETS_SCHEMA,
+                mode="ignore",
+                storage_options=self.storage_options or None,
+                name="consumer-offsets",
+                configuration=TABLE_PROPERTIES,
+            )
+        except Exception:
+            if self._table() is None:
+                raise
+        table = self._table()
+        assert table is not None
+        return table
+
+
+def _quote(text: str) -> str:
+    return text.replace("'", "''")
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def consumer_offsets_uri(checkpoint_table_uri: str) -> str:
+    """Where the consumer offsets live: ``_consumer-offsets`` beside the checkpoint table."""
+    parent = checkpoint_table_uri.rstrip("/").rsplit("/", 1)[0]
+    return f"{parent}/{CONSUMER_OFFSETS_TABLE_NAME}"
