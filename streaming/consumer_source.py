@@ -56,6 +56,7 @@ from checkpoints.consumer_offsets import (
     ConsumerOffsets,
     consumer_offsets_uri,
 )
+from sinks.config import LONG_MAX
 from sinks.errors import ConfigError
 from sinks.log.log_table import LogSnapshot, LogTable, log_arrow_schema
 from sinks.log.records import DELETE_HORIZON_MS, OFFSET, PARTITION, TIMESTAMP
@@ -211,6 +212,20 @@ def plan_partitions(
     return planned
 
 
+def files_by_partition(snapshot: LogSnapshot) -> dict[int, list[Segment]]:
+    """Each partition's segments, plus every file another engine wrote that may hold its
+    records (`sinks.log.segment.ForeignFile`), as a segment spanning every offset: its
+    records are then filtered to the range and sorted by offset (`RangeReader`)."""
+    files = {p: list(segments) for p, segments in snapshot.segments.items()}
+    for foreign in snapshot.foreign_files:
+        for p in snapshot.partitions:
+            if foreign.may_hold(p):
+                files.setdefault(p, []).append(
+                    Segment(p, 0, LONG_MAX, foreign.path, foreign.size_bytes, foreign.num_records)
+                )
+    return files
+
+
 def _read_partition(fetch: FetchRange, run: Sequence[Segment]) -> ConsumerReadPartition:
     low = max(fetch.from_offset, run[0].base_offset)
     high = min(fetch.until_offset, max(s.last_offset for s in run) + 1)
@@ -345,7 +360,7 @@ class _LogReading:
             fail_on_data_loss=self.options.fail_on_data_loss,
             log_path=self.options.path,
         )
-        return plan_partitions(snapshot.segments, ranges)
+        return plan_partitions(files_by_partition(snapshot), ranges)
 
 
 class ConsumerStreamReader(DataSourceStreamReader):

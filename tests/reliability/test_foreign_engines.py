@@ -25,6 +25,7 @@ from sinks import CleanerConfig, CompactedStateSink, ForeignChangeError, read_st
 from sinks.crash_points import CLEAN_BEFORE_COMMIT, armed
 from sinks.log.segment import SEGMENT_PATH
 from streaming.cli import main as cli
+from streaming.datasource import register
 
 PARTITIONS = 3
 CONFIG = CleanerConfig(min_cleanable_dirty_ratio=0.99, delete_retention_ms=1_000)
@@ -339,3 +340,22 @@ def test_commits_the_sink_makes_are_not_taken_for_foreign_ones(spark, lake, cloc
     infos = [next(a["commitInfo"] for a in c if "commitInfo" in a) for c in delta_commits(path)]
     assert any("compactedSink" not in i for i in infos[1:])  # the property change
     assert CompactedStateSink(path, clock=clock).state().count() >= 0
+
+
+def test_a_consumer_reads_every_record_in_offset_order_over_another_engines_files(
+    spark, lake, clock
+):
+    register(spark)
+    path = str(lake / "users")
+    sink = CompactedStateSink(path, config=CONFIG, clock=clock, cleaning="inline")
+    feed = Feed(spark, sink, clock)
+    for _ in range(3):
+        feed.append()
+    z_order(path)  # one file, every partition, rows in key order
+    assert foreign_files(path)
+    expected = sorted((r.partition, r.offset, r.key) for r in sink.log().collect())
+    rows = spark.read.format("compacted-state").load(path).collect()
+    assert sorted((r.partition, r.offset, r.key) for r in rows) == expected
+    for p in range(PARTITIONS):
+        offsets = [r.offset for r in rows if r.partition == p]
+        assert offsets == sorted(offsets)  # in offset order within each partition
