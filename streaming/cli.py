@@ -131,6 +131,17 @@ def _parser() -> argparse.ArgumentParser:
     restore.add_argument("--to-version", type=int, required=True, help="the version to restore")
     restore.set_defaults(handler=_restore)
 
+    consumers = commands.add_parser(
+        "consumers", help="a log's registered consumers: lag, tombstones held; reset, delete"
+    )
+    consumers.add_argument("log", help="the log's path")
+    consumers.add_argument("--checkpoint-table", help="default: beside the log")
+    consumers.add_argument("--consumer", metavar="ID", help="the consumer to reset or delete")
+    what = consumers.add_mutually_exclusive_group()
+    what.add_argument("--reset", metavar="OFFSETS", help="earliest, latest, or JSON per partition")
+    what.add_argument("--delete", action="store_true", help="unregister the consumer")
+    consumers.set_defaults(handler=_consumers)
+
     status = commands.add_parser("status", help="cleaner gauges per log and partition")
     _log_selection(status)
     status.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -357,6 +368,27 @@ def _restore(args: argparse.Namespace) -> int:
     _out(
         f"restore: {args.log}: back at version {args.to_version}'s records (now version {version})"
     )
+    return 0
+
+
+def _consumers(args: argparse.Namespace) -> int:
+    """List a log's registered consumers, or reset or delete one (Kafka's consumer-groups)."""
+    from streaming.consumers import consumer_report, delete_consumer, reset_offsets
+
+    if (args.reset or args.delete) and not args.consumer:
+        raise ConfigError("--reset and --delete need --consumer ID")
+    if args.delete:
+        deleted = delete_consumer(args.log, args.consumer, args.checkpoint_table)
+        _out(f"consumers: {args.consumer} deleted ({deleted} row(s)); it holds nothing now")
+    elif args.reset:
+        positions = reset_offsets(args.log, args.consumer, args.reset, args.checkpoint_table)
+        _out(f"consumers: {args.consumer} reset to {positions}")
+    else:
+        report = consumer_report(args.log, args.checkpoint_table)
+        for consumer in report:
+            _out(consumer.line())
+        if not report:
+            _out(f"consumers: no registered consumer reads {args.log}")
     return 0
 
 

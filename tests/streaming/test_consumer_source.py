@@ -14,6 +14,7 @@ import pytest
 
 from checkpoints.consumer_offsets import ConsumerOffsets
 from sinks import CleanerConfig, CompactedStateSink
+from streaming.cli import main as cli
 from streaming.consumer_position import DataLossError
 from streaming.consumers import consumer_report, delete_consumer, reset_offsets
 from streaming.datasource import register
@@ -249,7 +250,7 @@ def lagging_consumer(spark, lake, clock, name: str, **options) -> tuple[list[tup
 
 
 def test_a_registered_consumer_stopped_past_delete_retention_sees_every_delete(
-    spark, lake, clock
+    spark, lake, clock, capsys
 ) -> None:
     register(spark)
     clock.now = int(time.time() * 1000)  # consumers commit with the wall clock
@@ -264,6 +265,8 @@ def test_a_registered_consumer_stopped_past_delete_retention_sees_every_delete(
     assert report[0].line().startswith("billing: live, lag ") and "holds 5 tombstones" in (
         report[0].line()
     )
+    assert cli(["consumers", str(lake / "registered")]) == 0  # the same lines, from the CLI
+    assert "billing: live, lag " in capsys.readouterr().out
 
     # Spark commits a batch to its source when it plans the next one: once the consumer
     # has gone on past its last batch, the next pass drops the tombstones it held.
