@@ -60,7 +60,7 @@ from sinks.config import LONG_MAX
 from sinks.errors import ConfigError
 from sinks.log.log_table import LogSnapshot, LogTable, log_arrow_schema
 from sinks.log.records import DELETE_HORIZON_MS, OFFSET, PARTITION, TIMESTAMP
-from sinks.log.segment import Segment
+from sinks.log.segment import Segment, is_segment_path
 from sinks.log.storage import arrow_filesystem, normalize_uri, sibling
 from streaming.consumer_position import (
     FetchRange,
@@ -233,7 +233,9 @@ def _read_partition(fetch: FetchRange, run: Sequence[Segment]) -> ConsumerReadPa
         FetchRange(fetch.partition, low, high),
         [s.path for s in run],
         [low <= s.base_offset and s.last_offset < high for s in run],
-        all(a.last_offset < b.base_offset for a, b in zip(run, run[1:], strict=False)),
+        # Only the sink's own files are sorted by offset; another engine's may be in any order.
+        all(is_segment_path(s.path) for s in run)
+        and all(a.last_offset < b.base_offset for a, b in zip(run, run[1:], strict=False)),
     )
 
 

@@ -24,6 +24,11 @@ SEGMENT_PATH = re.compile(r"partition-(\d+)/(\d{20})-[0-9a-f]{32}\.parquet")
 """How this sink names a segment: ``partition-<p>/<base offset, 20 digits>-<uuid>.parquet``."""
 
 
+def is_segment_path(path: str) -> bool:
+    """Whether ``path`` is named as this sink names its segments (sorted by offset)."""
+    return SEGMENT_PATH.fullmatch(unquote(path)) is not None
+
+
 def segment_path(partition: int, base_offset: int, unique: str) -> str:
     """The path (relative to the table) of a segment this sink writes."""
     return f"partition-{partition}/{base_offset:020d}-{unique}.parquet"
