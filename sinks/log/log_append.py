@@ -249,6 +249,7 @@ class LogAppender:
                 if not created or _moved(snapshot, written, end_offsets):
                     self.discard(written)  # another writer created it and appended first
                     continue
+                target = snapshot.spark_schema  # the batch's own: nothing to evolve
             if not written:
                 return LogAppendInfo(self.commit_empty(snapshot, app_id, batch_id))
             if target != snapshot.spark_schema:

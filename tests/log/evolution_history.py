@@ -190,8 +190,8 @@ STEPS = [
 
 FINAL = STEPS[-1]
 REFUSED = [
-    # (after step, schema of a batch, the field path the error must name)
-    (6, value_type(email=True, zip_=True, geo=True, w=True, alt=T.DoubleType()), "value.score"),
+    # (before step, the value type of a batch, the field path the error must name)
+    (7, value_type(email=True, zip_=True, geo=True, w=True, alt=T.DoubleType()), "value.score"),
     (
         9,
         value_type(
