@@ -29,6 +29,8 @@ CLEAN_BEFORE_CHECKPOINT = "clean.before_checkpoint"
 """A pass committed its swap and has not written the checkpoint table."""
 RETENTION_BEFORE_COMMIT = "retention.before_commit"
 """Retention planned which files go and has not committed their removal."""
+SCHEMA_BEFORE_APPEND = "schema.before_append"
+"""A batch's evolved schema is committed; its files are written and not yet committed."""
 DEAD_LETTER_BEFORE_APPEND = "dead_letter.before_append"
 """Bad rows are committed to the dead-letter table; the good rows are not yet appended."""
 RECOVERY_AFTER_ORPHAN_DELETED = "recovery.after_orphan_deleted"
@@ -40,6 +42,7 @@ SEGMENT_DELETER_AFTER_FILE_DELETED = "segment_deleter.after_file_deleted"
 
 POINTS = (
     APPEND_BEFORE_COMMIT,
+    SCHEMA_BEFORE_APPEND,
     CLEAN_BEFORE_COMMIT,
     CLEAN_BEFORE_CHECKPOINT,
     RETENTION_BEFORE_COMMIT,

@@ -21,7 +21,14 @@ class BadInputError(CompactedSinkError, ValueError):
 
 
 class SchemaMismatchError(BadInputError):
-    """Raised when a batch's columns do not match the log's schema; names the column."""
+    """Raised when a batch's columns do not match the log's schema; names the column.
+
+    ``field_path`` is the refused field (``value.c.x``) when one is to blame.
+    """
+
+    def __init__(self, message: str, *, field_path: str | None = None) -> None:
+        super().__init__(message)
+        self.field_path = field_path
 
 
 class CommitConflictError(CompactedSinkError):

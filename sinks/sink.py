@@ -46,12 +46,12 @@ from sinks.crash_points import (
     DEAD_LETTER_BEFORE_APPEND,
     crash_point,
 )
-from sinks.errors import SchemaMismatchError
-from sinks.log.dead_letter import DeadLetterTable, as_dead_letters, split_batch
+from sinks.log.dead_letter import DeadLetterTable, split_batch
 from sinks.log.log_append import AppendReport, LogAppender, committed
 from sinks.log.log_keys import opened_log_keys
 from sinks.log.log_table import AsOf, LogSnapshot, LogTable, now_ms
-from sinks.log.records import PreparedBatch, check_schema, prepare_batch
+from sinks.log.records import PreparedBatch, log_columns, prepare_batch
+from sinks.log.schema_evolution import DEFAULT_SCHEMA_EVOLUTION, SchemaEvolution
 from sinks.log.segment_writer import WrittenSegment
 from sinks.log.storage import normalize_uri, sibling
 from sinks.maintenance import foreign_changes, retention
@@ -84,6 +84,9 @@ class CompactedStateSink:
     query's ``checkpointLocation``: under Spark Connect, where a ``foreachBatch``
     function is not told its query, the sink reads the query id from it (needed
     there unless ``sink_id`` is given; see `sinks.spark_session.streaming_query_id`).
+    ``schema_evolution`` is ``"additive"`` (a batch may add fields at any depth, relax
+    nullability and widen types; the log's schema evolves with it) or ``"none"`` (every
+    change is refused); see `sinks.log.schema_evolution`.
     """
 
     def __init__(
@@ -100,6 +103,7 @@ class CompactedStateSink:
         storage_options: dict[str, str] | None = None,
         cleaning: CleaningMode = "auto",
         checkpoint_location: str | None = None,
+        schema_evolution: SchemaEvolution = DEFAULT_SCHEMA_EVOLUTION,
     ) -> None:
         if isinstance(key_columns, str):
             key_columns = (key_columns,)
@@ -135,7 +139,9 @@ class CompactedStateSink:
             key_columns=self.key_columns,
             sequence_column=sequence_column,
             config=self.config,
+            schema_evolution=schema_evolution,
         )
+        self.schema_evolution = self.appender.schema_evolution
         self.last_append: AppendReport | None = None
         self.dead_letters = (
             DeadLetterTable(self.dead_letter_table, self.storage_options)
@@ -160,9 +166,11 @@ class CompactedStateSink:
         the call returns; otherwise the call cleans what became cleanable before it
         returns. Idempotent per (app id, batch id): a batch already committed writes
         nothing, not even to the dead-letter table.
-        Bad input raises `BadInputError` (null keys, wrong schema, repeated or null
-        Kafka offsets, oversized values, undecodable payloads) and commits nothing;
-        see `sinks.log.log_append` for how the append itself runs.
+        Bad input raises `BadInputError` (null keys, repeated or null Kafka offsets,
+        oversized values, undecodable payloads) and commits nothing; a schema change that
+        ``schema_evolution`` refuses raises `SchemaMismatchError` before anything is
+        written, dead-letter table or not; see `sinks.log.log_append` for how the append
+        itself runs (and commits an evolved schema before the batch).
         """
         started = time.monotonic()
         spark = batch_df.sparkSession
@@ -182,23 +190,16 @@ class CompactedStateSink:
         # split is cached, so the batch is evaluated once for both tables), append.
         # Without a dead-letter table, bad rows (and rows a decoder flagged in
         # _decode_error) stay in the batch: the append counts them and fails it whole.
-        try:
-            prepared = prepare_batch(
-                batch_df,
-                key_columns=self.key_columns,
-                sequence_column=self.sequence_column,
-                now_ms=self.clock(),
-            )
-            if snapshot is not None:
-                check_schema(prepared.df.schema, snapshot.spark_schema)
-        except SchemaMismatchError as e:
-            if self.dead_letters is None:
-                raise
-            self._dead_letter(as_dead_letters(batch_df, reason=str(e)), app_id, batch_id)
-            if snapshot is not None:  # the whole batch went there: it still counts as done
-                snapshot = self.appender.commit_empty(snapshot, app_id, batch_id)
-                self._finish(spark, batch_id, snapshot, started, skipped=False, query_id=query_id)
-            return
+        # A schema the log refuses fails the batch before anything is written, also with
+        # a dead-letter table: a schema change is not a bad row.
+        prepared = prepare_batch(
+            batch_df,
+            key_columns=self.key_columns,
+            sequence_column=self.sequence_column,
+            now_ms=self.clock(),
+        )
+        if snapshot is not None:
+            self.appender.evolved_schema(snapshot, log_columns(prepared.df).schema)
         split = None
         if self.dead_letters is not None:
             split = split_batch(

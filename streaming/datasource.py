@@ -20,7 +20,8 @@ over Arrow, on the driver. Two consequences, by design:
   beside the query, as a cleaner job beside a writer (SPEC rule 11).
 
 Options: ``path`` (the log), ``key_columns`` (comma-separated, default ``key``),
-``sequence_column``, ``checkpoint_table``, ``sink_id``, and any Kafka dotted
+``sequence_column``, ``checkpoint_table``, ``sink_id``, ``schema_evolution``
+(``additive``, the default, or ``none``), and any Kafka dotted
 cleaner property (``min.cleanable.dirty.ratio``, ``segment.bytes``, …).
 """
 
@@ -49,15 +50,22 @@ from sinks.log.records import (
     PARTITION,
     TIMESTAMP,
     VALUE,
-    check_schema,
 )
+from sinks.log.schema_evolution import DEFAULT_SCHEMA_EVOLUTION, SchemaEvolution, check_mode
 from sinks.log.storage import arrow_filesystem, delete_files, join, normalize_uri
 from sinks.spark_session import checkpoint_query_id
 from streaming import consumer_source
 
 FORMAT = "compacted-state"
 STAGING = "_staging"
-_SINK_OPTIONS = {"path", "key_columns", "sequence_column", "checkpoint_table", "sink_id"}
+_SINK_OPTIONS = {
+    "path",
+    "key_columns",
+    "sequence_column",
+    "checkpoint_table",
+    "sink_id",
+    "schema_evolution",
+}
 STALE_STAGED_MS = 3_600_000  # staged files this old belong to no live commit (a killed query)
 
 
@@ -102,6 +110,7 @@ class SinkOptions:
     sink_id: str | None
     properties: tuple[tuple[str, str], ...]
     checkpoint_location: str | None
+    schema_evolution: SchemaEvolution = DEFAULT_SCHEMA_EVOLUTION
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SinkOptions:
@@ -124,6 +133,9 @@ class SinkOptions:
             sink_id=options.get("sink_id"),
             properties=tuple(sorted(properties.items())),
             checkpoint_location=options.get("checkpointLocation"),
+            schema_evolution=check_mode(
+                options.get("schema_evolution", DEFAULT_SCHEMA_EVOLUTION).strip()
+            ),
         )
 
     def sink(self) -> CompactedStateSink:
@@ -134,6 +146,7 @@ class SinkOptions:
             sequence_column=self.sequence_column,
             checkpoint_table=self.checkpoint_table,
             sink_id=self.sink_id,
+            schema_evolution=self.schema_evolution,
         )
 
 
@@ -225,7 +238,7 @@ def append_staged(
             sink.appender.commit_empty(snapshot, app_id, batch_id)  # keeps the batch id recorded
         return
     if snapshot is not None:
-        check_schema(schema, snapshot.spark_schema)
+        sink.appender.evolved_schema(snapshot, schema)  # refused: fail before any file
     sink.appender.append_arrow(
         snapshot,
         prepare(table, schema, options.key_columns, sink.clock()),

@@ -11,6 +11,7 @@ Sink settings use Kafka's dotted property names, as a topic's config would::
     path = "lake/users"
     key_columns = ["key"]
     checkpoint_location = "lake/_chk/users"
+    schema_evolution = "additive"  # or "none": refuse every schema change
 
     [cleaner]
     "min.cleanable.dirty.ratio" = 0.5
@@ -34,6 +35,7 @@ from typing import Any
 
 from sinks import CleanerConfig, CompactedStateSink
 from sinks.errors import ConfigError
+from sinks.log.schema_evolution import DEFAULT_SCHEMA_EVOLUTION, SchemaEvolution, check_mode
 
 SOURCE_FORMATS = ("files", "rate", "kafka")
 _SOURCE_KEYS = {
@@ -55,6 +57,7 @@ _SINK_KEYS = {
     "dead_letter_table",
     "sequence_column",
     "sink_id",
+    "schema_evolution",
     "cleaner",
 }
 _TRIGGER_KEYS = {"available_now", "processing_time", "once"}
@@ -78,6 +81,7 @@ class LogSpec:
     sequence_column: str | None = None
     sink_id: str | None = None
     topic: str | None = None
+    schema_evolution: SchemaEvolution = DEFAULT_SCHEMA_EVOLUTION
 
     def sink(self, checkpoint_location: str | None = None) -> CompactedStateSink:
         """The sink over this log (reads only the log's key properties until used);
@@ -92,6 +96,7 @@ class LogSpec:
             dead_letter_table=self.dead_letter_table,
             sink_id=self.sink_id,
             checkpoint_location=checkpoint_location,
+            schema_evolution=self.schema_evolution,
         )
 
 
@@ -197,6 +202,10 @@ def _log_spec(
     except ConfigError as e:
         cleaner_section = f"{section}.cleaner" if "cleaner" in table else "cleaner"
         raise JobConfigError(f"{where.file}: [{cleaner_section}] {e}") from None
+    try:
+        evolution = check_mode(table.get("schema_evolution", DEFAULT_SCHEMA_EVOLUTION))
+    except ConfigError as e:
+        where.fail(f"{section}.schema_evolution", str(e))
     return LogSpec(
         path=where.path(table, f"{section}.path", required=True),
         key_columns=tuple(keys),
@@ -207,6 +216,7 @@ def _log_spec(
         sequence_column=table.get("sequence_column"),
         sink_id=table.get("sink_id"),
         topic=topic,
+        schema_evolution=evolution,
     )
 
 

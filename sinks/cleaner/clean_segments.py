@@ -38,6 +38,7 @@ from sinks.log.segment_writer import (
     WRITTEN_SEGMENT_DDL,
     SegmentWriterTask,
     WrittenSegment,
+    nullable_schema,
 )
 from sinks.log.storage import arrow_filesystem, normalize_uri
 
@@ -189,7 +190,13 @@ class RecopyTask:
 
 
 def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
-    """Exactly ``schema``'s columns, in order: missing ones null, types cast."""
+    """Exactly ``schema``'s columns, in order: missing ones null, types cast.
+
+    Files of several schemas (a log whose schema evolved) give one: Arrow casts struct
+    fields by name, fills the fields a file lacks with null and widens its types. Every
+    field becomes nullable, as the files are written (see `nullable_schema`).
+    """
+    schema = nullable_schema(schema)
     columns = [
         table.column(f.name).cast(f.type)
         if f.name in table.schema.names

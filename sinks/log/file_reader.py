@@ -21,6 +21,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
+from sinks.log.segment_writer import nullable_schema
 from sinks.log.storage import arrow_filesystem, normalize_uri
 
 _PATH = "path"
@@ -44,9 +45,7 @@ def read_files(
     """
     if not paths:
         return spark.createDataFrame([], schema)
-    arrow_schema = pa.schema(
-        [f.with_nullable(True) for f in to_arrow_schema(schema, timezone="UTC")]
-    )
+    arrow_schema = nullable_schema(to_arrow_schema(schema, timezone="UTC"))
     task = ParquetReaderTask(
         table_uri=normalize_uri(table_uri),  # here: executors resolve against their own cwd
         schema=arrow_schema,

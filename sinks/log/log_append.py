@@ -38,7 +38,7 @@ from pyspark.sql import types as T
 
 from sinks.cleaner.cleaner_stats import CleanerStats
 from sinks.config import CleanerConfig
-from sinks.crash_points import APPEND_BEFORE_COMMIT, crash_point
+from sinks.crash_points import APPEND_BEFORE_COMMIT, SCHEMA_BEFORE_APPEND, crash_point
 from sinks.errors import CommitConflictError, SchemaMismatchError
 from sinks.log.append_task import APPEND_TASK_DDL, AppendTask, read_task_output
 from sinks.log.history_window import table_properties
@@ -54,10 +54,18 @@ from sinks.log.records import (
     INPUT_ORDER,
     OFFSET,
     PARTITION,
+    TRANSIENT_COLUMNS,
     PreparedBatch,
-    check_schema,
     log_columns,
     raise_for_problems,
+)
+from sinks.log.schema_commit import commit_schema
+from sinks.log.schema_evolution import (
+    DEFAULT_SCHEMA_EVOLUTION,
+    SchemaEvolution,
+    check_mode,
+    evolve_schema,
+    schema_changes,
 )
 from sinks.log.segment_writer import SegmentWriterTask, WrittenSegment, stats_columns
 from sinks.log.storage import arrow_filesystem, delete_files, missing_files
@@ -131,7 +139,10 @@ class LogAppender:
     """Validates, numbers, writes and commits batches to one log: the leader's append.
 
     ``config`` gives ``message.max.bytes`` (the per-value limit) and ``segment.bytes``
-    (where a written file rolls).
+    (where a written file rolls). ``schema_evolution`` says which schema changes a
+    batch may bring (`sinks.log.schema_evolution`); an evolved schema is committed
+    before the batch's files (`sinks.log.schema_commit`), and the files are written
+    with it.
     """
 
     def __init__(
@@ -141,11 +152,26 @@ class LogAppender:
         key_columns: Sequence[str],
         sequence_column: str | None,
         config: CleanerConfig,
+        schema_evolution: SchemaEvolution = DEFAULT_SCHEMA_EVOLUTION,
     ) -> None:
         self.log = log
         self.key_columns = tuple(key_columns)
         self.sequence_column = sequence_column
         self.config = config
+        self.schema_evolution = check_mode(schema_evolution)
+
+    def evolved_schema(self, snapshot: LogSnapshot, schema: T.StructType) -> T.StructType:
+        """The log's schema once a batch of ``schema`` is appended (the log's own when equal).
+
+        Pure. Raises `SchemaMismatchError` for a change ``schema_evolution`` refuses.
+        """
+        return evolve_schema(
+            snapshot.spark_schema,
+            schema,
+            mode=self.schema_evolution,
+            fixed_columns=(*self.key_columns, *filter(None, [self.sequence_column])),
+            ignored_columns=TRANSIENT_COLUMNS,
+        )
 
     def append(
         self, snapshot: LogSnapshot | None, batch: PreparedBatch, *, app_id: str, batch_id: int
@@ -209,7 +235,8 @@ class LogAppender:
         """
         for _attempt in range(APPEND_ATTEMPTS):
             end_offsets = snapshot.log_end_offsets() if snapshot is not None else {}
-            task = self._task(snapshot, schema, end_offsets, has_offsets)
+            target = self.evolved_schema(snapshot, schema) if snapshot is not None else schema
+            task = self._task(target, end_offsets, has_offsets)
             written, report = read_task_output(run(task))
             problems = report.problems(
                 key_columns=self.key_columns, message_max_bytes=self.config.message_max_bytes
@@ -228,19 +255,27 @@ class LogAppender:
                     },
                 )
                 try:
-                    check_schema(schema, snapshot.spark_schema)
+                    created = self.evolved_schema(snapshot, schema) == snapshot.spark_schema
                 except SchemaMismatchError:
                     self.discard(written)  # another writer created it with other columns
                     raise
                 if committed(snapshot, app_id, batch_id):
                     self.discard(written)
                     return LogAppendInfo(snapshot, already_committed=True)
-                if _moved(snapshot, written, end_offsets):
+                if not created or _moved(snapshot, written, end_offsets):
                     self.discard(written)  # another writer created it and appended first
                     continue
+                target = snapshot.spark_schema  # the batch's own: nothing to evolve
             if not written:
                 empty = self.commit_empty(snapshot, app_id, batch_id)
                 return LogAppendInfo(empty, redelivered=report.redelivered)
+            if target != snapshot.spark_schema:
+                evolved = self._commit_schema(snapshot, target, app_id, batch_id)
+                if evolved is None or _moved(evolved, written, end_offsets):
+                    self.discard(written)  # another writer changed the log first: again
+                    snapshot = self._fresh()
+                    continue
+                snapshot = evolved
             outcome = self._commit_until_settled(snapshot, written, end_offsets, app_id, batch_id)
             if isinstance(outcome, LogAppendInfo):
                 if outcome.already_committed:
@@ -291,6 +326,36 @@ class LogAppender:
         self.discard(written)  # conflicts that never settle: give up, bounded
         return None
 
+    def _commit_schema(
+        self, snapshot: LogSnapshot, schema: T.StructType, app_id: str, batch_id: int
+    ) -> LogSnapshot | None:
+        """Commit the schema a batch evolves the log to, before the batch; the log after.
+
+        None when the commit conflicted (another writer changed the log first). The
+        batch's files are written with ``schema``: its commit comes next, so a crash
+        between the two leaves an evolved log without the batch, which its retry appends.
+        """
+        changes = schema_changes(snapshot.spark_schema, schema)
+        try:
+            commit_schema(
+                snapshot,
+                schema,
+                info={
+                    "operation": "schema",
+                    "appId": app_id,
+                    "batchId": batch_id,
+                    "changes": changes,
+                },
+            )
+        except CommitFailedError as e:
+            logger.info("schema change of batch %s conflicted (%s); refreshing", batch_id, e)
+            return None
+        logger.info(
+            "batch %s evolved the schema of %s: %s", batch_id, self.log.uri, "; ".join(changes)
+        )
+        crash_point(SCHEMA_BEFORE_APPEND)
+        return self._fresh()
+
     def commit_append(
         self, snapshot: LogSnapshot, written: Sequence[WrittenSegment], app_id: str, batch_id: int
     ) -> None:
@@ -335,15 +400,10 @@ class LogAppender:
             _remove_empty_directories(self.log, [*directories, ""])
 
     def _task(
-        self,
-        snapshot: LogSnapshot | None,
-        schema: T.StructType,
-        end_offsets: Mapping[int, int],
-        has_offsets: bool,
+        self, log_schema: T.StructType, end_offsets: Mapping[int, int], has_offsets: bool
     ) -> AppendTask:
-        # The log's own schema once it exists (a batch may order its payload columns
-        # differently); a first batch's own columns, which will create the log.
-        log_schema = snapshot.spark_schema if snapshot is not None else schema
+        # Files are written with the log's schema after the batch (the writer casts fields
+        # by name, widening types); a first batch's own columns create the log.
         return AppendTask(
             writer=SegmentWriterTask(
                 table_uri=self.log.uri,

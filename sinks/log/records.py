@@ -24,7 +24,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql import types as T
 
 from sinks.errors import BadInputError, SchemaMismatchError
 
@@ -102,32 +101,6 @@ def prepare_batch(
 def log_columns(df: DataFrame) -> DataFrame:
     """``df`` without the transient columns: what the log stores."""
     return df.drop(*[c for c in TRANSIENT_COLUMNS if c in df.columns])
-
-
-def check_schema(batch: T.StructType, log: T.StructType) -> None:
-    """Raise `SchemaMismatchError` naming the first column that differs from the log's."""
-    expected = {f.name: f.dataType for f in log.fields}
-    got = {f.name: f.dataType for f in batch.fields if f.name not in TRANSIENT_COLUMNS}
-    for name, data_type in got.items():
-        if name not in expected:
-            raise SchemaMismatchError(
-                f"column {name!r} is not in the log's schema ({', '.join(expected)}); "
-                "nothing was written"
-            )
-        if _strip_nullability(data_type) != _strip_nullability(expected[name]):
-            raise SchemaMismatchError(
-                f"column {name!r} has type {data_type.simpleString()}, the log has "
-                f"{expected[name].simpleString()}; nothing was written"
-            )
-    for name in expected:
-        if name not in got:
-            raise SchemaMismatchError(
-                f"column {name!r} of the log is missing from the batch; nothing was written"
-            )
-
-
-def _strip_nullability(data_type: T.DataType) -> str:
-    return data_type.simpleString()
 
 
 # -- Kafka's LogValidator, on Arrow ---------------------------------------------------------

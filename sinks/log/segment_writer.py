@@ -15,6 +15,7 @@ import json
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -67,6 +68,27 @@ class WrittenSegment:
         return AddAction(self.path, self.size_bytes, {}, modification_time, data_change, self.stats)
 
 
+def nullable_schema(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with every field, array element and map value nullable, at every depth."""
+    return pa.schema([_nullable_field(f) for f in schema], metadata=schema.metadata)
+
+
+def _nullable_field(field: pa.Field) -> pa.Field:
+    return field.with_type(_nullable_type(field.type)).with_nullable(True)
+
+
+def _nullable_type(data_type: pa.DataType) -> pa.DataType:
+    if pa.types.is_struct(data_type):
+        return pa.struct([_nullable_field(data_type.field(i)) for i in range(data_type.num_fields)])
+    if pa.types.is_map(data_type):
+        return pa.map_(data_type.key_field, _nullable_field(data_type.item_field))
+    if pa.types.is_large_list(data_type):
+        return pa.large_list(_nullable_field(data_type.value_field))
+    if pa.types.is_list(data_type):
+        return pa.list_(_nullable_field(data_type.value_field))
+    return data_type
+
+
 def write_segments(
     df: DataFrame,
     *,
@@ -108,6 +130,16 @@ class SegmentWriterTask:
     group_column: str | None
     storage_options: dict[str, str]
 
+    @cached_property
+    def file_schema(self) -> pa.Schema:
+        """What files are written with: ``schema`` with every field nullable at every depth.
+
+        A tombstone's null ``value`` holds nulls in the fields the log declares required,
+        which Arrow refuses to cast to a required field; the log's Delta schema keeps
+        saying required, and readers read the file as the log's schema.
+        """
+        return nullable_schema(self.schema)
+
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         fs, root = arrow_filesystem(self.table_uri, self.storage_options)
         written: list[dict[str, Any]] = []
@@ -136,7 +168,7 @@ class SegmentWriterTask:
         if self.group_column:
             keys.append(table.column(self.group_column).to_numpy(zero_copy_only=False))
             table = table.drop_columns([self.group_column])
-        table = table.select(self.schema.names).cast(self.schema)
+        table = table.select(self.schema.names).cast(self.file_schema)
         change = np.zeros(table.num_rows, dtype=bool)
         for key in keys:
             change[1:] |= key[1:] != key[:-1]
@@ -158,7 +190,7 @@ class _OpenSegment:
         self._fs, self._root, self._task = fs, root, task
         fs.create_dir(f"{root}/partition-{self.partition}", recursive=True)
         self._stream = fs.open_output_stream(f"{root}/{self.path}")
-        self._writer = pq.ParquetWriter(self._stream, task.schema, compression="zstd")
+        self._writer = pq.ParquetWriter(self._stream, task.file_schema, compression="zstd")
         self._pending: list[pa.Table] = []
         self._pending_rows = self._pending_bytes = 0
         self._stats = _RunningStats(task.schema, task.stats_columns)

@@ -80,6 +80,10 @@ def main(scenario: str, lake: str) -> None:
         sink.clean(force=True)
     elif scenario == "dead_letter":
         sink(bad_rows_frame(spark, 3), 3)
+    elif scenario == "schema":  # batch 3 brings a new column: killed between the two commits
+        from pyspark.sql import functions as F
+
+        sink(batch_frame(spark, 3).withColumn("note", F.lit("n3")), 3)
     elif scenario == "vacuum":
         sink.vacuum()
     print("finished", flush=True)

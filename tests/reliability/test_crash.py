@@ -8,14 +8,17 @@ path in this process: its recovery must remove what the dead process left, and
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from deltalake import DeltaTable
+from pyspark.sql import functions as F
 from reliability_support import (
     assert_offsets_unique,
     bad_rows_frame,
@@ -36,6 +39,7 @@ from sinks.crash_points import (
     CRASH_AT_ENV,
     DEAD_LETTER_BEFORE_APPEND,
     RECOVERY_AFTER_ORPHAN_DELETED,
+    SCHEMA_BEFORE_APPEND,
     SEGMENT_DELETER_AFTER_FILE_DELETED,
 )
 from sinks.log.dead_letter import DeadLetterTable
@@ -49,6 +53,7 @@ KILLS = {
     "clean": CLEAN_BEFORE_COMMIT,
     "checkpoint": CLEAN_BEFORE_CHECKPOINT,
     "dead_letter": DEAD_LETTER_BEFORE_APPEND,
+    "schema": SCHEMA_BEFORE_APPEND,
     "vacuum": f"{SEGMENT_DELETER_AFTER_FILE_DELETED}@1",
 }
 # The restarted sink deletes orphans at once: nothing else writes these logs.
@@ -123,6 +128,36 @@ def assert_contiguous(path: str, batches) -> None:
         expected[p] = expected.get(p, 0) + 1
     assert {p: len(o) for p, o in live_offsets(path).items()} == expected
     assert all(o == list(range(len(o))) for o in live_offsets(path).values())
+
+
+def test_kill_between_a_schema_commit_and_its_batch(crashes, spark):
+    """The evolved schema is committed, the batch's files are written, its commit is not:
+    every reader reads the log (the new column null), and the retried batch lands once."""
+    run = crashes.wait("schema")
+    run.assert_killed_after_commits()
+    assert "note" in DeltaTable(run.log).schema().to_arrow().names
+    left = unreferenced_files(run.log)
+    assert left, "the killed append wrote no data file: the kill came too early"
+
+    sink = CompactedStateSink(run.log, config=RESTART)
+    assert set(sink.recover().orphans_removed) == set(left)
+    assert_replays(sink, COMMITTED)
+    assert {r["note"] for r in sink.log().collect()} == {None}
+    assert DeltaTable(run.log).to_pyarrow_table().num_rows == sum(
+        len(batch_rows(b)) for b in COMMITTED
+    )
+    sink(batch_frame(spark, 3).withColumn("note", F.lit("n3")), 3)  # the batch's replay
+    sink(batch_frame(spark, 3).withColumn("note", F.lit("n3")), 3)  # and again: skipped
+    operations = [
+        json.loads(f.read_text().splitlines()[0])["commitInfo"].get("compactedSink", {})
+        for f in sorted(Path(run.log, "_delta_log").glob("*.json"))
+    ]
+    assert [o.get("batchId") for o in operations if o.get("operation") == "schema"] == [3]
+    assert [o.get("batchId") for o in operations if o.get("operation") == "append"] == [0, 1, 2, 3]
+    assert_replays(sink, [*COMMITTED, 3])
+    assert_contiguous(run.log, [*COMMITTED, 3])
+    notes = {r["note"] for r in sink.log().collect()}
+    assert notes == {None, "n3"}
 
 
 def test_kill_inside_append_after_files_before_commit(crashes, spark):

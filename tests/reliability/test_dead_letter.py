@@ -65,17 +65,21 @@ def test_with_dead_letter_table_bad_rows_are_quarantined_once_good_rows_written(
     assert '"_decode_error":"bad magic byte 0x07"' in letters[2]["record"]
 
 
-def test_with_dead_letter_table_a_mismatched_batch_goes_there_whole(spark, lake, clock):
+def test_with_dead_letter_table_a_refused_schema_change_still_fails_the_batch(spark, lake, clock):
+    """A schema change is not a bad row: nothing is diverted, nothing is written, the batch
+    fails and is not counted as done (issue 22: every new-schema batch used to go there)."""
     dead = str(lake / "dead")
     sink = CompactedStateSink(str(lake / "log"), config=CONFIG, clock=clock, dead_letter_table=dead)
     sink(spark.createDataFrame([("a", "0")], "key string, value string"), 0)
-    sink(spark.createDataFrame([("a", 1), ("b", 2)], "key string, value int"), 1)
-    letters = DeadLetterTable(dead).read().to_pylist()
-    assert len(letters) == 2 and all("'value' has type int" in r["reason"] for r in letters)
-    assert state_of(sink) == {"a": "0"}
-    assert sink.log_table.snapshot().txn_version(sink.sink_id) == 1  # the batch counts as done
+    version = sink.log_table.snapshot().version
+    with pytest.raises(SchemaMismatchError, match="'value' has type int in the batch"):
+        sink(spark.createDataFrame([("a", 1), ("b", 2)], "key string, value int"), 1)
     binary = spark.createDataFrame([("k", "v")], "key string, value string").select(
         "key", F.col("value").cast("binary").alias("value")
     )
-    sink(binary, 2)
-    assert DeadLetterTable(dead).read().num_rows == 3
+    with pytest.raises(SchemaMismatchError, match="'value' has type binary in the batch"):
+        sink(binary, 1)
+    assert sink.log_table.snapshot().version == version
+    assert sink.log_table.snapshot().txn_version(sink.sink_id) == 0  # batch 1 is not done
+    assert DeadLetterTable(dead).read().num_rows == 0
+    assert state_of(sink) == {"a": "0"}

@@ -129,7 +129,7 @@ def test_schema_mismatch_names_the_column_and_writes_nothing(spark, lake, clock,
     with pytest.raises(SchemaMismatchError, match="'value' has type int"):
         sink(spark.createDataFrame([("a", 1)], "key string, value int"), 1)
     with pytest.raises(SchemaMismatchError, match="'colour'"):
-        sink(
+        CompactedStateSink(path, clock=clock, schema_evolution="none")(
             spark.createDataFrame([("a", "1", "red")], "key string, value string, colour string"), 1
         )
     with pytest.raises(SchemaMismatchError, match="'key'"):

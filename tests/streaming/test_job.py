@@ -83,6 +83,10 @@ cleaner = { "min.cleanable.dirty.ratio" = 0.75 }
         (('key_columns = ["tenant", "id"]', "key_columns = []"), "sink.key_columns"),
         (('path = "lake/users"', 'paht = "lake/users"'), "sink.paht"),
         (('processing_time = "5 seconds"', "available_now = true\nonce = true"), "trigger"),
+        (
+            ('key_columns = ["tenant", "id"]', 'key_columns = ["id"]\nschema_evolution = "merge"'),
+            "sink.schema_evolution",
+        ),
     ],
 )
 def test_bad_configuration_names_the_key_and_the_file(
@@ -106,3 +110,13 @@ def test_unreadable_files_are_named(tmp_path: Path) -> None:
 
 def test_key_columns_are_the_columns_before_value() -> None:
     assert key_columns_of(["tenant", "id", "value", "partition", "offset"]) == ("tenant", "id")
+
+
+def test_schema_evolution_is_additive_unless_the_job_says_none(tmp_path: Path) -> None:
+    job = load_job(write(tmp_path, GOOD))
+    assert [log.schema_evolution for log in job.logs] == ["additive"]
+    text = GOOD.replace(
+        'key_columns = ["tenant", "id"]', 'key_columns = ["id"]\nschema_evolution = "none"'
+    )
+    job = load_job(write(tmp_path, text, "none.toml"))
+    assert [log.schema_evolution for log in job.logs] == ["none"]

@@ -1,0 +1,50 @@
+"""Committing a log's evolved schema: one Delta commit that holds a ``metaData`` action only.
+
+delta-rs's ``create_write_transaction`` drops a schema change in append mode without an
+error (delta-rs#3934), and in overwrite mode it removes every live file. So the schema
+goes in a commit of its own, made by ``write_deltalake`` as an overwrite whose predicate
+no record matches (``offset < 0``; file statistics prune every file, so nothing is read):
+delta-rs writes the new ``metaData`` (table id, properties and creation time kept) and
+neither adds nor removes a file. It also accepts a type widening, which
+``alter.add_columns`` refuses.
+
+The append orders the two commits: this one first, then the batch's files, whose
+commit carries the batch's ``txn``. A crash between the two leaves a log that every
+reader reads (older files lack the new fields: readers fill them with null); the
+retried batch finds the schema already evolved and appends once. Idempotent: a
+schema equal to the snapshot's is not committed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from deltalake import write_deltalake
+from deltalake.transaction import CommitProperties
+from pyspark.sql.types import StructType
+
+from sinks.log.log_table import COMMIT_INFO_KEY, LogSnapshot, log_arrow_schema
+
+NO_RECORD = '"offset" < 0'
+"""A predicate no record of a log matches: offsets start at 0."""
+
+
+def commit_schema(snapshot: LogSnapshot, schema: StructType, *, info: Mapping[str, Any]) -> bool:
+    """Commit ``schema`` as the log's schema against ``snapshot``; False when it already is.
+
+    Raises delta-rs's ``CommitFailedError`` when another writer committed a schema
+    (or anything delta-rs finds conflicting) first: the caller refreshes and decides.
+    ``info`` lands in the commit's metadata under ``compactedSink``.
+    """
+    if schema == snapshot.spark_schema:
+        return False
+    write_deltalake(
+        snapshot.table,
+        log_arrow_schema(schema).empty_table(),
+        mode="overwrite",
+        schema_mode="overwrite",
+        predicate=NO_RECORD,
+        commit_properties=CommitProperties(custom_metadata={COMMIT_INFO_KEY: dict(info)}),
+    )
+    return True
