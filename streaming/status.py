@@ -34,6 +34,7 @@ from sinks.cleaner.throttler import budget_summary
 from sinks.log.history_window import list_delta_log, oldest_reachable_version, window_of
 from sinks.log.log_table import COMMIT_INFO_KEY, LogSnapshot, now_ms
 from sinks.maintenance.file_inventory import take_inventory
+from streaming.consumers import consumer_report
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,9 @@ class LogStatus:
     settings_inferred: bool = False
     storage: StorageStatus | None = None
     cleaner_budget: str = ""  # the Throttler and per-pass budget (`budget_summary`)
+    foreign_files: int = 0  # files another engine wrote, for the next pass to rewrite
+    foreign_bytes: int = 0
+    consumers: tuple[str, ...] = ()  # registered consumers: lag and tombstones held
 
     @property
     def size_bytes(self) -> int:
@@ -122,6 +126,9 @@ class LogStatus:
             "settings_inferred": self.settings_inferred,
             "storage": asdict(self.storage) if self.storage else None,
             "cleaner_budget": self.cleaner_budget or "unlimited",
+            "foreign_files": self.foreign_files,
+            "foreign_bytes": self.foreign_bytes,
+            "consumers": list(self.consumers),
             "partitions": [asdict(p) for p in self.partitions],
         }
 
@@ -174,6 +181,11 @@ def log_status(
         settings_inferred=settings_inferred,
         storage=storage_status(sink, snapshot, now=now),
         cleaner_budget=budget_summary(config),
+        foreign_files=len(snapshot.foreign_files),
+        foreign_bytes=sum(f.size_bytes for f in snapshot.foreign_files),
+        consumers=tuple(
+            c.line() for c in consumer_report(sink.path, sink.checkpoint_path, now=now)
+        ),
     )
 
 
@@ -290,6 +302,13 @@ def render_table(statuses: Sequence[LogStatus]) -> str:
             lines.append("  " + "  ".join(cells).rstrip())
         if status.storage is not None:
             lines.append(render_storage(status.storage))
+        if status.foreign_files:
+            lines.append(
+                f"  another engine's files: {status.foreign_files} "
+                f"({format_bytes(status.foreign_bytes)}), read as dirty; the next pass rewrites "
+                "them into segments"
+            )
+        lines += [f"  consumer {line}" for line in status.consumers]
         for p in status.uncleanable:
             lines.append(
                 f"  p{p.partition} uncleanable: {p.uncleanable_reason or 'no reason recorded'}"

@@ -26,6 +26,7 @@ from sinks.crash_points import CLEAN_BEFORE_COMMIT, armed
 from sinks.log.segment import SEGMENT_PATH
 from streaming.cli import main as cli
 from streaming.datasource import register
+from streaming.status import log_status, render_table
 
 PARTITIONS = 3
 CONFIG = CleanerConfig(min_cleanable_dirty_ratio=0.99, delete_retention_ms=1_000)
@@ -353,6 +354,9 @@ def test_a_consumer_reads_every_record_in_offset_order_over_another_engines_file
         feed.append()
     z_order(path)  # one file, every partition, rows in key order
     assert foreign_files(path)
+    status = log_status(sink)
+    assert status.foreign_files == 1
+    assert "another engine's files: 1 " in render_table([status])
     expected = sorted((r.partition, r.offset, r.key) for r in sink.log().collect())
     rows = spark.read.format("compacted-state").load(path).collect()
     assert sorted((r.partition, r.offset, r.key) for r in rows) == expected

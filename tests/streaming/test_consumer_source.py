@@ -18,6 +18,7 @@ from streaming.cli import main as cli
 from streaming.consumer_position import DataLossError
 from streaming.consumers import consumer_report, delete_consumer, reset_offsets
 from streaming.datasource import register
+from streaming.status import log_status, render_table
 
 NEVER = CleanerConfig(min_cleanable_dirty_ratio=1.0)  # passes run only when the test asks
 
@@ -267,6 +268,8 @@ def test_a_registered_consumer_stopped_past_delete_retention_sees_every_delete(
     )
     assert cli(["consumers", str(lake / "registered")]) == 0  # the same lines, from the CLI
     assert "billing: live, lag " in capsys.readouterr().out
+    status = render_table([log_status(CompactedStateSink(str(lake / "registered"), clock=clock))])
+    assert "consumer billing: live, lag " in status  # and in status
 
     # Spark commits a batch to its source when it plans the next one: once the consumer
     # has gone on past its last batch, the next pass drops the tombstones it held.
