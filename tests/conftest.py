@@ -233,6 +233,22 @@ def lake(tmp_path):
     return path
 
 
+@pytest.fixture(scope="session")
+def duckdb_delta():
+    """A DuckDB connection with the ``delta`` extension loaded (``delta_scan(path)``): an
+    engine independent of this project (delta-kernel-rs), from the duckdb-ext-delta wheel."""
+    duckdb = pytest.importorskip("duckdb")
+    import duckdb_ext
+
+    root = list(duckdb_ext.__path__)[0]
+    found = sorted(Path(root).glob("extensions/*/*/delta.duckdb_extension"))
+    assert found, "duckdb-ext-delta is installed but its extension file is missing"
+    connection = duckdb.connect()
+    connection.execute(f"LOAD '{found[0]}'")
+    yield connection
+    connection.close()
+
+
 def read_commits(table_path) -> list[list[dict]]:
     """Every commit of a Delta table as its list of actions, oldest first (from _delta_log)."""
     log_dir = os.path.join(str(table_path), "_delta_log")

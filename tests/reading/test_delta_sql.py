@@ -19,18 +19,9 @@ from sinks import CleanerConfig, CompactedStateSink, read_state
 from sinks.reading.delta_sql import state_query
 
 duckdb = pytest.importorskip("duckdb")
-duckdb_ext = pytest.importorskip("duckdb_ext")
 
 NO_CLEAN = CleanerConfig(min_cleanable_dirty_ratio=1.0)
 README = Path(__file__).resolve().parents[2] / "README.md"
-
-
-def connection():
-    [root] = list(duckdb_ext.__path__)
-    [extension] = Path(root).glob(f"extensions/v{duckdb.__version__}/*/delta.duckdb_extension")
-    con = duckdb.connect()
-    con.execute(f"LOAD '{extension}'")
-    return con
 
 
 def readme_query(path: str) -> str:
@@ -50,7 +41,7 @@ def arrow_rows(table, columns) -> list[str]:
     return sorted(json.dumps({c: r[c] for c in columns}, default=str) for r in table.to_pylist())
 
 
-def test_readme_query_in_duckdb_equals_read_state(spark, lake, clock):
+def test_readme_query_in_duckdb_equals_read_state(spark, lake, clock, duckdb_delta):
     path = str(lake / "users")
     sink = CompactedStateSink(path, config=NO_CLEAN, clock=clock)
     schema = "key string, value string, partition int, topic string"
@@ -63,7 +54,7 @@ def test_readme_query_in_duckdb_equals_read_state(spark, lake, clock):
     columns = ["key", "value", "topic"]
     expected = read_state(path)
     assert expected.schema.names == columns
-    got = connection().execute(readme_query(path))
+    got = duckdb_delta.execute(readme_query(path))
     assert [d[0] for d in got.description] == columns
     assert rows(got, columns) == arrow_rows(expected, columns)
     assert {r["key"]: r["value"] for r in expected.to_pylist()}["k0"] == "x0"
@@ -73,7 +64,7 @@ def test_readme_query_in_duckdb_equals_read_state(spark, lake, clock):
     assert counted == (len(sink.state().collect()),)
 
 
-def test_state_query_with_composite_keys_and_a_sequence_column(spark, lake, clock):
+def test_state_query_with_composite_keys_and_a_sequence_column(spark, lake, clock, duckdb_delta):
     path = str(lake / "orders")
     sink = CompactedStateSink(
         path, key_columns=("tenant", "id"), sequence_column="seq", config=NO_CLEAN, clock=clock
@@ -87,6 +78,6 @@ def test_state_query_with_composite_keys_and_a_sequence_column(spark, lake, cloc
     sink(spark.createDataFrame(late, schema), 1)
     query = state_query(f"delta_scan('{path}')", ("tenant", "id"), "seq")
     columns = ["tenant", "id", "value", "seq"]
-    got = rows(connection().execute(query), columns)
+    got = rows(duckdb_delta.execute(query), columns)
     assert got == arrow_rows(read_state(path), columns)
     assert len(got) == 2
