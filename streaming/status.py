@@ -81,6 +81,40 @@ class StorageStatus:
     oldest_reachable_ms: int | None
 
 
+SCHEMA_LOOKBACK = 100
+"""How many of the newest commits `status` searches for schema changes (it reads each
+commit's info once: never the whole history)."""
+
+
+@dataclass(frozen=True)
+class SchemaChange:
+    """A commit that evolved the log's schema (`sinks.log.schema_evolution`)."""
+
+    version: int
+    timestamp_ms: int
+    batch_id: int | None
+    changes: tuple[str, ...]
+
+
+def schema_changes(snapshot: LogSnapshot, *, lookback: int = SCHEMA_LOOKBACK) -> list[SchemaChange]:
+    """The schema changes among the newest ``lookback`` commits of ``snapshot``, newest first."""
+    found = []
+    for commit in snapshot.table.history(limit=lookback):
+        info = commit.get(COMMIT_INFO_KEY) or {}
+        if isinstance(info, str):
+            info = json.loads(info)
+        if info.get("operation") == "schema":
+            found.append(
+                SchemaChange(
+                    version=int(commit["version"]),
+                    timestamp_ms=int(commit["timestamp"]),
+                    batch_id=info.get("batchId"),
+                    changes=tuple(info.get("changes") or ()),
+                )
+            )
+    return sorted(found, key=lambda c: -c.version)
+
+
 @dataclass(frozen=True)
 class LogStatus:
     """A log's gauges: its partitions, and Kafka's per-cleaner maxima over them."""
@@ -95,6 +129,7 @@ class LogStatus:
     foreign_files: int = 0  # files another engine wrote, for the next pass to rewrite
     foreign_bytes: int = 0
     consumers: tuple[str, ...] = ()  # registered consumers: lag and tombstones held
+    schema_changes: tuple[SchemaChange, ...] = ()  # the newest first, within SCHEMA_LOOKBACK
 
     @property
     def size_bytes(self) -> int:
@@ -129,6 +164,7 @@ class LogStatus:
             "foreign_files": self.foreign_files,
             "foreign_bytes": self.foreign_bytes,
             "consumers": list(self.consumers),
+            "schema_changes": [asdict(c) for c in self.schema_changes],
             "partitions": [asdict(p) for p in self.partitions],
         }
 
@@ -183,6 +219,7 @@ def log_status(
         cleaner_budget=budget_summary(config),
         foreign_files=len(snapshot.foreign_files),
         foreign_bytes=sum(f.size_bytes for f in snapshot.foreign_files),
+        schema_changes=tuple(schema_changes(snapshot)),
         consumers=tuple(
             c.line() for c in consumer_report(sink.path, sink.checkpoint_path, now=now)
         ),
@@ -309,6 +346,11 @@ def render_table(statuses: Sequence[LogStatus]) -> str:
                 "them into segments"
             )
         lines += [f"  consumer {line}" for line in status.consumers]
+        lines += [
+            f"  schema changed at v{c.version} ({_time(c.timestamp_ms)}, batch {c.batch_id}): "
+            + "; ".join(c.changes)
+            for c in status.schema_changes
+        ]
         for p in status.uncleanable:
             lines.append(
                 f"  p{p.partition} uncleanable: {p.uncleanable_reason or 'no reason recorded'}"

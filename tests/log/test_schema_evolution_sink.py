@@ -18,6 +18,7 @@ from sinks import CleanerConfig, CompactedStateSink, SchemaMismatchError
 from sinks.crash_points import SCHEMA_BEFORE_APPEND, armed
 from sinks.log.log_table import COMMIT_INFO_KEY
 from sinks.reading.replay import export_state, read_manifest, verify_export
+from streaming.status import log_status, render_table
 
 # Passes run only when a step asks for one; tombstones stay (no horizon passes).
 CONFIG = CleanerConfig(min_cleanable_dirty_ratio=1.0)
@@ -95,6 +96,11 @@ def test_a_ten_step_history_evolves_the_log_and_every_reader_follows(
     commits = schema_commits(delta_commits, path)
     assert [changes for _, changes, _ in commits] == [s.changes for s in STEPS if s.changes]
     assert between == [True] * sum(1 for s in STEPS if s.changes)
+    # status names each change with its version, the newest first.
+    status = log_status(sink)
+    assert [c.version for c in status.schema_changes] == [v for v, _, _ in reversed(commits)]
+    assert [list(c.changes) for c in status.schema_changes] == [c for _, c, _ in reversed(commits)]
+    assert f"schema changed at v{commits[-1][0]} " in render_table([status])
     for version, _, actions in commits:
         assert {k for a in actions for k in a} == {"commitInfo", "metaData"}
         following = delta_commits(path)[version + 1]
