@@ -3,9 +3,15 @@
 Real Spark, real Delta: values in Confluent's wire format written by fastavro
 (`encode_confluent`), decoded by `ConfluentAvroDecoder` on the executors, appended
 by `CompactedStateSink` with its additive schema evolution (SPEC "Schema evolution").
+The last test uses confluent-kafka's `AvroSerializer` and its in-process mock registry
+(served over HTTP to `SchemaStore`) when confluent-kafka is installed, and skips otherwise.
 """
 
 from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 from deltalake import DeltaTable
@@ -141,3 +147,73 @@ def test_an_unresolvable_writer_schema_makes_bad_rows_with_the_reason(spark, lak
     reasons = DeltaTable(dead).to_pyarrow_table().column("reason").to_pylist()
     assert len(reasons) == 2
     assert all("writer schema id 9 does not resolve" in r for r in reasons)
+
+
+class _RegistryOver:
+    """A Confluent registry client (here confluent-kafka's mock) served over HTTP, as
+    `SchemaStore` reads one: ``/schemas/ids/<id>`` and ``/subjects/<s>/versions/latest``."""
+
+    def __init__(self, client) -> None:
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                body = outer.answer(self.path)
+                self.send_response(200 if body else 404)
+                self.end_headers()
+                self.wfile.write(json.dumps(body or {"error_code": 40403}).encode())
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.client = client
+        self.server = HTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def answer(self, path: str) -> dict | None:
+        parts = path.strip("/").split("/")
+        try:
+            if parts[:2] == ["schemas", "ids"]:
+                return {"schema": self.client.get_schema(int(parts[2])).schema_str}
+            if parts[0] == "subjects" and parts[2:] == ["versions", "latest"]:
+                found = self.client.get_latest_version(parts[1])
+                return {"id": found.schema_id, "schema": found.schema.schema_str}
+        except Exception:  # the mock raises its own not-found errors
+            return None
+        return None
+
+
+def test_confluent_kafkas_avro_serializer_and_registry_evolve_the_log(spark, lake) -> None:
+    """Values from confluent-kafka's `AvroSerializer` (v1, then v2 registered meanwhile)."""
+    avro = pytest.importorskip("confluent_kafka.schema_registry.avro")
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    client = SchemaRegistryClient.new_client({"url": "mock://evolution"})  # no broker, no server
+    context = SerializationContext("users", MessageField.VALUE)
+    v1 = avro.AvroSerializer(client, json.dumps(USER_V1))
+    registry = _RegistryOver(client)
+    try:
+        path = str(lake / "users")
+        sink = CompactedStateSink(path, key_columns=("key",))
+        store = SchemaStore(registry_url=registry.url)
+        hook = DecodingHook(sink, ConfluentAvroDecoder(store, subject=SUBJECT))
+        hook(spark.createDataFrame([("1", v1({"id": 1, "name": "Ann"}, context))], INPUT), 0)
+        assert _delta_value_fields(path) == ["id", "name"]
+
+        v2 = avro.AvroSerializer(client, json.dumps(USER_V2))
+        rows = [
+            ("2", v2({"id": 2, "name": "Bob", "email": "bob@x"}, context)),
+            ("3", v1({"id": 3, "name": "Cat"}, context)),
+        ]
+        hook(spark.createDataFrame(rows, INPUT), 1)
+    finally:
+        registry.server.shutdown()
+
+    assert _delta_value_fields(path) == ["id", "name", "email"]
+    assert _state(sink) == {
+        "1": {"id": 1, "name": "Ann", "email": None},
+        "2": {"id": 2, "name": "Bob", "email": "bob@x"},
+        "3": {"id": 3, "name": "Cat", "email": None},
+    }
