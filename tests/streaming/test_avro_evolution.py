@@ -22,6 +22,7 @@ from streaming.avro import (
     DECODE_ERROR,
     ConfluentAvroDecoder,
     DecodingHook,
+    SchemaNotFoundError,
     SchemaStore,
     encode_confluent,
 )
@@ -56,6 +57,21 @@ def _state(sink: CompactedStateSink) -> dict[str, dict]:
 def _delta_value_fields(path: str) -> list[str]:
     value = next(f for f in DeltaTable(path).schema().fields if f.name == "value")
     return [f.name for f in value.type.fields]
+
+
+def test_a_store_answers_a_subjects_newest_version_as_a_registry_does() -> None:
+    store = SchemaStore({7: USER_V1}, subjects={SUBJECT: [7]})
+    assert store.latest_id(SUBJECT) == 7
+    assert store.register(SUBJECT, json.dumps(USER_V2)) == 8  # a schema as text, as registries give
+    assert store.register("users-v2-copy", USER_V2) == 8  # the same schema keeps its id
+    assert (store.latest_id(SUBJECT), store.latest(SUBJECT)) == (8, USER_V2)
+    assert store.latest_id() == 8
+    with pytest.raises(SchemaNotFoundError, match="subject 'orders-value' is not in the store"):
+        store.latest_id("orders-value")
+    with pytest.raises(SchemaNotFoundError, match=r"lists schema ids \[2\]"):
+        SchemaStore({1: USER_V1}, subjects={SUBJECT: [1, 2]})
+    with pytest.raises(SchemaNotFoundError, match="the store holds none yet"):
+        ConfluentAvroDecoder(SchemaStore()).choose_reader_schema()
 
 
 def test_a_v2_producers_new_field_reaches_the_log_and_v1_records_read_null(spark, lake) -> None:
