@@ -5,7 +5,12 @@ and the Avro binary body written with that (writer) schema. `ConfluentAvroDecode
 finds the schema ids of a batch (one small Spark job), fetches the writer
 schemas on the driver (from a `SchemaStore`: a local directory or file, or a
 schema registry over HTTP), and ships them to a ``mapInArrow`` task that decodes
-each value into the reader schema's struct.
+each value with its writer schema and resolves it to the reader schema (Avro schema
+resolution, fastavro's). The reader schema is chosen again for every batch: the
+subject's newest registered schema, or one the user pins. So when a producer moves
+to a v2 schema with a new optional field, the batch's struct gains the field (the
+sink's additive schema evolution takes it into the log) and v1 records read its
+default.
 
 Invariants: a null value (a tombstone) stays null and is not an error; a value
 that cannot be decoded becomes null *and* gets a reason in the ``_decode_error``
@@ -21,13 +26,14 @@ import io
 import json
 import struct
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import fastavro
 import pyarrow as pa
+from fastavro.read import SchemaResolutionError
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -40,6 +46,7 @@ DECODE_ERROR = "_decode_error"
 RAW_SUFFIX = "_raw"
 MAGIC_BYTE = 0
 _HEADER = struct.Struct(">bI")
+_DETAIL_CHARS = 160
 
 
 class SchemaNotFoundError(CompactedSinkError):
@@ -51,17 +58,28 @@ class SchemaStore:
 
     ``directory`` holds ``<id>.avsc`` (or ``<id>.json``) files; ``file`` is one JSON
     object mapping ids to schemas; ``registry_url`` is a Confluent-compatible
-    schema registry (``GET /schemas/ids/<id>``). Lookups happen on the driver only.
+    schema registry (``GET /schemas/ids/<id>``, ``GET /subjects/<s>/versions/latest``).
+    ``subjects`` maps a subject to its schema ids, oldest version first (what
+    `register` records). Lookups happen on the driver only.
     """
 
     def __init__(
         self,
         schemas: Mapping[int, Any] | None = None,
         *,
+        subjects: Mapping[str, Sequence[int]] | None = None,
         registry_url: str | None = None,
         timeout_s: float = 10.0,
     ) -> None:
         self._schemas = {int(k): _as_schema(v) for k, v in (schemas or {}).items()}
+        self._subjects = {name: [int(i) for i in ids] for name, ids in (subjects or {}).items()}
+        for name, ids in self._subjects.items():
+            missing = [i for i in ids if i not in self._schemas]
+            if missing:
+                raise SchemaNotFoundError(
+                    f"subject {name!r} lists schema ids {missing} that the store does not hold; "
+                    "pass their schemas too"
+                )
         self.registry_url = registry_url.rstrip("/") if registry_url else None
         self.timeout_s = timeout_s
 
@@ -91,18 +109,53 @@ class SchemaStore:
                 self._schemas[schema_id] = _as_schema(found["schema"])
         return self._schemas.get(schema_id)
 
+    def register(self, subject: str, schema: Any) -> int:
+        """The id of ``schema`` as the subject's newest version, as a registry's POST answers.
+
+        Idempotent: a schema the store already holds keeps its id (and is not a new
+        version when it is already the subject's newest). Local only, never the registry.
+        """
+        schema = _as_schema(schema)
+        schema_id = next((i for i, s in self._schemas.items() if s == schema), None)
+        if schema_id is None:
+            schema_id = max(self._schemas, default=0) + 1
+            self._schemas[schema_id] = schema
+        versions = self._subjects.setdefault(subject, [])
+        if not versions or versions[-1] != schema_id:
+            versions.append(schema_id)
+        return schema_id
+
     def latest(self, subject: str | None = None) -> dict:
-        """A reader schema: the subject's latest in the registry, else the highest local id."""
+        """A reader schema: the newest of the subject (see `latest_id`)."""
+        return self._schemas[self.latest_id(subject)]
+
+    def latest_id(self, subject: str | None = None) -> int:
+        """The id of the subject's newest schema: local versions, else the registry's latest.
+
+        Without a subject, the highest id the store knows (ids only grow in a registry,
+        and the writer ids of the batches seen so far are known): right when the store
+        holds one subject's schemas, so give ``subject`` when it holds several.
+        Asked again for every batch, so a version registered meanwhile is found.
+        """
         if subject is not None:
-            if not self.registry_url:
-                raise SchemaNotFoundError(f"subject {subject!r} given without a registry_url")
-            found = self._fetch(f"/subjects/{subject}/versions/latest")
-            assert found is not None
-            self._schemas[int(found["id"])] = _as_schema(found["schema"])
-            return self._schemas[int(found["id"])]
+            local = self._subjects.get(subject)
+            if self.registry_url:
+                found = self._fetch(f"/subjects/{subject}/versions/latest", missing_ok=bool(local))
+                if found is not None:
+                    self._schemas[int(found["id"])] = _as_schema(found["schema"])
+                    return int(found["id"])
+            if not local:
+                raise SchemaNotFoundError(
+                    f"subject {subject!r} is not in the store and there is no registry_url; "
+                    f"register it or give a registry_url (local subjects: {sorted(self._subjects)})"
+                )
+            return local[-1]
         if not self._schemas:
-            raise SchemaNotFoundError("no local schemas to take a reader schema from")
-        return self._schemas[max(self._schemas)]
+            raise SchemaNotFoundError(
+                "no schema to read with: the store holds none yet; give a subject, "
+                "a reader_schema, or local schema files"
+            )
+        return max(self._schemas)
 
     def _fetch(self, path: str, *, missing_ok: bool = False) -> dict | None:
         request = urllib.request.Request(
@@ -134,9 +187,14 @@ def encode_confluent(schema_id: int, schema: Any, record: Any) -> bytes:
 class ConfluentAvroDecoder:
     """Decodes the ``column`` of a DataFrame from Confluent Avro into the reader schema's type.
 
-    ``reader_schema`` defaults to the store's latest schema; every batch decodes
-    into it (Avro schema resolution), so the log's schema stays the same when
-    producers move to a newer compatible writer schema.
+    Each value is read with its writer schema (by the schema id in its header) and
+    resolved to the reader schema, chosen anew for every batch: the pinned
+    ``reader_schema`` when given, else the store's newest schema of ``subject``
+    (`SchemaStore.latest_id`). With the newest schema, a v2 producer's new field
+    reaches the batch's struct and v1 records read the field's default; with a
+    pinned schema the output type stays the same. A writer schema that does not
+    resolve to the reader schema (a field's type changed, a new field without a
+    default) makes a bad row with the reason in ``_decode_error``.
     """
 
     def __init__(
@@ -149,18 +207,38 @@ class ConfluentAvroDecoder:
         keep_raw: bool = False,
     ) -> None:
         self.store = store
-        self.reader_schema = (
-            _as_schema(reader_schema) if reader_schema is not None else store.latest(subject)
-        )
-        self.data_type = avro_to_spark(self.reader_schema)
+        self.pinned = _as_schema(reader_schema) if reader_schema is not None else None
+        self.subject = subject
         self.column = column
         self.keep_raw = keep_raw
+        self.reader_schema: Any = self.pinned
+        self.reader_label = "the pinned reader schema"
+        if self.pinned is not None:
+            avro_to_spark(self.pinned)  # fails now, not at the first batch, when unmappable
+
+    @property
+    def data_type(self) -> T.DataType:
+        """The Spark type of the current reader schema (the last batch's)."""
+        if self.reader_schema is None:
+            self.choose_reader_schema()
+        return avro_to_spark(self.reader_schema)
+
+    def choose_reader_schema(self) -> Any:
+        """The reader schema for the next batch: the pinned one, or the subject's newest."""
+        if self.pinned is None:
+            schema_id = self.store.latest_id(self.subject)
+            self.reader_schema = self.store.get(schema_id)
+            of = f" of subject {self.subject!r}" if self.subject else ""
+            self.reader_label = f"schema id {schema_id}, the newest{of}"
+        return self.reader_schema
 
     def output_schema(self, input_schema: T.StructType) -> T.StructType:
+        """``input_schema`` with ``column`` as the reader schema's type and ``_decode_error``."""
+        data_type = self.data_type
         fields = []
         for f in input_schema.fields:
             if f.name == self.column:
-                fields.append(T.StructField(self.column, self.data_type, True))
+                fields.append(T.StructField(self.column, data_type, True))
                 if self.keep_raw:
                     fields.append(T.StructField(self.column + RAW_SUFFIX, T.BinaryType(), True))
             else:
@@ -169,7 +247,25 @@ class ConfluentAvroDecoder:
         return T.StructType(fields)
 
     def decode(self, df: DataFrame) -> DataFrame:
-        """``df`` with ``column`` decoded and ``_decode_error`` added; runs one job to find ids."""
+        """``df`` with ``column`` decoded and ``_decode_error`` added; runs one job to find ids.
+
+        The writer schemas are fetched before the reader schema is chosen, so without
+        a subject a batch's new writer id is already known to the store.
+        """
+        writers = self._writer_schemas(df)
+        self.choose_reader_schema()
+        schema = self.output_schema(df.schema)
+        task = _DecodeTask(
+            column=self.column,
+            keep_raw=self.keep_raw,
+            writer_schemas=json.dumps({str(k): v for k, v in writers.items()}),
+            reader_schema=json.dumps(self.reader_schema),
+            reader_label=self.reader_label,
+            output_schema=schema.json(),
+        )
+        return df.mapInArrow(task, schema)
+
+    def _writer_schemas(self, df: DataFrame) -> dict[int, Any]:
         value = F.col(self.column)
         headers = (
             df.filter(value.isNotNull() & (F.octet_length(value) >= _HEADER.size))
@@ -184,15 +280,7 @@ class ConfluentAvroDecoder:
                 schema = self.store.get(schema_id)
                 if schema is not None:
                     writers[schema_id] = schema
-        schema = self.output_schema(df.schema)
-        task = _DecodeTask(
-            column=self.column,
-            keep_raw=self.keep_raw,
-            writer_schemas=json.dumps({str(k): v for k, v in writers.items()}),
-            reader_schema=json.dumps(self.reader_schema),
-            output_schema=schema.json(),
-        )
-        return df.mapInArrow(task, schema)
+        return writers
 
 
 @dataclass(frozen=True)
@@ -203,6 +291,7 @@ class _DecodeTask:
     keep_raw: bool
     writer_schemas: str
     reader_schema: str
+    reader_label: str
     output_schema: str
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -218,7 +307,7 @@ class _DecodeTask:
             decoded, errors = [], []
             raw = batch.column(self.column).to_pylist()
             for payload in raw:
-                record, error = _decode(payload, writers, reader)
+                record, error = _decode(payload, writers, reader, self.reader_label)
                 decoded.append(_arrow_value(record))
                 errors.append(error)
             columns = []
@@ -235,7 +324,7 @@ class _DecodeTask:
 
 
 def _decode(
-    payload: bytes | None, writers: Mapping[int, Any], reader: Any
+    payload: bytes | None, writers: Mapping[int, Any], reader: Any, reader_label: str
 ) -> tuple[Any, str | None]:
     if payload is None:
         return None, None  # a tombstone stays a tombstone
@@ -250,11 +339,25 @@ def _decode(
     try:
         body = io.BytesIO(payload[_HEADER.size :])
         record = fastavro.schemaless_reader(body, writer, reader)
+    except SchemaResolutionError as e:
+        return None, _unresolvable(schema_id, reader_label, e)
     except Exception as e:  # fastavro raises many types for a corrupt body
         return None, f"Avro body does not decode with schema id {schema_id}: {type(e).__name__}"
     if body.tell() != len(payload) - _HEADER.size:
         return None, f"Avro body has trailing bytes after schema id {schema_id}'s record"
     return record, None
+
+
+def _unresolvable(schema_id: int, reader_label: str, error: Exception) -> str:
+    """The reason for a writer schema that Avro resolution cannot read as the reader schema."""
+    detail = str(error)
+    if len(detail) > _DETAIL_CHARS:  # fastavro prints whole schemas for a record name mismatch
+        detail = detail[:_DETAIL_CHARS] + "..."
+    return (
+        f"writer schema id {schema_id} does not resolve to the reader schema "
+        f"({reader_label}): {detail}; make the producer's schema backward compatible "
+        "(new fields with defaults, no type changes) or pin a reader_schema it resolves to"
+    )
 
 
 def _arrow_value(value: Any) -> Any:
