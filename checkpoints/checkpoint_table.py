@@ -19,7 +19,8 @@ from typing import Literal
 
 import pyarrow as pa
 from deltalake import DeltaTable
-from deltalake.exceptions import CommitFailedError, TableNotFoundError
+
+from checkpoints.keyed_table import KeyedTable
 
 CleanerState = Literal["idle", "in_progress", "paused", "uncleanable"]
 
@@ -63,8 +64,6 @@ TABLE_PROPERTIES = {
     "delta.checkpointInterval": "100",
     "delta.enableExpiredLogCleanup": "false",
 }
-_COMPACT_EVERY = 50  # versions between compactions of the checkpoint table's small files
-_RETRIES = 10
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,6 +108,14 @@ class CleanerOffsetCheckpoint:
     def __init__(self, uri: str, storage_options: Mapping[str, str] | None = None) -> None:
         self.uri = uri
         self.storage_options = dict(storage_options or {})
+        self._keyed = KeyedTable(
+            uri,
+            CHECKPOINT_SCHEMA,
+            ("log_path", "partition"),
+            name="cleaner-offset-checkpoint",
+            properties=TABLE_PROPERTIES,
+            storage_options=self.storage_options,
+        )
 
     def read(self, log_path: str | None = None) -> dict[tuple[str, int], CheckpointEntry]:
         """Every row (or one log's rows), keyed by (log_path, partition)."""
@@ -131,55 +138,11 @@ class CleanerOffsetCheckpoint:
         """Upsert rows by (log_path, partition) in one commit; retried on conflicts."""
         stamp = int(time.time() * 1000)
         rows = [asdict(e.with_changes(updated_ms=stamp)) for e in entries]
-        if not rows:
-            return
-        source = pa.Table.from_pylist(rows, schema=CHECKPOINT_SCHEMA)
-        for attempt in range(_RETRIES):
-            table = self._table() or self._create()
-            try:
-                (
-                    table.merge(
-                        source,
-                        predicate='t.log_path = s.log_path AND t."partition" = s."partition"',
-                        source_alias="s",
-                        target_alias="t",
-                    )
-                    .when_matched_update_all()
-                    .when_not_matched_insert_all()
-                    .execute()
-                )
-                break
-            except CommitFailedError:
-                if attempt == _RETRIES - 1:
-                    raise
-                time.sleep(0.05 * (attempt + 1))
-        table.update_incremental()
-        if table.version() % _COMPACT_EVERY == 0:
-            table.optimize.compact()
+        self._keyed.upsert(pa.Table.from_pylist(rows, schema=CHECKPOINT_SCHEMA))
 
     def _table(self) -> DeltaTable | None:
-        try:
-            return DeltaTable(self.uri, storage_options=self.storage_options or None)
-        except TableNotFoundError:
-            return None
+        return self._keyed.table()
 
     def open_or_create(self) -> DeltaTable:
         """The table, created with its properties if it does not exist yet."""
-        return self._table() or self._create()
-
-    def _create(self) -> DeltaTable:
-        try:
-            DeltaTable.create(
-                self.uri,
-                CHECKPOINT_SCHEMA,
-                mode="ignore",
-                storage_options=self.storage_options or None,
-                name="cleaner-offset-checkpoint",
-                configuration=TABLE_PROPERTIES,
-            )
-        except Exception:
-            if self._table() is None:
-                raise
-        table = self._table()
-        assert table is not None
-        return table
+        return self._keyed.open_or_create()

@@ -23,7 +23,9 @@ from dataclasses import asdict, dataclass
 
 import pyarrow as pa
 from deltalake import DeltaTable
-from deltalake.exceptions import CommitFailedError, TableNotFoundError
+
+from checkpoints.checkpoint_table import HANDS_OFF_PROPERTIES
+from checkpoints.keyed_table import KeyedTable
 
 CONSUMER_OFFSETS_TABLE_NAME = "_consumer-offsets"
 DEFAULT_CONSUMER_EXPIRATION_MS = 7 * 24 * 3_600_000  # Kafka's offsets.retention.minutes
@@ -40,13 +42,12 @@ CONSUMER_OFFSETS_SCHEMA = pa.schema(
 )
 # Kept small: no one time-travels this table; each micro-batch of each consumer merges once.
 TABLE_PROPERTIES = {
+    **HANDS_OFF_PROPERTIES,
     "delta.deletedFileRetentionDuration": "interval 1 hour",
     "delta.logRetentionDuration": "interval 1 hour",
     "delta.checkpointInterval": "50",
     "delta.enableExpiredLogCleanup": "true",
 }
-_COMPACT_EVERY = 50  # versions between compactions (and vacuums) of the table's small files
-_RETRIES = 10
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,6 +100,15 @@ class ConsumerOffsets:
     def __init__(self, uri: str, storage_options: Mapping[str, str] | None = None) -> None:
         self.uri = uri
         self.storage_options = dict(storage_options or {})
+        self._keyed = KeyedTable(
+            uri,
+            CONSUMER_OFFSETS_SCHEMA,
+            ("log_path", "consumer_id", "partition"),
+            name="consumer-offsets",
+            properties=TABLE_PROPERTIES,
+            storage_options=self.storage_options,
+            vacuum_hours=1,  # no segment deleter looks after this table
+        )
 
     def read(self, log_path: str | None = None) -> list[CommittedOffset]:
         """Every row (or one log's rows)."""
@@ -182,55 +192,10 @@ class ConsumerOffsets:
         return int(metrics.get("num_deleted_rows", 0))
 
     def _merge(self, source: pa.Table) -> None:
-        for attempt in range(_RETRIES):
-            table = self._table() or self._create()
-            try:
-                (
-                    table.merge(
-                        source,
-                        predicate=(
-                            "t.log_path = s.log_path AND t.consumer_id = s.consumer_id "
-                            'AND t."partition" = s."partition"'
-                        ),
-                        source_alias="s",
-                        target_alias="t",
-                    )
-                    .when_matched_update_all()
-                    .when_not_matched_insert_all()
-                    .execute()
-                )
-                break
-            except CommitFailedError:
-                if attempt == _RETRIES - 1:
-                    raise
-                time.sleep(0.05 * (attempt + 1))
-        table.update_incremental()
-        if table.version() % _COMPACT_EVERY == 0:
-            table.optimize.compact()
-            table.vacuum(retention_hours=1, dry_run=False, enforce_retention_duration=False)
+        self._keyed.upsert(source)
 
     def _table(self) -> DeltaTable | None:
-        try:
-            return DeltaTable(self.uri, storage_options=self.storage_options or None)
-        except TableNotFoundError:
-            return None
-
-    def _create(self) -> DeltaTable:
-        try:
-            DeltaTable.create(
-                self.uri,
-                CONSUMER_OFFSETS_SCHEMA,
-                mode="ignore",
-                storage_options=self.storage_options or None,
-                name="consumer-offsets",
-                configuration=TABLE_PROPERTIES,
-            )
-        except Exception:
-            if self._table() is None:
-                raise
-        table = self._table()
-        assert table is not None
-        return table
+        return self._keyed.table()
 
 
 def _quote(text: str) -> str:

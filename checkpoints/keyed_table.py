@@ -1,0 +1,100 @@
+"""A small Delta table of keyed rows, upserted with MERGE: what the checkpoint tables share.
+
+The cleaner-offset checkpoint (`checkpoints.checkpoint_table`) and the consumer offsets
+(`checkpoints.consumer_offsets`) are both a few rows per log, rewritten often by many
+processes. Each upsert is one MERGE on the key columns, retried when a concurrent commit
+wins, and every ``COMPACT_EVERY`` versions the table's small files are compacted (and,
+for a table no one else vacuums, its removed files deleted).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+
+import pyarrow as pa
+from deltalake import DeltaTable
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
+
+COMPACT_EVERY = 50  # versions between compactions of the table's small files
+RETRIES = 10
+
+
+class KeyedTable:
+    """The Delta table at ``uri`` with ``schema``, keyed by ``keys``; created on first write."""
+
+    def __init__(
+        self,
+        uri: str,
+        schema: pa.Schema,
+        keys: Sequence[str],
+        *,
+        name: str,
+        properties: Mapping[str, str],
+        storage_options: Mapping[str, str] | None = None,
+        vacuum_hours: int | None = None,
+    ) -> None:
+        self.uri = uri
+        self.schema = schema
+        self.keys = tuple(keys)
+        self.name = name
+        self.properties = dict(properties)
+        self.storage_options = dict(storage_options or {})
+        self.vacuum_hours = vacuum_hours
+
+    def table(self) -> DeltaTable | None:
+        """The table as of now; None before the first write."""
+        try:
+            return DeltaTable(self.uri, storage_options=self.storage_options or None)
+        except TableNotFoundError:
+            return None
+
+    def open_or_create(self) -> DeltaTable:
+        """The table, created with its properties if it does not exist yet."""
+        table = self.table()
+        if table is not None:
+            return table
+        try:
+            DeltaTable.create(
+                self.uri,
+                self.schema,
+                mode="ignore",
+                storage_options=self.storage_options or None,
+                name=self.name,
+                configuration=self.properties,
+            )
+        except Exception:
+            if self.table() is None:
+                raise  # not a concurrent creator: a real failure
+        created = self.table()
+        assert created is not None
+        return created
+
+    def upsert(self, rows: pa.Table) -> None:
+        """Insert or replace ``rows`` by key in one commit; retried on conflicts."""
+        if rows.num_rows == 0:
+            return
+        predicate = " AND ".join(f't."{k}" = s."{k}"' for k in self.keys)
+        for attempt in range(RETRIES):
+            table = self.open_or_create()
+            try:
+                (
+                    table.merge(rows, predicate=predicate, source_alias="s", target_alias="t")
+                    .when_matched_update_all()
+                    .when_not_matched_insert_all()
+                    .execute()
+                )
+                break
+            except CommitFailedError:
+                if attempt == RETRIES - 1:
+                    raise
+                time.sleep(0.05 * (attempt + 1))
+        table.update_incremental()
+        if table.version() % COMPACT_EVERY == 0:
+            table.optimize.compact()
+            if self.vacuum_hours is not None:
+                table.vacuum(
+                    retention_hours=self.vacuum_hours,
+                    dry_run=False,
+                    enforce_retention_duration=False,
+                )
