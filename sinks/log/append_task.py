@@ -28,7 +28,6 @@ from sinks.log.records import (
     BatchReport,
     OffsetAssigner,
     PartitionCounts,
-    RecordValidator,
     drop_below_log_end,
 )
 from sinks.log.segment_writer import (
@@ -37,6 +36,7 @@ from sinks.log.segment_writer import (
     SegmentWriterTask,
     WrittenSegment,
 )
+from sinks.log.validity import RecordValidator
 
 APPEND_TASK_DDL = WRITTEN_SEGMENT_DDL + "".join(f", {c} long" for c in COUNT_COLUMNS)
 _OUTPUT_SCHEMA = pa.schema([*WRITTEN_ARROW_SCHEMA, *[(c, pa.int64()) for c in COUNT_COLUMNS]])

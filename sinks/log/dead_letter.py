@@ -2,11 +2,11 @@
 
 Kafka refuses a record without a key on a compacted topic and a record over
 ``message.max.bytes``; a producer then routes it to a dead-letter topic. Here the
-sink does both in one call: `rejection_reason` names what is wrong with each
-row (null key, null or negative partition, null Kafka offset, a value over
-``message.max.bytes``, an undecodable payload flagged by a decoder in the
-``_decode_error`` column), the bad rows go to the dead-letter table and the good
-rows to the log.
+sink does both in one call: `sinks.log.validity.rejection_reason` names what is
+wrong with each row (null key, null or negative partition, null Kafka offset, a
+value over ``message.max.bytes``, an undecodable payload flagged by a decoder in
+the ``_decode_error`` column), the bad rows go to the dead-letter table and the
+good rows to the log.
 
 Atomicity without a two-table transaction: the dead-letter commit carries a
 Delta ``txn`` (the sink's app id, the batch id) and is made *before* the log
@@ -33,6 +33,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from sinks.log.records import DECODE_ERROR
+from sinks.log.validity import rejection_reason
 
 logger = logging.getLogger("compacted_sink")
 
@@ -48,47 +49,6 @@ DEAD_LETTER_SCHEMA = pa.schema(
         ("dead_lettered_ms", pa.int64()),
     ]
 )
-
-
-def rejection_reason(
-    df: DataFrame,
-    *,
-    key_columns: Sequence[str],
-    has_offsets: bool,
-    message_max_bytes: int,
-) -> Column:
-    """Why a row cannot go into the log, or null when it can (the first problem found).
-
-    A pure Column expression over the batch's own columns (``partition`` and
-    ``offset`` when present); the same rules `sinks.log.records.RecordValidator` counts per batch.
-    """
-    keys = ", ".join(key_columns)
-    checks: list[tuple[Column, str]] = []
-    if DECODE_ERROR in df.columns:
-        checks.append((F.col(DECODE_ERROR).isNotNull(), "undecodable payload: "))
-    null_key = F.lit(False)
-    for k in key_columns:
-        null_key = null_key | F.col(k).isNull()
-    checks.append((null_key, f"null key ({keys})"))
-    if "partition" in df.columns:
-        checks.append((F.col("partition").isNull(), "null partition"))
-        checks.append((F.col("partition") < 0, "negative partition"))
-    if has_offsets and "offset" in df.columns:
-        checks.append((F.col("offset").isNull(), "null offset"))
-    value_type = df.schema["value"].dataType if "value" in df.columns else None
-    if isinstance(value_type, T.BinaryType | T.StringType):
-        checks.append(
-            (
-                F.coalesce(F.octet_length("value"), F.lit(0)) > message_max_bytes,
-                f"value larger than message.max.bytes ({message_max_bytes} bytes)",
-            )
-        )
-    reason: Column | None = None
-    for test, text in checks:
-        message = F.concat(F.lit(text), F.col(DECODE_ERROR)) if text.endswith(": ") else F.lit(text)
-        reason = F.when(test, message) if reason is None else reason.when(test, message)
-    assert reason is not None
-    return reason.otherwise(F.lit(None).cast("string"))
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,9 @@ Spark's Kafka source. `prepare_batch` adds what the log needs (``partition``,
 ``offset`` when absent, ``timestamp``, ``delete_horizon_ms``) as a pure DataFrame
 → DataFrame function. The rest ports Kafka's ``LogValidator`` and runs on Arrow,
 where the rows are (an executor's append task, or the data source's driver):
-`RecordValidator` counts what is wrong with the records, per partition, into a
-`BatchReport` whose `problems` say what, which column and how many rows;
+`sinks.log.validity.RecordValidator` counts what is wrong with the records, per
+partition, into a `BatchReport` whose `problems` say what, which column and how
+many rows;
 `OffsetAssigner` numbers records per partition from the log end offset in input
 order, and `drop_below_log_end` drops Kafka records the log already holds. One
 place for the checks, whichever path appends.
@@ -14,14 +15,12 @@ place for the checks, whichever path appends.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
@@ -208,104 +207,6 @@ def raise_for_problems(problems: list[str], *, batch_id: int) -> None:
     """Raise `BadInputError` listing ``problems``, if any."""
     if problems:
         raise BadInputError(f"batch {batch_id}: " + "; ".join(problems) + "; nothing was written")
-
-
-_NO_PARTITION = np.iinfo(np.int64).min  # stands in for a null partition when comparing neighbours
-
-
-class RecordValidator:
-    """Counts, batch by batch, what makes records unwritable (Kafka's ``LogValidator``).
-
-    Null keys, null or negative partitions, values over ``message.max.bytes``, rows a
-    decoder flagged in ``_decode_error`` and, for Kafka input, null offsets and
-    offsets that repeat within a partition. Repeats are found between neighbours, so
-    Kafka input must arrive sorted by (partition, offset) across all the batches fed
-    to one validator. Not thread-safe; one per task.
-    """
-
-    def __init__(
-        self, *, key_columns: Sequence[str], has_offsets: bool, message_max_bytes: int
-    ) -> None:
-        self.key_columns = tuple(key_columns)
-        self.has_offsets = has_offsets
-        self.message_max_bytes = message_max_bytes
-        self._counts: dict[int | None, PartitionCounts] = {}
-        self._last: tuple[int, int] | None = None  # (partition, offset) of the previous row
-
-    def validate(self, batch: pa.RecordBatch | pa.Table) -> bool:
-        """Count ``batch``'s problems; True when it has none."""
-        if batch.num_rows == 0:
-            return True
-        partition = batch.column(PARTITION)
-        masks: dict[str, pa.Array | np.ndarray] = {}
-        null_key = pc.is_null(batch.column(self.key_columns[0]))
-        for k in self.key_columns[1:]:
-            null_key = pc.or_(null_key, pc.is_null(batch.column(k)))
-        masks["null_keys"] = null_key
-        value = batch.column(VALUE)
-        if _has_length(value.type):
-            lengths = pc.fill_null(pc.binary_length(value), 0)
-            masks["oversized_values"] = pc.greater(lengths, self.message_max_bytes)
-        if DECODE_ERROR in batch.schema.names:
-            masks["undecodable"] = pc.is_valid(batch.column(DECODE_ERROR))
-        if self.has_offsets:
-            masks["null_offsets"] = pc.is_null(batch.column(OFFSET))
-            masks["repeated_offsets"] = self._repeats(partition, batch.column(OFFSET))
-        table = pa.table({PARTITION: partition, **masks})
-        grouped = table.group_by(PARTITION, use_threads=False).aggregate(
-            [([], "count_all"), *[(name, "sum") for name in masks]]
-        )
-        clean = True
-        for row in grouped.to_pylist():
-            counts = PartitionCounts(
-                rows=row["count_all"], **{name: int(row[f"{name}_sum"]) for name in masks}
-            )
-            p = row[PARTITION]
-            clean = clean and counts.bad == 0 and p is not None and p >= 0
-            self._add(p, counts)
-        return clean
-
-    def _repeats(self, partition: pa.Array, offset: pa.Array) -> np.ndarray:
-        p = pc.fill_null(partition.cast(pa.int64()), _NO_PARTITION).to_numpy(zero_copy_only=False)
-        valid = pc.is_valid(offset).to_numpy(zero_copy_only=False)
-        o = pc.fill_null(offset, 0).to_numpy(zero_copy_only=False)
-        same = np.zeros(len(o), dtype=bool)
-        same[1:] = valid[1:] & valid[:-1] & (p[1:] == p[:-1]) & (o[1:] == o[:-1])
-        if self._last is not None and valid[0]:
-            same[0] = (int(p[0]), int(o[0])) == self._last
-        last = len(o) - 1
-        self._last = (int(p[last]), int(o[last])) if valid[last] else None
-        return same
-
-    def count_redelivered(self, before: pa.RecordBatch, kept: pa.RecordBatch) -> None:
-        """Count, per partition, the rows `drop_below_log_end` took out of ``before``."""
-        if before.num_rows == kept.num_rows:
-            return
-        dropped = Counter(before.column(PARTITION).to_pylist())
-        dropped.subtract(kept.column(PARTITION).to_pylist())
-        for partition, n in dropped.items():
-            if n:
-                self._add(partition, PartitionCounts(redelivered=n))
-
-    def _add(self, partition: int | None, counts: PartitionCounts) -> None:
-        self._counts[partition] = self._counts.get(partition, PartitionCounts()) + counts
-
-    @property
-    def found_problems(self) -> bool:
-        """True once any row fed so far is unwritable."""
-        return any(c.bad or p is None or p < 0 for p, c in self._counts.items())
-
-    def report(self) -> BatchReport:
-        return BatchReport(dict(self._counts))
-
-
-def _has_length(arrow_type: pa.DataType) -> bool:
-    return (
-        pa.types.is_binary(arrow_type)
-        or pa.types.is_string(arrow_type)
-        or pa.types.is_large_binary(arrow_type)
-        or pa.types.is_large_string(arrow_type)
-    )
 
 
 class OffsetAssigner:

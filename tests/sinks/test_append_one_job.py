@@ -17,7 +17,8 @@ from pyspark.sql import types as T
 from sinks import BadInputError, CleanerConfig, CompactedStateSink
 from sinks.log.log_append import LogAppender
 from sinks.log.log_table import LogTable
-from sinks.log.records import OffsetAssigner, PartitionCounts, RecordValidator
+from sinks.log.records import OffsetAssigner, PartitionCounts
+from sinks.log.validity import RecordValidator
 
 NO_CLEAN = CleanerConfig(min_cleanable_dirty_ratio=1.0)
 KAFKA = "key string, value string, partition int, offset long"

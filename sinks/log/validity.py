@@ -1,0 +1,237 @@
+"""Which records a compacted log refuses: Kafka's producer-side checks, written once.
+
+Kafka's broker refuses a record without a key on a compacted topic and a record
+over ``message.max.bytes`` (``LogValidator``). The rules, in the order a dead
+letter names the first one a row breaks (`ROW_RULES`):
+
+- ``undecodable``: a decoder flagged the payload in ``_decode_error``;
+- ``null_keys``: a key column is null;
+- ``null_partition`` / ``negative_partition``: no partition to append to;
+- ``null_offsets``: Kafka input (offsets came with the batch) without an offset;
+- ``oversized_values``: a string or binary value longer than ``message.max.bytes``.
+
+They run in two places, so they exist in two forms side by side here, and
+``tests/log/test_validity.py`` holds them to the same verdict on the same rows:
+`rejection_reason` (Spark, the reason column a batch is split on for dead letters)
+and `row_problems` (Arrow, the masks `RecordValidator` counts where the append's
+task holds the rows).
+
+One rule is not a row's: a Kafka offset that repeats within a partition says the
+batch itself is broken (a source redelivered inside one batch), not that a record
+is bad, so no row of it can be chosen as the one to quarantine. `RecordValidator`
+counts repeats (input sorted by partition and offset) and the batch fails whole,
+with or without a dead-letter table.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from sinks.log.records import (
+    DECODE_ERROR,
+    OFFSET,
+    PARTITION,
+    VALUE,
+    BatchReport,
+    PartitionCounts,
+)
+
+ROW_RULES = (
+    "undecodable",
+    "null_keys",
+    "null_partition",
+    "negative_partition",
+    "null_offsets",
+    "oversized_values",
+)
+"""The per-row rules, in the order a dead letter names the first one broken."""
+
+
+def reason_text(rule: str, *, key_columns: Sequence[str], message_max_bytes: int) -> str:
+    """The dead-letter reason for ``rule`` (``undecodable`` is followed by the decoder's text)."""
+    return {
+        "undecodable": "undecodable payload: ",
+        "null_keys": f"null key ({', '.join(key_columns)})",
+        "null_partition": "null partition",
+        "negative_partition": "negative partition",
+        "null_offsets": "null offset",
+        "oversized_values": f"value larger than message.max.bytes ({message_max_bytes} bytes)",
+    }[rule]
+
+
+# -- Spark: the reason column dead letters split on --------------------------------------
+
+
+def spark_row_problems(
+    df: DataFrame, *, key_columns: Sequence[str], has_offsets: bool, message_max_bytes: int
+) -> dict[str, Column]:
+    """Each rule that applies to ``df``'s columns, as a boolean Column (true: broken)."""
+    columns = set(df.columns)
+    checks: dict[str, Column] = {}
+    if DECODE_ERROR in columns:
+        checks["undecodable"] = F.col(DECODE_ERROR).isNotNull()
+    null_key = F.lit(False)
+    for k in key_columns:
+        null_key = null_key | F.col(k).isNull()
+    checks["null_keys"] = null_key
+    if PARTITION in columns:
+        checks["null_partition"] = F.col(PARTITION).isNull()
+        checks["negative_partition"] = F.col(PARTITION) < 0
+    if has_offsets and OFFSET in columns:
+        checks["null_offsets"] = F.col(OFFSET).isNull()
+    if VALUE in columns and isinstance(df.schema[VALUE].dataType, T.BinaryType | T.StringType):
+        checks["oversized_values"] = F.coalesce(F.octet_length(VALUE), F.lit(0)) > message_max_bytes
+    return {rule: checks[rule] for rule in ROW_RULES if rule in checks}
+
+
+def rejection_reason(
+    df: DataFrame, *, key_columns: Sequence[str], has_offsets: bool, message_max_bytes: int
+) -> Column:
+    """Why a row cannot go into the log, or null when it can (the first rule it breaks)."""
+    reason: Column | None = None
+    problems = spark_row_problems(
+        df, key_columns=key_columns, has_offsets=has_offsets, message_max_bytes=message_max_bytes
+    )
+    for rule, broken in problems.items():
+        text = reason_text(rule, key_columns=key_columns, message_max_bytes=message_max_bytes)
+        message = (
+            F.concat(F.lit(text), F.col(DECODE_ERROR)) if rule == "undecodable" else F.lit(text)
+        )
+        reason = F.when(broken, message) if reason is None else reason.when(broken, message)
+    assert reason is not None  # null_keys always applies
+    return reason.otherwise(F.lit(None).cast("string"))
+
+
+# -- Arrow: the masks the append task counts ---------------------------------------------
+
+
+def row_problems(
+    batch: pa.RecordBatch | pa.Table,
+    *,
+    key_columns: Sequence[str],
+    has_offsets: bool,
+    message_max_bytes: int,
+) -> dict[str, pa.Array]:
+    """Each rule that applies to ``batch``'s columns, as a boolean mask (true: broken). Pure."""
+    names = set(batch.schema.names)
+    checks: dict[str, pa.Array] = {}
+    if DECODE_ERROR in names:
+        checks["undecodable"] = pc.is_valid(batch.column(DECODE_ERROR))
+    null_key = pc.is_null(batch.column(key_columns[0]))
+    for k in key_columns[1:]:
+        null_key = pc.or_(null_key, pc.is_null(batch.column(k)))
+    checks["null_keys"] = null_key
+    if PARTITION in names:
+        partition = batch.column(PARTITION)
+        checks["null_partition"] = pc.is_null(partition)
+        checks["negative_partition"] = pc.fill_null(pc.less(partition, 0), False)
+    if has_offsets and OFFSET in names:
+        checks["null_offsets"] = pc.is_null(batch.column(OFFSET))
+    if VALUE in names and _has_length(batch.schema.field(VALUE).type):
+        lengths = pc.fill_null(pc.binary_length(batch.column(VALUE)), 0)
+        checks["oversized_values"] = pc.greater(lengths, message_max_bytes)
+    return {rule: checks[rule] for rule in ROW_RULES if rule in checks}
+
+
+_NO_PARTITION = np.iinfo(np.int64).min  # stands in for a null partition when comparing neighbours
+_PARTITION_RULES = ("null_partition", "negative_partition")  # counted by grouping on partition
+
+
+class RecordValidator:
+    """Counts, batch by batch, what makes records unwritable (Kafka's ``LogValidator``).
+
+    `row_problems` per row, counted per partition; and, for Kafka input, offsets that
+    repeat within a partition. Repeats are found between neighbours, so Kafka input
+    must arrive sorted by (partition, offset) across all the batches fed to one
+    validator. Not thread-safe; one per task.
+    """
+
+    def __init__(
+        self, *, key_columns: Sequence[str], has_offsets: bool, message_max_bytes: int
+    ) -> None:
+        self.key_columns = tuple(key_columns)
+        self.has_offsets = has_offsets
+        self.message_max_bytes = message_max_bytes
+        self._counts: dict[int | None, PartitionCounts] = {}
+        self._last: tuple[int, int] | None = None  # (partition, offset) of the previous row
+
+    def validate(self, batch: pa.RecordBatch | pa.Table) -> bool:
+        """Count ``batch``'s problems; True when it has none."""
+        if batch.num_rows == 0:
+            return True
+        partition = batch.column(PARTITION)
+        masks: dict[str, pa.Array | np.ndarray] = {
+            rule: mask
+            for rule, mask in row_problems(
+                batch,
+                key_columns=self.key_columns,
+                has_offsets=self.has_offsets,
+                message_max_bytes=self.message_max_bytes,
+            ).items()
+            if rule not in _PARTITION_RULES
+        }
+        if self.has_offsets:
+            masks["repeated_offsets"] = self._repeats(partition, batch.column(OFFSET))
+        table = pa.table({PARTITION: partition, **masks})
+        grouped = table.group_by(PARTITION, use_threads=False).aggregate(
+            [([], "count_all"), *[(name, "sum") for name in masks]]
+        )
+        clean = True
+        for row in grouped.to_pylist():
+            counts = PartitionCounts(
+                rows=row["count_all"], **{name: int(row[f"{name}_sum"]) for name in masks}
+            )
+            p = row[PARTITION]
+            clean = clean and counts.bad == 0 and p is not None and p >= 0
+            self._add(p, counts)
+        return clean
+
+    def _repeats(self, partition: pa.Array, offset: pa.Array) -> np.ndarray:
+        p = pc.fill_null(partition.cast(pa.int64()), _NO_PARTITION).to_numpy(zero_copy_only=False)
+        valid = pc.is_valid(offset).to_numpy(zero_copy_only=False)
+        o = pc.fill_null(offset, 0).to_numpy(zero_copy_only=False)
+        same = np.zeros(len(o), dtype=bool)
+        same[1:] = valid[1:] & valid[:-1] & (p[1:] == p[:-1]) & (o[1:] == o[:-1])
+        if self._last is not None and valid[0]:
+            same[0] = (int(p[0]), int(o[0])) == self._last
+        last = len(o) - 1
+        self._last = (int(p[last]), int(o[last])) if valid[last] else None
+        return same
+
+    def count_redelivered(self, before: pa.RecordBatch, kept: pa.RecordBatch) -> None:
+        """Count, per partition, the rows `drop_below_log_end` took out of ``before``."""
+        if before.num_rows == kept.num_rows:
+            return
+        dropped = Counter(before.column(PARTITION).to_pylist())
+        dropped.subtract(kept.column(PARTITION).to_pylist())
+        for partition, n in dropped.items():
+            if n:
+                self._add(partition, PartitionCounts(redelivered=n))
+
+    def _add(self, partition: int | None, counts: PartitionCounts) -> None:
+        self._counts[partition] = self._counts.get(partition, PartitionCounts()) + counts
+
+    @property
+    def found_problems(self) -> bool:
+        """True once any row fed so far is unwritable."""
+        return any(c.bad or p is None or p < 0 for p, c in self._counts.items())
+
+    def report(self) -> BatchReport:
+        return BatchReport(dict(self._counts))
+
+
+def _has_length(arrow_type: pa.DataType) -> bool:
+    return (
+        pa.types.is_binary(arrow_type)
+        or pa.types.is_string(arrow_type)
+        or pa.types.is_large_binary(arrow_type)
+        or pa.types.is_large_string(arrow_type)
+    )
