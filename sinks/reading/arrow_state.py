@@ -40,6 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sinks.log.file_reader import ParquetReaderTask
+from sinks.log.latest import arrow_latest_offsets
 from sinks.log.log_keys import LogKeys, log_keys
 from sinks.log.log_table import AsOf, LogSnapshot, LogTable
 from sinks.log.records import (
@@ -165,7 +166,7 @@ class StatePlan:
             clean = reader.read_all(sections.clean, narrow)
             rivals = clean.take(_matching_rows(clean, tail_keys, group, "left semi"))
             tail = pa.concat_tables([tail, rivals])
-        winners = latest_offsets(tail, group, keys.sequence_column)
+        winners = arrow_latest_offsets(tail, group, keys.sequence_column)
         return cls(
             snapshot,
             keys,
@@ -217,30 +218,6 @@ def _matching_rows(
     narrow = records.select(list(on)).append_column(_ROW, pa.array(np.arange(records.num_rows)))
     kept = narrow.join(other.select(list(on)), list(on), join_type=join_type)
     return np.sort(kept.column(_ROW).to_numpy())
-
-
-def latest_offsets(
-    records: pa.Table, group: Sequence[str], sequence_column: str | None
-) -> pa.Table:
-    """(group columns, offset) of each group's latest record. Pure.
-
-    Without a sequence, ``max(offset)``. With one, the highest (sequence, offset),
-    a null sequence lowest, as Spark's ``max(struct(sequence, offset))`` in
-    `sinks.reading.state_reader` orders them; offsets are unique within a
-    partition, so the winner is too.
-    """
-    group = list(group)
-    if sequence_column is None or sequence_column in (*group, OFFSET):
-        latest = records.group_by(group).aggregate([(OFFSET, "max")])
-        return latest.rename_columns([*group, OFFSET])
-    ordered = records.take(
-        pc.sort_indices(
-            records,
-            sort_keys=[(sequence_column, "descending", "at_end"), (OFFSET, "descending", "at_end")],
-        )
-    )
-    first = ordered.group_by(group, use_threads=False).aggregate([(OFFSET, "first")])
-    return first.rename_columns([*group, OFFSET])
 
 
 def _own_keys(keys: LogKeys) -> list[str]:

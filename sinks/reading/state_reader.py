@@ -41,6 +41,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from sinks.log.latest import spark_latest_offsets
 from sinks.log.log_table import LogSnapshot, LogTable
 from sinks.log.records import OFFSET, PARTITION, VALUE
 from sinks.log.segment import DataFile, ForeignFile, Segment
@@ -56,7 +57,6 @@ from sinks.log.segment import DataFile, ForeignFile, Segment
 # but the estimate's per-row figure is above the measured increment (~28 B a key).
 TAIL_BROADCAST_MAX_BYTES = 128 * 1024 * 1024
 
-_ORDER = "_order"
 _WINNER = "_winner_offset"
 _VARIABLE_WIDTH = (T.StringType, T.BinaryType, T.ArrayType, T.MapType, T.StructType)
 
@@ -153,7 +153,7 @@ def read_state(
         tail_keys = _hint(tail.select(PARTITION, *keys).distinct(), small)
         rivals = clean.select(*tail.columns).join(tail_keys, [PARTITION, *keys], "left_semi")
         tail = tail.unionByName(rivals)
-    winners = _latest_offsets(tail, keys, sequence_column)
+    winners = spark_latest_offsets(tail, [PARTITION, *keys], sequence_column)
     return _live(
         _keep_winners(clean if sections.clean else None, dirty, winners, keys, small), keys
     )
@@ -187,23 +187,6 @@ def _keep_winners(
 
     tail = join(dirty, "d", True, "left_semi")
     return tail if clean is None else join(clean, "c", False, "left_anti").unionByName(tail)
-
-
-def _latest_offsets(
-    records: DataFrame, key_columns: Sequence[str], sequence_column: str | None
-) -> DataFrame:
-    """(partition, keys, offset) of each key's latest record, from narrow columns only.
-
-    Without a sequence this is ``max(offset)``, a hash aggregate on a long. Ties on
-    the sequence go to the higher offset, as in `latest_records`; an offset is
-    unique within a partition, so the winner is too.
-    """
-    group = [PARTITION, *key_columns]
-    if sequence_column is None:
-        return records.groupBy(*group).agg(F.max(OFFSET).alias(OFFSET))
-    order = F.struct(F.col(sequence_column), F.col(OFFSET))
-    latest = records.groupBy(*group).agg(F.max(order).alias(_ORDER))
-    return latest.select(*group, F.col(f"{_ORDER}.{OFFSET}").alias(OFFSET))
 
 
 def _hint(df: DataFrame, small: bool) -> DataFrame:

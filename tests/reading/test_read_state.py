@@ -24,7 +24,6 @@ from sinks import (
     read_state,
     read_state_batches,
 )
-from sinks.reading.arrow_state import latest_offsets
 
 NO_CLEAN = CleanerConfig(min_cleanable_dirty_ratio=1.0)
 KV = "key string, value string"
@@ -55,21 +54,6 @@ def as_dict(table: pa.Table) -> dict:
 
 
 # -- pure ----------------------------------------------------------------------------------
-
-
-def test_latest_offsets_with_a_sequence_prefers_the_sequence_then_the_offset():
-    records = pa.table(
-        {
-            "partition": [0, 0, 0, 0, 0],
-            "key": ["a", "a", "b", "b", "c"],
-            "seq": [5, 3, 2, 2, None],
-            "offset": [1, 2, 3, 4, 5],
-        }
-    )
-    plain = latest_offsets(records, ["partition", "key"], None).sort_by("key")
-    assert plain.column("offset").to_pylist() == [2, 4, 5]
-    ordered = latest_offsets(records, ["partition", "key"], "seq").sort_by("key")
-    assert ordered.column("offset").to_pylist() == [1, 4, 5]
 
 
 # -- against state() -----------------------------------------------------------------------

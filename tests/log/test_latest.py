@@ -1,0 +1,41 @@
+"""Latest per key: Spark and Arrow pick the same winner on the same rows."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from sinks.log.latest import arrow_latest_offsets, spark_latest_offsets
+
+RECORDS = pa.table(
+    {
+        "partition": pa.array([0, 0, 0, 0, 0, 0, 1, 1, 0], pa.int32()),
+        "key": ["a", "a", "b", "b", "c", "c", "a", "a", "a"],
+        "region": ["eu", "eu", "eu", "eu", "eu", "eu", "eu", "eu", "us"],
+        "seq": pa.array([5, 3, 2, 2, None, 1, None, None, 7], pa.int64()),
+        "offset": pa.array([1, 2, 3, 4, 5, 6, 7, 8, 9], pa.int64()),
+    }
+)
+GROUP = ["partition", "key", "region"]
+
+
+def _winners(table: pa.Table) -> list[tuple]:
+    return sorted(zip(*(table.column(c).to_pylist() for c in [*GROUP, "offset"]), strict=True))
+
+
+@pytest.mark.parametrize(
+    ("sequence_column", "expected"),
+    [
+        # No sequence: the highest offset per (partition, key columns).
+        (None, [(0, "a", "eu", 2), (0, "a", "us", 9), (0, "b", "eu", 4), (0, "c", "eu", 6),
+                (1, "a", "eu", 8)]),
+        # The sequence decides; a tie goes to the higher offset; a null sequence ranks lowest.
+        ("seq", [(0, "a", "eu", 1), (0, "a", "us", 9), (0, "b", "eu", 4), (0, "c", "eu", 6),
+                 (1, "a", "eu", 8)]),
+    ],
+)  # fmt: skip
+def test_spark_and_arrow_pick_the_same_latest_record(spark, sequence_column, expected):
+    arrow = arrow_latest_offsets(RECORDS, GROUP, sequence_column)
+    assert _winners(arrow) == expected
+    rows = spark_latest_offsets(spark.createDataFrame(RECORDS), GROUP, sequence_column).collect()
+    assert sorted(tuple(r) for r in rows) == expected
