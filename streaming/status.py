@@ -27,7 +27,7 @@ from datetime import UTC, datetime
 
 from deltalake import DeltaTable
 
-from sinks import CleanerConfig, CompactedStateSink
+from sinks import CompactedStateSink
 from sinks.cleaner.cleaner_stats import format_bytes
 from sinks.cleaner.log_to_clean import LogToClean, cleanable_offsets, dirty_ratio, log_to_clean
 from sinks.cleaner.throttler import budget_summary
@@ -183,7 +183,11 @@ def log_status(
     for log in sink.logs_to_clean(snapshot):
         segments = snapshot.segments.get(log.partition, [])
         entry = entries.get((sink.path, log.partition))
-        because = _cleanable_because(log, now, config)
+        because = log.cleanable_because(
+            now_ms=now,
+            min_cleanable_dirty_ratio=config.min_cleanable_dirty_ratio,
+            max_compaction_lag_ms=config.max_compaction_lag_ms,
+        )
         recopy = None
         if entry is not None and entry.bytes_read:
             recopy = (entry.bytes_written or 0) / entry.bytes_read
@@ -482,17 +486,6 @@ def plot_history(
     figure.savefig(file, dpi=110)
     plt.close(figure)
     return file
-
-
-def _cleanable_because(log: LogToClean, now: int, config: CleanerConfig) -> str | None:
-    """Why SPEC rule 4 makes the partition cleanable now, or None when it is not."""
-    if log.has_expired_tombstones(now):
-        return "expired tombstones"
-    if log.cleanable_bytes and log.cleanable_ratio > config.min_cleanable_dirty_ratio:
-        return "dirty ratio"
-    if log.cleanable_bytes and log.compaction_delay_ms(now) > config.max_compaction_lag_ms:
-        return "max.compaction.lag.ms"
-    return None
 
 
 def _time(ms: int | None) -> str:

@@ -117,13 +117,34 @@ class LogToClean:
 
         With ``force``, any cleanable bytes or expired tombstone will do.
         """
+        because = self.cleanable_because(
+            now_ms=now_ms,
+            min_cleanable_dirty_ratio=min_cleanable_dirty_ratio,
+            max_compaction_lag_ms=max_compaction_lag_ms,
+            force=force,
+        )
+        return because is not None
+
+    def cleanable_because(
+        self,
+        *,
+        now_ms: int,
+        min_cleanable_dirty_ratio: float,
+        max_compaction_lag_ms: int,
+        force: bool = False,
+    ) -> str | None:
+        """Which clause of SPEC rule 4 makes the partition cleanable now; None when none does."""
         if self.has_expired_tombstones(now_ms):
-            return True
+            return "expired tombstones"
         if self.cleanable_bytes == 0:
-            return False
-        if force or self.cleanable_ratio > min_cleanable_dirty_ratio:
-            return True
-        return self.compaction_delay_ms(now_ms) > max_compaction_lag_ms
+            return None
+        if force:
+            return "forced"
+        if self.cleanable_ratio > min_cleanable_dirty_ratio:
+            return "dirty ratio"
+        if self.compaction_delay_ms(now_ms) > max_compaction_lag_ms:
+            return "max.compaction.lag.ms"
+        return None
 
 
 def log_to_clean(

@@ -37,7 +37,6 @@ from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.transaction import CommitProperties, Transaction
 from deltalake.transaction import RemoveAction as _RemoveAction
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
@@ -50,6 +49,7 @@ from sinks.log.foreign_commits import (
     read_commit,
 )
 from sinks.log.history_window import check_reachable
+from sinks.log.records import spark_at_or_above
 from sinks.log.segment import DataFile, ForeignFile, Segment, classify
 from sinks.log.segment_writer import WrittenSegment
 from sinks.log.storage import is_local, join
@@ -177,14 +177,7 @@ class LogTable:
                 snapshot.spark_schema,
                 storage_options=self.storage_options,
             )
-        starts = {p: snapshot.log_start_offset(p) for p in snapshot.partitions}
-        floors = {p: start for p, start in starts.items() if start > 0}
-        if floors:
-            floor = F.create_map(*[F.lit(x) for kv in floors.items() for x in kv])[
-                F.col("partition")
-            ]
-            df = df.filter(F.col("offset") >= F.coalesce(floor, F.lit(0)))
-        return df
+        return spark_at_or_above(df, {p: snapshot.log_start_offset(p) for p in snapshot.partitions})
 
 
 class LogSnapshot:

@@ -237,10 +237,24 @@ def drop_below_log_end(batch: pa.RecordBatch, log_end_offsets: Mapping[int, int]
 
 
 def at_or_above(records: RecordsT, floors: Mapping[int, int]) -> RecordsT:
-    """The rows whose offset is at or above their partition's floor (0 where none is given)."""
+    """The rows whose offset is at or above their partition's floor (0 where none is given).
+
+    The log start offset's rule (SPEC: records below it are gone) on Arrow;
+    `spark_at_or_above` is the same rule on Spark, and the redelivery filter
+    (`drop_below_log_end`) uses it with the log end offsets as floors.
+    """
     partitions = records.column(PARTITION).to_numpy(zero_copy_only=False)
     floor = np.zeros(records.num_rows, dtype=np.int64)
     for p, start in floors.items():
         floor[partitions == p] = start
     offsets = records.column(OFFSET).to_numpy(zero_copy_only=False)
     return records.filter(pa.array(offsets >= floor))
+
+
+def spark_at_or_above(df: DataFrame, floors: Mapping[int, int]) -> DataFrame:
+    """`at_or_above` on a DataFrame: the rows at or above their partition's floor."""
+    floors = {p: start for p, start in floors.items() if start > 0}
+    if not floors:
+        return df
+    floor = F.create_map(*[F.lit(x) for kv in floors.items() for x in kv])[F.col(PARTITION)]
+    return df.filter(F.col(OFFSET) >= F.coalesce(floor, F.lit(0)))

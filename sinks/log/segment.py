@@ -17,6 +17,7 @@ it into segments (`sinks.maintenance.rearrangement`).
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from urllib.parse import unquote
 
@@ -52,6 +53,25 @@ class Segment:
     def next_offset(self) -> int:
         """The offset just past this segment's last record."""
         return self.last_offset + 1
+
+
+def split_clean(
+    segments: Iterable[Segment], end: int | None
+) -> tuple[list[Segment], list[Segment]]:
+    """One partition's segments split at ``end``: (clean, dirty), each by base offset. Pure.
+
+    The one rule for which segments are clean (SPEC rule 6): a segment is clean
+    when it lies wholly below ``end`` (its last offset < ``end``), and dirty when
+    it straddles ``end`` or lies above it; with no ``end`` (a partition never
+    cleaned) every segment is dirty. Who asks chooses ``end``: the reader the
+    cleaner offset the log records, planning the checkpoint's first dirty offset,
+    the offset map the lower of the two.
+    """
+    clean: list[Segment] = []
+    dirty: list[Segment] = []
+    for segment in sorted(segments):
+        (clean if end is not None and segment.last_offset < end else dirty).append(segment)
+    return clean, dirty
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ from pyspark.sql import types as T
 from sinks.log.latest import spark_latest_offsets
 from sinks.log.log_table import LogSnapshot, LogTable
 from sinks.log.records import OFFSET, PARTITION, VALUE
-from sinks.log.segment import DataFile, ForeignFile, Segment
+from sinks.log.segment import DataFile, ForeignFile, Segment, split_clean
 
 # The largest lookup table (estimated, see `broadcast_bytes`) this reader asks Spark
 # to broadcast: an eighth of the 1 GiB Spark gives a driver by default, and of
@@ -82,17 +82,16 @@ def split_at_cleaner_offset(
     cleaner_offsets: Mapping[int, int | None],
     foreign: Sequence[ForeignFile] = (),
 ) -> LogSections:
-    """Clean: segments wholly below their partition's cleaner offset. Pure.
+    """Clean: segments wholly below their partition's cleaner offset (`split_clean`). Pure.
 
     A partition with no recorded offset is all dirty; so is every foreign file.
     """
     clean: list[Segment] = []
     dirty: list[DataFile] = [*foreign]
     for partition, partition_segments in sorted(segments.items()):
-        end = cleaner_offsets.get(partition)
-        for segment in sorted(partition_segments):
-            below = end is not None and segment.last_offset < end
-            (clean if below else dirty).append(segment)
+        below, above = split_clean(partition_segments, cleaner_offsets.get(partition))
+        clean += below
+        dirty += above
     return LogSections(tuple(clean), tuple(dirty))
 
 
