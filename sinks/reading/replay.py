@@ -19,7 +19,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 import fastavro
 import pyarrow as pa
@@ -28,12 +28,27 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from sinks.errors import CompactedSinkError
-from sinks.log.log_table import AsOf
+from sinks.log.log_table import AsOf, LogTable
 from sinks.log.storage import arrow_filesystem, normalize_uri
 from sinks.spark_session import active_session
 
-if TYPE_CHECKING:
-    from sinks.sink import CompactedStateSink
+
+class StateLog(Protocol):
+    """What export, verification and restore need of a log: `CompactedStateSink` is one.
+
+    A protocol, so this module stays below the sink that calls it (reading sits under
+    the front in the layers).
+    """
+
+    path: str
+    key_columns: tuple[str, ...]
+    log_table: LogTable
+    last_append: Any
+
+    def state(self, as_of: AsOf | None = None) -> DataFrame: ...
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None: ...
+
 
 Codec = Literal["null", "deflate", "snappy", "zstandard", "bzip2", "xz", "lz4"]
 MANIFEST = "_manifest.json"
@@ -98,7 +113,7 @@ class Verification:
 
 
 def export_state(
-    sink: CompactedStateSink,
+    sink: StateLog,
     directory: str,
     *,
     codec: Codec = "deflate",
@@ -186,7 +201,7 @@ def read_export(spark: SparkSession, directory: str) -> DataFrame:
     return files.repartition(partitions).mapInArrow(reader, schema)
 
 
-def verify_export(sink: CompactedStateSink, directory: str) -> Verification:
+def verify_export(sink: StateLog, directory: str) -> Verification:
     """Compare an export with ``sink.state()`` at the version it was taken from, row for row.
 
     Runs Spark jobs (two anti-joins); column types that Spark cannot compare
@@ -226,7 +241,7 @@ class RestoreReport:
 
 def restore(
     source: DataFrame,
-    target: CompactedStateSink,
+    target: StateLog,
     *,
     source_name: str,
     batch_id: int = 0,
