@@ -58,6 +58,7 @@ from checkpoints.consumer_offsets import (
 )
 from sinks.config import LONG_MAX
 from sinks.errors import ConfigError
+from sinks.log.file_reader import conform
 from sinks.log.log_table import LogSnapshot, LogTable, log_arrow_schema
 from sinks.log.records import DELETE_HORIZON_MS, OFFSET, PARTITION, TIMESTAMP
 from sinks.log.segment import Segment, is_segment_path
@@ -287,18 +288,7 @@ class RangeReader:
                 if not pc.all(mask).as_py():
                     batch = batch.filter(mask)
                 if batch.num_rows:
-                    yield _conform_batch(batch, self.schema)
-
-
-def _conform_batch(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
-    """Exactly ``schema``'s columns, in order: missing ones (older files) null, types cast."""
-    columns = [
-        batch.column(f.name).cast(f.type)
-        if f.name in batch.schema.names
-        else pa.nulls(batch.num_rows, f.type)
-        for f in schema
-    ]
-    return pa.RecordBatch.from_arrays(columns, schema=schema)
+                    yield conform(batch, self.schema)
 
 
 def timestamp_positions(snapshot: LogSnapshot, target_ms: int) -> Positions:

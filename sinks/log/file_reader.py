@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -71,14 +72,22 @@ class ParquetReaderTask:
                     parquet = pq.ParquetFile(source)
                     present = [n for n in self.schema.names if n in parquet.schema_arrow.names]
                     for rows in parquet.iter_batches(batch_size=_BATCH_ROWS, columns=present):
-                        yield self._conform(rows)
+                        yield conform(rows, self.schema)
 
-    def _conform(self, rows: pa.RecordBatch) -> pa.RecordBatch:
-        """Exactly ``schema``'s columns, in order: missing ones null, types cast."""
-        columns = [
-            rows.column(f.name).cast(f.type)
-            if f.name in rows.schema.names
-            else pa.nulls(rows.num_rows, f.type)
-            for f in self.schema
-        ]
-        return pa.RecordBatch.from_arrays(columns, schema=self.schema)
+
+RecordsT = TypeVar("RecordsT", pa.Table, pa.RecordBatch)
+
+
+def conform(records: RecordsT, schema: pa.Schema) -> RecordsT:
+    """Exactly ``schema``'s columns, in order: missing ones null, types cast. Pure.
+
+    Files of several schemas (a log whose schema evolved) read as one: Arrow casts
+    struct fields by name, fills the fields a file lacks with null and widens types.
+    """
+    columns = [
+        records.column(f.name).cast(f.type)
+        if f.name in records.schema.names
+        else pa.nulls(records.num_rows, f.type)
+        for f in schema
+    ]
+    return type(records).from_arrays(columns, schema=schema)
