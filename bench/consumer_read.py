@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -31,6 +29,7 @@ from pyspark.sql import functions as F
 from sinks import CleanerConfig, CompactedStateSink
 from sinks.log.storage import join
 from streaming.datasource import register
+from streaming.session import local_session
 
 
 def build_log(spark: SparkSession, path: str, records: int, partitions: int, value_bytes: int):
@@ -63,16 +62,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--out", default=None, help="write the figures as JSON here")
     args = parser.parse_args()
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # executors import this project
-
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = local_session("consumer-read", "local[2]", conf={"spark.ui.enabled": "false"})
     register(spark)
     base = Path(tempfile.mkdtemp(prefix="consumer-read-"))
     try:

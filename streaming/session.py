@@ -11,22 +11,35 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 
 from pyspark.sql import SparkSession
 
 REMOTE_ENV = "SPARK_REMOTE"
+LOCAL_CONF = {
+    "spark.sql.shuffle.partitions": "4",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.ui.showConsoleProgress": "false",
+}
 
 
-def local_session(app_name: str = "compacted-sink", master: str | None = None) -> SparkSession:
-    """A SparkSession for jobs and notebooks: ``local[*]`` unless ``master`` or SPARK_MASTER say."""
+def local_session(
+    app_name: str = "compacted-sink",
+    master: str | None = None,
+    *,
+    conf: Mapping[str, str] | None = None,
+) -> SparkSession:
+    """A SparkSession for jobs and notebooks: ``local[*]`` unless ``master`` or SPARK_MASTER say.
+
+    ``conf`` adds or overrides settings (tests, benchmarks and the cluster harness
+    build their sessions here too, with their own sizes).
+    """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = (
-        SparkSession.builder.master(master or os.environ.get("SPARK_MASTER", "local[*]"))
-        .appName(app_name)
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.ui.showConsoleProgress", "false")
-    )
+    settings = {**LOCAL_CONF, **(conf or {})}
+    builder = SparkSession.builder.master(master or os.environ.get("SPARK_MASTER", "local[*]"))
+    builder = builder.appName(app_name)
+    for key, value in settings.items():
+        builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark

@@ -29,6 +29,8 @@ import pyspark
 import pytest
 from pyspark.sql import SparkSession
 
+from streaming.session import local_session
+
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
@@ -46,14 +48,8 @@ SESSION_CONF = {
 
 
 def build_session() -> SparkSession:
-    builder = SparkSession.builder.master("local[2]").appName("compacted-sink-tests")
-    for key, value in SESSION_CONF.items():
-        builder = builder.config(key, value)
-    return (
-        builder.config("spark.default.parallelism", "2")
-        .config("spark.driver.memory", "2g")
-        .getOrCreate()
-    )
+    conf = {**SESSION_CONF, "spark.default.parallelism": "2", "spark.driver.memory": "2g"}
+    return local_session("compacted-sink-tests", "local[2]", conf=conf)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -138,28 +138,22 @@ def describe_executors(spark: Any) -> dict[str, Any]:
 
 def cluster_session(master: str, app_name: str) -> Any:
     """A driver for a standalone master on loopback, configured like the tests' local session."""
-    from pyspark.sql import SparkSession
+    from streaming.session import local_session
 
-    session = (
-        SparkSession.builder.master(master)
-        .appName(app_name)
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.memory", "1g")
-        .config("spark.executor.memory", "1g")
-        .config("spark.executor.cores", "1")
-        .config("spark.cores.max", "1")
-        .config("spark.pyspark.python", sys.executable)
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.default.parallelism", "2")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    return session
+    conf = {
+        "spark.driver.host": "127.0.0.1",
+        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.driver.memory": "1g",
+        "spark.executor.memory": "1g",
+        "spark.executor.cores": "1",
+        "spark.cores.max": "1",
+        "spark.pyspark.python": sys.executable,
+        "spark.sql.shuffle.partitions": "2",
+        "spark.default.parallelism": "2",
+        "spark.ui.enabled": "false",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+    }
+    return local_session(app_name, master, conf=conf)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,21 +20,15 @@ DEAD = "dead-letters"
 
 
 def spark_session():
-    from pyspark.sql import SparkSession
+    from streaming.session import local_session
 
-    spark = (
-        SparkSession.builder.master("local[1]")
-        .appName("crash-driver")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.default.parallelism", "1")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.memory", "1g")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
+    conf = {
+        "spark.sql.shuffle.partitions": "2",
+        "spark.default.parallelism": "1",
+        "spark.ui.enabled": "false",
+        "spark.driver.memory": "1g",
+    }
+    return local_session("crash-driver", "local[1]", conf=conf)
 
 
 def main(scenario: str, lake: str) -> None:
