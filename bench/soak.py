@@ -28,14 +28,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 from sinks import CleanerConfig, CompactedStateSink
 from sinks.log.history_window import list_delta_log
 from sinks.log.storage import normalize_uri
 from sinks.maintenance.file_inventory import list_data_files, take_inventory
+from streaming.demo import DemoSettings, keyed_updates, replay
 
-_MULTIPLIER = 7919
 TOMBSTONE_EVERY = 50
 
 
@@ -70,37 +69,21 @@ def _say(line: str) -> None:
     print(line, flush=True)
 
 
-def keyed_updates(spark: SparkSession, s: SoakSettings) -> DataFrame:
-    rows = (
-        spark.readStream.format("rate-micro-batch")
-        .option("rowsPerBatch", s.rows_per_batch)
-        .option("numPartitions", 1)
-        .load()
-    )
-    n = F.col("value")
-    key_id = (n * _MULTIPLIER) % s.keys
-    # Hex digests: values that do not compress away, as real payloads rarely do.
-    digest = F.sha2(n.cast("string"), 256)
-    value = F.substring(F.concat(*[digest] * (s.value_bytes // 64 + 1)), 1, s.value_bytes)
-    return rows.select(
-        F.concat(F.lit("k"), key_id.cast("string")).alias("key"),
-        F.when(n % TOMBSTONE_EVERY == TOMBSTONE_EVERY - 1, F.lit(None))
-        .otherwise(value)
-        .cast("binary")
-        .alias("value"),
+def source_settings(s: SoakSettings) -> DemoSettings:
+    """The demo's source of keyed updates and tombstones, sized for the soak (one partition)."""
+    return DemoSettings(
+        keys=s.keys,
+        partitions=1,
+        rows_per_batch=s.rows_per_batch,
+        tombstone_every=TOMBSTONE_EVERY,
+        key_prefix="k",
+        value_bytes=s.value_bytes,
     )
 
 
 def expected_keys(s: SoakSettings, fed: int) -> int:
     """How many keys are live after ``fed`` rows (a replay of the same rows)."""
-    live: set[int] = set()
-    for n in range(fed):
-        key = n * _MULTIPLIER % s.keys
-        if n % TOMBSTONE_EVERY == TOMBSTONE_EVERY - 1:
-            live.discard(key)
-        else:
-            live.add(key)
-    return len(live)
+    return len(replay(source_settings(s), fed))
 
 
 def run(spark: SparkSession, s: SoakSettings, *, out=_say) -> dict:
@@ -136,7 +119,7 @@ def run(spark: SparkSession, s: SoakSettings, *, out=_say) -> dict:
 
     load_start = os.getloadavg()
     query = (
-        keyed_updates(spark, s)
+        keyed_updates(spark, source_settings(s))
         .writeStream.foreachBatch(hook)
         .option("checkpointLocation", str(lake / "_chk"))
         .trigger(processingTime="0 seconds")

@@ -9,13 +9,14 @@ sink's ``state()`` is checked against a plain replay of everything fed in.
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from sinks import CleanerConfig, CompactedStateSink
@@ -32,6 +33,8 @@ class DemoSettings:
     batches: int = 30
     tombstone_every: int = 50
     min_cleanable_dirty_ratio: float = 0.5
+    key_prefix: str = "user-"
+    value_bytes: int | None = None  # None: "v<n>"; else hex digests of this size (incompressible)
 
 
 def keyed_updates(spark: SparkSession, settings: DemoSettings) -> DataFrame:
@@ -45,24 +48,32 @@ def keyed_updates(spark: SparkSession, settings: DemoSettings) -> DataFrame:
     n = F.col("value")
     key_id = (n * _MULTIPLIER) % settings.keys
     return rows.select(
-        F.concat(F.lit("user-"), key_id.cast("string")).alias("key"),
+        F.concat(F.lit(settings.key_prefix), key_id.cast("string")).alias("key"),
         F.when(n % settings.tombstone_every == settings.tombstone_every - 1, F.lit(None))
-        .otherwise(F.concat(F.lit("v"), n.cast("string")))
+        .otherwise(_value(n, settings.value_bytes))
         .cast("binary")
         .alias("value"),
         (key_id % settings.partitions).cast("int").alias("partition"),
     )
 
 
+def _value(n: Column, value_bytes: int | None) -> Column:
+    if value_bytes is None:
+        return F.concat(F.lit("v"), n.cast("string"))
+    # Hex digests: values that do not compress away, as real payloads rarely do.
+    digest = F.sha2(n.cast("string"), 256)
+    return F.substring(F.concat(*[digest] * (value_bytes // 64 + 1)), 1, value_bytes)
+
+
 def replay(settings: DemoSettings, fed: int) -> dict[str, bytes]:
     """What the state must be after ``fed`` rows: a dict replay of the same rows."""
     state: dict[str, bytes] = {}
     for n in range(fed):
-        key = f"user-{n * _MULTIPLIER % settings.keys}"
+        key = f"{settings.key_prefix}{n * _MULTIPLIER % settings.keys}"
         if n % settings.tombstone_every == settings.tombstone_every - 1:
             state.pop(key, None)
         else:
-            state[key] = f"v{n}".encode()
+            state[key] = _replayed_value(n, settings.value_bytes)
     return state
 
 
@@ -124,3 +135,10 @@ def run(spark: SparkSession, settings: DemoSettings, *, out=print) -> bool:
         f"({len(expected)} live keys) [checked in {time.monotonic() - started:.1f} s]"
     )
     return matches
+
+
+def _replayed_value(n: int, value_bytes: int | None) -> bytes:
+    if value_bytes is None:
+        return f"v{n}".encode()
+    digest = hashlib.sha256(str(n).encode()).hexdigest()
+    return (digest * (value_bytes // 64 + 1))[:value_bytes].encode()
