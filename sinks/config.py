@@ -80,9 +80,10 @@ class CleanerConfig:
       See `sinks.cleaner.cpu_priority`.
     - ``dedupe_buffer_size``: the memory one pass task's offset map may use (Kafka's
       ``log.cleaner.dedupe.buffer.size``; default 512 MiB, not Kafka's 128 MiB, as a key
-      here is held exactly, not as a 16-byte digest). A mapped record costs about 128 bytes
-      (`sinks.cleaner.offset_map.BYTES_PER_MAPPED_RECORD`): the default maps 4 M records of
-      a partition per pass; a partition with more dirty records is cleaned in several passes.
+      here is held exactly, not as a 16-byte digest). A mapped record costs about 160 bytes
+      with 16-byte keys (`sinks.cleaner.offset_map.BYTES_PER_MAPPED_RECORD`): the default
+      maps 3.3 M records of a partition per pass, each of a pass's concurrent tasks holding
+      its own map; a partition with more dirty records is cleaned in several passes.
     """
 
     cleanup_policy: CleanupPolicy = "compact"

@@ -35,11 +35,11 @@ from sinks.cleaner.key_encoding import canonical_keys
 from sinks.cleaner.rules import latest_offsets
 from sinks.log.segment import Segment
 
-# What one mapped record costs a task at its peak, measured (bench/scale.py's
-# `offset_map_cost`, 16-byte string keys, 2.5 M records): the narrow columns read
-# (key, offset, about 30 bytes), the canonical keys and the hash aggregate's table
-# (about 50 bytes), the map kept (about 30 bytes per key). Wider keys cost more.
-BYTES_PER_MAPPED_RECORD = 128
+# What one mapped record costs a task at its peak, measured: 146 bytes a record for
+# 16-byte string keys (2.5 M records, 1.25 M keys; a fresh process's peak RSS growth
+# while it reads the narrow columns of one Parquet file and builds the map; 105 bytes
+# a record stay held). Rounded up; wider keys cost more.
+BYTES_PER_MAPPED_RECORD = 160
 
 
 def max_map_records(dedupe_buffer_size: int) -> int:

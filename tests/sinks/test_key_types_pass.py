@@ -73,11 +73,11 @@ CASES = {
                 (T0, Decimal("1.10"), (1, -0.0), 4.0, "b", 0),  # same key, lower: loses
                 (T0, Decimal("1.1"), (None, 1.0), None, "c", 1),
                 (T0, Decimal("1.10"), (None, 1.0), 1.0, "d", 1),  # same key, null seq loses
-                (T0 + dt.timedelta(microseconds=1), Decimal("2.00"), None, 1.0, "e", 0),
+                (T0 + dt.timedelta(microseconds=1), Decimal("2.00"), (3, None), 1.0, "e", 0),
             ],
             [
                 (T0, Decimal("1.10"), (1, 0.0), math.nan, None, 0),  # NaN: highest
-                (T0 + dt.timedelta(microseconds=1), Decimal("2.00"), None, 0.5, "f", 0),
+                (T0 + dt.timedelta(microseconds=1), Decimal("2.00"), (3, None), 0.5, "f", 0),
                 (T0, Decimal("3.00"), (2, math.nan), 1.0, "g", 1),
                 (T0, Decimal("3.00"), (2, math.nan), 1.0, "h", 1),  # tie: later offset
             ],
