@@ -34,6 +34,16 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+# Types whose values Arrow's hash tables compare exactly as Spark groups them.
+_AS_IS = (
+    pa.types.is_integer,
+    pa.types.is_boolean,
+    pa.types.is_string,
+    pa.types.is_large_string,
+    pa.types.is_binary,
+    pa.types.is_large_binary,
+)
+
 
 def canonical_keys(table: pa.Table, columns: Sequence[str]) -> pa.Table:
     """The key ``columns`` of ``table`` as flat, null-free columns ``k0, k1, ...``.
@@ -71,14 +81,7 @@ def _encode(array: pa.Array) -> list[pa.Array]:
         array = array.view(pa.int64() if kind.bit_width == 64 else pa.int32())
     elif pa.types.is_decimal(kind):
         array = array.cast(pa.string())
-    elif not (
-        pa.types.is_integer(kind)
-        or pa.types.is_boolean(kind)
-        or pa.types.is_string(kind)
-        or pa.types.is_large_string(kind)
-        or pa.types.is_binary(kind)
-        or pa.types.is_large_binary(kind)
-    ):
+    elif not any(compares_as_is(kind) for compares_as_is in _AS_IS):
         array = pa.array([None if v is None else repr(_py(v)) for v in array.to_pylist()])
     if array.null_count == 0:
         return [array]
