@@ -108,7 +108,7 @@ def one_size(
     started = time.perf_counter()
     build_log(spark, source, total=total, partitions=partitions, value_bytes=value_bytes)
     built_s = time.perf_counter() - started
-    pass_runs, floor_runs = [], []
+    pass_runs, floor_runs, cleaner_runs = [], [], []
     peaks: dict[str, float] = {}
     for _ in range(repeats):  # pass, floor, pass, floor: a change of load weighs on both
         copy = os.path.join(work, name + "-pass", "log")
@@ -123,6 +123,7 @@ def one_size(
         while passes[-1] is not None and passes[-1].work_left:  # the dedupe buffer cut it
             passes.append(sink.log_cleaner.clean(spark, force=True, max_tasks=max_tasks))
         pass_runs.append(time.perf_counter() - started)
+        cleaner_runs.append(sum(p.duration_ms for p in passes if p is not None) / 1000)
         peaks = {k: max(v, peaks.get(k, 0.0)) for k, v in rss.read().items()}
         stats = passes[0]
         assert stats is not None, "the log had nothing to clean"
@@ -155,6 +156,7 @@ def one_size(
         "segments_written": stats.segments_written,
         "pass_runs_s": [round(x, 2) for x in pass_runs],
         "floor_runs_s": [round(x, 2) for x in floor_runs],
+        "cleaner_runs_s": [round(x, 2) for x in cleaner_runs],  # Cleaner.clean alone
         "max_tasks": max_tasks,
         "state_s": round(state_s, 2),
         "state_live_files_s": round(live_s, 2),

@@ -131,7 +131,7 @@ class RecopyTask:
         """The partition's map, from the narrow columns of its mapped files only."""
         names = [*self.keys, OFFSET, *([self.sequence_column] if self.sequence_column else [])]
         narrow = pa.schema([self.schema.field(n) for n in names])
-        tables = [self.read(path, narrow, task.partition) for path in task.mapped]
+        tables = [t for path in task.mapped for t in self.row_groups(path, narrow, task.partition)]
         records = pa.concat_tables(tables) if tables else _conform(narrow.empty_table(), narrow)
         del tables
         return OffsetMap(
@@ -140,18 +140,23 @@ class RecopyTask:
             records.column(self.sequence_column) if self.sequence_column else None,
         )
 
-    def read(self, path: str, schema: pa.Schema, partition: int) -> pa.Table:
-        """The visible records of one file of ``partition``, with exactly ``schema``'s columns."""
+    def row_groups(self, path: str, schema: pa.Schema, partition: int) -> Iterator[pa.Table]:
+        """The visible records of one file of ``partition``, one row group at a time (what
+        bounds a task's memory beside its map), with exactly ``schema``'s columns."""
         fs, root = arrow_filesystem(self.table_uri, self.storage_options)
-        with fs.open_input_file(f"{root}/{path}") as source:
-            present = set(pq.read_schema(source).names)
-            columns = [n for n in schema.names if n in present]
-            # Decoded on this (possibly niced) thread, not on Arrow's pool.
-            table = pq.read_table(source, columns=columns, use_threads=self.niceness == 0)
         floor = self.log_start_offsets.get(partition, 0)
-        if floor > 0 and table.num_rows:
-            table = table.filter(pc.greater_equal(table.column(OFFSET), floor))
-        return _conform(table, schema)
+        with fs.open_input_file(f"{root}/{path}") as source:
+            parquet = pq.ParquetFile(source)
+            present = set(parquet.schema_arrow.names)
+            columns = [n for n in schema.names if n in present]
+            for index in range(parquet.num_row_groups):
+                # Decoded on this (possibly niced) thread, not on Arrow's pool.
+                table = parquet.read_row_group(
+                    index, columns=columns, use_threads=self.niceness == 0
+                )
+                if floor > 0 and table.num_rows:
+                    table = table.filter(pc.greater_equal(table.column(OFFSET), floor))
+                yield _conform(table, schema)
 
     def retained(
         self, partition: int, group: Sequence[str], offset_map: OffsetMap, mapped: set[str]
@@ -162,20 +167,25 @@ class RecopyTask:
         without a sequence column) keeps those whose key the map does not hold.
         """
         for path in group:
-            table = self.read(path, self.schema, partition)
-            if table.num_rows == 0:
-                continue
-            if path in mapped:
-                keep = offset_map.is_newest(table.column(OFFSET).to_numpy())
-            else:
-                keep = offset_map.lacks(table.select(self.keys))
-            kept = apply_arrow_tombstone_rules(
-                table.filter(pa.array(keep)),
-                pass_start_ms=self.pass_start_ms,
-                delete_retention_ms=self.delete_retention_ms,
-                held_below=self.held_below.get(partition),
-            )
-            yield from kept.to_batches()
+            for table in self.row_groups(path, self.schema, partition):
+                if table.num_rows:
+                    yield from self.kept(partition, table, offset_map, path in mapped)
+
+    def kept(
+        self, partition: int, table: pa.Table, offset_map: OffsetMap, mapped: bool
+    ) -> Iterator[pa.RecordBatch]:
+        """The records of ``table`` (rows of one file, ``mapped`` or clean) the pass keeps."""
+        if mapped:
+            keep = offset_map.is_newest(table.column(OFFSET).to_numpy())
+        else:
+            keep = offset_map.lacks(table.select(self.keys))
+        kept = apply_arrow_tombstone_rules(
+            table.filter(pa.array(keep)),
+            pass_start_ms=self.pass_start_ms,
+            delete_retention_ms=self.delete_retention_ms,
+            held_below=self.held_below.get(partition),
+        )
+        yield from kept.to_batches()
 
 
 def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
