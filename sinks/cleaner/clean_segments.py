@@ -44,7 +44,7 @@ from sinks.log.segment_writer import (
 )
 from sinks.log.storage import arrow_filesystem, normalize_uri
 
-_TASK = "task"
+_BIN = "bin"
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,7 @@ class PartitionToClean:
     partition: int
     mapped: tuple[str, ...]
     groups: tuple[tuple[str, ...], ...]
+    size_bytes: int = 0
 
 
 def partitions_to_clean(
@@ -77,16 +78,32 @@ def partitions_to_clean(
         cuts = min(len(runs), per_partition)
         for i in range(cuts):
             run = runs[i * len(runs) // cuts : (i + 1) * len(runs) // cuts]
-            tasks.append(
-                PartitionToClean(partition, paths, tuple(tuple(s.path for s in g) for g in run))
-            )
-    sizes = {p: sum(s.size_bytes for g in runs for s in g) for p, runs in groups.items()}
-    return sorted(tasks, key=lambda t: -sizes[t.partition])
+            files = tuple(tuple(s.path for s in g) for g in run)
+            size = sum(s.size_bytes for g in run for s in g)
+            tasks.append(PartitionToClean(partition, paths, files, size))
+    return sorted(tasks, key=lambda t: -t.size_bytes)
+
+
+def packed(tasks: Sequence[PartitionToClean], slots: int) -> list[list[int]]:
+    """``tasks``' indexes in at most ``slots`` bins of about equal bytes, largest first. Pure.
+
+    Each bin is one Spark task that cleans its partitions one after another, as Kafka's
+    cleaner thread cleans one log after another: a pass over many small partitions pays
+    a Spark task's fixed cost once per core, not once per partition.
+    """
+    bins: list[list[int]] = [[] for _ in range(max(1, min(slots, len(tasks))))]
+    loads = [0] * len(bins)
+    for index in sorted(range(len(tasks)), key=lambda i: -tasks[i].size_bytes):
+        lightest = loads.index(min(loads))
+        bins[lightest].append(index)
+        loads[lightest] += tasks[index].size_bytes
+    return bins
 
 
 @dataclass(frozen=True)
 class RecopyTask:
-    """The picklable function each Spark task runs: task indexes in, written segments out."""
+    """The picklable function each Spark task runs: bin indexes in (`packed`), written
+    segments out."""
 
     table_uri: str
     storage_options: dict[str, str]
@@ -94,6 +111,7 @@ class RecopyTask:
     key_columns: tuple[str, ...]
     sequence_column: str | None
     tasks: tuple[PartitionToClean, ...]
+    bins: tuple[tuple[int, ...], ...]
     log_start_offsets: dict[int, int]
     pass_start_ms: int
     delete_retention_ms: int
@@ -111,7 +129,12 @@ class RecopyTask:
             group_column=None,
             storage_options=self.storage_options,
         )
-        indexes = [int(i) for batch in batches for i in batch.column(_TASK).to_pylist()]
+        indexes = [
+            task
+            for batch in batches
+            for b in batch.column(_BIN).to_pylist()
+            for task in self.bins[int(b)]
+        ]
 
         def clean() -> Iterator[pa.RecordBatch]:
             for index in indexes:
@@ -219,13 +242,12 @@ def clean_segments(
     stats_columns: Sequence[str],
     max_file_bytes: int,
     storage_options: Mapping[str, str] | None = None,
-    max_tasks: int | None = None,
+    slots: int,
     niceness: int = 0,
     held_below: Mapping[int, int] | None = None,
 ) -> list[WrittenSegment]:
-    """Clean every partition of ``tasks``, one Spark task each (at most ``max_tasks`` at a
-    time, each then cleaning several in turn, on a thread niced by ``niceness``);
-    returns the files written."""
+    """Clean every partition of ``tasks`` in at most ``slots`` Spark tasks (`packed`), each
+    cleaning its partitions in turn on a thread niced by ``niceness``; the files written."""
     task = RecopyTask(
         table_uri=normalize_uri(table_uri),
         storage_options=dict(storage_options or {}),
@@ -233,6 +255,7 @@ def clean_segments(
         key_columns=tuple(key_columns),
         sequence_column=sequence_column,
         tasks=tuple(tasks),
+        bins=tuple(tuple(b) for b in packed(tasks, slots)),
         log_start_offsets=dict(log_start_offsets),
         pass_start_ms=pass_start_ms,
         delete_retention_ms=delete_retention_ms,
@@ -241,7 +264,7 @@ def clean_segments(
         niceness=niceness,
         held_below=dict(held_below or {}),
     )
-    slices = min(len(tasks), max_tasks or len(tasks))
-    indexes = spark.range(0, len(tasks), 1, slices).select(F.col("id").cast("int").alias(_TASK))
-    rows = indexes.mapInArrow(task, WRITTEN_SEGMENT_DDL).collect()
-    return [WrittenSegment(**row.asDict()) for row in rows]
+    bins = task.bins
+    rows = spark.range(0, len(bins), 1, len(bins)).select(F.col("id").cast("int").alias(_BIN))
+    written = rows.mapInArrow(task, WRITTEN_SEGMENT_DDL).collect()
+    return [WrittenSegment(**row.asDict()) for row in written]

@@ -262,7 +262,7 @@ class Cleaner:
             stats_columns=self.stats_columns(snapshot),
             max_file_bytes=self.segment_bytes,
             storage_options=self.log.storage_options,
-            max_tasks=max_tasks,
+            slots=slots,
             niceness=niceness,
             held_below=held_below,
         )

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 
 from sinks import CleanerConfig, CompactedStateSink
-from sinks.cleaner.clean_segments import partitions_to_clean
+from sinks.cleaner.clean_segments import PartitionToClean, packed, partitions_to_clean
 from sinks.cleaner.offset_map import (
     BYTES_PER_MAPPED_RECORD,
     OffsetMap,
@@ -175,6 +175,15 @@ def test_a_partition_runs_in_one_task_unless_cores_would_idle():
     assert all(t.mapped == ("0", "10", "20") for t in one)  # each task maps the partition
     many = partitions_to_clean({0: [a], 1: [b]}, {0: [[a]], 1: [[b]]}, slots=1)
     assert [t.partition for t in many] == [0, 1]
+
+
+def test_small_partitions_are_packed_into_one_spark_task_per_core():
+    sizes = [50, 40, 30, 20, 10]
+    tasks = [PartitionToClean(p, (), (), size) for p, size in enumerate(sizes)]
+    bins = packed(tasks, 2)
+    assert sorted(i for b in bins for i in b) == [0, 1, 2, 3, 4] and len(bins) == 2
+    assert sorted(sum(sizes[i] for i in b) for b in bins) == [70, 80]
+    assert packed(tasks[:1], 4) == [[0]]
 
 
 def test_the_offset_map_keeps_each_keys_newest_offset_exactly():
