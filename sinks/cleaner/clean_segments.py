@@ -1,4 +1,4 @@
-"""Kafka's ``cleanSegments``, one partition per Spark task: build its map, recopy its groups.
+"""Kafka's ``cleanSegments`` in Spark tasks: per partition, build its map, recopy its groups.
 
 Kafka's cleaner thread, given a log, builds the offset map of its dirty section
 (`sinks.cleaner.offset_map`), then reads every segment of each group once and writes
@@ -6,15 +6,17 @@ the records it retains into one new segment: a record with key K and offset O is
 kept unless the map holds an offset O' > O for K. Tombstones then follow KIP-534
 (`sinks.cleaner.rules.apply_arrow_tombstone_rules`).
 
-Here each Spark task is one cleaner for one partition (or for a contiguous run of a
-large partition's groups, when a pass has fewer partitions than cores): it reads the
-narrow columns (keys, offset, sequence) of the partition's mapped files with pyarrow,
-builds the exact map where it runs, then reads, filters and writes each group of
-files with pyarrow. The driver only ships file names: no key ever leaves a task, no
-Spark row carries a value, nothing is shuffled, and each input byte is read once
-(plus the narrow columns of the mapped files once per task). A task's memory is its
-map, bounded by ``log.cleaner.dedupe.buffer.size`` through the records the driver
-lets it map, plus the file it is recopying.
+Here each Spark task is one of Kafka's cleaner threads: it cleans the partitions given
+to it (`packed`: one task per core, balanced by bytes) one after another, and for each
+(or for a contiguous run of a large partition's groups, when a pass has fewer partitions
+than cores) it reads the narrow columns (keys, offset, sequence) of the partition's
+mapped files with pyarrow, builds the exact map where it runs, then reads, filters and
+writes each group of files, one row group at a time, with pyarrow. The driver only
+ships file names: no key ever leaves a task, no Spark row carries a value, nothing is
+shuffled, and each input byte is read once (plus the narrow columns of the mapped files
+once per partition run). A task's memory is one map, bounded by
+``log.cleaner.dedupe.buffer.size`` through the records the driver lets it map, plus the
+row group it is recopying.
 
 Not idempotent: every call writes new files, which only a commit makes part of the
 log (a crash leaves orphans for recovery).
