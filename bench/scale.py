@@ -255,7 +255,6 @@ def main() -> None:
     parser.add_argument("--append-batches", default="50000:8,1000000:4", help="size:count,...")
     parser.add_argument("--skip-append", action="store_true")
     parser.add_argument("--repeats", type=int, default=2, help="passes and floors, best counts")
-    parser.add_argument("--split-check", default=None, help="records of a 1-partition log")
     args = parser.parse_args()
     work = args.work or tempfile.mkdtemp(prefix="bench-scale-")
     os.makedirs(args.out, exist_ok=True)
@@ -282,16 +281,6 @@ def main() -> None:
                     )
                 )
                 _save(out, previous, result)
-    if args.split_check:
-        # One partition on every core: its groups split over tasks that each map the
-        # partition (the narrow columns read once per task), against one task.
-        total = int(float(args.split_check))
-        for max_tasks in (1, None):
-            row = one_size(
-                spark, work, total=total, partitions=1, value_bytes=35, rss=rss, max_tasks=max_tasks
-            )
-            result.setdefault("split", []).append(row)
-            _save(out, previous, result)
     profiles = []
     if not args.skip_append:
         for spec in args.append_batches.split(","):

@@ -40,12 +40,6 @@ from sinks.log.segment_writer import WrittenSegment, stats_columns
 from sinks.log.storage import delete_files
 from sinks.spark_session import default_parallelism
 
-# A pass smaller than segment.bytes per core still writes with every core: its
-# groups are cut to its input bytes / default parallelism, but never below this, so
-# that small passes keep writing one file. Measured on an idle 2-core machine (one
-# 20.8 MB never-cleaned log, best of 3): 4.27 s in three groups against 4.70 s in one.
-MIN_GROUP_BYTES = 8 * 1024 * 1024
-
 
 @dataclass(frozen=True)
 class PartitionPlan:
@@ -231,22 +225,17 @@ class Cleaner:
         held_below: Mapping[int, int] | None,
     ) -> list[WrittenSegment]:
         """Run the planned partitions' tasks; the files they wrote (none for an empty plan)."""
+        # A partition is one task's work (`partitions_to_clean`), so its groups only size
+        # its output files: segment.bytes each, as Kafka groups segments.
         slots = min(default_parallelism(spark), max_tasks or LONG_MAX)
-        group_bytes = group_size(
-            sum(s.size_bytes for plan in plans for s in plan.inputs),
-            segment_bytes=self.segment_bytes,
-            parallelism=slots,
-        )
         groups = {
-            plan.partition: group_segments_by_size(plan.inputs, group_bytes)
+            plan.partition: group_segments_by_size(plan.inputs, self.segment_bytes)
             for plan in plans
             if plan.inputs
         }
         if not groups:
             return []
-        tasks = partitions_to_clean(
-            {plan.partition: plan.mapped for plan in plans}, groups, slots=slots
-        )
+        tasks = partitions_to_clean({plan.partition: plan.mapped for plan in plans}, groups)
         return clean_segments(
             spark,
             tasks,
@@ -270,13 +259,3 @@ class Cleaner:
     def stats_columns(self, snapshot: LogSnapshot) -> list[str]:
         """The columns whose statistics each file this log's passes write carries."""
         return stats_columns(snapshot.spark_schema, self.key_columns, self.sequence_column)
-
-
-def group_size(input_bytes: int, *, segment_bytes: int, parallelism: int) -> int:
-    """The input bytes per output group: ``segment.bytes``, or less so every core writes.
-
-    Each group is read, joined and written by one task, so a pass with fewer groups
-    than cores leaves cores idle; groups are never cut below `MIN_GROUP_BYTES`.
-    """
-    per_core = -(-input_bytes // max(1, parallelism))
-    return min(segment_bytes, max(MIN_GROUP_BYTES, per_core))

@@ -168,14 +168,11 @@ def test_the_map_fills_segment_by_segment_and_always_takes_one_dirty_segment():
     assert map_end_offset(segments, 1, 30, first_dirty_offset=10) == 20
 
 
-def test_a_partition_runs_in_one_task_unless_cores_would_idle():
+def test_a_partition_is_cleaned_whole_by_one_task_that_maps_it_once():
     a, b, c = seg(0, 9), seg(10, 19), seg(20, 29)
-    one = partitions_to_clean({0: [a, b, c]}, {0: [[a], [b], [c]]}, slots=2)
-    assert sorted(t.groups for t in one) == [(("0",),), (("10",), ("20",))]
-    assert one[0].size_bytes == 2  # largest first
-    assert all(t.mapped == ("0", "10", "20") for t in one)  # each task maps the partition
-    many = partitions_to_clean({0: [a], 1: [b]}, {0: [[a]], 1: [[b]]}, slots=1)
-    assert [t.partition for t in many] == [0, 1]
+    [whole] = partitions_to_clean({0: [b, c]}, {0: [[a], [b], [c]]})
+    assert whole.groups == (("0",), ("10",), ("20",)) and whole.mapped == ("10", "20")
+    assert whole.size_bytes == 3
 
 
 def test_small_partitions_are_packed_into_one_spark_task_per_core():
