@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench bench-quick soak soak-quick clean
+.PHONY: demo test lint bench bench-quick bench-scale soak soak-quick clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -25,6 +25,11 @@ bench: $(STAMP)
 
 bench-quick: $(STAMP)
 	$(PY) -m bench.run --quick --out bench/quick
+
+# Not part of `make test`: one pass over never-cleaned logs of 1e6-1e7 records, the append
+# against Spark's plain Parquet write, state() (bench/SCALE.md; about 40 min on 2 cores).
+bench-scale: $(STAMP)
+	$(PY) -m bench.scale --out bench
 
 # Not part of `make test`: 3,000 micro-batches through a streaming query (20-40 min).
 soak: $(STAMP)

@@ -43,7 +43,13 @@ from bench.workload import BATCH_SCHEMA, Workload, generate
 # runs (it rewrites the whole table each batch: minutes at this size, and no goal is
 # measured against it). The 5e6-key workloads (6 GB of input) do not fit a run on a
 # 2-core machine: pick them with ``--workloads``. ``--workloads`` picks any of ALL.
-_NO_REWRITE = ("compacted_sink", "compacted_sink_not_niced", "merge_per_batch", "append_only")
+_NO_REWRITE = (
+    "compacted_sink",
+    "compacted_sink_not_niced",
+    "merge_per_batch",
+    "sink_cleaning_off",
+    "spark_parquet",
+)
 # The sink with log.cleaner.nice 0 runs beside the default one: what the niced pass buys.
 # It runs first, the default sink second: a drift over the run would favour the first.
 DEFAULT_SYSTEMS = ("compacted_sink_not_niced", *SYSTEMS)
@@ -134,7 +140,7 @@ def run_system(
         batch_written = meter.written()
         written += batch_written
         system.analyse(info)
-        size = delta_table_size(system.table_uri)
+        size = _size(system)
         per_batch.append(
             {
                 "batch": batch_id,
@@ -159,7 +165,7 @@ def run_system(
     ingest_s += drain_s
     written += meter.written()
     peak = rss.read()
-    size = delta_table_size(system.table_uri)
+    size = _size(system)
     replays, rows, digest = [], 0, 0
     for _ in range(REPLAYS):
         started = time.perf_counter()
@@ -187,6 +193,12 @@ def run_system(
         "state_checksum": digest,
         "per_batch": per_batch,
     }
+
+
+def _size(system: Any) -> Any:
+    """Live bytes and files: the system's own count, or its Delta table's."""
+    size = getattr(system, "size", None)
+    return size() if size else delta_table_size(system.table_uri)
 
 
 def run_workload(
@@ -294,13 +306,13 @@ def main(argv: list[str] | None = None) -> int:
         for workload in workloads:
             log.info("workload %s", workload)
             measure_pass = workload.name == CLEANER_SOURCE[mode] and not args.no_cleaner
-            keep = "append_only" if measure_pass else None
+            keep = "sink_cleaning_off" if measure_pass else None
             results["workloads"].append(run_workload(spark, workload, work, systems, rss, keep))
-            if measure_pass and "append_only" in systems:
+            if measure_pass and "sink_cleaning_off" in systems:
                 log.info("cleaner pass vs I/O floor on %s", workload.name)
                 results["cleaner"] = cleaner_bench.run(
                     spark,
-                    os.path.join(work, workload.name, "append_only", "log"),
+                    os.path.join(work, workload.name, "sink_cleaning_off", "log"),
                     os.path.join(work, "cleaner"),
                 )
             shutil.rmtree(os.path.join(work, workload.name), ignore_errors=True)

@@ -7,8 +7,12 @@
   ``compacted_sink_inline`` is the same with passes in the hook (the synchronous mode);
   ``compacted_sink_not_niced`` the same with ``log.cleaner.nice`` 0 (the pass's tasks
   at the query's CPU priority).
-- ``append_only``: the same hook with cleaning disabled (ratio 1.0 is never
-  exceeded): the ingest floor and the replay ceiling.
+- ``sink_cleaning_off``: the same hook with cleaning disabled (ratio 1.0 is never
+  exceeded): the sink's own append, and the replay ceiling. (Named ``append_only`` in
+  results before 24 November 2026.)
+- ``spark_parquet``: Spark writing each batch as plain Parquet files (no Delta, no
+  offsets, no dedupe): the floor of any Spark sink's batch. Its state is resolved when
+  read (latest per key, tombstones dropped), as a reader of plain files must.
 - ``merge_per_batch``: Delta's documented foreachBatch upsert: dedupe the batch
   in Spark (latest per key), then MERGE it into the table; the MERGE runs in
   delta-rs (``DeltaTable.merge``), since delta-spark cannot run here.
@@ -34,13 +38,19 @@ from deltalake.transaction import AddAction
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from bench.measure import delta_table_size
+from bench.measure import TableSize, delta_table_size
 from bench.recopy import pass_recopy
 from sinks import CleanerConfig, CompactedStateSink
 from sinks.cleaner.cleaner_stats import CleanerStats
 
 TABLE_SCHEMA = pa.schema([("key", pa.string()), ("value", pa.binary()), ("seq", pa.int64())])
-SYSTEMS = ("compacted_sink", "merge_per_batch", "rewrite_per_batch", "append_only")
+SYSTEMS = (
+    "compacted_sink",
+    "merge_per_batch",
+    "rewrite_per_batch",
+    "sink_cleaning_off",
+    "spark_parquet",
+)
 OPTIONAL_SYSTEMS = ("compacted_sink_inline", "compacted_sink_not_niced")
 
 
@@ -86,7 +96,7 @@ class SinkSystem:
         background: bool = True,
         nice: int = CleanerConfig.log_cleaner_nice,
     ) -> None:
-        self.name = name or ("compacted_sink" if compact else "append_only")
+        self.name = name or ("compacted_sink" if compact else "sink_cleaning_off")
         self.root = root
         self.table_uri = os.path.join(root, "log")
         ratio = 0.5 if compact else 1.0  # a ratio is never > 1.0: the hook never cleans
@@ -236,6 +246,31 @@ class RewriteSystem:
         return _read_live(spark, self.table_uri)
 
 
+class SparkParquetSystem:
+    """Spark appending each batch as plain Parquet: what any Spark sink's batch costs at least."""
+
+    name = "spark_parquet"
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.table_uri = os.path.join(root, "parquet")
+
+    def ingest(self, spark: SparkSession, batch_id: int, batch_path: str) -> dict[str, Any]:
+        spark.read.parquet(batch_path).write.mode("append").parquet(self.table_uri)
+        return {}
+
+    def analyse(self, info: dict[str, Any]) -> None:
+        pass
+
+    def size(self) -> TableSize:
+        paths = tuple(sorted(glob.glob(os.path.join(self.table_uri, "*.parquet"))))
+        return TableSize(sum(os.path.getsize(p) for p in paths), len(paths), paths)
+
+    def state(self, spark: SparkSession) -> DataFrame:
+        latest = latest_per_key(spark.read.parquet(self.table_uri))
+        return latest.filter(F.col("value").isNotNull()).select("key", "value")
+
+
 def _read_live(spark: SparkSession, uri: str) -> DataFrame:
     paths = delta_table_size(uri).paths
     if not paths:
@@ -251,8 +286,10 @@ def make_system(name: str, root: str, schema: pa.Schema = TABLE_SCHEMA) -> Syste
         return SinkSystem(root, compact=True, name=name, background=False)
     if name == "compacted_sink_not_niced":
         return SinkSystem(root, compact=True, name=name, nice=0)
-    if name == "append_only":
+    if name == "sink_cleaning_off":
         return SinkSystem(root, compact=False)
+    if name == "spark_parquet":
+        return SparkParquetSystem(root)
     if name == "merge_per_batch":
         return MergeSystem(root, schema)
     if name == "rewrite_per_batch":

@@ -133,6 +133,7 @@ class CompactedStateSink:
             sequence_column=sequence_column,
             delete_retention_ms=self.config.delete_retention_ms,
             segment_bytes=self.config.segment_bytes,
+            dedupe_buffer_size=self.config.dedupe_buffer_size,
         )
         self.appender = LogAppender(
             self.log_table,

@@ -2,7 +2,9 @@
 
 - `log_to_clean`: pure planning over numbers from the Delta log (cleanable
   offsets, dirty ratio, the filthiest partitions, output groups).
-- `cleaner`: one pass, as DataFrame → DataFrame functions and one commit.
+- `cleaner`: one pass, planned on the driver, run as one Spark task per partition
+  (`clean_segments`, each building its `offset_map` over `key_encoding`'s keys), and
+  one commit; `rules`: what a pass keeps, in Spark and in Arrow side by side.
 - `cleaner_manager`: which partitions may be cleaned, their states and
   checkpoints, in the cleaner-offset checkpoint table.
 - `cleaner_stats`: the figures of one pass.

@@ -405,7 +405,7 @@ class LogCleaner:
                 partition=chosen[0].partition,
             ) from e
         if budget < LONG_MAX:
-            stats = replace(stats, budget_bytes=budget, work_left=plan.work_left)
+            stats = replace(stats, budget_bytes=budget, work_left=plan.work_left or stats.work_left)
         crash_point(CLEAN_BEFORE_CHECKPOINT)
         self._checkpoint(chosen, stats)
         logger.info("%s", stats.summary())

@@ -1,70 +1,50 @@
-"""Kafka's offset map: the latest offset of each key of the dirty section, built exactly.
+"""Kafka's offset map: the latest offset of each key of one partition's dirty section, exact.
 
-Kafka's ``Cleaner.buildOffsetMap`` reads the dirty section only (from the first
-dirty offset to the first uncleanable one) and records, per key, the offset of
-its latest record there; the recopy then keeps a record when the map holds no
-newer offset for its key. Here the map is exact (keys compared by value, never
-through a digest: Kafka's ``SkimpyOffsetMap`` would lose a key to an MD5
-collision) and held as an Arrow table of (partition, key columns, offset).
+Kafka's ``Cleaner.buildOffsetMap`` reads the dirty section (from the first dirty
+offset on) segment by segment into a map bounded by ``log.cleaner.dedupe.buffer.size``
+and records, per key, the offset of its latest record; when the map is full it
+stops, and the pass ends at the first offset the map does not cover (the rest stays
+dirty for the next pass, KAFKA-3894). The recopy then keeps a record unless the map
+holds a newer offset for its key. Here the map is exact (keys compared by value
+through `sinks.cleaner.key_encoding`, never through a digest: Kafka's
+``SkimpyOffsetMap`` loses a key to an MD5 collision), held as Arrow columns, and
+built inside the Spark task that recopies the partition, never on the driver.
 
 Why the dirty section suffices: the clean section (segments wholly below the
-cleaner offset the log records, see `sinks.reading.state_reader`) holds at most
-one record per (partition, key), and every dirty offset of a partition lies above
-every clean one. So a clean record is obsolete exactly when the map holds its
-key, and a dirty record exactly when the map holds a higher offset for its key.
-With a ``sequence_column`` a clean record may beat a dirty one; passes with a
-sequence column therefore build the map over the whole cleanable range (the
-caller decides which segments to pass).
+cleaner offset the log records, see `sinks.reading.state_reader`) holds at most one
+record per key, below every dirty offset. So a clean record is obsolete exactly when
+the map holds its key, and a mapped record exactly when its offset is not its key's
+newest. With a ``sequence_column`` a clean record may beat a dirty one: the map then
+covers the whole cleanable range (`map_segments`), and every record is kept exactly
+when it is its key's newest.
 
-Built on the driver, as Kafka's cleaner thread builds its map: pyarrow reads the
-narrow columns (partition, keys, offset) of the dirty files and reduces them with
-one hash ``max``. Records below a partition's log start offset are invisible and
-play no part.
+The bound: the driver cannot count keys without reading them, so it bounds records
+(a segment's record count is in the Delta log, and records >= keys), choosing the
+pass's end offset at a segment boundary so that a partition's mapped records fit
+(`map_end_offset`): Kafka's approach, bounding by map slots segment by segment.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 
+import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from sinks.cleaner.cpu_priority import at_lower_priority, lower_thread_priority
-from sinks.log.log_table import LogSnapshot
-from sinks.log.records import OFFSET, PARTITION, at_or_above
+from sinks.cleaner.key_encoding import canonical_keys
+from sinks.cleaner.rules import latest_offsets
 from sinks.log.segment import Segment
-from sinks.log.storage import arrow_filesystem, normalize_uri
 
-# The largest offset map (in dirty records, a bound on its keys) a pass builds on the
-# driver and ships to every recopy task. A key of ~10 bytes costs ~30 bytes in Arrow
-# and ~100 bytes in a task's hash index (Python strings): 2 M records bound a task's
-# index near 200 MB. Above it a pass takes the shuffled path (`Cleaner.retained`).
-MAX_OFFSET_MAP_RECORDS = 2_000_000
-
-
-def is_mappable(arrow_type: pa.DataType) -> bool:
-    """Whether a key column of this type compares the same in pyarrow/pandas as in Spark.
-
-    Strings and binaries compare by bytes, integers, booleans and dates by value, in
-    both. Floats (NaN, -0.0), timestamps and nested types are left to Spark.
-    """
-    return (
-        pa.types.is_string(arrow_type)
-        or pa.types.is_large_string(arrow_type)
-        or pa.types.is_binary(arrow_type)
-        or pa.types.is_large_binary(arrow_type)
-        or pa.types.is_integer(arrow_type)
-        or pa.types.is_boolean(arrow_type)
-        or pa.types.is_date32(arrow_type)
-    )
+# What one mapped record costs a task at its peak, measured: 146 bytes a record for
+# 16-byte string keys (2.5 M records, 1.25 M keys; a fresh process's peak RSS growth
+# while it reads the narrow columns of one Parquet file and builds the map; 105 bytes
+# a record stay held). Rounded up; wider keys cost more.
+BYTES_PER_MAPPED_RECORD = 160
 
 
-def map_schema(log_schema: pa.Schema, key_columns: Sequence[str]) -> pa.Schema:
-    """The offset map's columns: partition, the key columns, offset (types from the log)."""
-    names = [PARTITION, *[k for k in key_columns if k != PARTITION], OFFSET]
-    return pa.schema([log_schema.field(n) for n in names])
+def max_map_records(dedupe_buffer_size: int) -> int:
+    """How many records a task may map within ``dedupe_buffer_size`` bytes (at least one)."""
+    return max(1, dedupe_buffer_size // BYTES_PER_MAPPED_RECORD)
 
 
 def dirty_segments(
@@ -80,89 +60,85 @@ def dirty_segments(
     return [s for s in segments if end is None or s.last_offset >= end]
 
 
-def read_dirty_keys(
-    paths: Sequence[str],
-    schema: pa.Schema,
+def map_segments(
+    inputs: Sequence[Segment],
     *,
-    table_uri: str,
-    storage_options: Mapping[str, str],
-    log_start_offsets: Mapping[int, int],
-    threads: int,
-    niceness: int = 0,
-) -> pa.Table:
-    """The map's columns of every visible record in ``paths``, ``threads`` files at a time
-    (on pool threads niced by ``niceness``)."""
-    fs, root = arrow_filesystem(table_uri, dict(storage_options))
-
-    def read(path: str) -> pa.Table:
-        with fs.open_input_file(f"{root}/{path}") as source:
-            table = pq.read_table(source, columns=schema.names, use_threads=False)
-        return visible(table, log_start_offsets).cast(schema)
-
-    if threads <= 1 or len(paths) <= 1:
-        tables = [read(p) for p in paths]
-    else:
-        with ThreadPoolExecutor(
-            max_workers=threads,
-            thread_name_prefix="offset-map",
-            initializer=lower_thread_priority,
-            initargs=(niceness,),
-        ) as pool:
-            tables = list(pool.map(read, paths))
-    return pa.concat_tables(tables) if tables else schema.empty_table()
+    first_dirty_offset: int,
+    cleaner_offset: int | None,
+    sequence_column: str | None,
+) -> list[Segment]:
+    """The input segments a partition's map is built from: the dirty ones, or every input
+    segment with a sequence column (a clean record may then beat a dirty one). Pure."""
+    if sequence_column is not None:
+        return list(inputs)
+    return dirty_segments(
+        inputs, first_dirty_offset=first_dirty_offset, cleaner_offset=cleaner_offset
+    )
 
 
-def visible(table: pa.Table, log_start_offsets: Mapping[int, int]) -> pa.Table:
-    """The rows at or above their partition's log start offset."""
-    floors = {p: s for p, s in log_start_offsets.items() if s > 0}
-    if not floors or table.num_rows == 0:
-        return table
-    return at_or_above(table, floors)
+def map_end_offset(
+    mapped: Sequence[Segment], max_records: int, end_offset: int, *, first_dirty_offset: int
+) -> int:
+    """Where a partition's pass ends so that its map fits ``max_records``. Pure.
 
-
-def latest_offsets(table: pa.Table, schema: pa.Schema, *, use_threads: bool = False) -> pa.Table:
-    """``max(offset)`` per (partition, key columns): a hash aggregate, keys by value."""
-    groups = [n for n in schema.names if n != OFFSET]
-    latest = table.group_by(groups, use_threads=use_threads).aggregate([(OFFSET, "max")])
-    return latest.rename_columns([*groups, OFFSET]).select(schema.names).cast(schema)
-
-
-def build_offset_map(
-    snapshot: LogSnapshot,
-    dirty: Sequence[Segment],
-    key_columns: Sequence[str],
-    *,
-    table_uri: str,
-    storage_options: Mapping[str, str] | None = None,
-    max_tasks: int | None = None,
-    niceness: int = 0,
-) -> pa.Table:
-    """The offset map of ``dirty`` (partition, key columns, offset), on the driver.
-
-    As Kafka's cleaner thread builds its map: the narrow columns of the dirty files
-    are read and reduced right here, by at most ``max_tasks`` threads (None: one per
-    core) running at ``niceness``. No Spark job: the map is needed on the driver
-    anyway (it ships inside the recopy tasks), and a job would only carry its keys
-    through the JVM to get here. Reads only.
+    ``mapped`` are the segments the map would cover, in offset order, and ``end_offset``
+    where the pass would end unbounded. Dirty segments are taken in order while their
+    records fit; the pass then ends at the base offset of the first that does not, the
+    first offset the map does not cover. The first dirty segment is always taken (a
+    segment larger than the buffer is mapped whole, so every pass makes progress; Kafka
+    refuses such a segment instead), as are the clean segments a sequence column maps.
     """
-    schema = map_schema(snapshot.arrow_schema, key_columns)
-    if not dirty:
-        return schema.empty_table()
-    threads = max(1, min(max_tasks or os.cpu_count() or 1, len(dirty)))
+    used = 0
+    dirty_taken = False
+    for segment in mapped:
+        dirty = segment.last_offset >= first_dirty_offset
+        if dirty and dirty_taken and used + segment.num_records > max_records:
+            return segment.base_offset
+        used += segment.num_records
+        dirty_taken = dirty_taken or dirty
+    return end_offset
 
-    def build() -> Iterator[pa.Table]:
-        keys = read_dirty_keys(
-            [s.path for s in dirty],
-            schema,
-            table_uri=normalize_uri(table_uri),
-            storage_options=storage_options or {},
-            log_start_offsets={
-                p: snapshot.log_start_offset(p) for p in {s.partition for s in dirty}
-            },
-            threads=threads,
-            niceness=niceness,
+
+class OffsetMap:
+    """The exact offset map of one partition: each key's newest offset among the mapped records.
+
+    Built from the mapped records' key columns, offsets and (optionally) sequence
+    values; probed file by file during the recopy. Holds the distinct canonical keys and
+    their newest offsets, sorted, nothing else.
+    """
+
+    def __init__(
+        self,
+        keys: pa.Table,
+        offsets: pa.ChunkedArray,
+        sequence: pa.ChunkedArray | None = None,
+    ) -> None:
+        distinct, newest = latest_offsets(
+            canonical_keys(keys, keys.column_names), offsets, sequence
         )
-        yield latest_offsets(keys, schema, use_threads=threads > 1)
+        self._keys = distinct
+        self._newest = np.sort(newest)
 
-    [offset_map] = at_lower_priority(niceness, build)
-    return offset_map
+    @property
+    def size(self) -> int:
+        """How many keys the map holds."""
+        return len(self._newest)
+
+    def is_newest(self, offsets: np.ndarray) -> np.ndarray:
+        """Per record of the mapped range: whether its offset is its key's newest."""
+        if not len(self._newest):
+            return np.zeros(len(offsets), dtype=bool)
+        at = np.searchsorted(self._newest, offsets)
+        at[at == len(self._newest)] = 0
+        return self._newest[at] == offsets
+
+    def lacks(self, keys: pa.Table) -> np.ndarray:
+        """Per record (by key): whether the map holds no offset for its key."""
+        probe = canonical_keys(keys, keys.column_names)
+        if not self.size:
+            return np.ones(probe.num_rows, dtype=bool)
+        rows = probe.append_column("_row", pa.array(np.arange(probe.num_rows, dtype=np.int64)))
+        absent = rows.join(self._keys, probe.column_names, join_type="left anti")
+        mask = np.zeros(probe.num_rows, dtype=bool)
+        mask[absent.column("_row").to_numpy()] = True
+        return mask

@@ -1,7 +1,7 @@
-"""The narrow pass: survivors from (partition, key, sequence, offset), kept rows never shuffled.
+"""The pass with a sequence column: the map over (keys, sequence, offset), built in the tasks.
 
-Each pass here is checked against the reference rule it replaced: the latest
-record per key by a whole-row ``max_by``, then KIP-534's tombstone rules.
+Each pass here is checked against the reference rule (`sinks.cleaner.rules`): the
+latest record per key by a whole-row ``max_by``, then KIP-534's tombstone rules.
 """
 
 from __future__ import annotations
@@ -12,14 +12,13 @@ import pytest
 from chispa import assert_df_equality
 
 from sinks import CleanerConfig, CompactedStateSink
-from sinks.cleaner.cleaner import (
+from sinks.cleaner.rules import (
     drop_expired_tombstones,
     latest_records,
     retain_latest,
     stamp_delete_horizon,
 )
-from sinks.cleaner.log_to_clean import group_segments_by_size, segments_to_clean
-from sinks.log.records import OFFSET, PARTITION, VALUE
+from sinks.log.records import PARTITION, VALUE
 
 RETENTION = 1_000
 SCHEMA = "k1 string, k2 int, value string, seq long, partition int"
@@ -104,10 +103,10 @@ def log_copy(template, tmp_path):
     return open_log(str(tmp_path / "lake" / "log"), clock), clock
 
 
-@pytest.mark.parametrize("broadcast_max_records", [10**9, 0], ids=["broadcast", "shuffled"])
-def test_pass_equals_the_reference_rule(spark, log_copy, broadcast_max_records):
+@pytest.mark.parametrize("segment_bytes", [10**9, 1], ids=["one-group", "group-per-file"])
+def test_pass_equals_the_reference_rule(spark, log_copy, segment_bytes):
     sink, clock = log_copy
-    sink.cleaner.broadcast_max_records = broadcast_max_records
+    sink.cleaner.segment_bytes = segment_bytes  # a partition's groups then split over tasks
     before = sink.log()
     expected = spark.createDataFrame(
         reference(before, pass_start_ms=clock.now).collect(), before.schema
@@ -164,63 +163,3 @@ def test_pass_without_sequence_column_equals_the_reference_rule(spark, lake, clo
     expected = spark.createDataFrame(expected.collect(), before.schema)
     sink.clean(force=True)
     assert_df_equality(sink.log(), expected, ignore_row_order=True, ignore_nullable=True)
-
-
-# -- the plan: values never cross a shuffle ------------------------------------------------
-
-
-def shuffles(df) -> list[tuple[str, set[str]]]:
-    """(node name, output column names) of every exchange in ``df``'s physical plan."""
-    found = []
-
-    def walk(node):
-        name = node.nodeName()
-        if name == "AdaptiveSparkPlan":
-            return walk(node.executedPlan())
-        if name.endswith("QueryStage"):  # adaptive execution's stages are leaves
-            return walk(node.plan())
-        if "Exchange" in name:
-            output = node.output()
-            found.append((name, {output.apply(i).name() for i in range(output.size())}))
-        children = node.children()
-        for i in range(children.size()):
-            walk(children.apply(i))
-
-    walk(df._jdf.queryExecution().executedPlan())
-    return found
-
-
-def pass_plan(sink, spark, clock):
-    snapshot = sink.log_table.snapshot()
-    logs = sink.logs_to_clean(snapshot)
-    per_log = [
-        segments_to_clean(snapshot.segments[log.partition], log.first_uncleanable_offset)
-        for log in logs
-    ]
-    inputs = [s for segments in per_log for s in segments]
-    groups = [g for segments in per_log for g in group_segments_by_size(segments, 20_000)]
-    assert len(groups) > 1
-    return sink.cleaner.retained(spark, snapshot, inputs, groups, pass_start_ms=clock.now)
-
-
-def test_kept_rows_are_never_shuffled(spark, log_copy):
-    sink, clock = log_copy
-    retained = pass_plan(sink, spark, clock)
-    narrow = {PARTITION, OFFSET, "k1", "k2", "seq"}
-    wide = set(sink.log().columns) - narrow  # value, timestamp, delete_horizon_ms
-    for executed in (False, True):  # the plan as planned, and as adaptive execution left it
-        exchanges = shuffles(retained)
-        assert "BroadcastExchange" in {name for name, _ in exchanges}
-        moved = [(name, cols & wide) for name, cols in exchanges if cols & wide]
-        assert moved == [], f"kept rows cross an exchange (executed={executed}): {moved}"
-        retained.collect()
-    # one survivor set for every run: its exchange is built once and reused
-    assert "ReusedExchange" in {name for name, _ in shuffles(retained)}
-
-
-def test_above_the_broadcast_bound_the_semi_join_is_shuffled(spark, log_copy):
-    sink, clock = log_copy
-    sink.cleaner.broadcast_max_records = 0
-    exchanges = shuffles(pass_plan(sink, spark, clock))
-    assert "BroadcastExchange" not in {name for name, _ in exchanges}
-    assert any(VALUE in cols for _, cols in exchanges)  # the check above can see values move

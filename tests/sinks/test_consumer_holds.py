@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from sinks.cleaner.clean_segments import apply_tombstone_rules
-from sinks.cleaner.cleaner import drop_expired_tombstones
 from sinks.cleaner.consumer_holds import without_held_tombstones
 from sinks.cleaner.log_to_clean import LogToClean
+from sinks.cleaner.rules import apply_arrow_tombstone_rules as apply_tombstone_rules
+from sinks.cleaner.rules import drop_expired_tombstones
 from sinks.log.segment import Segment
 
 ROWS = {

@@ -1,8 +1,8 @@
-"""Kafka's pass: the offset map of the dirty section, then one recopy of every input file.
+"""Kafka's pass: each partition's offset map built in its task, then one recopy of its files.
 
 Each pass is checked against the reference rule (latest record per key over the
-whole cleanable range, then KIP-534) and against the Spark path it replaces where
-it can run; the per-pass byte budget and the Throttler are checked on real logs.
+whole cleanable range, then KIP-534); the map's bound (``log.cleaner.dedupe.buffer.size``),
+the per-pass byte budget and the Throttler are checked on real logs.
 """
 
 from __future__ import annotations
@@ -12,12 +12,16 @@ import shutil
 import numpy as np
 import pyarrow as pa
 import pytest
-from chispa import assert_df_equality
 
 from sinks import CleanerConfig, CompactedStateSink
-from sinks.cleaner.clean_segments import apply_tombstone_rules, retained_mask
-from sinks.cleaner.cleaner import retain_latest
-from sinks.cleaner.offset_map import dirty_segments, is_mappable
+from sinks.cleaner.clean_segments import PartitionToClean, packed, partitions_to_clean
+from sinks.cleaner.offset_map import (
+    BYTES_PER_MAPPED_RECORD,
+    OffsetMap,
+    dirty_segments,
+    map_end_offset,
+)
+from sinks.cleaner.rules import apply_arrow_tombstone_rules, retain_latest
 from sinks.log.records import DELETE_HORIZON_MS, OFFSET, PARTITION, VALUE
 from sinks.log.segment import Segment
 
@@ -92,42 +96,44 @@ def rows(df):
     return [r.asDict() for r in df.collect()]
 
 
-@pytest.mark.parametrize("path", ["offset_map", "spark"])
-def test_pass_equals_the_reference_rule(spark, log_copy, path):
+@pytest.mark.parametrize("segment_bytes", [10**9, 1], ids=["one-group", "group-per-file"])
+def test_pass_equals_the_reference_rule(spark, log_copy, segment_bytes):
     location, clock = log_copy
     sink = open_log(location, clock)
-    if path == "spark":
-        sink.cleaner.offset_map_max_records = 0
-    snapshot = sink.log_table.snapshot()
-    assert sink.cleaner.uses_offset_map(snapshot, snapshot.all_segments()) == (path != "spark")
+    sink.cleaner.segment_bytes = segment_bytes  # a partition's groups then split over tasks
     expected = rows(ordered(reference(sink, clock.now)))
     state = sink.state().collect()
     stats = sink.clean(force=True)
     assert stats is not None and stats.records_written < stats.records_read
+    assert not stats.work_left
     assert rows(ordered(sink.log())) == expected
     assert sorted(sink.state().collect()) == sorted(state)
     assert sink.dirty_ratio() == 0.0
 
 
-def test_pass_reads_each_input_file_once_and_writes_what_the_spark_path_writes(spark, log_copy):
+def test_a_tiny_dedupe_buffer_cleans_in_passes_that_end_where_the_map_fills(spark, log_copy):
     location, clock = log_copy
-    fast = open_log(location, clock)
-    shutil.copytree(location, location + "-spark")
-    slow = open_log(location + "-spark", clock)
-    slow.cleaner.offset_map_max_records = 0
-    a, b = fast.clean(force=True), slow.clean(force=True)
-    assert (a.records_read, a.records_written, a.segments_written) == (
-        b.records_read,
-        b.records_written,
-        b.segments_written,
+    shutil.copytree(location, location + "-whole")
+    whole = open_log(location + "-whole", clock)
+    whole.clean(force=True)
+    sink = open_log(location, clock, dedupe_buffer_size=BYTES_PER_MAPPED_RECORD)  # one record
+    state = sorted(sink.state().collect())
+    ends = sink.log_table.snapshot().log_end_offsets()
+    steps = []
+    while (stats := sink.clean(force=True)) is not None:
+        steps.append(stats)
+        assert sorted(sink.state().collect()) == state  # unchanged after every pass
+        assert len(steps) < 50
+    assert len(steps) > 1 and steps[0].work_left and not steps[-1].work_left
+    first = steps[0]
+    assert any(first.end_offsets[p] < ends[p] for p in first.end_offsets)  # stopped short
+    checkpoint = sink.log_table.snapshot()
+    for p, end in steps[-1].end_offsets.items():
+        assert checkpoint.cleaner_offset(p) == end == ends[p]
+    assert sink.dirty_ratio() == 0.0
+    assert sorted(sink.log().drop(DELETE_HORIZON_MS).collect()) == sorted(
+        whole.log().drop(DELETE_HORIZON_MS).collect()
     )
-    columns = [c for c in fast.log().columns]
-    assert_df_equality(ordered(fast.log()).select(columns), ordered(slow.log()).select(columns))
-
-
-def test_sequence_columns_and_float_keys_take_the_spark_path():
-    assert is_mappable(pa.string()) and is_mappable(pa.int32()) and is_mappable(pa.binary())
-    assert not is_mappable(pa.float64()) and not is_mappable(pa.struct([("a", pa.int32())]))
 
 
 # -- pure pieces -----------------------------------------------------------------------------
@@ -153,17 +159,37 @@ def test_dirty_section_starts_below_the_recorded_cleaner_offset():
     assert dirty_segments(segments, first_dirty_offset=15, cleaner_offset=20) == segments[1:]
 
 
-def test_retained_mask_keeps_records_the_map_holds_no_newer_offset_for():
-    offsets = np.array([1, 2, 3, 7, 8])
-    positions = np.array([-1, 0, 1, 0, 1])  # key of offset 1 is not in the map
-    map_offsets = np.array([7, 3])
-    assert retained_mask(offsets, positions, map_offsets).tolist() == [
-        True,
-        False,
-        True,
-        True,
-        True,
-    ]
+def test_the_map_fills_segment_by_segment_and_always_takes_one_dirty_segment():
+    segments = [seg(0, 9), seg(10, 19), seg(20, 29)]  # 10 records each
+    assert map_end_offset(segments, 25, 30, first_dirty_offset=0) == 20
+    assert map_end_offset(segments, 30, 30, first_dirty_offset=0) == 30
+    assert map_end_offset(segments, 1, 30, first_dirty_offset=0) == 10  # progress
+    # a sequence column maps the clean section too: always taken, then one dirty segment
+    assert map_end_offset(segments, 1, 30, first_dirty_offset=10) == 20
+
+
+def test_a_partition_is_cleaned_whole_by_one_task_that_maps_it_once():
+    a, b, c = seg(0, 9), seg(10, 19), seg(20, 29)
+    [whole] = partitions_to_clean({0: [b, c]}, {0: [[a], [b], [c]]})
+    assert whole.groups == (("0",), ("10",), ("20",)) and whole.mapped == ("10", "20")
+    assert whole.size_bytes == 3
+
+
+def test_small_partitions_are_packed_into_one_spark_task_per_core():
+    sizes = [50, 40, 30, 20, 10]
+    tasks = [PartitionToClean(p, (), (), size) for p, size in enumerate(sizes)]
+    bins = packed(tasks, 2)
+    assert sorted(i for b in bins for i in b) == [0, 1, 2, 3, 4] and len(bins) == 2
+    assert sorted(sum(sizes[i] for i in b) for b in bins) == [70, 80]
+    assert packed(tasks[:1], 4) == [[0]]
+
+
+def test_the_offset_map_keeps_each_keys_newest_offset_exactly():
+    keys = pa.table({"k": ["a", "b", "a", "c"]})
+    offset_map = OffsetMap(keys, pa.chunked_array([pa.array([1, 2, 3, 4])]))
+    assert offset_map.size == 3
+    assert offset_map.is_newest(np.array([1, 2, 3, 4])).tolist() == [False, True, True, True]
+    assert offset_map.lacks(pa.table({"k": ["a", "z"]})).tolist() == [False, True]
 
 
 def test_tombstone_rules_over_arrow():
@@ -173,7 +199,7 @@ def test_tombstone_rules_over_arrow():
             DELETE_HORIZON_MS: pa.array([None, None, 50, 500], pa.int64()),
         }
     )
-    out = apply_tombstone_rules(table, pass_start_ms=100, delete_retention_ms=10)
+    out = apply_arrow_tombstone_rules(table, pass_start_ms=100, delete_retention_ms=10)
     assert out.column(VALUE).to_pylist() == ["a", None, None]
     assert out.column(DELETE_HORIZON_MS).to_pylist() == [None, 110, 500]
 

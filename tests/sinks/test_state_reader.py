@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from pyspark.sql import types as T
 
 from sinks import CleanerConfig, CompactedStateSink
-from sinks.cleaner.cleaner import drop_tombstones, latest_records
+from sinks.cleaner.rules import drop_tombstones, latest_records
 from sinks.log.segment import Segment
 from sinks.reading.state_reader import (
     LogSections,

@@ -1,0 +1,320 @@
+"""``python -m bench.scale``: the pass, the append and ``state()`` as a log grows (issue #20).
+
+For each size (records, value bytes, partitions) a never-cleaned log is built through
+the public API (the hook with cleaning off, batches of 1,000,000 records, keys =
+records / 2, each key written twice, 2% tombstones), then:
+
+- **pass**: a copy of the log, opened (recovered) by a new sink, cleaned once with
+  ``clean(force=True)``; against the floor (`bench.cleaner_bench.io_floor`: Spark
+  reading the same files and writing the kept fraction as Parquet); efficiency =
+  floor / pass. Peak RSS of the Python driver, the Spark JVM and the largest Python
+  worker over the pass (`bench.measure.PeakRss`);
+- **state**: ``sink.state()`` of the cleaned log materialized (a ``noop`` write)
+  against Spark reading the log's live files the same way.
+
+Then the append: batches of 50,000 and 1,000,000 records through the hook (cleaning
+off) against Spark writing the same batch as plain Parquet, each batch read from the
+same Parquet file; the driver's profile of the sink's batches goes to
+``append_profile.txt``. Writes ``scale.json`` and ``scale.png`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import shutil
+import statistics
+import tempfile
+import time
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from bench.cleaner_bench import io_floor
+from bench.measure import PeakRss, delta_table_size, load_average, machine_description
+from bench.session import bench_session
+from sinks import CleanerConfig, CompactedStateSink
+
+BATCH = 1_000_000
+TOMBSTONES = 0.02
+_SPREAD = 2_654_435_761  # Knuth's multiplicative constant: keys scattered over the batches
+
+
+def records(
+    spark: SparkSession, start: int, count: int, *, total: int, partitions: int, value_bytes: int
+) -> DataFrame:
+    """Records ``start .. start + count`` of a log of ``total``: key ``(id * spread) mod
+    total/2`` (every key twice), its partition ``key mod partitions``, a random value."""
+    keys = max(1, total // 2)
+    key = F.pmod(F.col("id") * F.lit(_SPREAD), F.lit(keys))
+    return spark.range(start, start + count).select(
+        F.format_string("key-%012d", key).alias("key"),
+        F.when(F.rand(start) < TOMBSTONES, F.lit(None))
+        .otherwise(F.randstr(F.lit(value_bytes), F.lit(start)))
+        .cast("binary")
+        .alias("value"),
+        F.pmod(key, F.lit(partitions)).cast("int").alias("partition"),
+    )
+
+
+def open_sink(path: str, **config: Any) -> CompactedStateSink:
+    """The sink over ``path``; cleaning off unless forced (a dirty ratio never passes 1.0)."""
+    return CompactedStateSink(
+        path,
+        key_columns=("key",),
+        config=CleanerConfig(min_cleanable_dirty_ratio=1.0, **config),
+        cleaning="inline",
+    )
+
+
+def build_log(
+    spark: SparkSession, path: str, *, total: int, partitions: int, value_bytes: int
+) -> None:
+    sink = open_sink(path)
+    for batch_id, start in enumerate(range(0, total, BATCH)):
+        count = min(BATCH, total - start)
+        sink(
+            records(
+                spark, start, count, total=total, partitions=partitions, value_bytes=value_bytes
+            ),
+            batch_id,
+        )
+
+
+def materialize(df: DataFrame) -> float:
+    started = time.perf_counter()
+    df.write.format("noop").mode("overwrite").save()
+    return time.perf_counter() - started
+
+
+def one_size(
+    spark: SparkSession,
+    work: str,
+    *,
+    total: int,
+    partitions: int,
+    value_bytes: int,
+    rss: PeakRss,
+    repeats: int = 2,
+    max_tasks: int | None = None,
+) -> dict[str, Any]:
+    name = f"{total}-{partitions}p-{value_bytes}B-{max_tasks}"
+    source = os.path.join(work, name, "log")
+    started = time.perf_counter()
+    build_log(spark, source, total=total, partitions=partitions, value_bytes=value_bytes)
+    built_s = time.perf_counter() - started
+    pass_runs, floor_runs, cleaner_runs = [], [], []
+    peaks: dict[str, float] = {}
+    for _ in range(repeats):  # pass, floor, pass, floor: a change of load weighs on both
+        copy = os.path.join(work, name + "-pass", "log")
+        shutil.rmtree(os.path.dirname(copy), ignore_errors=True)
+        shutil.copytree(source, copy)
+        sink = open_sink(copy)
+        sink.recover()  # what opening the log costs, once per sink object: not the pass's
+        inputs = [os.path.join(copy, s.path) for s in sink.log_table.snapshot().all_segments()]
+        rss.reset()
+        started = time.perf_counter()
+        passes = [sink.log_cleaner.clean(spark, force=True, max_tasks=max_tasks)]
+        while passes[-1] is not None and passes[-1].work_left:  # the dedupe buffer cut it
+            passes.append(sink.log_cleaner.clean(spark, force=True, max_tasks=max_tasks))
+        pass_runs.append(time.perf_counter() - started)
+        cleaner_runs.append(sum(p.duration_ms for p in passes if p is not None) / 1000)
+        peaks = {k: max(v, peaks.get(k, 0.0)) for k, v in rss.read().items()}
+        stats = passes[0]
+        assert stats is not None, "the log had nothing to clean"
+        records_written = sum(s.num_records for s in sink.log_table.snapshot().all_segments())
+        keep = records_written / stats.records_read
+        floor_runs.append(io_floor(spark, inputs, keep, os.path.join(work, name + "-floor")))
+    pass_s, floor_s = min(pass_runs), min(floor_runs)
+    live = delta_table_size(copy).paths
+    state_s = materialize(sink.state())
+    live_s = materialize(spark.read.parquet(*live))
+    shutil.rmtree(os.path.join(work, name + "-floor"), ignore_errors=True)
+    shutil.rmtree(os.path.dirname(copy), ignore_errors=True)
+    shutil.rmtree(os.path.dirname(source), ignore_errors=True)
+    row = {
+        "records": total,
+        "value_bytes": value_bytes,
+        "partitions": partitions,
+        "pass_s": round(pass_s, 2),
+        "floor_s": round(floor_s, 2),
+        "efficiency": round(floor_s / pass_s, 3),
+        "records_per_s": round(total / pass_s),
+        "driver_peak_rss_mb": round(peaks["driver"]),
+        "jvm_peak_rss_mb": round(peaks["jvm"]),
+        "worker_peak_rss_mb": round(peaks["workers"]),
+        "bytes_read": stats.bytes_read,
+        "bytes_written": stats.bytes_written,
+        "records_written": records_written,
+        "passes": len([p for p in passes if p is not None]),
+        "segments_read": stats.segments_read,
+        "segments_written": stats.segments_written,
+        "pass_runs_s": [round(x, 2) for x in pass_runs],
+        "floor_runs_s": [round(x, 2) for x in floor_runs],
+        "cleaner_runs_s": [round(x, 2) for x in cleaner_runs],  # Cleaner.clean alone
+        "max_tasks": max_tasks,
+        "state_s": round(state_s, 2),
+        "state_live_files_s": round(live_s, 2),
+        "build_s": round(built_s, 1),
+        "load": load_average(),
+    }
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def append(
+    spark: SparkSession, work: str, *, per_batch: int, batches: int, value_bytes: int
+) -> tuple[dict[str, Any], str]:
+    """Median seconds a batch takes through the hook and as Spark's plain Parquet write."""
+    root = os.path.join(work, f"append-{per_batch}")
+    inputs = []
+    for b in range(batches):
+        path = os.path.join(root, "batches", f"{b}")
+        total = per_batch * batches
+        records(
+            spark, b * per_batch, per_batch, total=total, partitions=4, value_bytes=value_bytes
+        ).write.parquet(path)
+        inputs.append(path)
+    sink = open_sink(os.path.join(root, "log"))
+    profile = cProfile.Profile()
+    sink_s, spark_s = [], []
+    for b, path in enumerate(inputs):  # alternate, so a change of load weighs on both
+        started = time.perf_counter()
+        profile.enable()
+        sink(spark.read.parquet(path), b)
+        profile.disable()
+        sink_s.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        spark.read.parquet(path).write.mode("append").parquet(os.path.join(root, "parquet"))
+        spark_s.append(time.perf_counter() - started)
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats("sinks/", 40)
+    shutil.rmtree(root, ignore_errors=True)
+    row = {
+        "records_per_batch": per_batch,
+        "batches": batches,
+        "sink_median_s": round(statistics.median(sink_s[1:]), 3),
+        "spark_parquet_median_s": round(statistics.median(spark_s[1:]), 3),
+        "sink_runs_s": [round(x, 3) for x in sink_s],
+        "spark_parquet_runs_s": [round(x, 3) for x in spark_s],
+    }
+    row["ratio"] = round(row["sink_median_s"] / row["spark_parquet_median_s"], 2)
+    print(json.dumps(row), flush=True)
+    return row, f"== {per_batch} records a batch ==\n{text.getvalue()}"
+
+
+def plot(passes: list[dict[str, Any]], path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, (eff, mem) = plt.subplots(1, 2, figsize=(11, 4))
+    for p, vb in sorted({(r["partitions"], r["value_bytes"]) for r in passes}):
+        rows = sorted(
+            (r for r in passes if (r["partitions"], r["value_bytes"]) == (p, vb)),
+            key=lambda r: r["records"],
+        )
+        xs = [r["records"] for r in rows]
+        eff.plot(xs, [r["efficiency"] for r in rows], marker="o", label=f"{p} partitions, {vb} B")
+        mem.plot(
+            xs, [r["driver_peak_rss_mb"] for r in rows], marker="o", label=f"driver, {p}p {vb} B"
+        )
+        mem.plot(
+            xs,
+            [r["worker_peak_rss_mb"] for r in rows],
+            marker="x",
+            ls="--",
+            label=f"worker, {p}p {vb} B",
+        )
+    eff.axhline(0.8, color="grey", ls=":", label="goal 0.8")
+    eff.set(
+        xscale="log", xlabel="records in the log", ylabel="floor / pass", title="pass efficiency"
+    )
+    mem.set(xscale="log", xlabel="records in the log", ylabel="peak RSS (MiB)", title="memory")
+    eff.legend(fontsize=7)
+    mem.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default="bench")
+    parser.add_argument("--work", default=None)
+    parser.add_argument("--sizes", default="1e6,3e6,1e7", help="records, comma-separated")
+    parser.add_argument("--partitions", default="4,16")
+    parser.add_argument("--value-bytes", default="35")
+    parser.add_argument("--append-batches", default="50000:8,1000000:4", help="size:count,...")
+    parser.add_argument("--skip-append", action="store_true")
+    parser.add_argument("--repeats", type=int, default=2, help="passes and floors, best counts")
+    args = parser.parse_args()
+    work = args.work or tempfile.mkdtemp(prefix="bench-scale-")
+    os.makedirs(args.out, exist_ok=True)
+    spark = bench_session()
+    rss = PeakRss(spark)
+    result: dict[str, Any] = {"machine": machine_description(), "passes": [], "append": []}
+    out = os.path.join(args.out, "scale.json")
+    previous = json.load(open(out)) if os.path.exists(out) else {}
+    one_size(
+        spark, work, total=100_000, partitions=4, value_bytes=35, rss=rss, repeats=1
+    )  # warm-up
+    for value_bytes in [int(v) for v in args.value_bytes.split(",")]:
+        for total in [int(float(s)) for s in args.sizes.split(",")]:
+            for partitions in [int(p) for p in args.partitions.split(",")]:
+                result["passes"].append(
+                    one_size(
+                        spark,
+                        work,
+                        total=total,
+                        partitions=partitions,
+                        value_bytes=value_bytes,
+                        rss=rss,
+                        repeats=args.repeats,
+                    )
+                )
+                _save(out, previous, result)
+    profiles = []
+    if not args.skip_append:
+        for spec in args.append_batches.split(","):
+            per_batch, count = (int(float(x)) for x in spec.split(":"))
+            row, profile = append(spark, work, per_batch=per_batch, batches=count, value_bytes=35)
+            result["append"].append(row)
+            profiles.append(profile)
+            _save(out, previous, result)
+        with open(os.path.join(args.out, "append_profile.txt"), "w") as f:
+            f.write("\n".join(profiles))
+    merged = _save(out, previous, result)
+    plot(merged["passes"], os.path.join(args.out, "scale.png"))
+    if not args.work:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _save(path: str, previous: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+    """Rows measured now replace rows of the same size from an earlier run; others stay."""
+
+    def merge(name: str, key) -> list[dict[str, Any]]:
+        fresh = {key(r): r for r in result[name]}
+        kept = [r for r in previous.get(name, []) if key(r) not in fresh]
+        return sorted([*kept, *fresh.values()], key=key)
+
+    merged = {
+        "machine": result["machine"],
+        "passes": merge("passes", lambda r: (r["value_bytes"], r["partitions"], r["records"])),
+        "append": merge("append", lambda r: r["records_per_batch"]),
+        "split": result.get("split", previous.get("split", [])),
+    }
+    with open(path, "w") as f:
+        json.dump(merged, f, indent=1)
+    return merged
+
+
+if __name__ == "__main__":
+    main()

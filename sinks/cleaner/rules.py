@@ -1,0 +1,172 @@
+"""What a pass keeps, each rule once, for both engines side by side: Spark and Arrow.
+
+Kafka's invariant: *a record with key K and offset O is obsolete if there is a
+record with key K and offset O' > O*; with a ``sequence_column`` "newer" means the
+higher (sequence, offset), Spark's struct order (a null sequence is the lowest, NaN
+the highest). Then KIP-534 on the records kept: a tombstone whose delete horizon
+lies before the pass's start goes (unless a registered consumer still holds it,
+`sinks.cleaner.consumer_holds`); a tombstone without a horizon is stamped with
+``pass_start_ms + delete_retention_ms``.
+
+The pass runs the Arrow versions inside its tasks (`sinks.cleaner.clean_segments`);
+the Spark versions are the reference the tests and readers hold a pass to
+(``retain_latest`` over a log is what a pass over all of it must leave), and
+``tests/sinks/test_rules.py`` checks that both agree on the same rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from sinks.log.records import DELETE_HORIZON_MS, OFFSET, PARTITION, VALUE
+
+_LATEST = "_latest"
+
+# -- latest per key ------------------------------------------------------------------------
+
+
+def latest_records(
+    df: DataFrame, key_columns: Sequence[str], sequence_column: str | None = None
+) -> DataFrame:
+    """Spark: one row per key, its newest record (highest sequence then offset), all columns.
+
+    Aggregates whole rows (a sort-based ``max_by`` over a struct of every column).
+    """
+    order = F.struct(*([F.col(sequence_column)] if sequence_column else []), F.col(OFFSET))
+    rest = [c for c in df.columns if c not in key_columns]
+    latest = df.groupBy(*key_columns).agg(F.max_by(F.struct(*rest), order).alias(_LATEST))
+    return latest.select(*key_columns, *[F.col(f"{_LATEST}.{c}").alias(c) for c in rest])
+
+
+def latest_offsets(
+    keys: pa.Table, offsets: pa.ChunkedArray, sequence: pa.ChunkedArray | None = None
+) -> tuple[pa.Table, np.ndarray]:
+    """Arrow: each key's newest offset, over canonical keys (`sinks.cleaner.key_encoding`).
+
+    Returns the distinct keys and, in the same order, their newest offsets. Without a
+    sequence a hash ``max(offset)``; with one, rows sorted by (sequence, offset) and the
+    last per key kept (an ordered hash aggregate).
+    """
+    table = keys.append_column(OFFSET, offsets)
+    if sequence is None:
+        latest = table.group_by(keys.column_names).aggregate([(OFFSET, "max")])
+    else:
+        columns = {"_sequence": sequence}
+        keys_order = [("_sequence", "ascending", "at_start"), (OFFSET, "ascending")]
+        if pa.types.is_floating(sequence.type):  # NaN is Spark's highest; Arrow puts it by nulls
+            columns = {"_nan": pc.fill_null(pc.is_nan(sequence), False), **columns}
+            keys_order.insert(0, ("_nan", "ascending"))
+        sortable = table
+        for name, column in columns.items():
+            sortable = sortable.append_column(name, column)
+        order = pc.sort_indices(sortable, options=pc.SortOptions(keys_order))
+        ordered = table.take(order)
+        latest = ordered.group_by(keys.column_names, use_threads=False).aggregate(
+            [(OFFSET, "last")]
+        )
+    newest = latest.column(latest.num_columns - 1).to_numpy()
+    return latest.select(keys.column_names), newest
+
+
+# -- tombstones (KIP-534) -------------------------------------------------------------------
+
+
+def drop_tombstones(df: DataFrame) -> DataFrame:
+    """Spark: records whose value is not null (the live state)."""
+    return df.filter(F.col(VALUE).isNotNull())
+
+
+def drop_expired_tombstones(
+    df: DataFrame, *, pass_start_ms: int, held_below: Mapping[int, int] | None = None
+) -> DataFrame:
+    """Spark: remove tombstones whose delete horizon lies before this pass's start, except
+    those at or above their partition's ``held_below``."""
+    expired = (
+        F.col(VALUE).isNull()
+        & F.col(DELETE_HORIZON_MS).isNotNull()
+        & (F.col(DELETE_HORIZON_MS) < F.lit(pass_start_ms))
+    )
+    if held_below:
+        floor = F.create_map(*[F.lit(x) for kv in held_below.items() for x in kv])
+        expired = expired & ~F.coalesce(F.col(OFFSET) >= floor[F.col(PARTITION)], F.lit(False))
+    return df.filter(~expired)
+
+
+def stamp_delete_horizon(
+    df: DataFrame, *, pass_start_ms: int, delete_retention_ms: int
+) -> DataFrame:
+    """Spark: give each unstamped tombstone the horizon ``pass_start_ms + delete_retention_ms``."""
+    unstamped = F.col(VALUE).isNull() & F.col(DELETE_HORIZON_MS).isNull()
+    horizon = F.lit(pass_start_ms + delete_retention_ms).cast("long")
+    return df.withColumn(
+        DELETE_HORIZON_MS, F.when(unstamped, horizon).otherwise(F.col(DELETE_HORIZON_MS))
+    )
+
+
+def apply_tombstone_rules(
+    df: DataFrame,
+    *,
+    pass_start_ms: int,
+    delete_retention_ms: int,
+    held_below: Mapping[int, int] | None = None,
+) -> DataFrame:
+    """Spark: KIP-534 on kept records, one row at a time: drop expired, stamp new ones."""
+    kept = drop_expired_tombstones(df, pass_start_ms=pass_start_ms, held_below=held_below)
+    return stamp_delete_horizon(
+        kept, pass_start_ms=pass_start_ms, delete_retention_ms=delete_retention_ms
+    )
+
+
+def apply_arrow_tombstone_rules(
+    table: pa.Table, *, pass_start_ms: int, delete_retention_ms: int, held_below: int | None = None
+) -> pa.Table:
+    """Arrow: `apply_tombstone_rules` over the rows of one partition (``held_below`` is its
+    consumers' hold)."""
+    tombstone = pc.is_null(table.column(VALUE))
+    horizon = table.column(DELETE_HORIZON_MS)
+    expired = pc.and_(
+        tombstone, pc.fill_null(pc.less(horizon, pa.scalar(pass_start_ms, pa.int64())), False)
+    )
+    if held_below is not None:
+        expired = pc.and_(expired, pc.less(table.column(OFFSET), held_below))
+    if pc.any(expired).as_py():
+        table = table.filter(pc.invert(expired))
+        tombstone = pc.is_null(table.column(VALUE))
+        horizon = table.column(DELETE_HORIZON_MS)
+    unstamped = pc.and_(tombstone, pc.is_null(horizon))
+    if not pc.any(unstamped).as_py():
+        return table
+    stamp = pa.scalar(pass_start_ms + delete_retention_ms, horizon.type)
+    index = table.schema.get_field_index(DELETE_HORIZON_MS)
+    return table.set_column(index, table.schema.field(index), pc.if_else(unstamped, stamp, horizon))
+
+
+# -- the whole rule -------------------------------------------------------------------------
+
+
+def retain_latest(
+    df: DataFrame,
+    *,
+    key_columns: Sequence[str],
+    sequence_column: str | None,
+    pass_start_ms: int,
+    delete_retention_ms: int,
+) -> DataFrame:
+    """Spark: what a pass over every record of ``df`` keeps: latest per (partition, key),
+    then KIP-534; ``df``'s columns in their order."""
+    groups = [PARTITION, *[k for k in key_columns if k != PARTITION]]
+    return (
+        latest_records(df, groups, sequence_column)
+        .transform(
+            lambda d: apply_tombstone_rules(
+                d, pass_start_ms=pass_start_ms, delete_retention_ms=delete_retention_ms
+            )
+        )
+        .select(*df.columns)
+    )
