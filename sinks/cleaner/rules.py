@@ -11,7 +11,9 @@ lies before the pass's start goes (unless a registered consumer still holds it,
 The pass runs the Arrow versions inside its tasks (`sinks.cleaner.clean_segments`);
 the Spark versions are the reference the tests and readers hold a pass to
 (``retain_latest`` over a log is what a pass over all of it must leave), and
-``tests/sinks/test_rules.py`` checks that both agree on the same rows.
+``tests/cleaner/test_rules.py`` checks that both agree on the same rows. Readers use
+the same rule: `spark_latest_offsets` (`sinks.reading.state_reader`) and
+`arrow_latest_offsets` (`sinks.reading.arrow_state`).
 """
 
 from __future__ import annotations
@@ -72,6 +74,35 @@ def latest_offsets(
         )
     newest = latest.column(latest.num_columns - 1).to_numpy()
     return latest.select(keys.column_names), newest
+
+
+def spark_latest_offsets(
+    records: DataFrame, group: Sequence[str], sequence_column: str | None
+) -> DataFrame:
+    """Spark: (group columns, offset) of each group's newest record, from narrow columns.
+
+    Without a sequence, ``max(offset)``, a hash aggregate on a long; with one,
+    ``max(struct(sequence, offset))``: the order `latest_records` uses.
+    """
+    group = list(group)
+    if sequence_column is None or sequence_column in (*group, OFFSET):
+        return records.groupBy(*group).agg(F.max(OFFSET).alias(OFFSET))
+    order = F.struct(F.col(sequence_column), F.col(OFFSET))
+    latest = records.groupBy(*group).agg(F.max(order).alias(_LATEST))
+    return latest.select(*group, F.col(f"{_LATEST}.{OFFSET}").alias(OFFSET))
+
+
+def arrow_latest_offsets(
+    records: pa.Table, group: Sequence[str], sequence_column: str | None
+) -> pa.Table:
+    """Arrow: (group columns, offset) of each group's newest record: `latest_offsets`
+    over a table's columns, for readers (`sinks.reading.arrow_state`)."""
+    group = list(group)
+    sequence = None
+    if sequence_column is not None and sequence_column not in (*group, OFFSET):
+        sequence = records.column(sequence_column)
+    distinct, newest = latest_offsets(records.select(group), records.column(OFFSET), sequence)
+    return distinct.append_column(OFFSET, pa.array(newest, pa.int64()))
 
 
 # -- tombstones (KIP-534) -------------------------------------------------------------------

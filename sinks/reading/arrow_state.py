@@ -39,8 +39,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sinks.cleaner.rules import arrow_latest_offsets
 from sinks.log.file_reader import ParquetReaderTask
-from sinks.log.latest import arrow_latest_offsets
 from sinks.log.log_keys import LogKeys, log_keys
 from sinks.log.log_table import AsOf, LogSnapshot, LogTable
 from sinks.log.records import (

@@ -6,7 +6,7 @@ tombstones included. The state is the latest record per (partition, key) with th
 tombstones dropped. Offsets only grow within a partition and cleaning never
 rewrites them, so the highest offset over every live file is the latest record,
 whichever files are clean (SPEC rules 1 and 3); with a sequence column, the
-highest (sequence, offset), as `sinks.log.latest` orders.
+highest (sequence, offset), as `sinks.cleaner.rules` orders.
 
 What SQL over the raw table cannot see: the log start offsets that
 ``delete_records`` and retention keep in Delta ``txn`` actions. Records below a

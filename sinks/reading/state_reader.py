@@ -26,7 +26,7 @@ compete by offset with the rest of the tail, which is exact whatever it holds.
 "Latest" is the highest offset, or with a ``sequence_column`` the highest
 (sequence, offset), within a partition. A key is expected to stay in one
 partition (SPEC, Input); then the result equals grouping the whole log by key,
-which is what `sinks.cleaner.cleaner.latest_records` does. A key found in several
+which is what `sinks.cleaner.rules.latest_records` does. A key found in several
 partitions keeps one row per partition, its latest there, as the cleaner keeps
 one record per (partition, key): making the partitions agree would mean
 shuffling the clean section's keys, the cost this reader exists to avoid.
@@ -41,7 +41,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from sinks.log.latest import spark_latest_offsets
+from sinks.cleaner.rules import spark_latest_offsets
 from sinks.log.log_table import LogSnapshot, LogTable
 from sinks.log.records import OFFSET, PARTITION, VALUE
 from sinks.log.segment import DataFile, ForeignFile, Segment, split_clean

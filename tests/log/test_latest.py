@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from sinks.log.latest import arrow_latest_offsets, spark_latest_offsets
+from sinks.cleaner.rules import arrow_latest_offsets, spark_latest_offsets
 
 RECORDS = pa.table(
     {
@@ -38,4 +38,20 @@ def test_spark_and_arrow_pick_the_same_latest_record(spark, sequence_column, exp
     arrow = arrow_latest_offsets(RECORDS, GROUP, sequence_column)
     assert _winners(arrow) == expected
     rows = spark_latest_offsets(spark.createDataFrame(RECORDS), GROUP, sequence_column).collect()
+    assert sorted(tuple(r) for r in rows) == expected
+
+
+def test_a_nan_sequence_is_the_highest_in_both_engines(spark):
+    records = pa.table(
+        {
+            "partition": pa.array([0, 0, 0, 0, 0], pa.int32()),
+            "key": ["x", "x", "x", "y", "y"],
+            "region": ["eu"] * 5,
+            "seq": pa.array([1.0, float("nan"), 2.0, None, -1.0], pa.float64()),
+            "offset": pa.array([10, 11, 12, 13, 14], pa.int64()),
+        }
+    )
+    expected = [(0, "x", "eu", 11), (0, "y", "eu", 14)]
+    assert _winners(arrow_latest_offsets(records, GROUP, "seq")) == expected
+    rows = spark_latest_offsets(spark.createDataFrame(records), GROUP, "seq").collect()
     assert sorted(tuple(r) for r in rows) == expected
