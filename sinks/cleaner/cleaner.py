@@ -229,6 +229,7 @@ class Cleaner:
             for log in logs
         ]
         inputs: list[Segment] = [s for segments in chosen for s in segments]
+        snapshot.check_files(inputs)  # a lost or truncated input fails the pass by name
         group_bytes = group_size(
             sum(s.size_bytes for s in inputs),
             segment_bytes=self.segment_bytes,

@@ -41,6 +41,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
+from sinks.log.bad_files import check_files
 from sinks.log.file_reader import read_files
 from sinks.log.foreign_commits import (
     ACCEPTED_VERSION_TXN,
@@ -165,6 +166,7 @@ class LogTable:
         chosen = snapshot.data_files() if segments is None else list(segments)
         if not chosen:
             return spark.createDataFrame([], snapshot.spark_schema)
+        snapshot.check_files(chosen)
         if is_local(self.uri):
             paths = [join(self.uri, s.path) for s in chosen]
             df = spark.read.schema(snapshot.spark_schema).parquet(*paths)
@@ -231,6 +233,13 @@ class LogSnapshot:
     def foreign_files(self) -> list[ForeignFile]:
         """Live files another engine wrote, not yet rewritten into segments by a pass."""
         return self._files[1]
+
+    def check_files(self, files: Sequence[DataFile]) -> None:
+        """Raise `MissingDataFileError` or `CorruptDataFileError` when a file of ``files`` is
+        gone or not the size its add action records (`sinks.log.bad_files`); metadata only."""
+        check_files(
+            self.uri, files, current_version=self.version, storage_options=self.storage_options
+        )
 
     def all_segments(self) -> list[Segment]:
         return [s for segments in self.segments.values() for s in segments]
