@@ -25,11 +25,15 @@ open (SPEC rule 10).
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import threading
 import time
 import weakref
-from typing import Protocol
+from collections.abc import Callable
+from typing import ParamSpec, Protocol, TypeVar
+
+from sinks.errors import CompactedSinkError
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +48,67 @@ class Stoppable(Protocol):
     def shutdown(self, timeout_s: float | None = None) -> None: ...
 
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class InterpreterExitingError(CompactedSinkError):
+    """Raised when a sink call starts after the interpreter began to exit; nothing was written."""
+
+
+class _Calls:
+    """The sink calls in flight (a ``foreachBatch`` runs on one of py4j's daemon threads)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.exiting = False
+        self.condition = threading.Condition()
+        self.depth = threading.local()  # a call inside a call (the hook's inline pass) goes on
+
+    def drain(self, timeout_s: float) -> bool:
+        """Refuse new calls, then wait for those in flight; False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        with self.condition:
+            self.exiting = True
+            while self.count:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self.condition.wait(remaining)
+        return True
+
+
+_calls = _Calls()
+
+
+def finished_before_exit(call: Callable[P, R]) -> Callable[P, R]:
+    """Decorate a call that runs native code (a batch's append, a pass): the interpreter's
+    exit waits for it to finish, and refuses it (`InterpreterExitingError`, before it
+    starts) once the exit has begun. Installs the exit hook on first use."""
+
+    @functools.wraps(call)
+    def guarded(*args: P.args, **kwargs: P.kwargs) -> R:
+        _hook()
+        depth = getattr(_calls.depth, "n", 0)
+        with _calls.condition:
+            if _calls.exiting and depth == 0:
+                raise InterpreterExitingError(
+                    "the interpreter is exiting: this call was refused before it wrote "
+                    "anything (a restarted query runs the batch again)"
+                )
+            _calls.count += 1
+        _calls.depth.n = depth + 1
+        try:
+            return call(*args, **kwargs)
+        finally:
+            _calls.depth.n = depth
+            with _calls.condition:
+                _calls.count -= 1
+                _calls.condition.notify_all()
+
+    return guarded
+
+
 _registered: weakref.WeakSet[Stoppable] = weakref.WeakSet()
 _lock = threading.Lock()
 _hooked = False
@@ -55,11 +120,9 @@ def stop_at_exit(stoppable: Stoppable) -> None:
     Held weakly: an object collected before exit needs no stopping. Call it when the
     thread starts, so the exit hook is installed after the libraries' own.
     """
-    global _hooked
     with _lock:
         _registered.add(stoppable)
-        if not _hooked:
-            _hooked = _install(stop_all)
+    _hook()
 
 
 def forget(stoppable: Stoppable) -> None:
@@ -69,11 +132,14 @@ def forget(stoppable: Stoppable) -> None:
 
 
 def stop_all(timeout_s: float = EXIT_TIMEOUT_S) -> int:
-    """Shut down every registered object, sharing ``timeout_s`` among them; returns how many."""
+    """Refuse new sink calls, wait for those in flight, then shut down every registered
+    object; ``timeout_s`` is shared by all. Returns how many objects were shut down."""
+    deadline = time.monotonic() + timeout_s
+    if not _calls.drain(timeout_s):
+        logger.warning("sink calls still running at exit after %.0f s", timeout_s)
     with _lock:
         pending = list(_registered)
         _registered.clear()
-    deadline = time.monotonic() + timeout_s
     for stoppable in pending:
         try:
             stoppable.shutdown(max(0.0, deadline - time.monotonic()))
@@ -82,7 +148,14 @@ def stop_all(timeout_s: float = EXIT_TIMEOUT_S) -> int:
     return len(pending)
 
 
-def _install(hook) -> bool:
+def _hook() -> None:
+    global _hooked
+    with _lock:
+        if not _hooked:
+            _hooked = _install(stop_all)
+
+
+def _install(hook: Callable[[], object]) -> bool:
     """Run ``hook`` at interpreter exit before ``atexit`` handlers when possible."""
     register = getattr(threading, "_register_atexit", None)
     if register is not None:
