@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from functools import cached_property
@@ -60,6 +61,8 @@ LOG_END_OFFSET_TXN = TXN_PREFIX + "log-end-offset/{}"
 LOG_START_OFFSET_TXN = TXN_PREFIX + "log-start-offset/{}"
 CLEANER_OFFSET_TXN = TXN_PREFIX + "cleaner-offset/{}"
 PARTITIONS_TXN = TXN_PREFIX + "partitions"
+COMMIT_TOKEN_KEY = "commitToken"
+"""A random token in each commit's ``compactedSink`` info: a commit recognises itself by it."""
 
 AsOf = int | str | datetime
 
@@ -316,15 +319,20 @@ class LogSnapshot:
             _RemoveAction(s.path, data_change, stamp, s.size_bytes, {}) for s in removes
         ]
         actions += [a.add_action(data_change=data_change, modification_time=stamp) for a in adds]
+        token = uuid.uuid4().hex
         properties = CommitProperties(
             app_transactions=[Transaction(k, v, stamp) for k, v in transactions.items()],
-            custom_metadata={COMMIT_INFO_KEY: dict(info)},
+            custom_metadata={COMMIT_INFO_KEY: {**info, COMMIT_TOKEN_KEY: token}},
             max_commit_retries=0 if removes else None,
         )
         if not removes:
-            self.table.create_write_transaction(
-                actions, "append", self.arrow_schema, commit_properties=properties
-            )
+            try:
+                self.table.create_write_transaction(
+                    actions, "append", self.arrow_schema, commit_properties=properties
+                )
+            except CommitFailedError:
+                if self._landed(token, self.version) is None:
+                    raise
             return
         removed = {unquote(s.path) for s in removes}
         table = self.table
@@ -335,12 +343,30 @@ class LogSnapshot:
                 )
                 return
             except CommitFailedError:
+                if self._landed(token, table.version()) is not None:
+                    return
                 latest = DeltaTable(self.uri, storage_options=self.storage_options or None)
                 if latest.version() == table.version():
                     raise
                 self._check_removes(removed, table.version(), latest.version())
                 table = latest
         raise CommitFailedError(f"{self.uri}: still behind after {REBASE_ATTEMPTS} rebases")
+
+    def _landed(self, token: str, after: int) -> int | None:
+        """The version after ``after`` that holds the commit carrying ``token``, if any.
+
+        An object store may store a commit's conditional PUT and lose the answer (a
+        timeout, a reset, a 500 after the write); the client's retry then finds the
+        version taken, by this very commit, and delta-rs reports a conflict. The token
+        tells this commit from another writer's.
+        """
+        latest = DeltaTable(self.uri, storage_options=self.storage_options or None).version()
+        for version in range(after + 1, latest + 1):
+            for action in read_commit(self.uri, version, self.storage_options) or []:
+                own = (action.get("commitInfo") or {}).get(COMMIT_INFO_KEY) or {}
+                if isinstance(own, Mapping) and own.get(COMMIT_TOKEN_KEY) == token:
+                    return version
+        return None
 
     def _check_removes(self, removed: set[str], after: int, through: int) -> None:
         """Raise ``CommitFailedError`` when a commit in ``(after, through]`` removed a file
