@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench bench-quick soak soak-quick clean
+.PHONY: demo test lint bench bench-quick soak soak-quick soak-exit clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -32,6 +32,10 @@ soak: $(STAMP)
 
 soak-quick: $(STAMP)
 	$(PY) -m bench.soak --batches 300 --out bench/soak-quick
+
+# Not part of `make test`: exit codes of processes that used the sink (about 10 min).
+soak-exit: $(STAMP)
+	$(PY) -m bench.soak_exit --runs 100 --spark-runs 10
 
 clean:
 	rm -rf lake-demo .pytest_cache

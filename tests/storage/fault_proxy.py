@@ -142,7 +142,10 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     def do_GET(self) -> None:
-        self._proxy()
+        try:
+            self._proxy()
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True  # the client gave up on this request (its timeout)
 
     do_PUT = do_POST = do_DELETE = do_HEAD = do_GET
 
