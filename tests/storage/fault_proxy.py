@@ -90,7 +90,7 @@ class FaultProxy:
         class Handler(_Handler):
             owner = proxy
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = _QuietServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
@@ -132,6 +132,13 @@ class FaultProxy:
             fault = self._random.choice(allowed)
             self.injected[(kind, fault)] += 1
             return fault
+
+
+class _QuietServer(ThreadingHTTPServer):
+    """Clients that time out or are reset drop connections: not worth a traceback."""
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        pass
 
 
 class _Handler(BaseHTTPRequestHandler):
