@@ -21,8 +21,8 @@ from sinks.shutdown import InterpreterExitingError, _Calls, finished_before_exit
 
 SCRIPT = Path(__file__).with_name("exit_script.py")
 ROOT = SCRIPT.parent.parent.parent
-ARROW_RUNS = 20
-SPARK_RUNS = ("close", "no-close", "no-close")
+ARROW_RUNS = 12
+SPARK_RUNS = ("close", "no-close")
 
 
 def run_script(*args: str, timeout_s: float = 180) -> subprocess.CompletedProcess:
