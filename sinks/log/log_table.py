@@ -34,7 +34,7 @@ from urllib.parse import unquote
 
 import pyarrow as pa
 from deltalake import DeltaTable
-from deltalake.exceptions import CommitFailedError, TableNotFoundError
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.transaction import CommitProperties, Transaction
 from deltalake.transaction import RemoveAction as _RemoveAction
 from pyspark.sql import DataFrame, SparkSession
@@ -310,6 +310,9 @@ class LogSnapshot:
         removed a file this one removes; the caller decides whether to re-plan.
         ``info`` lands in the commit's metadata under ``compactedSink``; the commit also
         records this snapshot's version as checked for foreign changes, when it was.
+        Idempotent against a lost answer: each commit carries a random token, and a commit
+        that fails (a conflict, or a store error past the client's retries) after its
+        conditional PUT reached the store is found by its token and counts as made.
         """
         stamp = now_ms()
         if self.verified:
@@ -330,7 +333,7 @@ class LogSnapshot:
                 self.table.create_write_transaction(
                     actions, "append", self.arrow_schema, commit_properties=properties
                 )
-            except CommitFailedError:
+            except DeltaError:  # a conflict, or a store error after retries: did it land?
                 if self._landed(token, self.version) is None:
                     raise
             return
@@ -350,6 +353,10 @@ class LogSnapshot:
                     raise
                 self._check_removes(removed, table.version(), latest.version())
                 table = latest
+            except DeltaError:
+                if self._landed(token, table.version()) is None:
+                    raise
+                return
         raise CommitFailedError(f"{self.uri}: still behind after {REBASE_ATTEMPTS} rebases")
 
     def _landed(self, token: str, after: int) -> int | None:
