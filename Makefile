@@ -37,7 +37,7 @@ soak-quick: $(STAMP)
 soak-exit: $(STAMP)
 	$(PY) -m bench.soak_exit --runs 100 --spark-runs 10
 
-# Not part of `make test`: the sink on S3 behind the fault proxy, longer and harsher (10-20 min).
+# Not part of `make test`: the sink on S3 behind the fault proxy, longer and harsher (20-30 min).
 soak-faults: $(STAMP)
 	FAULT_BATCHES=12 FAULT_RATE=0.05 $(PY) -m pytest -q -s tests/storage/test_object_store_faults.py
 
