@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 import pytest
-from fault_proxy import FaultProxy
+from fault_proxy import CONDITIONAL_PUT, FaultProxy
 from s3_server import BUCKET
 
 from sinks import CleanerConfig, CompactedStateSink, read_state
@@ -154,3 +154,34 @@ def test_appends_passes_deletion_recovery_and_state_lose_nothing_under_faults(
     assert {r.key: r.value for r in healed.state().collect()} == expected
     assert orphans == []
     assert sum(faults.values()) > 0
+
+
+@pytest.mark.slow
+def test_commits_whose_answer_was_lost_count_once(spark, s3_options, proxy):
+    """The nasty case: the commit's conditional PUT lands, the client gets a 500 or a reset."""
+    uri = f"s3://{BUCKET}/lost-answers"
+    options = options_through(proxy, s3_options, uri)
+    config = CleanerConfig(min_cleanable_dirty_ratio=1.0, delete_retention_ms=3_600_000)
+    sink = CompactedStateSink(uri, config=config, storage_options=options)
+    expected: dict[str, str] = {}
+    restarts = Restarts()
+    proxy.faults = ("500-after", "reset-after")
+    proxy.injected.clear()
+    proxy.set_rates({CONDITIONAL_PUT: 0.5})
+    try:
+        for batch_id in range(3):
+            rows = rows_of(batch_id)
+            restarts.run(lambda rows=rows, b=batch_id: sink(spark.createDataFrame(rows, SCHEMA), b))
+            expected.update({k: v for k, v, _ in rows if v is not None})
+            for key in [k for k, v, _ in rows if v is None]:
+                expected.pop(key, None)
+        restarts.run(lambda: sink.clean(force=True))
+    finally:
+        proxy.set_rates(0)
+        proxy.faults = FAULTS
+    lost = dict(proxy.injected)
+    offsets = [(r.partition, r.offset) for r in sink.log().collect()]
+    print(f"\nlost answers {lost}; calls failed past retries {restarts.failures}")
+    assert sum(lost.values()) > 0
+    assert len(offsets) == len(set(offsets))  # no batch written twice
+    assert {r.key: r.value for r in sink.state().collect()} == expected
