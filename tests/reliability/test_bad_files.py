@@ -49,19 +49,25 @@ def assert_pass_fails(sink, error: type[Exception], path: str) -> None:
     assert isinstance(failed.value.__cause__, error)
 
 
-@pytest.fixture
-def cleaned_log(spark, lake, clock):
-    """Three appends, a forced pass, two more appends: (sink, oracle, pass version)."""
+def appended_and_cleaned(spark, lake, clock, batches: int) -> tuple[CompactedStateSink, Oracle]:
+    """A sink that appended ``batches`` batches, then ran a forced pass."""
     sink = CompactedStateSink(
         str(lake / "log"),
         config=CleanerConfig(min_cleanable_dirty_ratio=1.0, delete_retention_ms=3_600_000),
         clock=clock,
     )
     oracle = Oracle()
-    for batch_id in range(3):
+    for batch_id in range(batches):
         feed(spark, sink, oracle, batch_id)
         clock.advance(100)
     assert sink.clean(force=True) is not None
+    return sink, oracle
+
+
+@pytest.fixture
+def cleaned_log(spark, lake, clock):
+    """Three appends, a forced pass, two more appends: (sink, oracle, pass version)."""
+    sink, oracle = appended_and_cleaned(spark, lake, clock, 3)
     pass_version = sink.log_table.snapshot().version
     for batch_id in range(3, 5):
         feed(spark, sink, oracle, batch_id)
@@ -112,16 +118,7 @@ def test_a_truncated_file_fails_state_and_a_pass_by_name(spark, cleaned_log, lak
 def test_restore_to_before_the_pass_that_wrote_a_lost_segment_loses_nothing(
     spark, lake, clock, capsys
 ):
-    sink = CompactedStateSink(
-        str(lake / "log"),
-        config=CleanerConfig(min_cleanable_dirty_ratio=1.0, delete_retention_ms=3_600_000),
-        clock=clock,
-    )
-    oracle = Oracle()
-    for batch_id in range(4):
-        feed(spark, sink, oracle, batch_id)
-        clock.advance(100)
-    sink.clean(force=True)
+    sink, oracle = appended_and_cleaned(spark, lake, clock, 4)
     path, pass_version = live_file(sink, cleaned=True)
     os.remove(lake / "log" / path)  # the pass's output is lost; the files it replaced wait
     with pytest.raises(MissingDataFileError) as failed:
