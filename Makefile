@@ -2,7 +2,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench bench-quick bench-scale soak soak-quick clean
+
+.PHONY: demo test lint bench bench-quick bench-scale soak soak-quick soak-exit soak-faults clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -37,6 +38,14 @@ soak: $(STAMP)
 
 soak-quick: $(STAMP)
 	$(PY) -m bench.soak --batches 300 --out bench/soak-quick
+
+# Not part of `make test`: exit codes of processes that used the sink (about 10 min).
+soak-exit: $(STAMP)
+	$(PY) -m bench.soak_exit --runs 100 --spark-runs 10
+
+# Not part of `make test`: the sink on S3 behind the fault proxy, longer and harsher (20-30 min).
+soak-faults: $(STAMP)
+	FAULT_BATCHES=12 FAULT_RATE=0.05 $(PY) -m pytest -q -s tests/storage/test_object_store_faults.py
 
 clean:
 	rm -rf lake-demo .pytest_cache

@@ -60,3 +60,32 @@ class ForeignChangeError(CompactedSinkError):
         super().__init__(message)
         self.log_path = log_path
         self.version = version
+
+
+class DataFileError(CompactedSinkError):
+    """Raised when a live data file of a log cannot be read as its add action describes it;
+    names the file, the version that added it and the current version."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        log_path: str,
+        path: str,
+        added_version: int | None,
+        current_version: int,
+    ) -> None:
+        super().__init__(message)
+        self.log_path = log_path
+        self.path = path
+        self.added_version = added_version
+        self.current_version = current_version
+
+
+class MissingDataFileError(DataFileError, FileNotFoundError):
+    """Raised when a live data file of a log is gone from storage."""
+
+
+class CorruptDataFileError(DataFileError):
+    """Raised when a live data file of a log is not the size its add action records
+    (truncated)."""

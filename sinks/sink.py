@@ -60,6 +60,7 @@ from sinks.maintenance.retention import RetentionPlan
 from sinks.maintenance.segment_deleter import DeletionReport
 from sinks.python_workers import check_python_workers
 from sinks.reading.state_reader import read_state
+from sinks.shutdown import finished_before_exit
 from sinks.spark_session import active_session, streaming_query_id
 
 logger = logging.getLogger("compacted_sink")
@@ -160,6 +161,7 @@ class CompactedStateSink:
 
     # -- the foreachBatch hook ---------------------------------------------------------
 
+    @finished_before_exit
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         """Append one micro-batch exactly once, then hand the log to its cleaner.
 
@@ -297,6 +299,7 @@ class CompactedStateSink:
         """The dirty ratio over all partitions: cleanable bytes over clean plus cleanable."""
         return self.log_cleaner.dirty_ratio()
 
+    @finished_before_exit
     def clean(self, force: bool = False) -> CleanerStats | None:
         """Clean every cleanable partition in one pass now; None when nothing is cleanable.
 

@@ -153,6 +153,8 @@ class Cleaner:
         if snapshot.foreign_files:
             raise ValueError("a pass plans over segments: rewrite the foreign files first")
         plans = self.plan(snapshot, logs)
+        # A lost or truncated input fails the pass by name, before anything is written.
+        snapshot.check_files([s for plan in plans for s in plan.inputs])
         written = self.recopy(
             spark,
             snapshot,

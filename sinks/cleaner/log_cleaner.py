@@ -70,6 +70,7 @@ from sinks.maintenance import retention
 from sinks.maintenance.rearrangement import absorb
 from sinks.maintenance.retention import RetentionPlan
 from sinks.maintenance.segment_deleter import SegmentDeleter
+from sinks.shutdown import stop_at_exit
 
 logger = logging.getLogger("compacted_sink")
 
@@ -510,6 +511,7 @@ class LogCleaner:
             worker = _CleanerThread(self, spark)
             self._worker = worker
             _running.add(self)
+            stop_at_exit(self)  # joined before the interpreter finalizes (sinks.shutdown)
             worker.start()
             worker.request_round()
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from functools import cached_property
@@ -33,13 +34,14 @@ from urllib.parse import unquote
 
 import pyarrow as pa
 from deltalake import DeltaTable
-from deltalake.exceptions import CommitFailedError, TableNotFoundError
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.transaction import CommitProperties, Transaction
 from deltalake.transaction import RemoveAction as _RemoveAction
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
+from sinks.log.bad_files import check_files
 from sinks.log.file_reader import read_files
 from sinks.log.foreign_commits import (
     ACCEPTED_VERSION_TXN,
@@ -59,6 +61,8 @@ LOG_END_OFFSET_TXN = TXN_PREFIX + "log-end-offset/{}"
 LOG_START_OFFSET_TXN = TXN_PREFIX + "log-start-offset/{}"
 CLEANER_OFFSET_TXN = TXN_PREFIX + "cleaner-offset/{}"
 PARTITIONS_TXN = TXN_PREFIX + "partitions"
+COMMIT_TOKEN_KEY = "commitToken"
+"""A random token in each commit's ``compactedSink`` info: a commit recognises itself by it."""
 
 AsOf = int | str | datetime
 
@@ -165,6 +169,7 @@ class LogTable:
         chosen = snapshot.data_files() if segments is None else list(segments)
         if not chosen:
             return spark.createDataFrame([], snapshot.spark_schema)
+        snapshot.check_files(chosen)
         if is_local(self.uri):
             paths = [join(self.uri, s.path) for s in chosen]
             df = spark.read.schema(snapshot.spark_schema).parquet(*paths)
@@ -224,6 +229,13 @@ class LogSnapshot:
     def foreign_files(self) -> list[ForeignFile]:
         """Live files another engine wrote, not yet rewritten into segments by a pass."""
         return self._files[1]
+
+    def check_files(self, files: Sequence[DataFile]) -> None:
+        """Raise `MissingDataFileError` or `CorruptDataFileError` when a file of ``files`` is
+        gone or not the size its add action records (`sinks.log.bad_files`); metadata only."""
+        check_files(
+            self.uri, files, current_version=self.version, storage_options=self.storage_options
+        )
 
     def all_segments(self) -> list[Segment]:
         return [s for segments in self.segments.values() for s in segments]
@@ -291,6 +303,9 @@ class LogSnapshot:
         removed a file this one removes; the caller decides whether to re-plan.
         ``info`` lands in the commit's metadata under ``compactedSink``; the commit also
         records this snapshot's version as checked for foreign changes, when it was.
+        Idempotent against a lost answer: each commit carries a random token, and a commit
+        that fails (a conflict, or a store error past the client's retries) after its
+        conditional PUT reached the store is found by its token and counts as made.
         """
         stamp = now_ms()
         if self.verified:
@@ -300,15 +315,20 @@ class LogSnapshot:
             _RemoveAction(s.path, data_change, stamp, s.size_bytes, {}) for s in removes
         ]
         actions += [a.add_action(data_change=data_change, modification_time=stamp) for a in adds]
+        token = uuid.uuid4().hex
         properties = CommitProperties(
             app_transactions=[Transaction(k, v, stamp) for k, v in transactions.items()],
-            custom_metadata={COMMIT_INFO_KEY: dict(info)},
+            custom_metadata={COMMIT_INFO_KEY: {**info, COMMIT_TOKEN_KEY: token}},
             max_commit_retries=0 if removes else None,
         )
         if not removes:
-            self.table.create_write_transaction(
-                actions, "append", self.arrow_schema, commit_properties=properties
-            )
+            try:
+                self.table.create_write_transaction(
+                    actions, "append", self.arrow_schema, commit_properties=properties
+                )
+            except DeltaError:  # a conflict, or a store error after retries: did it land?
+                if self._landed(token, self.version) is None:
+                    raise
             return
         removed = {unquote(s.path) for s in removes}
         table = self.table
@@ -319,12 +339,34 @@ class LogSnapshot:
                 )
                 return
             except CommitFailedError:
+                if self._landed(token, table.version()) is not None:
+                    return
                 latest = DeltaTable(self.uri, storage_options=self.storage_options or None)
                 if latest.version() == table.version():
                     raise
                 self._check_removes(removed, table.version(), latest.version())
                 table = latest
+            except DeltaError:
+                if self._landed(token, table.version()) is None:
+                    raise
+                return
         raise CommitFailedError(f"{self.uri}: still behind after {REBASE_ATTEMPTS} rebases")
+
+    def _landed(self, token: str, after: int) -> int | None:
+        """The version after ``after`` that holds the commit carrying ``token``, if any.
+
+        An object store may store a commit's conditional PUT and lose the answer (a
+        timeout, a reset, a 500 after the write); the client's retry then finds the
+        version taken, by this very commit, and delta-rs reports a conflict. The token
+        tells this commit from another writer's.
+        """
+        latest = DeltaTable(self.uri, storage_options=self.storage_options or None).version()
+        for version in range(after + 1, latest + 1):
+            for action in read_commit(self.uri, version, self.storage_options) or []:
+                own = (action.get("commitInfo") or {}).get(COMMIT_INFO_KEY) or {}
+                if isinstance(own, Mapping) and own.get(COMMIT_TOKEN_KEY) == token:
+                    return version
+        return None
 
     def _check_removes(self, removed: set[str], after: int, through: int) -> None:
         """Raise ``CommitFailedError`` when a commit in ``(after, through]`` removed a file

@@ -18,12 +18,24 @@ sets them on every node (``spark.executorEnv.*`` or the container's env).
 Commits on S3 are safe between concurrent writers only with a put-if-absent:
 `delta_storage_options` asks delta-rs for conditional put (``If-None-Match``)
 unless the caller chose a locking provider or unsafe renames.
+
+Both clients retry a failed request by themselves, and one set of options tunes
+both (`s3_retry_settings`): delta-rs's object_store retries 5xx answers (500, 503
+SlowDown), connection errors and timeouts with exponential backoff (``max_retries``,
+default 10; ``retry_timeout``, default 3 min; ``timeout``, the per-request timeout,
+default 30 s; ``connect_timeout``, default 5 s); pyarrow's S3 file system is given the
+AWS standard retry strategy with as many attempts (``max_retries`` + 1; pyarrow's own
+default is 3) and the same connect timeout. What neither can retry is a request that
+reached the store and whose answer was lost: a commit's conditional PUT then meets
+its own commit (412), which `sinks.log.log_table` recognises by the commit's token.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import unquote, urlparse
 
@@ -52,6 +64,8 @@ _SPARK_SCHEME = {"s3": "s3a"}
 # delta-rs options that already decide how S3 commits are made safe.
 _S3_COMMIT_SAFETY = ("conditional_put", "s3_locking_provider", "s3_allow_unsafe_rename")
 _S3_ENDPOINT_ENV = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT")
+DEFAULT_MAX_RETRIES = 10
+"""object_store's default ``max_retries``; pyarrow is given as many (its own default is 2)."""
 
 
 class UnsupportedStoreError(ConfigError):
@@ -187,6 +201,7 @@ def _s3_filesystem(options: Mapping[str, str]) -> pafs.S3FileSystem:
         parsed = urlparse(endpoint if "://" in endpoint else f"https://{endpoint}")
         scheme, host = parsed.scheme, parsed.netloc
     virtual_hosted = _option(options, "s3", "virtual_hosted_style_request")
+    retries = s3_retry_settings(options)
     return pafs.S3FileSystem(
         access_key=_option(options, "s3", "access_key_id"),
         secret_key=_option(options, "s3", "secret_access_key"),
@@ -195,7 +210,60 @@ def _s3_filesystem(options: Mapping[str, str]) -> pafs.S3FileSystem:
         endpoint_override=host,
         scheme=scheme,
         force_virtual_addressing=(virtual_hosted or "").lower() == "true",
+        connect_timeout=retries.connect_timeout_s,
+        request_timeout=retries.timeout_s,
+        retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=retries.max_retries + 1),
     )
+
+
+@dataclass(frozen=True)
+class RetrySettings:
+    """How a client retries a failed request: delta-rs's option names, pyarrow's units."""
+
+    max_retries: int
+    timeout_s: float | None
+    connect_timeout_s: float | None
+
+
+def s3_retry_settings(options: Mapping[str, str]) -> RetrySettings:
+    """The retry settings ``options`` give (delta-rs's names: ``max_retries``, ``timeout``,
+    ``connect_timeout``), with object_store's defaults. Raises `ConfigError` naming a bad key.
+
+    pyarrow applies ``timeout`` only on Windows and macOS; on Linux its AWS SDK gives up
+    on a request that receives nothing for 3 s and retries it.
+    """
+    raw = _option(options, "s3", "max_retries")
+    try:
+        max_retries = DEFAULT_MAX_RETRIES if raw is None else int(raw)
+        if max_retries < 0:
+            raise ValueError(raw)
+    except ValueError:
+        raise ConfigError(f"max_retries: {raw!r} is not a number of retries (0 or more)") from None
+    return RetrySettings(
+        max_retries=max_retries,
+        timeout_s=_seconds(options, "timeout"),
+        connect_timeout_s=_seconds(options, "connect_timeout"),
+    )
+
+
+def _seconds(options: Mapping[str, str], name: str) -> float | None:
+    """A duration option as object_store writes them (``30s``, ``500ms``, ``2 min``, ``5``)."""
+    raw = _option(options, "s3", name)
+    if raw is None:
+        return None
+    match = _DURATION.fullmatch(raw.strip().lower())
+    if match is None:
+        raise ConfigError(f"{name}: {raw!r} is not a duration (such as 30s, 500ms or 2min)")
+    number, unit = float(match.group(1)), match.group(2) or "s"
+    return number * _UNIT_S[unit]
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|sec|secs|seconds?|m|min|mins|minutes?)?")
+_UNIT_S = {
+    "ms": 0.001,
+    **dict.fromkeys(("s", "sec", "secs", "second", "seconds"), 1.0),
+    **dict.fromkeys(("m", "min", "mins", "minute", "minutes"), 60.0),
+}
 
 
 def _gcs_filesystem(options: Mapping[str, str]) -> pafs.GcsFileSystem:

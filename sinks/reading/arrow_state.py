@@ -69,7 +69,8 @@ def read_state(
     ``state(as_of=...)`` does; outside the history window it raises the sink's
     time-travel error. ``storage_options`` use delta-rs's names. Raises
     `FileNotFoundError` when no log exists at ``path``. The whole state is built in
-    memory; for larger states use `read_state_batches`.
+    memory; for larger states use `read_state_batches`. A live data file that is gone or
+    truncated raises `MissingDataFileError` / `CorruptDataFileError` before any is read.
     """
     return read_state_batches(path, as_of, storage_options).read_all()
 
@@ -153,6 +154,7 @@ class StatePlan:
         """Split ``snapshot`` into sections and find the tail's winners (reads narrow columns)."""
         keys = log_keys(snapshot)
         sections = log_sections(snapshot)
+        snapshot.check_files([*sections.clean, *sections.dirty])
         starts = {p: snapshot.log_start_offset(p) for p in snapshot.partitions}
         reader = SegmentReader(
             snapshot.uri, storage_options, {p: s for p, s in starts.items() if s > 0}

@@ -8,12 +8,7 @@ any test could set one.
 
 from __future__ import annotations
 
-import os
-import socket
-from collections.abc import Iterator
-
 import pyarrow as pa
-import pyarrow.fs as pafs
 import pytest
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
@@ -26,6 +21,7 @@ from pyspark.sql.types import (
     StructType,
     TimestampType,
 )
+from s3_server import BUCKET
 
 from sinks import CleanerConfig, CompactedStateSink
 from sinks.log.file_reader import ParquetReaderTask, read_files
@@ -45,36 +41,6 @@ SCHEMA = StructType(
         StructField("delete_horizon_ms", LongType()),
     ]
 )
-BUCKET = "lake"
-
-
-@pytest.fixture(scope="module")
-def s3_options() -> Iterator[dict[str, str]]:
-    """An S3 server on loopback with one bucket; the storage options that reach it."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    options = {
-        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
-        "AWS_ACCESS_KEY_ID": "test-key",
-        "AWS_SECRET_ACCESS_KEY": "test-secret",
-        "AWS_REGION": "us-east-1",
-    }
-    saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("AWS_")}
-    try:
-        pafs.S3FileSystem(
-            access_key="test-key",
-            secret_key="test-secret",
-            endpoint_override=f"127.0.0.1:{port}",
-            scheme="http",
-            allow_bucket_creation=True,
-        ).create_dir(BUCKET)
-        yield options
-    finally:
-        server.stop()
-        os.environ.update(saved)
 
 
 def segment_rows(partition: int, first_offset: int, keys: list[str]) -> pa.Table:

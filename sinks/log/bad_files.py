@@ -1,0 +1,182 @@
+"""Bad data files: a live file that is missing or shorter than its add action says.
+
+Kafka's log recovery finds a truncated segment by reading it; a Delta log records
+each file's size in its add action, so here one metadata call per file (a ``stat``
+on disk, a ``HEAD`` or a listing on an object store) finds a file someone deleted or
+a copy that stopped halfway, before anything reads it. The check is exact for
+those two faults: a file of the recorded size is taken as written (its Parquet
+footer and checksums guard the rest).
+
+The error names the file, the Delta version whose ``add`` brought it in (read back
+from the ``_delta_log`` commits, newest first, only once a file is found bad) and
+the versions that reference it since, and says how to repair
+(``docs/operations.md``, "Bad files").
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from urllib.parse import unquote
+
+import pyarrow.fs as pafs
+
+from sinks.errors import CorruptDataFileError, MissingDataFileError
+from sinks.log.foreign_commits import read_commit
+from sinks.log.segment import DataFile
+from sinks.log.storage import arrow_filesystem, is_local
+
+# Past this many files on an object store, list their directories (1,000 keys a request)
+# instead of one HEAD a file.
+_HEADS_MAX = 32
+# How far back the Delta log is searched for the add of a bad file.
+_SEARCH_COMMITS = 2_000
+
+
+@dataclass(frozen=True)
+class BadFile:
+    """A live data file whose storage object is missing (``found_bytes`` None) or short."""
+
+    path: str
+    expected_bytes: int
+    found_bytes: int | None
+
+
+def find_bad_files(
+    uri: str, files: Sequence[DataFile], storage_options: Mapping[str, str] | None = None
+) -> list[BadFile]:
+    """The files of ``files`` that are gone or whose size differs from their add action's.
+
+    Reads metadata only. On a local disk, one ``stat`` a file; on an object store, one
+    ``HEAD`` a file up to a few dozen, else one listing per directory.
+    """
+    if not files:
+        return []
+    fs, root = arrow_filesystem(uri, storage_options)
+    sizes = _sizes(fs, root, [unquote(f.path) for f in files], listing=not is_local(uri))
+    bad = []
+    for file in files:
+        found = sizes.get(unquote(file.path))
+        if found != file.size_bytes:
+            bad.append(BadFile(file.path, file.size_bytes, found))
+    return bad
+
+
+def check_files(
+    uri: str,
+    files: Sequence[DataFile],
+    *,
+    current_version: int,
+    storage_options: Mapping[str, str] | None = None,
+) -> None:
+    """Raise `MissingDataFileError` or `CorruptDataFileError` for the first bad file of
+    ``files`` (of the log at ``uri``, version ``current_version``); reads nothing else."""
+    bad = find_bad_files(uri, files, storage_options)
+    if bad:
+        raise bad_file_error(
+            uri, bad, current_version=current_version, storage_options=storage_options
+        )
+
+
+def bad_file_error(
+    uri: str,
+    bad: Sequence[BadFile],
+    *,
+    current_version: int,
+    storage_options: Mapping[str, str] | None = None,
+) -> MissingDataFileError | CorruptDataFileError:
+    """The error for ``bad`` (its first file named in full, the count of the others)."""
+    first = bad[0]
+    added = added_in(uri, first.path, current_version, storage_options)
+    if first.found_bytes is None:
+        what = "is missing (deleted from storage)"
+        cls: type[MissingDataFileError] | type[CorruptDataFileError] = MissingDataFileError
+    else:
+        what = (
+            f"is {first.found_bytes} bytes where its add action says {first.expected_bytes} "
+            "(truncated: a copy stopped halfway, or the file was overwritten)"
+        )
+        cls = CorruptDataFileError
+    if added is None:
+        origin = f"added before version {max(0, current_version - _SEARCH_COMMITS + 1)}"
+        referenced = f"live through version {current_version}"
+        before = None
+    else:
+        origin = f"added by version {added.version} ({added.operation})"
+        referenced = f"referenced by versions {added.version} to {current_version}"
+        before = added.version - 1
+    others = f"; {len(bad) - 1} more file(s) are bad too" if len(bad) > 1 else ""
+    repair = (
+        f"To repair, restore version {before} (`compacted-sink restore {uri} --to-version "
+        f"{before}`) while its files are on storage (inside the history window); "
+        if before is not None and before >= 0
+        else "To repair, restore the log to a version whose files are all on storage; "
+    )
+    message = (
+        f"log {uri}: data file {first.path} {what}; {origin}, {referenced}{others}. "
+        f'{repair}see docs/operations.md, "Bad files".'
+    )
+    return cls(
+        message,
+        log_path=uri,
+        path=first.path,
+        added_version=None if added is None else added.version,
+        current_version=current_version,
+    )
+
+
+@dataclass(frozen=True)
+class Addition:
+    """The commit whose ``add`` action brought a file into the log."""
+
+    version: int
+    operation: str
+
+
+def added_in(
+    uri: str,
+    path: str,
+    current_version: int,
+    storage_options: Mapping[str, str] | None = None,
+) -> Addition | None:
+    """The newest commit at or before ``current_version`` that added ``path``; None when
+    the commits still in the Delta log (searched back `_SEARCH_COMMITS`) do not say."""
+    wanted = unquote(path)
+    oldest = max(0, current_version - _SEARCH_COMMITS + 1)
+    for version in range(current_version, oldest - 1, -1):
+        actions = read_commit(uri, version, storage_options)
+        if actions is None:
+            return None
+        if any(unquote(a.get("add", {}).get("path", "")) == wanted for a in actions):
+            return Addition(version, _operation(actions))
+    return None
+
+
+def _operation(actions: Iterable[dict]) -> str:
+    for action in actions:
+        info = action.get("commitInfo")
+        if info is not None:
+            own = (info.get("compactedSink") or {}).get("operation")
+            return own or info.get("operation") or "unknown operation"
+    return "unknown operation"
+
+
+def _sizes(
+    fs: pafs.FileSystem, root: str, paths: Sequence[str], *, listing: bool
+) -> dict[str, int]:
+    """Size of each of ``paths`` (relative to ``root``) that exists as a file."""
+    if not listing or len(paths) <= _HEADS_MAX:
+        infos = fs.get_file_info([f"{root}/{p}" for p in paths])
+        return {
+            p: i.size for p, i in zip(paths, infos, strict=True) if i.type == pafs.FileType.File
+        }
+    sizes: dict[str, int] = {}
+    for directory in sorted({posixpath.dirname(p) for p in paths}):
+        base = f"{root}/{directory}" if directory else root
+        selector = pafs.FileSelector(base, allow_not_found=True)
+        for info in fs.get_file_info(selector):
+            if info.type == pafs.FileType.File:
+                relative = info.path[len(root) + 1 :]
+                sizes[relative] = info.size
+    return sizes
