@@ -2,7 +2,6 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-
 .PHONY: demo test lint bench bench-quick bench-scale soak soak-quick soak-exit soak-faults clean
 
 $(STAMP): pyproject.toml

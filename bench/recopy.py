@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from sinks.log.log_table import LogTable
+from sinks.log.segment import split_clean
 
 
 def pass_recopy(log: LogTable, pass_version: int, first_dirty: dict, end: dict) -> dict[str, Any]:
@@ -30,9 +31,8 @@ def pass_recopy(log: LogTable, pass_version: int, first_dirty: dict, end: dict) 
         start = first_dirty.get(partition, first_dirty.get(str(partition)))
         if stop is None:
             continue
-        read = [s for s in segments if s.last_offset < stop]
-        clean = [s for s in read if s.last_offset < start]
-        dirty = [s for s in read if s.last_offset >= start]
+        read, _ = split_clean(segments, stop)
+        clean, dirty = split_clean(read, start)
         clean_bytes += sum(s.size_bytes for s in clean)
         dirty_bytes += sum(s.size_bytes for s in dirty)
         clean_files += len(clean)

@@ -35,6 +35,7 @@ from pyspark.sql import functions as F
 from sinks.cleaner.cpu_priority import at_lower_priority
 from sinks.cleaner.offset_map import OffsetMap
 from sinks.cleaner.rules import apply_arrow_tombstone_rules
+from sinks.log.file_reader import conform
 from sinks.log.records import OFFSET, PARTITION
 from sinks.log.segment import Segment
 from sinks.log.segment_writer import (
@@ -211,20 +212,8 @@ class RecopyTask:
 
 
 def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
-    """Exactly ``schema``'s columns, in order: missing ones null, types cast.
-
-    Files of several schemas (a log whose schema evolved) give one: Arrow casts struct
-    fields by name, fills the fields a file lacks with null and widens its types. Every
-    field becomes nullable, as the files are written (see `nullable_schema`).
-    """
-    schema = nullable_schema(schema)
-    columns = [
-        table.column(f.name).cast(f.type)
-        if f.name in table.schema.names
-        else pa.nulls(table.num_rows, f.type)
-        for f in schema
-    ]
-    return pa.Table.from_arrays(columns, schema=schema)
+    """`conform` to ``schema`` with every field nullable, as the files are written."""
+    return conform(table, nullable_schema(schema))
 
 
 def clean_segments(

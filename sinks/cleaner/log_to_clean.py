@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from sinks.log.segment import Segment
+from sinks.log.segment import Segment, split_clean
 
 
 @dataclass(frozen=True)
@@ -227,8 +227,7 @@ def within_budget(
     left = False
     for log in logs:
         inputs = segments_to_clean(segments.get(log.partition, []), log.first_uncleanable_offset)
-        clean = [s for s in inputs if s.last_offset < log.first_dirty_offset]
-        dirty = [s for s in inputs if s.last_offset >= log.first_dirty_offset]
+        clean, dirty = split_clean(inputs, log.first_dirty_offset)
         cost = sum(s.size_bytes for s in clean)
         taken = 0
         for segment in dirty:

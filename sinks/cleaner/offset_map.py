@@ -33,7 +33,7 @@ import pyarrow as pa
 
 from sinks.cleaner.key_encoding import canonical_keys
 from sinks.cleaner.rules import latest_offsets
-from sinks.log.segment import Segment
+from sinks.log.segment import Segment, split_clean
 
 # What one mapped record costs a task at its peak, measured: 146 bytes a record for
 # 16-byte string keys (2.5 M records, 1.25 M keys; a fresh process's peak RSS growth
@@ -57,7 +57,7 @@ def dirty_segments(
     key); every other segment, including one straddling either, is dirty.
     """
     end = min(first_dirty_offset, cleaner_offset) if cleaner_offset is not None else None
-    return [s for s in segments if end is None or s.last_offset >= end]
+    return split_clean(segments, end)[1]
 
 
 def map_segments(
