@@ -28,6 +28,7 @@ from pathlib import Path
 import pyspark
 import pytest
 from pyspark.sql import SparkSession
+from testkit import Oracle
 
 from streaming.session import local_session
 
@@ -260,3 +261,9 @@ def read_commits(table_path) -> list[list[dict]]:
 def delta_commits():
     """``delta_commits(path)``: the actions of every commit of the Delta table at ``path``."""
     return read_commits
+
+
+@pytest.fixture
+def oracle() -> Oracle:
+    """A dict replay of everything a test fed its log (`testkit.Oracle`)."""
+    return Oracle()

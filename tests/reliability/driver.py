@@ -12,8 +12,9 @@ import os
 import sys
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # testkit
 
-from reliability_support import bad_rows_frame, batch_frame  # noqa: E402
+from testkit import bad_rows_frame, batch_frame  # noqa: E402
 
 LOG = "log"
 DEAD = "dead-letters"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from reliability_support import Oracle, assert_offsets_unique, state_of
+from testkit import Oracle, assert_offsets_unique, state_of
 
 from sinks import (
     CleanerConfig,

@@ -12,7 +12,7 @@ import time
 import pytest
 from deltalake import DeltaTable
 from pyspark.sql import functions as F
-from reliability_support import (
+from testkit import (
     assert_offsets_unique,
     batch_frame,
     batch_rows,

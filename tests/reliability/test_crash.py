@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 from pyspark.sql import functions as F
-from reliability_support import (
+from testkit import (
     assert_offsets_unique,
     bad_rows_frame,
     batch_frame,

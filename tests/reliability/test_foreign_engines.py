@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
-from reliability_support import Oracle, assert_offsets_unique, state_of
+from testkit import Oracle, assert_offsets_unique, state_of
 
 from sinks import CleanerConfig, CompactedStateSink, ForeignChangeError, read_state
 from sinks.crash_points import CLEAN_BEFORE_COMMIT, armed

@@ -18,7 +18,7 @@ import tempfile
 from deltalake import DeltaTable
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from reliability_support import state_of
+from testkit import state_of
 
 from sinks import CleanerConfig, CompactedStateSink
 

@@ -1,4 +1,4 @@
-"""Helpers of the reliability tests: a replay oracle, checks on a log's files and offsets."""
+"""Helpers of the tests: a replay oracle, checks on a log's files and offsets, batch frames."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from reliability_support import batch_frame, replay, state_of
+from testkit import batch_frame, replay, state_of
 
 from sinks import CleanerConfig, CleanerError, CompactedStateSink
 from sinks.cleaner.cleaner_manager import BACKOFF_BASE_MS

@@ -11,7 +11,7 @@ import uuid
 import pytest
 from deltalake import DeltaTable
 from deltalake.transaction import AddAction, CommitProperties
-from reliability_support import kv_frame, state_of, unreferenced_files
+from testkit import kv_frame, state_of, unreferenced_files
 
 from checkpoints import CheckpointEntry, CleanerOffsetCheckpoint
 from sinks import CleanerConfig, CompactedStateSink, LogCorruptedError

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from deltalake import DeltaTable
-from reliability_support import (
+from testkit import (
     assert_offsets_unique,
     batch_frame,
     batch_rows,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from pyspark.sql import functions as F
-from reliability_support import state_of
+from testkit import state_of
 
 from sinks import BadInputError, CleanerConfig, CompactedStateSink, SchemaMismatchError
 from sinks.log.dead_letter import DECODE_ERROR, DeadLetterTable
