@@ -1,46 +1,29 @@
-"""`LogCleaner`: Kafka's ``LogCleaner`` and its ``CleanerThread``, for one log.
+"""`LogCleaner`: Kafka's ``LogCleaner`` for one log: it owns the log's cleaning.
 
-Kafka keeps cleaning off the produce path: a produce request appends and
-returns, and cleaner threads pick the filthiest log, clean it, and back off.
-Here the ``foreachBatch`` hook appends and hands the log to its `LogCleaner`:
+A `LogCleaner` builds and owns the log's `Cleaner` (one pass), its `CleanerManager`
+(which partitions to clean, their claims and checkpoints, Kafka's
+``LogCleanerManager``), retention (``cleanup.policy`` with ``delete``), the
+`SegmentDeleter` and the `Throttler`. Its round (`maintain`) is what Kafka's log
+manager and cleaner threads do between them: retention, then one pass over the
+cleanable partitions (dirtiest first, SPEC rule 4), claimed in the checkpoint table
+and checkpointed where it ended; then, at most every
+``log.retention.check.interval.ms``, the deletion of files out of the log longer than
+the history window.
 
-- *inline* (direct calls, tests, the synchronous mode): `maintain` runs in the
-  caller's thread right after the append, as the hook always did;
-- *background* (inside a streaming query): `wakeup` signals a daemon worker
-  thread beside the query, which runs the same round while the next
-  micro-batches append. An append never waits for a pass, and never fails
-  because a pass committed first: its commit is retried against the new
-  version with the same files (`sinks.log.log_append`), as a pass removes no
-  file an append adds.
-
-A round (`maintain`) is what Kafka's log manager and cleaner threads do between
-them: retention (``cleanup.policy`` with ``delete``), then one pass over the
-cleanable partitions (dirtiest first, SPEC rule 4), each pass claimed in the
-checkpoint table (`CleanerManager`) and checkpointed where it ended; then, at
-most every ``log.retention.check.interval.ms``, the deletion of files out of the
-log longer than the history window (`SegmentDeleter`).
-
-One pass at a time per `LogCleaner`: a pass holds the cleaner's lock, so
-``clean()`` from the caller and the worker never race each other (passes of
-other processes are kept apart by the claims). Between requests the worker
-looks again every ``backoff_ms`` (Kafka's ``log.cleaner.backoff.ms``), which is
-how time-based triggers (the max compaction lag, expired tombstones) fire
-without a new append; it ends after ``idle_ms`` without a request (a stopped or
-long-idle query; the next batch starts it again). A foreachBatch function
-cannot ask whether its query still runs: the batch's session is a clone that
-does not list it. `shutdown` stops the worker after the pass it is running,
-and the interpreter's exit does the same. A worker killed mid-pass (the
-process died) leaves what a crash leaves: the old files or the new ones, never
-both; recovery handles the rest.
+Where rounds run is `sinks.cleaner.cleaner_thread`: one loop over one or many logs,
+beside a streaming query (the sink's worker, `wakeup`) or in the ``clean`` command.
+Called directly (``cleaning="inline"``, ``sink.clean()``) a round runs in the caller's
+thread. One pass at a time per `LogCleaner`: a pass holds the cleaner's lock, so the
+caller and the worker never race each other (passes of other processes are kept apart
+by the claims). A worker killed mid-pass (the process died) leaves what a crash
+leaves: the old files or the new ones, never both; recovery handles the rest.
 """
 
 from __future__ import annotations
 
-import atexit
 import logging
 import threading
 import time
-import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
@@ -48,16 +31,16 @@ from typing import Literal
 from deltalake.exceptions import CommitFailedError
 from pyspark.sql import SparkSession
 
-from checkpoints import CheckpointEntry, CleanerOffsetCheckpoint
+from checkpoints import CleanerOffsetCheckpoint
 from sinks.cleaner.cleaner import Cleaner
 from sinks.cleaner.cleaner_manager import CleanerManager
 from sinks.cleaner.cleaner_stats import CleanerStats
+from sinks.cleaner.cleaner_thread import CleanerWorker, running
 from sinks.cleaner.consumer_holds import consumer_holds, without_held_tombstones
 from sinks.cleaner.log_to_clean import (
     LogToClean,
     cleanable_offsets,
     dirty_ratio,
-    filthiest_first,
     log_to_clean,
     within_budget,
 )
@@ -78,8 +61,6 @@ CleaningMode = Literal["auto", "background", "inline"]
 on a worker thread beside the query, ``auto`` background inside a streaming query and
 inline for direct calls."""
 
-DEFAULT_BACKOFF_MS = 15_000  # Kafka's log.cleaner.backoff.ms
-DEFAULT_IDLE_MS = 600_000
 PASS_ATTEMPTS = 3
 """How many times `LogCleaner.clean` plans a pass whose commit another writer's beat."""
 PassListener = Callable[[CleanerStats], None]
@@ -93,9 +74,27 @@ class RoundReport:
     clean: CleanerStats | None = None
 
 
-class LogCleaner:
-    """Retention and cleaning of one log, inline (`maintain`, `clean`) or on a worker thread.
+@dataclass(frozen=True)
+class CleaningPlan:
+    """Every partition of one log version as a cleaning candidate (`LogCleaner.plan`).
 
+    ``fresh`` unless checkpoint rows older than this plan went into it (a partition the
+    log records no pass for, measured from the cached checkpoint table).
+    """
+
+    version: int
+    logs: tuple[LogToClean, ...]
+    fresh: bool = True
+    foreign_files: bool = False  # another engine's files, for the next pass to rewrite
+
+
+class LogCleaner:
+    """Retention and cleaning of one log: a round inline (`maintain`, `clean`), or on the
+    worker thread (`wakeup`).
+
+    ``key_columns`` and ``sequence_column`` are the log's (for its `Cleaner`);
+    ``owner`` names this cleaner in the checkpoint table (default: host, pid, random);
+    ``recover`` runs before each round (the front's recovery, once per log it opens).
     Holds no Spark session between calls: each call (or `wakeup`) brings the one to
     use. Not picklable while its worker runs; a sink creates it lazily.
     """
@@ -104,30 +103,31 @@ class LogCleaner:
         self,
         log: LogTable,
         checkpoints: CleanerOffsetCheckpoint,
-        manager: CleanerManager,
-        cleaner: Cleaner,
         config: CleanerConfig,
         *,
+        key_columns: Sequence[str],
+        sequence_column: str | None,
         clock: Callable[[], int],
-        backoff_ms: int = DEFAULT_BACKOFF_MS,
-        idle_ms: int = DEFAULT_IDLE_MS,
+        owner: str | None = None,
+        idle_ms: int = 600_000,
+        recover: Callable[[], object] | None = None,
     ) -> None:
         self.log = log
+        self.recover = recover
         self.checkpoints = checkpoints
-        self.manager = manager
-        self.cleaner = cleaner
         self.config = config
         self.clock = clock
-        self.backoff_ms = backoff_ms
         self.idle_ms = idle_ms
-        self.listeners: list[PassListener] = []
-        self.last_round: RoundReport | None = None
-        self.last_error: BaseException | None = None
-        self.passes = 0
-        self._pass_lock = threading.Lock()
-        self._worker: _CleanerThread | None = None
-        self._worker_lock = threading.Lock()
-        self._checkpoint_cache: tuple[float, dict[int, int] | None] = (0.0, None)
+        self.cleaner = Cleaner(
+            log,
+            key_columns=key_columns,
+            sequence_column=sequence_column,
+            delete_retention_ms=config.delete_retention_ms,
+            segment_bytes=config.segment_bytes,
+        )
+        self.manager = CleanerManager(
+            checkpoints, log.uri, owner=owner, clock=clock, backoff_base_ms=config.backoff_ms
+        )
         self.segment_deleter = SegmentDeleter(
             log.uri,
             checkpoints.uri,
@@ -136,25 +136,48 @@ class LogCleaner:
             storage_options=log.storage_options,
         )
         self.throttler = Throttler(config.log_cleaner_io_max_bytes_per_second)
+        self.listeners: list[PassListener] = []
+        self.last_round: RoundReport | None = None
+        self.last_error: BaseException | None = None
+        self.passes = 0
+        self._pass_lock = threading.Lock()
+        self._worker: CleanerWorker | None = None
+        self._worker_lock = threading.Lock()
+        self._checkpoint_cache: tuple[float, dict[int, int] | None] = (0.0, None)
+
+    @property
+    def backoff_ms(self) -> int:
+        """Kafka's ``log.cleaner.backoff.ms``, from the config (written once)."""
+        return self.config.backoff_ms
 
     # -- measuring -------------------------------------------------------------------------
 
     def logs_to_clean(
         self, snapshot: LogSnapshot | None = None, *, fresh_checkpoints: bool = True
     ) -> list[LogToClean]:
-        """Every partition as a cleaning candidate, measured now (no Spark job).
+        """Every partition as a cleaning candidate, measured now (no Spark job)."""
+        plan = self.plan(snapshot, fresh_checkpoints=fresh_checkpoints)
+        return list(plan.logs) if plan is not None else []
+
+    def plan(
+        self, snapshot: LogSnapshot | None = None, *, fresh_checkpoints: bool = True
+    ) -> CleaningPlan | None:
+        """Every partition as a cleaning candidate, measured now (no Spark job); None
+        without a log.
 
         The first dirty offset comes from the cleaner's ``txn`` entry in the log;
         the checkpoint table is read only for partitions the log has none for
         (a log not cleaned yet, or a checkpoint set by hand). Without
-        ``fresh_checkpoints`` (a batch's report) rows read within ``backoff_ms`` do.
+        ``fresh_checkpoints`` (a batch's plan) rows read within ``backoff_ms`` do.
         """
         snapshot = snapshot or self.log.snapshot()
         if snapshot is None:
-            return []
+            return None
         recorded = {p: snapshot.cleaner_offset(p) for p in snapshot.partitions}
+        fresh = True
         if any(offset is None for offset in recorded.values()):
-            for p, offset in self._checkpointed_offsets(fresh=fresh_checkpoints).items():
+            checkpointed, fresh = self._checkpointed_offsets(fresh=fresh_checkpoints)
+            for p, offset in checkpointed.items():
                 if recorded.get(p, 0) is None:
                     recorded[p] = offset
         now = self.clock()
@@ -178,7 +201,9 @@ class LogCleaner:
                 )
                 for c in candidates
             ]
-        return candidates
+        return CleaningPlan(
+            snapshot.version, tuple(candidates), fresh, foreign_files=bool(snapshot.foreign_files)
+        )
 
     def consumer_holds(self, snapshot: LogSnapshot, *, now_ms: int) -> dict[int, int]:
         """Per partition, where registered consumers hold expired tombstones (see
@@ -191,37 +216,35 @@ class LogCleaner:
             storage_options=self.checkpoints.storage_options,
         )
 
-    def _checkpointed_offsets(self, *, fresh: bool) -> dict[int, int]:
+    def _checkpointed_offsets(self, *, fresh: bool) -> tuple[dict[int, int], bool]:
+        """This log's checkpointed first dirty offsets, and whether they were read now."""
         read_at, offsets = self._checkpoint_cache
         if fresh or offsets is None or time.monotonic() - read_at > self.backoff_ms / 1000:
             rows = self.checkpoints.read(self.log.uri)
             offsets = {p: entry.first_dirty_offset for (_, p), entry in rows.items()}
             self._checkpoint_cache = (time.monotonic(), offsets)
-        return offsets
+            return offsets, True
+        return offsets, False
 
-    def has_work(self, snapshot: LogSnapshot) -> bool:
+    def has_work(self, plan: CleaningPlan | None, *, force: bool = False) -> bool:
         """Whether a round now could do anything: retention, deletion of expired files, a
         checkpoint to reset, or a cleanable partition (SPEC rule 4, time triggers
-        included). No Spark job.
+        included; ``force``: any cleanable bytes). No Spark job.
 
         A batch asks this before handing the log over, so the many batches that leave
         nothing cleanable cost no round (no snapshot load, no claim) beside the query.
         """
+        if plan is None:
+            return False
         if self.config.delete or self.segment_deleter.due():
             return True  # retention, or expired files to delete (the deleter's interval)
         if not self.config.compact:
             return False
-        if snapshot.foreign_files:
-            return True  # another engine's files, for the next pass to rewrite
+        if plan.foreign_files:
+            return True
         now = self.clock()
-        return any(
-            log.force_checkpoint
-            or log.is_cleanable(
-                now_ms=now,
-                min_cleanable_dirty_ratio=self.config.min_cleanable_dirty_ratio,
-                max_compaction_lag_ms=self.config.max_compaction_lag_ms,
-            )
-            for log in self.logs_to_clean(snapshot, fresh_checkpoints=False)
+        return any(log.force_checkpoint for log in plan.logs) or bool(
+            self.manager.grab_filthiest(plan.logs, self.config, now_ms=now, force=force)
         )
 
     def dirty_ratio(
@@ -229,6 +252,30 @@ class LogCleaner:
     ) -> float:
         """Cleanable bytes over clean plus cleanable bytes, over all partitions."""
         return dirty_ratio(self.logs_to_clean(snapshot, fresh_checkpoints=fresh_checkpoints))
+
+    # -- handing the log over after an append ----------------------------------------------
+
+    def hand_over(
+        self, spark: SparkSession, snapshot: LogSnapshot, *, background: bool, appended: bool
+    ) -> tuple[CleanerStats | None, LogSnapshot, float]:
+        """What the produce path does after an append (Kafka's broker handing its logs to
+        the cleaner threads): plan the log once; when a round has work, wake the worker
+        (``background``) or run the round here. A batch that appended nothing
+        (``appended`` false) costs no round.
+
+        Returns the pass run here (if any), the log after it and its dirty ratio.
+        """
+        plan = self.plan(snapshot, fresh_checkpoints=False)
+        stats = None
+        if appended and self.has_work(plan):
+            if background:
+                self.wakeup(spark)
+            else:
+                stats = self.maintain(spark, plan=plan).clean
+        if stats is None:
+            return None, snapshot, dirty_ratio(plan.logs if plan else [])
+        after = self.log.snapshot() or snapshot  # a pass committed: a new version to measure
+        return stats, after, self.dirty_ratio(after, fresh_checkpoints=False)
 
     # -- one round, in the caller's thread ---------------------------------------------------
 
@@ -239,30 +286,42 @@ class LogCleaner:
         force: bool = False,
         max_tasks: int | None = None,
         niceness: int = 0,
+        plan: CleaningPlan | None = None,
+        raise_errors: bool = False,
     ) -> RoundReport:
-        """Retention (delete policies), then one pass over what is cleanable now.
+        """One round: retention (delete policies), one pass over what is cleanable now,
+        then the segment deleter's turn when due.
 
-        ``max_tasks`` and ``niceness`` are the pass's share of the cores (see `clean`).
-
+        ``max_tasks`` and ``niceness`` are the pass's share of the cores (see `clean`);
+        ``plan`` is one the caller made of the current version (not made again).
         A failed pass is recorded (`last_error`, the partitions marked uncleanable)
-        and logged, not raised: the batch that triggered it is committed. Retention
-        that keeps conflicting gives up until the next round.
+        and logged, not raised: the batch that triggered it is committed; retention
+        that keeps conflicting gives up until the next round. ``raise_errors``
+        (``sink.clean()``) raises both instead.
         """
-        plan = None
+        if self.recover is not None:
+            self.recover()
+        report = None
         if self.config.delete:
             try:
-                plan = self.retain()
+                report = self.retain()
             except CommitConflictError as e:
+                if raise_errors:
+                    raise
                 logger.warning("retention of %s gave up until the next round: %s", self.log.uri, e)
         stats = None
         if self.config.compact:
             try:
-                stats = self.clean(spark, force=force, max_tasks=max_tasks, niceness=niceness)
+                stats = self.clean(
+                    spark, force=force, max_tasks=max_tasks, niceness=niceness, plan=plan
+                )
             except CleanerError as e:
                 self.last_error = e
+                if raise_errors:
+                    raise
                 logger.warning("cleaning %s failed: %s", self.log.uri, e)
         self.segment_deleter.maybe_run(self.manager.busy_partitions)
-        self.last_round = RoundReport(retention=plan, clean=stats)
+        self.last_round = RoundReport(retention=report, clean=stats)
         return self.last_round
 
     def retain(self) -> RetentionPlan:
@@ -282,6 +341,7 @@ class LogCleaner:
         snapshot: LogSnapshot | None = None,
         max_tasks: int | None = None,
         niceness: int = 0,
+        plan: CleaningPlan | None = None,
     ) -> CleanerStats | None:
         """One pass over every cleanable partition now, dirtiest first; None when none is.
 
@@ -301,7 +361,12 @@ class LogCleaner:
                     return None
                 try:
                     stats = self._clean(
-                        spark, snapshot, force=force, max_tasks=max_tasks, niceness=niceness
+                        spark,
+                        snapshot,
+                        force=force,
+                        max_tasks=max_tasks,
+                        niceness=niceness,
+                        plan=plan if attempt == 0 else None,
                     )
                     break
                 except CleanerError as e:
@@ -331,9 +396,13 @@ class LogCleaner:
         force: bool,
         max_tasks: int | None,
         niceness: int,
+        plan: CleaningPlan | None = None,
     ) -> CleanerStats | None:
         """Choose, claim, re-plan after the claim, run the pass, checkpoint: Kafka's
         ``grabFilthiestCompactedLog`` + ``cleanLog`` + ``doneCleaning`` for one log.
+
+        ``plan`` (of ``snapshot``'s version, made with fresh checkpoint rows) is used
+        as it is; otherwise the log is planned here.
 
         Files another engine wrote are rewritten into segments first (`_absorb`): a
         pass plans over segments only.
@@ -344,11 +413,14 @@ class LogCleaner:
                 return None
             snapshot = absorbed
         start = self.clock()
-        candidates = self.logs_to_clean(snapshot)
+        if plan is None or not plan.fresh or plan.version != snapshot.version:
+            plan = self.plan(snapshot)
+            assert plan is not None
+        candidates = plan.logs
         chosen = self._cleanable(candidates, now_ms=start, force=force)
         reset = [log for log in candidates if log.force_checkpoint and log not in chosen]
         if reset:
-            self._checkpoint_resets(reset)
+            self.manager.reset_checkpoints(reset)
         if not chosen:
             return None
         claimed = set(self.manager.start_cleaning([log.partition for log in chosen]))
@@ -407,7 +479,7 @@ class LogCleaner:
         if budget < LONG_MAX:
             stats = replace(stats, budget_bytes=budget, work_left=plan.work_left)
         crash_point(CLEAN_BEFORE_CHECKPOINT)
-        self._checkpoint(chosen, stats)
+        self.manager.checkpoint_pass(chosen, stats)
         logger.info("%s", stats.summary())
         return stats
 
@@ -449,53 +521,9 @@ class LogCleaner:
     def _cleanable(
         self, candidates: Sequence[LogToClean], *, now_ms: int, force: bool
     ) -> list[LogToClean]:
-        return [
-            log
-            for log in filthiest_first(candidates)
-            if log.is_cleanable(
-                now_ms=now_ms,
-                min_cleanable_dirty_ratio=self.config.min_cleanable_dirty_ratio,
-                max_compaction_lag_ms=self.config.max_compaction_lag_ms,
-                force=force,
-            )
-        ]
+        return self.manager.grab_filthiest(candidates, self.config, now_ms=now_ms, force=force)
 
-    def _checkpoint_resets(self, reset: Sequence[LogToClean]) -> None:
-        """Rewrite checkpoints found out of range, as Kafka does even when nothing is cleaned."""
-        rows = self.checkpoints.read(self.log.uri)
-        entries = []
-        for log in reset:
-            entry = rows.get((self.log.uri, log.partition)) or CheckpointEntry(
-                log_path=self.log.uri, partition=log.partition, first_dirty_offset=0
-            )
-            entries.append(
-                entry.with_changes(
-                    first_dirty_offset=log.first_dirty_offset,
-                    first_uncleanable_offset=log.first_uncleanable_offset,
-                )
-            )
-        self.checkpoints.write(entries)
-
-    def _checkpoint(self, cleaned: Sequence[LogToClean], stats: CleanerStats) -> None:
-        self.manager.done_cleaning(
-            CheckpointEntry(
-                log_path=self.log.uri,
-                partition=log.partition,
-                first_dirty_offset=stats.end_offsets[log.partition],
-                first_uncleanable_offset=log.first_uncleanable_offset,
-                last_clean_ms=stats.start_ms,
-                last_pass_duration_ms=stats.duration_ms,
-                bytes_read=stats.bytes_read,
-                bytes_written=stats.bytes_written,
-                records_read=stats.records_read,
-                records_written=stats.records_written,
-                max_dirty_ratio=log.cleanable_ratio,
-                log_version=stats.delta_version,
-            )
-            for log in cleaned
-        )
-
-    # -- the worker thread -----------------------------------------------------------------
+    # -- the worker thread (`sinks.cleaner.cleaner_thread`) ----------------------------------
 
     def wakeup(self, spark: SparkSession) -> None:
         """Ask the worker for a round soon, starting it if needed; returns at once.
@@ -507,9 +535,9 @@ class LogCleaner:
             worker = self._worker
             if worker is not None and worker.request_round():
                 return
-            worker = _CleanerThread(self, spark)
+            worker = CleanerWorker(self, spark)
             self._worker = worker
-            _running.add(self)
+            running.add(self)
             worker.start()
             worker.request_round()
 
@@ -528,93 +556,7 @@ class LogCleaner:
         """Stop the worker after the round it is running (Kafka's ``LogCleaner.shutdown``)."""
         with self._worker_lock:
             worker, self._worker = self._worker, None
-        _running.discard(self)
+        running.discard(self)
         if worker is not None:
             worker.stop()
             worker.join(timeout_s)
-
-
-class _CleanerThread(threading.Thread):
-    """The worker: a round when asked or every ``backoff_ms``; ends ``idle_ms`` after the
-    last request."""
-
-    def __init__(self, cleaner: LogCleaner, spark: SparkSession) -> None:
-        super().__init__(name=f"log-cleaner-{cleaner.log.uri.rsplit('/', 1)[-1]}", daemon=True)
-        self.cleaner = cleaner
-        self.spark = spark
-        self._last_request = time.monotonic()
-        self._condition = threading.Condition()
-        self._pending = False
-        self._busy = False
-        self._stopped = False
-
-    def request_round(self) -> bool:
-        """Ask for a round; False when this worker has stopped (start another)."""
-        with self._condition:
-            if self._stopped:
-                return False
-            self._pending = True
-            self._last_request = time.monotonic()
-            self._condition.notify_all()
-            return True
-
-    def stop(self) -> None:
-        with self._condition:
-            self._stopped = True
-            self._condition.notify_all()
-
-    def await_idle(self, timeout_s: float | None) -> bool:
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        with self._condition:
-            while (self._pending or self._busy) and self.is_alive():
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    return False
-                self._condition.wait(remaining)
-        return True
-
-    def run(self) -> None:
-        backoff_s = self.cleaner.backoff_ms / 1000
-        idle_s = self.cleaner.idle_ms / 1000
-        while True:
-            with self._condition:
-                if not self._pending and not self._stopped:
-                    self._condition.wait(backoff_s)
-                if not self._pending and time.monotonic() - self._last_request > idle_s:
-                    self._stopped = True  # nothing asked for long: the query stopped or idles
-                if self._stopped:
-                    break
-                self._pending = False
-                self._busy = True
-            try:
-                # Kafka's cleaner threads: the pass leaves the other cores to the query,
-                # and yields the ones it runs on whenever the query's tasks want them.
-                report = self.cleaner.maintain(
-                    self.spark,
-                    max_tasks=self.cleaner.config.log_cleaner_threads,
-                    niceness=self.cleaner.config.log_cleaner_nice,
-                )
-                if report.clean is not None and report.clean.work_left:
-                    with self._condition:  # the budget cut the pass: the rest goes next
-                        self._pending = True
-            except Exception as e:  # noqa: BLE001 - the worker must outlive one bad round
-                self.cleaner.last_error = e
-                logger.warning("cleaner round over %s failed", self.cleaner.log.uri, exc_info=True)
-            finally:
-                with self._condition:
-                    self._busy = False
-                    self._condition.notify_all()
-        with self._condition:
-            self._busy = self._pending = False
-            self._condition.notify_all()
-
-
-_running: weakref.WeakSet[LogCleaner] = weakref.WeakSet()
-
-
-@atexit.register
-def _shutdown_all() -> None:
-    # A pass in flight at exit finishes, within a bounded wait; past it (or if Spark
-    # stopped first and the pass fails) the log is left as a crash would leave it.
-    for cleaner in list(_running):
-        cleaner.shutdown(timeout_s=30)

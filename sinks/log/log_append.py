@@ -31,16 +31,21 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-import pyarrow as pa
 import pyarrow.fs as pafs
 from deltalake.exceptions import CommitFailedError
 from pyspark.sql import types as T
 
-from sinks.cleaner.cleaner_stats import CleanerStats
 from sinks.config import CleanerConfig
-from sinks.crash_points import APPEND_BEFORE_COMMIT, SCHEMA_BEFORE_APPEND, crash_point
+from sinks.crash_points import (
+    APPEND_BEFORE_COMMIT,
+    DEAD_LETTER_BEFORE_APPEND,
+    SCHEMA_BEFORE_APPEND,
+    crash_point,
+)
 from sinks.errors import CommitConflictError, SchemaMismatchError
-from sinks.log.append_task import APPEND_TASK_DDL, AppendTask, read_task_output
+from sinks.log.append_batch import ArrowRecords, SparkRecords, TaskRunner
+from sinks.log.append_task import AppendTask, read_task_output
+from sinks.log.dead_letter import DeadLetterTable
 from sinks.log.history_window import table_properties
 from sinks.log.log_keys import LogKeys
 from sinks.log.log_table import (
@@ -49,14 +54,10 @@ from sinks.log.log_table import (
     LogSnapshot,
     LogTable,
     log_arrow_schema,
+    now_ms,
 )
 from sinks.log.records import (
-    INPUT_ORDER,
-    OFFSET,
-    PARTITION,
     TRANSIENT_COLUMNS,
-    PreparedBatch,
-    log_columns,
     raise_for_problems,
 )
 from sinks.log.schema_commit import commit_schema
@@ -75,8 +76,7 @@ logger = logging.getLogger("compacted_sink")
 APPEND_ATTEMPTS = 8
 """How many times an append is numbered and written, and each commit tried, before giving up."""
 
-TaskRunner = Callable[[AppendTask], Sequence[Mapping[str, object]]]
-"""Runs an `AppendTask` over every row of a batch and returns all the tasks' output rows."""
+Records = SparkRecords | ArrowRecords
 
 
 @dataclass(frozen=True)
@@ -89,44 +89,10 @@ class LogAppendInfo:
     log end offset (a query from a fresh checkpoint reading the topic again).
     """
 
-    snapshot: LogSnapshot
+    snapshot: LogSnapshot | None  # None: no log, and an empty batch did not create one
     written: tuple[WrittenSegment, ...] = ()
     already_committed: bool = False
     redelivered: int = 0  # Kafka records the log already held (a redelivery), dropped
-
-
-@dataclass(frozen=True)
-class AppendReport:
-    """What one call of the hook did; ``skipped`` when the batch id was already committed."""
-
-    batch_id: int
-    records: int
-    partitions: tuple[int, ...]
-    files: int
-    bytes: int
-    skipped: bool
-    dirty_ratio: float
-    duration_ms: int
-    delta_version: int | None
-    clean: CleanerStats | None = None
-    redelivered: int = 0  # Kafka records already in the log (offsets below its end), dropped
-
-    def summary(self) -> str:
-        if self.skipped:
-            head = f"batch {self.batch_id}: already committed, skipped"
-        else:
-            head = (
-                f"batch {self.batch_id}: appended {self.records} records to "
-                f"{len(self.partitions)} partition(s) in {self.files} file(s) "
-                f"({self.bytes} B) in {self.duration_ms / 1000:.1f} s"
-            )
-        if self.redelivered:
-            head += (
-                f"; dropped {self.redelivered} redelivered record(s) whose offsets the log "
-                "already holds"
-            )
-        tail = f"; dirty ratio {self.dirty_ratio:.2f}"
-        return head + tail + (f"; {self.clean.summary()}" if self.clean else "")
 
 
 def committed(snapshot: LogSnapshot | None, app_id: str, batch_id: int) -> bool:
@@ -142,7 +108,9 @@ class LogAppender:
     (where a written file rolls). ``schema_evolution`` says which schema changes a
     batch may bring (`sinks.log.schema_evolution`); an evolved schema is committed
     before the batch's files (`sinks.log.schema_commit`), and the files are written
-    with it.
+    with it. ``dead_letters`` quarantines bad rows instead of failing the batch;
+    ``recover`` runs before the first append to an existing log (the front passes
+    `sinks.maintenance.recovery`, a layer above this one); ``clock`` gives epoch ms.
     """
 
     def __init__(
@@ -153,12 +121,18 @@ class LogAppender:
         sequence_column: str | None,
         config: CleanerConfig,
         schema_evolution: SchemaEvolution = DEFAULT_SCHEMA_EVOLUTION,
+        dead_letters: DeadLetterTable | None = None,
+        recover: Callable[[], object] | None = None,
+        clock: Callable[[], int] = now_ms,
     ) -> None:
         self.log = log
         self.key_columns = tuple(key_columns)
         self.sequence_column = sequence_column
         self.config = config
         self.schema_evolution = check_mode(schema_evolution)
+        self.dead_letters = dead_letters
+        self.recover = recover
+        self.clock = clock
 
     def evolved_schema(self, snapshot: LogSnapshot, schema: T.StructType) -> T.StructType:
         """The log's schema once a batch of ``schema`` is appended (the log's own when equal).
@@ -174,49 +148,66 @@ class LogAppender:
         )
 
     def append(
-        self, snapshot: LogSnapshot | None, batch: PreparedBatch, *, app_id: str, batch_id: int
-    ) -> LogAppendInfo:
-        """Append a prepared Spark batch in one Spark job per attempt (see the module doc).
-
-        ``snapshot`` is the log as the caller read it (None: no table yet); the caller
-        has checked that ``batch_id`` is not committed and that the schema matches.
-        Raises `BadInputError` (nothing written) or `CommitConflictError`.
-        """
-        order = OFFSET if batch.has_offsets else INPUT_ORDER
-        rows = batch.df.repartition(PARTITION).sortWithinPartitions(PARTITION, order)
-
-        def run(task: AppendTask) -> list[dict[str, object]]:
-            return [r.asDict() for r in rows.mapInArrow(task, APPEND_TASK_DDL).collect()]
-
-        schema = log_columns(batch.df).schema
-        return self.append_as_leader(
-            snapshot, schema, run, has_offsets=batch.has_offsets, app_id=app_id, batch_id=batch_id
-        )
-
-    def append_arrow(
         self,
-        snapshot: LogSnapshot | None,
-        records: pa.Table,
-        schema: T.StructType,
+        records: Records,
         *,
-        has_offsets: bool,
         app_id: str,
         batch_id: int,
+        older_app_ids: Sequence[str] = (),
     ) -> LogAppendInfo:
-        """Append ``records`` (the log's columns, in input order) on this process, without Spark.
+        """Append one batch exactly once per (app id, batch id): the one produce path.
 
-        For batches that fit in memory (the data source's driver). Same checks,
-        numbering, files and commit as `append`.
+        Skips a batch already committed under ``app_id`` (or one of ``older_app_ids``,
+        ids earlier versions keyed the same batches by): nothing is written, not even
+        dead letters. Otherwise, in order: recover the log on first use, refuse a schema
+        change before anything is written (dead-letter table or not: a schema change is
+        not a bad row), split bad rows to the dead-letter table (when one is set; without
+        one they stay and fail the batch whole), then validate, number, write and commit
+        (`append_as_leader`). Raises `BadInputError` (nothing written),
+        `SchemaMismatchError` or `CommitConflictError`.
         """
-        keys = [(PARTITION, "ascending"), *([(OFFSET, "ascending")] if has_offsets else [])]
-        ordered = records.sort_by(keys)  # a stable sort: input order within a partition
-
-        def run(task: AppendTask) -> list[dict[str, object]]:
-            return [row for out in task(iter(ordered.to_batches())) for row in out.to_pylist()]
-
-        return self.append_as_leader(
-            snapshot, schema, run, has_offsets=has_offsets, app_id=app_id, batch_id=batch_id
+        snapshot = self.log.snapshot()
+        if snapshot is not None:
+            done = next(
+                (a for a in (app_id, *older_app_ids) if committed(snapshot, a, batch_id)), None
+            )
+            if done is not None:
+                logger.info("batch %s of %s already committed; skipped", batch_id, done)
+                return LogAppendInfo(snapshot, already_committed=True)
+            if self.recover is not None:
+                self.recover()
+        if records.empty:
+            if snapshot is None:
+                return LogAppendInfo(None)  # no log and nothing to create it with
+            return LogAppendInfo(self.commit_empty(snapshot, app_id, batch_id))
+        prepared = records.prepare(
+            key_columns=self.key_columns, sequence_column=self.sequence_column, now_ms=self.clock()
         )
+        try:
+            if snapshot is not None:
+                self.evolved_schema(snapshot, prepared.schema)  # refused: fail before any file
+            if self.dead_letters is not None:
+                bad = prepared.quarantine(
+                    key_columns=self.key_columns, message_max_bytes=self.config.message_max_bytes
+                )
+                self.dead_letters.write(
+                    bad,
+                    log_path=self.log.uri,
+                    app_id=app_id,
+                    batch_id=batch_id,
+                    now_ms=self.clock(),
+                )
+                crash_point(DEAD_LETTER_BEFORE_APPEND)
+            return self.append_as_leader(
+                snapshot,
+                prepared.schema,
+                prepared.run,
+                has_offsets=prepared.has_offsets,
+                app_id=app_id,
+                batch_id=batch_id,
+            )
+        finally:
+            prepared.release()
 
     def append_as_leader(
         self,
@@ -231,7 +222,8 @@ class LogAppender:
         """Validate, number and write with ``run``, then commit; number again after a conflict.
 
         ``schema`` is the batch's log columns (it creates the log when ``snapshot``
-        is None). Not idempotent by itself: the caller checks `committed` first.
+        is None). Checks `committed` only after a conflict or a creation race: `append`
+        checks it first.
         """
         for _attempt in range(APPEND_ATTEMPTS):
             end_offsets = snapshot.log_end_offsets() if snapshot is not None else {}
