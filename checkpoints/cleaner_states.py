@@ -6,6 +6,18 @@ and ``LogCleaningPaused`` in memory; here they are the checkpoint table's
 *says* is read here, below every writer, so that recovery (which must not delete a
 live pass's files) and the manager read a claim the same way. Pure but for
 `owner_is_dead`, which asks this host whether a process still exists.
+
+States of one (log, partition):
+
+- ``idle`` (or no row): anyone may start a pass.
+- ``in_progress``: ``state_owner`` is cleaning; ``state_heartbeat_ms`` proves it
+  lives. A heartbeat older than ``heartbeat_timeout_ms`` means the owner died
+  (the process was killed mid-pass): another cleaner may take over.
+- ``paused``: cleaning was paused (around ``delete_records`` and restores); nobody
+  cleans until it is resumed.
+- ``uncleanable``: the last pass failed with ``uncleanable_reason``; the partition
+  is retried once ``uncleanable_since_ms`` plus an exponential backoff (doubling
+  per failed attempt, capped) has passed, not abandoned until restart.
 """
 
 from __future__ import annotations

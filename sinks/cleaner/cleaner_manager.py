@@ -1,24 +1,14 @@
-"""Cleaner state per log and partition: Kafka's `LogCleanerManager` states, in the checkpoint table.
+"""`CleanerManager`: Kafka's ``LogCleanerManager`` for one log, in the checkpoint table.
 
-Kafka keeps ``LogCleaningInProgress``, ``LogCleaningAborted`` and
-``LogCleaningPaused`` in memory, guarded by a lock, because one broker owns its
-logs. Here cleaners run in different processes, so the state lives in the
-checkpoint table's ``cleaner_state`` column and moves by compare-and-set: a
-Delta MERGE whose update only applies when the row is still the one read
-(same ``updated_ms``, state and owner). Two processes racing for one row both
-rewrite the same file; delta-rs fails the second commit, which then re-reads.
-
-States of one (log, partition):
-
-- ``idle`` (or no row): anyone may start a pass.
-- ``in_progress``: ``state_owner`` is cleaning; ``state_heartbeat_ms`` proves it
-  lives. A heartbeat older than ``heartbeat_timeout_ms`` means the owner died
-  (the process was killed mid-pass): another cleaner may take over.
-- ``paused``: `pause_cleaning` was called (around ``delete_records`` and
-  restores); nobody cleans until `resume_cleaning`.
-- ``uncleanable``: the last pass failed with ``uncleanable_reason``; the partition
-  is retried once ``uncleanable_since_ms`` plus an exponential backoff (doubling
-  per failed attempt, capped) has passed, not abandoned until restart.
+It chooses (`grab_filthiest`: the cleanable partitions, dirtiest first, that this
+owner may claim), claims (`start_cleaning`, kept live by `heartbeating`), and records
+(`checkpoint_pass` / `done_cleaning`, `abort_cleaning`, `mark_uncleanable`), and
+pauses around ``delete_records`` and restores. Kafka keeps these states in memory,
+guarded by a lock, because one broker owns its logs; here cleaners run in different
+processes, so each state lives in the checkpoint table's row for the partition
+(`checkpoints.cleaner_states` says what a row means) and moves by compare-and-set
+(`CleanerOffsetCheckpoint.compare_and_set`). A partition whose pass failed is retried
+once ``backoff_ms`` doubled per failed attempt (capped at an hour) has passed.
 
 The state is advisory for correctness: a pass that loses its claim (expired,
 paused) can still only commit against the snapshot it planned from, and delta-rs

@@ -36,7 +36,8 @@ from pyspark.sql import SparkSession
 from sinks.cleaner.log_to_clean import LogToClean
 
 if TYPE_CHECKING:  # the log cleaner starts its worker from here: no import cycle at run time
-    from sinks.cleaner.log_cleaner import CleaningPlan, LogCleaner, RoundReport
+    from sinks.cleaner.cleaning_plan import CleaningPlan
+    from sinks.cleaner.log_cleaner import LogCleaner, RoundReport
 
 logger = logging.getLogger("compacted_sink")
 
@@ -240,6 +241,43 @@ class CleanerWorker(threading.Thread):
         with self._condition:
             self._busy = self._pending = False
             self._condition.notify_all()
+
+
+class WorkerSlot:
+    """A log cleaner's place for its worker: started on request, replaced once stopped."""
+
+    def __init__(self, cleaner: LogCleaner) -> None:
+        self.cleaner = cleaner
+        self._worker: CleanerWorker | None = None
+        self._lock = threading.Lock()
+
+    def wakeup(self, spark: SparkSession) -> None:
+        with self._lock:
+            worker = self._worker
+            if worker is not None and worker.request_round():
+                return
+            worker = CleanerWorker(self.cleaner, spark)
+            self._worker = worker
+            running.add(self.cleaner)
+            worker.start()
+            worker.request_round()
+
+    @property
+    def running(self) -> bool:
+        worker = self._worker
+        return worker is not None and worker.is_alive()
+
+    def await_idle(self, timeout_s: float | None) -> bool:
+        worker = self._worker
+        return True if worker is None else worker.await_idle(timeout_s)
+
+    def shutdown(self, timeout_s: float | None) -> None:
+        with self._lock:
+            worker, self._worker = self._worker, None
+        running.discard(self.cleaner)
+        if worker is not None:
+            worker.stop()
+            worker.join(timeout_s)
 
 
 running: weakref.WeakSet[LogCleaner] = weakref.WeakSet()

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
@@ -35,13 +34,12 @@ from checkpoints import CleanerOffsetCheckpoint
 from sinks.cleaner.cleaner import Cleaner
 from sinks.cleaner.cleaner_manager import CleanerManager
 from sinks.cleaner.cleaner_stats import CleanerStats
-from sinks.cleaner.cleaner_thread import CleanerWorker, running
-from sinks.cleaner.consumer_holds import consumer_holds, without_held_tombstones
+from sinks.cleaner.cleaner_thread import WorkerSlot
+from sinks.cleaner.cleaning_plan import CleaningPlan, LogPlanner
+from sinks.cleaner.foreign_files import absorb_foreign_files
 from sinks.cleaner.log_to_clean import (
     LogToClean,
-    cleanable_offsets,
     dirty_ratio,
-    log_to_clean,
     within_budget,
 )
 from sinks.cleaner.throttler import Throttler
@@ -50,7 +48,6 @@ from sinks.crash_points import CLEAN_BEFORE_CHECKPOINT, crash_point
 from sinks.errors import CleanerError, CommitConflictError
 from sinks.log.log_table import LogSnapshot, LogTable
 from sinks.maintenance import retention
-from sinks.maintenance.rearrangement import absorb
 from sinks.maintenance.retention import RetentionPlan
 from sinks.maintenance.segment_deleter import SegmentDeleter
 
@@ -75,17 +72,16 @@ class RoundReport:
 
 
 @dataclass(frozen=True)
-class CleaningPlan:
-    """Every partition of one log version as a cleaning candidate (`LogCleaner.plan`).
+class _Claim:
+    """The partitions a pass holds: their plans (``logs``), of ``snapshot``."""
 
-    ``fresh`` unless checkpoint rows older than this plan went into it (a partition the
-    log records no pass for, measured from the cached checkpoint table).
-    """
+    snapshot: LogSnapshot
+    logs: list[LogToClean]
+    work_left: bool
 
-    version: int
-    logs: tuple[LogToClean, ...]
-    fresh: bool = True
-    foreign_files: bool = False  # another engine's files, for the next pass to rewrite
+    @property
+    def partitions(self) -> set[int]:
+        return {log.partition for log in self.logs}
 
 
 class LogCleaner:
@@ -136,14 +132,13 @@ class LogCleaner:
             storage_options=log.storage_options,
         )
         self.throttler = Throttler(config.log_cleaner_io_max_bytes_per_second)
+        self.planner = LogPlanner(log, checkpoints, config, clock=clock)
         self.listeners: list[PassListener] = []
         self.last_round: RoundReport | None = None
         self.last_error: BaseException | None = None
         self.passes = 0
         self._pass_lock = threading.Lock()
-        self._worker: CleanerWorker | None = None
-        self._worker_lock = threading.Lock()
-        self._checkpoint_cache: tuple[float, dict[int, int] | None] = (0.0, None)
+        self.worker = WorkerSlot(self)
 
     @property
     def backoff_ms(self) -> int:
@@ -162,69 +157,12 @@ class LogCleaner:
     def plan(
         self, snapshot: LogSnapshot | None = None, *, fresh_checkpoints: bool = True
     ) -> CleaningPlan | None:
-        """Every partition as a cleaning candidate, measured now (no Spark job); None
-        without a log.
-
-        The first dirty offset comes from the cleaner's ``txn`` entry in the log;
-        the checkpoint table is read only for partitions the log has none for
-        (a log not cleaned yet, or a checkpoint set by hand). Without
-        ``fresh_checkpoints`` (a batch's plan) rows read within ``backoff_ms`` do.
-        """
-        snapshot = snapshot or self.log.snapshot()
-        if snapshot is None:
-            return None
-        recorded = {p: snapshot.cleaner_offset(p) for p in snapshot.partitions}
-        fresh = True
-        if any(offset is None for offset in recorded.values()):
-            checkpointed, fresh = self._checkpointed_offsets(fresh=fresh_checkpoints)
-            for p, offset in checkpointed.items():
-                if recorded.get(p, 0) is None:
-                    recorded[p] = offset
-        now = self.clock()
-        candidates = []
-        for p in snapshot.partitions:
-            segments = snapshot.segments.get(p, [])
-            offsets = cleanable_offsets(
-                segments,
-                checkpoint_dirty_offset=recorded[p],
-                log_start_offset=snapshot.log_start_offset(p),
-                log_end_offset=snapshot.log_end_offset(p),
-                now_ms=now,
-                min_compaction_lag_ms=self.config.min_compaction_lag_ms,
-            )
-            candidates.append(log_to_clean(self.log.uri, p, segments, offsets))
-        if any(c.has_expired_tombstones(now) for c in candidates):
-            held = self.consumer_holds(snapshot, now_ms=now)
-            candidates = [
-                without_held_tombstones(
-                    c, snapshot.segments.get(c.partition, []), held.get(c.partition)
-                )
-                for c in candidates
-            ]
-        return CleaningPlan(
-            snapshot.version, tuple(candidates), fresh, foreign_files=bool(snapshot.foreign_files)
-        )
+        """Every partition as a cleaning candidate, measured now (see `LogPlanner.plan`)."""
+        return self.planner.plan(snapshot, fresh_checkpoints=fresh_checkpoints)
 
     def consumer_holds(self, snapshot: LogSnapshot, *, now_ms: int) -> dict[int, int]:
-        """Per partition, where registered consumers hold expired tombstones (see
-        `sinks.cleaner.consumer_holds`); empty when no live consumer reads the log."""
-        return consumer_holds(
-            self.checkpoints.uri,
-            self.log.uri,
-            snapshot.partitions,
-            now_ms=now_ms,
-            storage_options=self.checkpoints.storage_options,
-        )
-
-    def _checkpointed_offsets(self, *, fresh: bool) -> tuple[dict[int, int], bool]:
-        """This log's checkpointed first dirty offsets, and whether they were read now."""
-        read_at, offsets = self._checkpoint_cache
-        if fresh or offsets is None or time.monotonic() - read_at > self.backoff_ms / 1000:
-            rows = self.checkpoints.read(self.log.uri)
-            offsets = {p: entry.first_dirty_offset for (_, p), entry in rows.items()}
-            self._checkpoint_cache = (time.monotonic(), offsets)
-            return offsets, True
-        return offsets, False
+        """Where registered consumers hold expired tombstones (`LogPlanner.consumer_holds`)."""
+        return self.planner.consumer_holds(snapshot, now_ms=now_ms)
 
     def has_work(self, plan: CleaningPlan | None, *, force: bool = False) -> bool:
         """Whether a round now could do anything: retention, deletion of expired files, a
@@ -404,21 +342,65 @@ class LogCleaner:
         ``plan`` (of ``snapshot``'s version, made with fresh checkpoint rows) is used
         as it is; otherwise the log is planned here.
 
-        Files another engine wrote are rewritten into segments first (`_absorb`): a
-        pass plans over segments only.
+        Files another engine wrote are rewritten into segments first
+        (`absorb_foreign_files`): a pass plans over segments only.
         """
         if snapshot.foreign_files:
-            absorbed = self._absorb(spark, snapshot)
+            absorbed = absorb_foreign_files(spark, self, snapshot)
             if absorbed is None:
                 return None
             snapshot = absorbed
         start = self.clock()
+        claim = self._grab_and_claim(snapshot, plan, now_ms=start, force=force)
+        if claim is None:
+            return None
+        try:
+            with self.manager.heartbeating(claim.partitions):
+                stats = self.cleaner.clean(
+                    spark,
+                    claim.snapshot,
+                    claim.logs,
+                    pass_start_ms=start,
+                    max_tasks=max_tasks,
+                    niceness=niceness,
+                    held_below=self.consumer_holds(claim.snapshot, now_ms=start),
+                )
+        except CommitFailedError as e:
+            self.manager.abort_cleaning(claim.partitions)
+            raise CleanerError(
+                f"another cleaner committed first ({e}); this pass was dropped",
+                log_path=self.log.uri,
+                partition=claim.logs[0].partition,
+            ) from e
+        except Exception as e:
+            self.manager.mark_uncleanable(claim.partitions, e)
+            raise CleanerError(
+                f"pass failed ({type(e).__name__}: {str(e)[:500]}); marked uncleanable, "
+                "retried with backoff",
+                log_path=self.log.uri,
+                partition=claim.logs[0].partition,
+            ) from e
+        budget = self.config.log_cleaner_max_bytes_per_pass
+        if budget < LONG_MAX:
+            stats = replace(stats, budget_bytes=budget, work_left=claim.work_left)
+        crash_point(CLEAN_BEFORE_CHECKPOINT)
+        self.manager.checkpoint_pass(claim.logs, stats)
+        logger.info("%s", stats.summary())
+        return stats
+
+    def _grab_and_claim(
+        self, snapshot: LogSnapshot, plan: CleaningPlan | None, *, now_ms: int, force: bool
+    ) -> _Claim | None:
+        """Choose the cleanable partitions, dirtiest first, claim them, plan again if the log
+        moved meanwhile, and cut the choice to the pass's byte budget; None: nothing to do.
+
+        Checkpoints found out of range are rewritten on the way, as Kafka does.
+        """
         if plan is None or not plan.fresh or plan.version != snapshot.version:
             plan = self.plan(snapshot)
             assert plan is not None
-        candidates = plan.logs
-        chosen = self._cleanable(candidates, now_ms=start, force=force)
-        reset = [log for log in candidates if log.force_checkpoint and log not in chosen]
+        chosen = self._cleanable(plan.logs, now_ms=now_ms, force=force)
+        reset = [log for log in plan.logs if log.force_checkpoint and log not in chosen]
         if reset:
             self.manager.reset_checkpoints(reset)
         if not chosen:
@@ -439,84 +421,17 @@ class LogCleaner:
             ) from CommitFailedError(f"{self.log.uri}: foreign files at version {fresh.version}")
         if fresh.version != snapshot.version:  # plan again after the claim: less to conflict
             snapshot = fresh
-            chosen = self._cleanable(self.logs_to_clean(snapshot), now_ms=start, force=force)
+            chosen = self._cleanable(self.logs_to_clean(snapshot), now_ms=now_ms, force=force)
         chosen = [log for log in chosen if log.partition in claimed]
-        budget = self.config.log_cleaner_max_bytes_per_pass
-        plan = within_budget(chosen, snapshot.segments, budget)
-        chosen = list(plan.logs)
-        unused = claimed - {log.partition for log in chosen}
+        budgeted = within_budget(
+            chosen, snapshot.segments, self.config.log_cleaner_max_bytes_per_pass
+        )
+        unused = claimed - {log.partition for log in budgeted.logs}
         if unused:
             self.manager.abort_cleaning(unused)
-            claimed -= unused
-        if not chosen:
+        if not budgeted.logs:
             return None
-        try:
-            with self.manager.heartbeating(claimed):
-                stats = self.cleaner.clean(
-                    spark,
-                    snapshot,
-                    chosen,
-                    pass_start_ms=start,
-                    max_tasks=max_tasks,
-                    niceness=niceness,
-                    held_below=self.consumer_holds(snapshot, now_ms=start),
-                )
-        except CommitFailedError as e:
-            self.manager.abort_cleaning(claimed)
-            raise CleanerError(
-                f"another cleaner committed first ({e}); this pass was dropped",
-                log_path=self.log.uri,
-                partition=chosen[0].partition,
-            ) from e
-        except Exception as e:
-            self.manager.mark_uncleanable(claimed, e)
-            raise CleanerError(
-                f"pass failed ({type(e).__name__}: {str(e)[:500]}); marked uncleanable, "
-                "retried with backoff",
-                log_path=self.log.uri,
-                partition=chosen[0].partition,
-            ) from e
-        if budget < LONG_MAX:
-            stats = replace(stats, budget_bytes=budget, work_left=plan.work_left)
-        crash_point(CLEAN_BEFORE_CHECKPOINT)
-        self.manager.checkpoint_pass(chosen, stats)
-        logger.info("%s", stats.summary())
-        return stats
-
-    def _absorb(self, spark: SparkSession, snapshot: LogSnapshot) -> LogSnapshot | None:
-        """Rewrite another engine's files into segments (`sinks.maintenance.rearrangement`),
-        holding every partition of the log; None when some partition is busy elsewhere.
-
-        Every partition, because a foreign file may hold any of them, and a pass over a
-        partition must not run while its records sit outside its segments.
-        """
-        partitions = snapshot.partitions
-        claimed = set(self.manager.start_cleaning(partitions))
-        if claimed != set(partitions):
-            self.manager.abort_cleaning(claimed)
-            logger.info("files another engine wrote in %s wait: partitions busy", self.log.uri)
-            return None
-        try:
-            with self.manager.heartbeating(claimed):
-                fresh = self.log.snapshot() or snapshot
-                report = absorb(
-                    spark,
-                    self.log,
-                    fresh,
-                    stats_columns=self.cleaner.stats_columns(fresh),
-                    segment_bytes=self.config.segment_bytes,
-                )
-        except CommitFailedError as e:
-            raise CleanerError(
-                f"another writer rewrote the same files first ({e}); tried again next round",
-                log_path=self.log.uri,
-                partition=partitions[0],
-            ) from e
-        finally:
-            self.manager.abort_cleaning(claimed)
-        if report is not None:
-            logger.info("cleaner: %s: %s", self.log.uri, report.summary())
-        return self.log.snapshot()
+        return _Claim(snapshot, list(budgeted.logs), budgeted.work_left)
 
     def _cleanable(
         self, candidates: Sequence[LogToClean], *, now_ms: int, force: bool
@@ -526,37 +441,19 @@ class LogCleaner:
     # -- the worker thread (`sinks.cleaner.cleaner_thread`) ----------------------------------
 
     def wakeup(self, spark: SparkSession) -> None:
-        """Ask the worker for a round soon, starting it if needed; returns at once.
-
-        The worker runs its rounds with ``spark`` (the session of the batch that
-        started it).
-        """
-        with self._worker_lock:
-            worker = self._worker
-            if worker is not None and worker.request_round():
-                return
-            worker = CleanerWorker(self, spark)
-            self._worker = worker
-            running.add(self)
-            worker.start()
-            worker.request_round()
+        """Ask the worker for a round soon, starting it if needed (with ``spark``, the
+        session of the batch that started it); returns at once."""
+        self.worker.wakeup(spark)
 
     @property
     def running(self) -> bool:
         """True while the worker thread lives."""
-        worker = self._worker
-        return worker is not None and worker.is_alive()
+        return self.worker.running
 
     def await_idle(self, timeout_s: float | None = None) -> bool:
         """Wait until the worker has no round running or pending; False on timeout."""
-        worker = self._worker
-        return True if worker is None else worker.await_idle(timeout_s)
+        return self.worker.await_idle(timeout_s)
 
     def shutdown(self, timeout_s: float | None = None) -> None:
         """Stop the worker after the round it is running (Kafka's ``LogCleaner.shutdown``)."""
-        with self._worker_lock:
-            worker, self._worker = self._worker, None
-        running.discard(self)
-        if worker is not None:
-            worker.stop()
-            worker.join(timeout_s)
+        self.worker.shutdown(timeout_s)
