@@ -35,11 +35,47 @@ PAUSED = "paused"
 UNCLEANABLE = "uncleanable"
 
 HEARTBEAT_TIMEOUT_MS = 120_000
+BACKOFF_BASE_MS = 15_000  # Kafka's log.cleaner.backoff.ms (`CleanerConfig.backoff_ms`)
+BACKOFF_MAX_MS = 3_600_000
 
 
 def default_owner() -> str:
     """A cleaner's identity: host, process id and a random suffix (pids are reused)."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def uncleanable_backoff_ms(
+    failed_attempts: int, *, base_ms: int = BACKOFF_BASE_MS, max_ms: int = BACKOFF_MAX_MS
+) -> int:
+    """How long an uncleanable partition waits before its next try: ``base * 2^(n-1)``, capped."""
+    if failed_attempts <= 0:
+        return 0
+    return min(max_ms, base_ms * 2 ** min(failed_attempts - 1, 40))
+
+
+def may_start_cleaning(
+    entry: CheckpointEntry | None,
+    *,
+    owner: str,
+    now_ms: int,
+    heartbeat_timeout_ms: int = HEARTBEAT_TIMEOUT_MS,
+    backoff_base_ms: int = BACKOFF_BASE_MS,
+    backoff_max_ms: int = BACKOFF_MAX_MS,
+) -> bool:
+    """Whether ``owner`` may start a pass over the partition whose row is ``entry`` (pure)."""
+    if entry is None or entry.cleaner_state in (None, IDLE):
+        return True
+    if entry.cleaner_state == IN_PROGRESS:
+        return entry.state_owner == owner or heartbeat_expired(
+            entry, now_ms=now_ms, heartbeat_timeout_ms=heartbeat_timeout_ms
+        )
+    if entry.cleaner_state == UNCLEANABLE:
+        since = entry.uncleanable_since_ms or 0
+        wait = uncleanable_backoff_ms(
+            entry.failed_attempts or 0, base_ms=backoff_base_ms, max_ms=backoff_max_ms
+        )
+        return now_ms >= since + wait
+    return False  # paused
 
 
 def heartbeat_expired(entry: CheckpointEntry, *, now_ms: int, heartbeat_timeout_ms: int) -> bool:

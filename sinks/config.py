@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
+from checkpoints.cleaner_states import BACKOFF_BASE_MS
 from sinks.errors import ConfigError
 
 CleanupPolicy = Literal["compact", "delete", "compact,delete"]
@@ -109,7 +110,7 @@ class CleanerConfig:
     log_cleaner_max_bytes_per_pass: int = LONG_MAX
     log_cleaner_threads: int = 1
     log_cleaner_nice: int = 10
-    backoff_ms: int = 15_000
+    backoff_ms: int = BACKOFF_BASE_MS
 
     def __post_init__(self) -> None:
         _check_policy(CLEANUP_POLICY, self.cleanup_policy)

@@ -1,23 +1,17 @@
 """`CompactedStateSink`: the foreachBatch hook and the front object over one compacted log.
 
-A front, as delta-rs's ``DeltaTable`` is: it wires the log's parts and delegates.
-The hook is Kafka's produce path: it appends the batch exactly once
-(`sinks.log.log_append.LogAppender.append`: recover on first use, validate, dead
-letters, schema evolution, write, commit, in one Spark job) and hands the log to
-its `LogCleaner` (`sinks.cleaner.log_cleaner`), which owns the cleaning: inside a
-streaming query passes run on a worker thread beside the query, so a batch never
-waits for a pass; called directly (or with ``cleaning="inline"``) the hook cleans in
-the same call. Reads go to `sinks.reading`, recovery and retention to
-`sinks.maintenance`.
+A front, as delta-rs's ``DeltaTable`` is. The hook is Kafka's produce path: it appends
+the batch exactly once (`sinks.log.log_append.LogAppender.append`) and hands the log
+to its `LogCleaner` (`sinks.cleaner.log_cleaner`), which owns the cleaning: beside
+a streaming query on a worker thread, or in the hook's call. Reads go to
+`sinks.reading`, recovery and retention to `sinks.maintenance`.
 
-Exactly once: each append commits a Delta ``txn`` action (app id, batch id).
-A batch id already recorded for the app id is skipped, by this object or by a
-new one on the same path after a restart. Inside a streaming query the app id is
-``<sink_id>/query=<query id>``: a restarted query keeps its id (it lives in the
-query's checkpoint), and a query started from a fresh checkpoint, whose batch ids
-restart at 0, is not mistaken for the old one. Under Spark Connect, which tells a
-``foreachBatch`` function nothing about its query, the id is read from the
-query's checkpoint (``checkpoint_location``).
+Exactly once: each append commits a Delta ``txn`` (app id, batch id); a batch id
+already recorded for the app id is skipped, also by a new sink on the same path.
+Inside a streaming query the app id is ``<sink_id>/query=<query id>``: a restarted
+query keeps its id, a query from a fresh checkpoint (batch ids from 0 again) is a
+new one. Under Spark Connect the id is read from the query's checkpoint
+(``checkpoint_location``).
 """
 
 from __future__ import annotations
@@ -25,8 +19,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 
 from pyspark.sql import DataFrame, SparkSession
 
@@ -207,7 +200,7 @@ class CompactedStateSink:
         return self.log_cleaner.logs_to_clean(snapshot)
 
     def dirty_ratio(self) -> float:
-        """The dirty ratio over all partitions: cleanable bytes over clean plus cleanable."""
+        """Cleanable bytes over clean plus cleanable bytes, over all partitions."""
         return self.log_cleaner.dirty_ratio()
 
     def clean(self, force: bool = False) -> CleanerStats | None:
@@ -225,9 +218,8 @@ class CompactedStateSink:
         return self.log_cleaner.maintain(active_session(), force=force, raise_errors=True).clean
 
     def vacuum(self) -> DeletionReport:
-        """Delete now what left the log longer than ``file.delete.delay.ms`` ago (bounded per
-        call; see `sinks.maintenance.segment_deleter`); the cleaner also does it on its own,
-        every ``log.retention.check.interval.ms``. Idempotent."""
+        """Delete now what left the log longer than ``file.delete.delay.ms`` ago (bounded;
+        the cleaner does it every ``log.retention.check.interval.ms``). Idempotent."""
         self._existing()
         return self.log_cleaner.segment_deleter.run(self.manager.busy_partitions)
 
@@ -252,12 +244,9 @@ class CompactedStateSink:
     # -- maintenance: recovery, retention, other engines ----------------------------------
 
     def recover(self) -> RecoveryReport:
-        """Recover the log now (see `sinks.maintenance.recovery`): orphans, checkpoint, offsets.
-
-        Runs by itself once per sink object, before its first append, pass or
-        ``delete_records``. Idempotent. Raises `LogCorruptedError` when offsets are
-        broken; the sink then refuses to write.
-        """
+        """Recover the log now (`sinks.maintenance.recovery`): orphans, checkpoint, offsets.
+        Runs by itself before a sink's first append, round or ``delete_records``.
+        Idempotent. Raises `LogCorruptedError` when offsets are broken."""
         self.last_recovery = recover_log(
             self.log_table,
             self.checkpoints,
@@ -289,7 +278,7 @@ class CompactedStateSink:
         `OffsetOutOfRangeError` above the log end offset."""
         self._existing()
         self._ensure_recovered()
-        with self._paused([partition]):
+        with self.manager.paused([partition]):
             return retention.delete_records(self.log_table, partition, before_offset)
 
     def accept_foreign_changes(self, through_version: int | None = None) -> int:
@@ -306,7 +295,7 @@ class CompactedStateSink:
         snapshot = self.log_table.snapshot(verify=False)
         if snapshot is None:
             raise FileNotFoundError(f"no compacted log at {self.path}")
-        with self._paused(snapshot.partitions):
+        with self.manager.paused(snapshot.partitions):
             restored = foreign_changes.restore(self.log_table, version)
         self.recover()
         return restored
@@ -338,14 +327,6 @@ class CompactedStateSink:
             return list(partitions)
         snapshot = self.log_table.snapshot()
         return snapshot.partitions if snapshot is not None else []
-
-    @contextmanager
-    def _paused(self, partitions: Sequence[int]) -> Iterator[None]:
-        self.manager.pause_cleaning(partitions)
-        try:
-            yield
-        finally:
-            self.manager.resume_cleaning(partitions)
 
     def _ensure_recovered(self) -> None:
         if self.last_recovery is None or self.last_recovery.version is None:

@@ -26,15 +26,18 @@ from contextlib import contextmanager
 
 from checkpoints import CheckpointEntry, CleanerOffsetCheckpoint
 from checkpoints.cleaner_states import (
+    BACKOFF_BASE_MS,
+    BACKOFF_MAX_MS,
     HEARTBEAT_TIMEOUT_MS,
     IDLE,
     IN_PROGRESS,
     PAUSED,
     UNCLEANABLE,
     default_owner,
-    heartbeat_expired,
     is_live_claim,
     live_claims,
+    may_start_cleaning,
+    uncleanable_backoff_ms,
 )
 from sinks.cleaner.cleaner_stats import CleanerStats
 from sinks.cleaner.log_to_clean import LogToClean, filthiest_first
@@ -44,6 +47,7 @@ from sinks.errors import CleanerError, CommitConflictError
 logger = logging.getLogger("compacted_sink")
 
 __all__ = [
+    "BACKOFF_BASE_MS",
     "IDLE",
     "IN_PROGRESS",
     "PAUSED",
@@ -53,44 +57,8 @@ __all__ = [
     "uncleanable_backoff_ms",
 ]
 
-BACKOFF_BASE_MS = CleanerConfig.backoff_ms  # log.cleaner.backoff.ms's default (15 s)
-BACKOFF_MAX_MS = 3_600_000
 _CAS_ATTEMPTS = 20
 _REASON_CHARS = 2_000
-
-
-def uncleanable_backoff_ms(
-    failed_attempts: int, *, base_ms: int = BACKOFF_BASE_MS, max_ms: int = BACKOFF_MAX_MS
-) -> int:
-    """How long an uncleanable partition waits before its next try: ``base * 2^(n-1)``, capped."""
-    if failed_attempts <= 0:
-        return 0
-    return min(max_ms, base_ms * 2 ** min(failed_attempts - 1, 40))
-
-
-def may_start_cleaning(
-    entry: CheckpointEntry | None,
-    *,
-    owner: str,
-    now_ms: int,
-    heartbeat_timeout_ms: int = HEARTBEAT_TIMEOUT_MS,
-    backoff_base_ms: int = BACKOFF_BASE_MS,
-    backoff_max_ms: int = BACKOFF_MAX_MS,
-) -> bool:
-    """Whether ``owner`` may start a pass over the partition whose row is ``entry`` (pure)."""
-    if entry is None or entry.cleaner_state in (None, IDLE):
-        return True
-    if entry.cleaner_state == IN_PROGRESS:
-        return entry.state_owner == owner or heartbeat_expired(
-            entry, now_ms=now_ms, heartbeat_timeout_ms=heartbeat_timeout_ms
-        )
-    if entry.cleaner_state == UNCLEANABLE:
-        since = entry.uncleanable_since_ms or 0
-        wait = uncleanable_backoff_ms(
-            entry.failed_attempts or 0, base_ms=backoff_base_ms, max_ms=backoff_max_ms
-        )
-        return now_ms >= since + wait
-    return False  # paused
 
 
 class CleanerManager:
@@ -376,6 +344,15 @@ class CleanerManager:
                 )
 
             self._transition(p, resume)
+
+    @contextmanager
+    def paused(self, partitions: Sequence[int]) -> Iterator[None]:
+        """No pass over ``partitions`` inside the block (`pause_cleaning`, then resume)."""
+        self.pause_cleaning(partitions)
+        try:
+            yield
+        finally:
+            self.resume_cleaning(partitions)
 
     @contextmanager
     def heartbeating(self, partitions: Iterable[int]) -> Iterator[None]:

@@ -140,3 +140,27 @@ def test_a_sink_with_a_running_worker_pickles_without_it(spark, lake, clock):
     assert copy.await_cleaner(120)
     copy.close()
     assert_df_equality(sorted_state(copy), expected_state(spark, range(2)))
+
+
+def test_a_batch_plans_the_log_once(spark, lake, clock, monkeypatch):
+    """The hand-over measures the log once: whether a round has work, the pass's choice
+    and the batch's dirty ratio share one plan; only a pass's new version is measured
+    again (before: two plans a batch, four with a pass)."""
+    from sinks.cleaner.cleaning_plan import LogPlanner
+
+    plans = []
+    original = LogPlanner.plan
+
+    def counted(self, *args, **kwargs):
+        plans.append(1)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(LogPlanner, "plan", counted)
+    idle = CompactedStateSink(str(lake / "idle"), config=CleanerConfig(), clock=clock)
+    idle(batch(spark, 0), 0)  # nothing is dirty yet: no round
+    assert len(plans) == 1 and idle.last_append.clean is None
+    plans.clear()
+    eager = CompactedStateSink(str(lake / "eager"), config=EAGER, clock=clock, cleaning="inline")
+    eager(batch(spark, 0), 0)  # a key repeats: a pass runs inline
+    assert eager.last_append.clean is not None
+    assert len(plans) == 2  # the batch's plan (the pass chose from it); the pass's new version
