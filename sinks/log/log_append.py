@@ -31,7 +31,6 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-import pyarrow.fs as pafs
 from deltalake.exceptions import CommitFailedError
 from pyspark.sql import types as T
 
@@ -47,10 +46,9 @@ from sinks.log.append_batch import ArrowRecords, SparkRecords, TaskRunner
 from sinks.log.append_task import AppendTask, read_task_output
 from sinks.log.dead_letter import DeadLetterTable
 from sinks.log.history_window import table_properties
+from sinks.log.log_commit import commit_append, commit_empty, discard, moved
 from sinks.log.log_keys import LogKeys
 from sinks.log.log_table import (
-    LOG_END_OFFSET_TXN,
-    PARTITIONS_TXN,
     LogSnapshot,
     LogTable,
     log_arrow_schema,
@@ -69,7 +67,7 @@ from sinks.log.schema_evolution import (
     schema_changes,
 )
 from sinks.log.segment_writer import SegmentWriterTask, WrittenSegment, stats_columns
-from sinks.log.storage import arrow_filesystem, delete_files, missing_files
+from sinks.log.storage import missing_files
 
 logger = logging.getLogger("compacted_sink")
 
@@ -179,7 +177,8 @@ class LogAppender:
         if records.empty:
             if snapshot is None:
                 return LogAppendInfo(None)  # no log and nothing to create it with
-            return LogAppendInfo(self.commit_empty(snapshot, app_id, batch_id))
+            commit_empty(snapshot, app_id, batch_id)
+            return LogAppendInfo(self._fresh())
         prepared = records.prepare(
             key_columns=self.key_columns, sequence_column=self.sequence_column, now_ms=self.clock()
         )
@@ -234,7 +233,7 @@ class LogAppender:
                 key_columns=self.key_columns, message_max_bytes=self.config.message_max_bytes
             )
             if problems:
-                self.discard(written, new_log=snapshot is None)
+                discard(self.log, written, new_log=snapshot is None)
                 raise_for_problems(problems, batch_id=batch_id)
             if snapshot is None:
                 # Only a valid batch creates the log: bad input leaves no trace at all.
@@ -249,22 +248,22 @@ class LogAppender:
                 try:
                     created = self.evolved_schema(snapshot, schema) == snapshot.spark_schema
                 except SchemaMismatchError:
-                    self.discard(written)  # another writer created it with other columns
+                    discard(self.log, written)  # another writer created it with other columns
                     raise
                 if committed(snapshot, app_id, batch_id):
-                    self.discard(written)
+                    discard(self.log, written)
                     return LogAppendInfo(snapshot, already_committed=True)
-                if not created or _moved(snapshot, written, end_offsets):
-                    self.discard(written)  # another writer created it and appended first
+                if not created or moved(snapshot, written, end_offsets):
+                    discard(self.log, written)  # another writer created it and appended first
                     continue
                 target = snapshot.spark_schema  # the batch's own: nothing to evolve
             if not written:
-                empty = self.commit_empty(snapshot, app_id, batch_id)
-                return LogAppendInfo(empty, redelivered=report.redelivered)
+                commit_empty(snapshot, app_id, batch_id)
+                return LogAppendInfo(self._fresh(), redelivered=report.redelivered)
             if target != snapshot.spark_schema:
                 evolved = self._commit_schema(snapshot, target, app_id, batch_id)
-                if evolved is None or _moved(evolved, written, end_offsets):
-                    self.discard(written)  # another writer changed the log first: again
+                if evolved is None or moved(evolved, written, end_offsets):
+                    discard(self.log, written)  # another writer changed the log first: again
                     snapshot = self._fresh()
                     continue
                 snapshot = evolved
@@ -301,21 +300,21 @@ class LogAppender:
                 # A recovery took our files for orphans (this append stalled past
                 # file.delete.delay.ms): committing them would lose the batch.
                 logger.warning("batch %s: %d file(s) vanished; rewriting", batch_id, len(gone))
-                self.discard(written)
+                discard(self.log, written)
                 return snapshot
             try:
-                self.commit_append(snapshot, written, app_id, batch_id)
+                commit_append(snapshot, written, app_id, batch_id)
                 return LogAppendInfo(self._fresh(), tuple(written))
             except CommitFailedError as e:
                 logger.info("append of batch %s conflicted (%s); refreshing", batch_id, e)
                 snapshot = self._fresh()
                 if committed(snapshot, app_id, batch_id):
-                    self.discard(written)
+                    discard(self.log, written)
                     return LogAppendInfo(snapshot, already_committed=True)
-                if _moved(snapshot, written, end_offsets):
-                    self.discard(written)
+                if moved(snapshot, written, end_offsets):
+                    discard(self.log, written)
                     return snapshot  # offsets taken by another writer: number the batch again
-        self.discard(written)  # conflicts that never settle: give up, bounded
+        discard(self.log, written)  # conflicts that never settle: give up, bounded
         return None
 
     def _commit_schema(
@@ -348,49 +347,6 @@ class LogAppender:
         crash_point(SCHEMA_BEFORE_APPEND)
         return self._fresh()
 
-    def commit_append(
-        self, snapshot: LogSnapshot, written: Sequence[WrittenSegment], app_id: str, batch_id: int
-    ) -> None:
-        """Commit ``written`` against ``snapshot`` with the batch's ``txn`` and new log end offsets.
-
-        One Delta commit. Raises delta-rs's ``CommitFailedError`` on a conflict; the
-        caller refreshes and decides (see `append_as_leader`).
-        """
-        ends: dict[int, int] = {}
-        for w in written:
-            ends[w.partition] = max(ends.get(w.partition, 0), w.last_offset + 1)
-        transactions = {app_id: batch_id}
-        transactions.update({LOG_END_OFFSET_TXN.format(p): end for p, end in ends.items()})
-        partitions = max([*ends, *snapshot.partitions, -1]) + 1
-        if partitions > (snapshot.txn_version(PARTITIONS_TXN) or 0):
-            transactions[PARTITIONS_TXN] = partitions
-        snapshot.commit(
-            adds=written,
-            data_change=True,
-            transactions=transactions,
-            info={"operation": "append", "appId": app_id, "batchId": batch_id},
-        )
-
-    def commit_empty(self, snapshot: LogSnapshot, app_id: str, batch_id: int) -> LogSnapshot:
-        """Record an empty batch's id so that it stays skipped after a restart; the log after."""
-        snapshot.commit(
-            data_change=False,
-            transactions={app_id: batch_id},
-            info={"operation": "append", "appId": app_id, "batchId": batch_id},
-        )
-        return self._fresh()
-
-    def discard(self, written: Sequence[WrittenSegment], *, new_log: bool = False) -> None:
-        """Delete files an append wrote and will not commit.
-
-        ``new_log``: no table existed, so the partition directories and the log's own
-        directory go too when they are left empty (a bad first batch leaves no trace).
-        """
-        delete_files(self.log.uri, [w.path for w in written], self.log.storage_options)
-        if new_log:
-            directories = sorted({w.path.rsplit("/", 1)[0] for w in written if "/" in w.path})
-            _remove_empty_directories(self.log, [*directories, ""])
-
     def _task(
         self, log_schema: T.StructType, end_offsets: Mapping[int, int], has_offsets: bool
     ) -> AppendTask:
@@ -417,26 +373,3 @@ class LogAppender:
         snapshot = self.log.snapshot()
         assert snapshot is not None
         return snapshot
-
-
-def _moved(
-    snapshot: LogSnapshot, written: Sequence[WrittenSegment], end_offsets: Mapping[int, int]
-) -> bool:
-    """True when another writer moved the log end offset of a partition ``written`` holds."""
-    return any(
-        snapshot.log_end_offset(p) != end_offsets.get(p, 0) for p in {w.partition for w in written}
-    )
-
-
-def _remove_empty_directories(log: LogTable, directories: Sequence[str]) -> None:
-    """Remove each directory (relative to the log; "" is the log's own) that holds nothing."""
-    fs, root = arrow_filesystem(log.uri, log.storage_options)
-    for relative in directories:
-        path = f"{root}/{relative}".rstrip("/")
-        try:
-            if fs.get_file_info(path).type != pafs.FileType.Directory:
-                continue  # object stores have no directories
-            if not fs.get_file_info(pafs.FileSelector(path)):
-                fs.delete_dir(path)
-        except OSError as e:
-            logger.info("could not remove empty directory %s: %s", path, e)
