@@ -156,8 +156,9 @@ def test_a_batch_plans_the_log_once(spark, lake, clock, monkeypatch):
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(LogPlanner, "plan", counted)
-    idle = CompactedStateSink(str(lake / "idle"), config=CleanerConfig(), clock=clock)
-    idle(batch(spark, 0), 0)  # nothing is dirty yet: no round
+    never = CleanerConfig(min_cleanable_dirty_ratio=1.0)
+    idle = CompactedStateSink(str(lake / "idle"), config=never, clock=clock, cleaning="inline")
+    idle(batch(spark, 0), 0)  # nothing cleanable: no pass
     assert len(plans) == 1 and idle.last_append.clean is None
     plans.clear()
     eager = CompactedStateSink(str(lake / "eager"), config=EAGER, clock=clock, cleaning="inline")
