@@ -1,5 +1,11 @@
 """Appending a batch to a compacted log: Kafka's partition leader (``UnifiedLog.appendAsLeader``).
 
+`LogAppender.append` is the log's one produce path, for the ``foreachBatch`` hook
+and the data source sink alike: skip a batch already committed, recover the log on
+first use, refuse a schema change, split bad rows to the dead-letter table, then
+validate, number, write and commit (`sinks.log.append_batch` says where the rows come
+from, `sinks.log.log_commit` how they are committed).
+
 An append is one Spark job. The prepared batch is shuffled once by ``partition``
 and sorted within partitions by input order (Kafka input: by offset); each task
 runs `AppendTask`, which checks, numbers from the partition's log end offset and
@@ -7,7 +13,8 @@ writes the segments in one pass, and sends back the files it wrote beside its
 per-partition counts. The driver turns the counts into a `BatchReport`: on a bad
 batch it deletes the files just written and raises `BadInputError`; otherwise it
 commits them in one Delta commit. The data source's driver runs the same task
-over Arrow tables (`LogAppender.append_arrow`), so both paths share every check.
+over Arrow tables (`sinks.log.append_batch.ArrowRecords`), so both paths share
+every check.
 
 What the log keeps true:
 
@@ -17,7 +24,8 @@ What the log keeps true:
   batch leaves nothing: the table is created only once a batch has passed.
 - *Exactly once.* The commit carries a ``txn`` (app id, batch id) and each
   written partition's new log end offset; `committed` tells whether a batch id
-  already went in. Idempotent per (app id, batch id).
+  already went in, and `LogAppender.append` checks it first. Idempotent per
+  (app id, batch id).
 - *Offsets never repeat.* When a commit conflicts (another writer or a cleaner
   committed first), the snapshot is refreshed; if another writer moved the log
   end offset of a partition this batch wrote, the files are deleted and the batch
