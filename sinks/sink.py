@@ -215,6 +215,7 @@ class CompactedStateSink:
         """
         if self.log_table.snapshot() is None:
             return None
+        self._ensure_recovered()
         return self.log_cleaner.maintain(active_session(), force=force, raise_errors=True).clean
 
     def vacuum(self) -> DeletionReport:

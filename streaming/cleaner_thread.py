@@ -60,6 +60,7 @@ class CleanerThread:
             force=force,
             before_round=self._announce,
             on_round=self._said,
+            recover=True,
         )
 
     @property

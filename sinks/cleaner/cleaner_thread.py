@@ -36,7 +36,6 @@ from pyspark.sql import SparkSession
 from sinks.cleaner.log_to_clean import LogToClean
 
 if TYPE_CHECKING:  # the log cleaner starts its worker from here: no import cycle at run time
-    from sinks.cleaner.cleaning_plan import CleaningPlan
     from sinks.cleaner.log_cleaner import LogCleaner, RoundReport
 
 logger = logging.getLogger("compacted_sink")
@@ -49,7 +48,6 @@ class Candidate:
 
     cleaner: LogCleaner
     filthiest: LogToClean | None
-    plan: CleaningPlan | None = None
 
     @property
     def ratio(self) -> float:
@@ -62,7 +60,9 @@ class CleanerThread:
     ``force`` cleans any partition with cleanable bytes, ignoring the ratio. A pass
     runs at most ``max_tasks`` Spark tasks at once (None: every core), niced by
     ``niceness``. ``before_round`` hears which log is next, ``on_round`` each log's
-    round as it ends.
+    round as it ends. ``recover``: recover each log (`LogCleaner.recover`) before its
+    round, for a loop that opens the logs itself; the sink's worker does not (the
+    sink's first append recovered its log before any round).
     """
 
     def __init__(
@@ -74,8 +74,10 @@ class CleanerThread:
         niceness: int = 0,
         before_round: Callable[[Candidate], None] | None = None,
         on_round: Callable[[LogCleaner, RoundReport], None] | None = None,
+        recover: bool = False,
     ) -> None:
         self.before_round = before_round
+        self.recover = recover
         self.cleaners = list(cleaners)
         self.force = force
         self.max_tasks = max_tasks
@@ -110,7 +112,7 @@ class CleanerThread:
                 force=self.force,
                 claimable_only=True,
             )
-            candidate = Candidate(cleaner, chosen[0] if chosen else None, plan)
+            candidate = Candidate(cleaner, chosen[0] if chosen else None)
             if cleanable_only and candidate.filthiest is None:
                 continue
             if best is None or candidate.ratio > best.ratio:
@@ -140,12 +142,13 @@ class CleanerThread:
             done.add(cleaner)
             if self.before_round is not None:
                 self.before_round(candidate)
+            if self.recover and cleaner.recover is not None:
+                cleaner.recover()
             report = cleaner.maintain(
                 spark,
                 force=self.force,
                 max_tasks=self.max_tasks,
                 niceness=self.niceness,
-                plan=candidate.plan,
             )
             if report.clean is not None:
                 passes += 1

@@ -90,7 +90,8 @@ class LogCleaner:
 
     ``key_columns`` and ``sequence_column`` are the log's (for its `Cleaner`);
     ``owner`` names this cleaner in the checkpoint table (default: host, pid, random);
-    ``recover`` runs before each round (the front's recovery, once per log it opens).
+    ``recover`` is the front's recovery (once per log it opens), which a loop that opens
+    logs itself (the ``clean`` command) runs before their rounds.
     Holds no Spark session between calls: each call (or `wakeup`) brings the one to
     use. Not picklable while its worker runs; a sink creates it lazily.
     """
@@ -209,7 +210,7 @@ class LogCleaner:
             if background:
                 self.wakeup(spark)
             else:
-                stats = self.maintain(spark, plan=plan).clean
+                stats = self.maintain(spark).clean
         if stats is None:
             return None, snapshot, dirty_ratio(plan.logs if plan else [])
         after = self.log.snapshot() or snapshot  # a pass committed: a new version to measure
@@ -224,21 +225,19 @@ class LogCleaner:
         force: bool = False,
         max_tasks: int | None = None,
         niceness: int = 0,
-        plan: CleaningPlan | None = None,
         raise_errors: bool = False,
     ) -> RoundReport:
         """One round: retention (delete policies), one pass over what is cleanable now,
         then the segment deleter's turn when due.
 
-        ``max_tasks`` and ``niceness`` are the pass's share of the cores (see `clean`);
-        ``plan`` is one the caller made of the current version (not made again).
+        ``max_tasks`` and ``niceness`` are the pass's share of the cores (see `clean`).
+        The pass plans its own version afresh (checkpoint rows read now), whatever
+        plan led to the round.
         A failed pass is recorded (`last_error`, the partitions marked uncleanable)
         and logged, not raised: the batch that triggered it is committed; retention
         that keeps conflicting gives up until the next round. ``raise_errors``
         (``sink.clean()``) raises both instead.
         """
-        if self.recover is not None:
-            self.recover()
         report = None
         if self.config.delete:
             try:
@@ -250,9 +249,7 @@ class LogCleaner:
         stats = None
         if self.config.compact:
             try:
-                stats = self.clean(
-                    spark, force=force, max_tasks=max_tasks, niceness=niceness, plan=plan
-                )
+                stats = self.clean(spark, force=force, max_tasks=max_tasks, niceness=niceness)
             except CleanerError as e:
                 self.last_error = e
                 if raise_errors:
@@ -279,7 +276,6 @@ class LogCleaner:
         snapshot: LogSnapshot | None = None,
         max_tasks: int | None = None,
         niceness: int = 0,
-        plan: CleaningPlan | None = None,
     ) -> CleanerStats | None:
         """One pass over every cleanable partition now, dirtiest first; None when none is.
 
@@ -304,7 +300,6 @@ class LogCleaner:
                         force=force,
                         max_tasks=max_tasks,
                         niceness=niceness,
-                        plan=plan if attempt == 0 else None,
                     )
                     break
                 except CleanerError as e:
@@ -334,13 +329,9 @@ class LogCleaner:
         force: bool,
         max_tasks: int | None,
         niceness: int,
-        plan: CleaningPlan | None = None,
     ) -> CleanerStats | None:
         """Choose, claim, re-plan after the claim, run the pass, checkpoint: Kafka's
         ``grabFilthiestCompactedLog`` + ``cleanLog`` + ``doneCleaning`` for one log.
-
-        ``plan`` (of ``snapshot``'s version, made with fresh checkpoint rows) is used
-        as it is; otherwise the log is planned here.
 
         Files another engine wrote are rewritten into segments first
         (`absorb_foreign_files`): a pass plans over segments only.
@@ -351,7 +342,7 @@ class LogCleaner:
                 return None
             snapshot = absorbed
         start = self.clock()
-        claim = self._grab_and_claim(snapshot, plan, now_ms=start, force=force)
+        claim = self._grab_and_claim(snapshot, now_ms=start, force=force)
         if claim is None:
             return None
         try:
@@ -388,17 +379,14 @@ class LogCleaner:
         logger.info("%s", stats.summary())
         return stats
 
-    def _grab_and_claim(
-        self, snapshot: LogSnapshot, plan: CleaningPlan | None, *, now_ms: int, force: bool
-    ) -> _Claim | None:
+    def _grab_and_claim(self, snapshot: LogSnapshot, *, now_ms: int, force: bool) -> _Claim | None:
         """Choose the cleanable partitions, dirtiest first, claim them, plan again if the log
         moved meanwhile, and cut the choice to the pass's byte budget; None: nothing to do.
 
         Checkpoints found out of range are rewritten on the way, as Kafka does.
         """
-        if plan is None or not plan.fresh or plan.version != snapshot.version:
-            plan = self.plan(snapshot)
-            assert plan is not None
+        plan = self.plan(snapshot)  # the pass's own version, checkpoint rows read now
+        assert plan is not None
         chosen = self._cleanable(plan.logs, now_ms=now_ms, force=force)
         reset = [log for log in plan.logs if log.force_checkpoint and log not in chosen]
         if reset:
