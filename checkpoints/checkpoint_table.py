@@ -3,9 +3,12 @@
 One row per (log, partition): the first dirty offset (where the last pass ended),
 the cleaner's state for that partition, and the last pass's figures. Many logs
 share one table. Rows are upserted with a Delta MERGE, so a reader sees either
-the old row or the new one. Every pass merges into it, so it is compacted every
-50 versions here, and its removed files and old commits are deleted by the
-segment deleter (``sinks.maintenance.segment_deleter``). The log itself also
+the old row or the new one. It has one writer, `CleanerOffsetCheckpoint`, with two
+moves: `write` (an upsert, retried) and `compare_and_set` (the cleaner states'
+transitions, see `checkpoints.cleaner_states`); the table is created in one place
+with its properties (`checkpoints.keyed_table`). Every pass merges into it, so it is
+compacted every 50 versions, and its removed files and old commits are deleted by
+the segment deleter (``sinks.maintenance.segment_deleter``). The log itself also
 records each pass's end offset (see `sinks.log.log_table`), so a crash between
 a pass's commit and its checkpoint row is repaired by rolling the checkpoint forward from the log.
 """
@@ -140,9 +143,42 @@ class CleanerOffsetCheckpoint:
         rows = [asdict(e.with_changes(updated_ms=stamp)) for e in entries]
         self._keyed.upsert(pa.Table.from_pylist(rows, schema=CHECKPOINT_SCHEMA))
 
+    def compare_and_set(self, expected: CheckpointEntry | None, new: CheckpointEntry) -> bool:
+        """Write ``new`` only if its row is still ``expected`` (None: only if it has no row).
+
+        True when the row was written. A concurrent writer makes this return False
+        (its commit changed the row, or delta-rs rejected ours as conflicting).
+        """
+        previous = expected.updated_ms if expected and expected.updated_ms is not None else 0
+        stamp = max(int(time.time() * 1000), previous + 1)
+        row = pa.Table.from_pylist(
+            [asdict(new.with_changes(updated_ms=stamp))], schema=CHECKPOINT_SCHEMA
+        )
+        return self._keyed.compare_and_set(row, None if expected is None else _unchanged(expected))
+
     def _table(self) -> DeltaTable | None:
         return self._keyed.table()
 
     def open_or_create(self) -> DeltaTable:
         """The table, created with its properties if it does not exist yet."""
         return self._keyed.open_or_create()
+
+
+def _unchanged(entry: CheckpointEntry) -> str:
+    """A predicate true while the target row is still ``entry`` (as far as a transition reads)."""
+    return " AND ".join(
+        [
+            _equals("t.updated_ms", entry.updated_ms),
+            _equals("t.cleaner_state", entry.cleaner_state),
+            _equals("t.state_owner", entry.state_owner),
+            _equals("t.first_dirty_offset", entry.first_dirty_offset),
+        ]
+    )
+
+
+def _equals(column: str, value: object) -> str:
+    if value is None:
+        return f"{column} IS NULL"
+    if isinstance(value, str):
+        return f"{column} = '{value.replace(chr(39), chr(39) * 2)}'"
+    return f"{column} = {int(value)}"  # type: ignore[call-overload]

@@ -3,8 +3,10 @@
 The cleaner-offset checkpoint (`checkpoints.checkpoint_table`) and the consumer offsets
 (`checkpoints.consumer_offsets`) are both a few rows per log, rewritten often by many
 processes. Each upsert is one MERGE on the key columns, retried when a concurrent commit
-wins, and every ``COMPACT_EVERY`` versions the table's small files are compacted (and,
-for a table no one else vacuums, its removed files deleted).
+wins; a compare-and-set is one MERGE that applies only while the row is as read, and is
+not retried (the caller reads again and decides). After either, every ``COMPACT_EVERY``
+versions the table's small files are compacted (and, for a table no one else vacuums,
+its removed files deleted).
 """
 
 from __future__ import annotations
@@ -89,8 +91,37 @@ class KeyedTable:
                 if attempt == RETRIES - 1:
                     raise
                 time.sleep(0.05 * (attempt + 1))
+        self._compact_when_due(table)
+
+    def compare_and_set(self, row: pa.Table, expected: str | None) -> bool:
+        """Write the one-row ``row`` only if its key's row still matches ``expected`` (a SQL
+        predicate over the target ``t``), or, with None, only if the key has no row yet.
+
+        True when the row was written; False when it changed meanwhile or a concurrent
+        commit made delta-rs reject this one.
+        """
+        table = self.open_or_create()
+        predicate = " AND ".join(f't."{k}" = s."{k}"' for k in self.keys)
+        merger = table.merge(row, predicate=predicate, source_alias="s", target_alias="t")
+        if expected is None:
+            merger = merger.when_not_matched_insert_all()
+        else:
+            merger = merger.when_matched_update_all(predicate=expected)
+        try:
+            metrics = merger.execute()
+        except CommitFailedError:
+            return False
+        written = bool(metrics["num_target_rows_inserted"] or metrics["num_target_rows_updated"])
+        if written:
+            self._compact_when_due(table)
+        return written
+
+    def _compact_when_due(self, table: DeltaTable) -> None:
+        """Every ``COMPACT_EVERY`` versions: compact the small files (and vacuum, if asked)."""
         table.update_incremental()
-        if table.version() % COMPACT_EVERY == 0:
+        if table.version() % COMPACT_EVERY != 0:
+            return
+        try:
             table.optimize.compact()
             if self.vacuum_hours is not None:
                 table.vacuum(
@@ -98,3 +129,5 @@ class KeyedTable:
                     dry_run=False,
                     enforce_retention_duration=False,
                 )
+        except CommitFailedError:
+            pass  # a concurrent writer won: the next due version compacts

@@ -8,10 +8,12 @@ every error names the offending key.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
+from checkpoints.cleaner_states import BACKOFF_BASE_MS
 from sinks.errors import ConfigError
 
 CleanupPolicy = Literal["compact", "delete", "compact,delete"]
@@ -32,6 +34,7 @@ LOG_CLEANER_IO_MAX_BYTES_PER_SECOND = "log.cleaner.io.max.bytes.per.second"
 LOG_CLEANER_MAX_BYTES_PER_PASS = "log.cleaner.max.bytes.per.pass"
 LOG_CLEANER_THREADS = "log.cleaner.threads"
 LOG_CLEANER_NICE = "log.cleaner.nice"
+LOG_CLEANER_BACKOFF_MS = "log.cleaner.backoff.ms"
 LOG_CLEANER_DEDUPE_BUFFER_SIZE = "log.cleaner.dedupe.buffer.size"
 
 LONG_MAX = 2**63 - 1
@@ -41,6 +44,16 @@ LONG_MAX = 2**63 - 1
 DEFAULT_SEGMENT_BYTES = 128 * 1024 * 1024
 
 _POLICIES = ("compact", "delete", "compact,delete")
+
+_UNITS_MS = {
+    "week": 7 * 86_400_000,
+    "day": 86_400_000,
+    "hour": 3_600_000,
+    "minute": 60_000,
+    "second": 1_000,
+    "millisecond": 1,
+}
+_INTERVAL = re.compile(r"^(?:interval\s+)?(\d+)\s*([a-z]+?)s?$")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,6 +91,9 @@ class CleanerConfig:
       (a Unix nice increment, 0-19, default 10; not a Kafka setting): a core the pass
       shares with the query goes to the query's tasks first. Linux only; 0 turns it off.
       See `sinks.cleaner.cpu_priority`.
+    - ``backoff_ms``: Kafka's ``log.cleaner.backoff.ms`` (15 s): how long the cleaner loop
+      sleeps when no log is cleanable, and the first wait before a partition whose pass
+      failed is tried again (doubling per failure, capped at an hour).
     - ``dedupe_buffer_size``: the memory one pass task's offset map may use (Kafka's
       ``log.cleaner.dedupe.buffer.size``; default 512 MiB, not Kafka's 128 MiB, as a key
       here is held exactly, not as a 16-byte digest). A mapped record costs about 160 bytes
@@ -101,6 +117,7 @@ class CleanerConfig:
     log_cleaner_max_bytes_per_pass: int = LONG_MAX
     log_cleaner_threads: int = 1
     log_cleaner_nice: int = 10
+    backoff_ms: int = BACKOFF_BASE_MS
     dedupe_buffer_size: int = 512 * 1024 * 1024
 
     def __post_init__(self) -> None:
@@ -114,6 +131,7 @@ class CleanerConfig:
             MAX_COMPACTION_LAG_MS,
             FILE_DELETE_DELAY_MS,
             LOG_RETENTION_CHECK_INTERVAL_MS,
+            LOG_CLEANER_BACKOFF_MS,
         ):
             _check_int(name, getattr(self, _FIELD_OF[name]), minimum=0)
         _check_int(SEGMENT_BYTES, self.segment_bytes, minimum=1)
@@ -181,6 +199,7 @@ _FIELD_OF = {
     LOG_CLEANER_MAX_BYTES_PER_PASS: "log_cleaner_max_bytes_per_pass",
     LOG_CLEANER_THREADS: "log_cleaner_threads",
     LOG_CLEANER_NICE: "log_cleaner_nice",
+    LOG_CLEANER_BACKOFF_MS: "backoff_ms",
     LOG_CLEANER_DEDUPE_BUFFER_SIZE: "dedupe_buffer_size",
 }
 # Other names for the same field: the history window under its Delta table property name.
@@ -191,8 +210,6 @@ _TYPE_OF = {f.name: f.type for f in fields(CleanerConfig)}
 def _parse(key: str, raw: Any, type_name: Any) -> Any:
     text = str(raw).strip()
     if key == DELETED_FILE_RETENTION_DURATION and not text.lstrip("-").isdigit():
-        from sinks.log.history_window import parse_interval_ms
-
         return parse_interval_ms(text, key=key)
     try:
         if type_name in ("int", int):
@@ -218,3 +235,30 @@ def _check_policy(key: str, value: Any) -> None:
 def _check_int(key: str, value: Any, *, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigError(f"{key} must be an integer >= {minimum}, got {value!r}")
+
+
+# -- Delta's interval text (the history window as a table property) -------------------------
+
+
+def format_interval(ms: int) -> str:
+    """Delta's interval text for ``ms`` in the largest unit dividing it (``interval 7 days``)."""
+    for unit, size in _UNITS_MS.items():
+        if ms and ms % size == 0:
+            count = ms // size
+            return f"interval {count} {unit}{'s' if count != 1 else ''}"
+    return f"interval {ms} milliseconds"
+
+
+def parse_interval_ms(text: str, *, key: str = DELETED_FILE_RETENTION_DURATION) -> int:
+    """Milliseconds of Delta's ``interval <n> <unit>`` (``"interval 7 days"``, ``"1 hour"``).
+
+    Raises `ConfigError` naming ``key`` for anything else.
+    """
+    match = _INTERVAL.match(text.strip().lower())
+    unit = match.group(2).removesuffix("s") if match else None
+    if match is None or unit not in _UNITS_MS:
+        raise ConfigError(
+            f"{key} must be milliseconds or 'interval <n> <unit>' "
+            f"(units: {', '.join(_UNITS_MS)}), got {text!r}"
+        )
+    return int(match.group(1)) * _UNITS_MS[unit]

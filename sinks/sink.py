@@ -1,27 +1,17 @@
 """`CompactedStateSink`: the foreachBatch hook and the front object over one compacted log.
 
-The hook is Kafka's produce path: it appends the batch to the dirty end of the
-log (`sinks.log.log_append`: validate, assign offsets, write, commit, in one
-Spark job) and hands the log to its `LogCleaner` (`sinks.cleaner.log_cleaner`),
-as a broker hands its logs to the cleaner threads. Inside a streaming query
-cleaning runs on a worker thread beside the query, so a batch never waits for
-a pass; called directly (or with ``cleaning="inline"``) the hook cleans in the
-same call. The front also reads the log and its state back.
+A front, as delta-rs's ``DeltaTable`` is. The hook is Kafka's produce path: it appends
+the batch exactly once (`sinks.log.log_append.LogAppender.append`) and hands the log
+to its `LogCleaner` (`sinks.cleaner.log_cleaner`), which owns the cleaning: beside
+a streaming query on a worker thread, or in the hook's call. Reads go to
+`sinks.reading`, recovery and retention to `sinks.maintenance`.
 
-Exactly once: each append commits a Delta ``txn`` action (app id, batch id).
-A batch id already recorded for the app id is skipped, by this object or by a
-new one on the same path after a restart. Inside a streaming query the app id is
-``<sink_id>/query=<query id>``: a restarted query keeps its id (it lives in the
-query's checkpoint), and a query started from a fresh checkpoint, whose batch ids
-restart at 0, is not mistaken for the old one. Under Spark Connect, which tells a
-``foreachBatch`` function nothing about its query, the id is read from the
-query's checkpoint (``checkpoint_location``).
-
-Reliability (SPEC rules 10-12): the first append, pass or ``delete_records`` of a
-sink object recovers the log (`sinks.maintenance.recovery`); with a
-``dead_letter_table`` bad rows are quarantined before the append
-(`sinks.log.dead_letter`); retention and passes belong to the cleaner.
-`sinks.crash_points` marks where the crash tests kill it.
+Exactly once: each append commits a Delta ``txn`` (app id, batch id); a batch id
+already recorded for the app id is skipped, also by a new sink on the same path.
+Inside a streaming query the app id is ``<sink_id>/query=<query id>``: a restarted
+query keeps its id, a query from a fresh checkpoint (batch ids from 0 again) is a
+new one. Under Spark Connect the id is read from the query's checkpoint
+(``checkpoint_location``).
 """
 
 from __future__ import annotations
@@ -34,25 +24,19 @@ from collections.abc import Callable, Sequence
 from pyspark.sql import DataFrame, SparkSession
 
 from checkpoints import CleanerOffsetCheckpoint
+from sinks.append_report import AppendReport
 from sinks.cleaner.cleaner import Cleaner
 from sinks.cleaner.cleaner_manager import CleanerManager
 from sinks.cleaner.cleaner_stats import CleanerStats
 from sinks.cleaner.log_cleaner import CleaningMode, LogCleaner
-from sinks.cleaner.log_to_clean import (
-    LogToClean,
-)
+from sinks.cleaner.log_to_clean import LogToClean
 from sinks.config import CleanerConfig
-from sinks.crash_points import (
-    DEAD_LETTER_BEFORE_APPEND,
-    crash_point,
-)
-from sinks.log.dead_letter import DeadLetterTable, split_batch
-from sinks.log.log_append import AppendReport, LogAppender, committed
+from sinks.log.append_batch import SparkRecords
+from sinks.log.dead_letter import DeadLetterTable
+from sinks.log.log_append import LogAppender
 from sinks.log.log_keys import opened_log_keys
 from sinks.log.log_table import AsOf, LogSnapshot, LogTable, now_ms
-from sinks.log.records import PreparedBatch, log_columns, prepare_batch
 from sinks.log.schema_evolution import DEFAULT_SCHEMA_EVOLUTION, SchemaEvolution
-from sinks.log.segment_writer import WrittenSegment
 from sinks.log.storage import normalize_uri, sibling
 from sinks.maintenance import foreign_changes, retention
 from sinks.maintenance.recovery import RecoveryReport, recover_log, write_clean_shutdown_marker
@@ -62,6 +46,8 @@ from sinks.python_workers import check_python_workers
 from sinks.reading.state_reader import read_state
 from sinks.shutdown import finished_before_exit
 from sinks.spark_session import active_session, streaming_query_id
+
+__all__ = ["AppendReport", "CompactedStateSink"]
 
 logger = logging.getLogger("compacted_sink")
 
@@ -114,12 +100,11 @@ class CompactedStateSink:
         self.storage_options = dict(storage_options or {})
         self.log_table = LogTable(self.path, self.storage_options)
         keys = opened_log_keys(self.log_table, key_columns, sequence_column)
-        self.key_columns = keys.key_columns
+        self.key_columns, self.sequence_column = keys.key_columns, keys.sequence_column
         self.config = config or CleanerConfig()
-        self.sequence_column = sequence_column = keys.sequence_column
-        self.checkpoint_path = normalize_uri(
-            checkpoint_table or sibling(self.path, CHECKPOINT_TABLE_NAME)
-        )
+        checkpoint_table = checkpoint_table or sibling(self.path, CHECKPOINT_TABLE_NAME)
+        self.checkpoint_path = normalize_uri(checkpoint_table)
+        self.checkpoints = CleanerOffsetCheckpoint(self.checkpoint_path, self.storage_options)
         self.dead_letter_table = normalize_uri(dead_letter_table) if dead_letter_table else None
         self.sink_id = sink_id or _default_sink_id(self.path)
         self._explicit_sink_id = sink_id is not None
@@ -127,39 +112,26 @@ class CompactedStateSink:
             normalize_uri(checkpoint_location) if checkpoint_location else None
         )
         self.clock = clock or now_ms
-        self.checkpoints = CleanerOffsetCheckpoint(self.checkpoint_path, self.storage_options)
-        self.cleaner = Cleaner(
-            self.log_table,
-            key_columns=self.key_columns,
-            sequence_column=sequence_column,
-            delete_retention_ms=self.config.delete_retention_ms,
-            segment_bytes=self.config.segment_bytes,
-            dedupe_buffer_size=self.config.dedupe_buffer_size,
-        )
+        self.cleaning: CleaningMode = cleaning
         self.appender = LogAppender(
             self.log_table,
             key_columns=self.key_columns,
-            sequence_column=sequence_column,
+            sequence_column=self.sequence_column,
             config=self.config,
             schema_evolution=schema_evolution,
+            dead_letters=DeadLetterTable(self.dead_letter_table, self.storage_options)
+            if self.dead_letter_table
+            else None,
+            recover=self._ensure_recovered,
+            clock=self.clock,
         )
         self.schema_evolution = self.appender.schema_evolution
         self.last_append: AppendReport | None = None
-        self.dead_letters = (
-            DeadLetterTable(self.dead_letter_table, self.storage_options)
-            if self.dead_letter_table
-            else None
-        )
-        self.manager = CleanerManager(self.checkpoints, self.path, clock=self.clock)
-        self.cleaning: CleaningMode = cleaning
-        self._log_cleaner: LogCleaner | None = None
         self.last_recovery: RecoveryReport | None = None
-        self.last_retention: RetentionPlan | None = None
+        self._log_cleaner: LogCleaner | None = None
 
     def __repr__(self) -> str:
         return f"CompactedStateSink({self.path!r}, key_columns={self.key_columns!r})"
-
-    # -- the foreachBatch hook ---------------------------------------------------------
 
     @finished_before_exit
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
@@ -167,106 +139,31 @@ class CompactedStateSink:
 
         Inside a streaming query (``cleaning="auto"``) the cleaner's thread is woken and
         the call returns; otherwise the call cleans what became cleanable before it
-        returns. Idempotent per (app id, batch id): a batch already committed writes
-        nothing, not even to the dead-letter table.
-        Bad input raises `BadInputError` (null keys, repeated or null Kafka offsets,
-        oversized values, undecodable payloads) and commits nothing; a schema change that
+        returns. A batch already committed writes nothing, not even dead letters. Bad
+        input raises `BadInputError` and commits nothing; a schema change that
         ``schema_evolution`` refuses raises `SchemaMismatchError` before anything is
-        written, dead-letter table or not; see `sinks.log.log_append` for how the append
-        itself runs (and commits an evolved schema before the batch).
+        written (see `LogAppender.append`).
         """
         started = time.monotonic()
         spark = batch_df.sparkSession
         query_id = self._query_id(spark, batch_id)
-        app_id = self._app_id(query_id)
-        snapshot = self.log_table.snapshot()
-        if committed(snapshot, app_id, batch_id):
-            logger.info("batch %s of %s already committed; skipped", batch_id, app_id)
-            assert snapshot is not None
-            self._finish(spark, batch_id, snapshot, started, skipped=True, query_id=query_id)
-            return
-
-        check_python_workers(spark)  # once per SparkContext: a one-line error, not a trace
-        if snapshot is not None:
-            self._ensure_recovered()
-        # One walk forward: prepare and check once, split good from bad once (the
-        # split is cached, so the batch is evaluated once for both tables), append.
-        # Without a dead-letter table, bad rows (and rows a decoder flagged in
-        # _decode_error) stay in the batch: the append counts them and fails it whole.
-        # A schema the log refuses fails the batch before anything is written, also with
-        # a dead-letter table: a schema change is not a bad row.
-        prepared = prepare_batch(
-            batch_df,
-            key_columns=self.key_columns,
-            sequence_column=self.sequence_column,
-            now_ms=self.clock(),
-        )
-        if snapshot is not None:
-            self.appender.evolved_schema(snapshot, log_columns(prepared.df).schema)
-        split = None
-        if self.dead_letters is not None:
-            split = split_batch(
-                prepared.df,
-                key_columns=self.key_columns,
-                has_offsets=prepared.has_offsets,
-                message_max_bytes=self.config.message_max_bytes,
-                record_columns=batch_df.columns,
-            )
-            self._dead_letter(split.bad, app_id, batch_id)
-            prepared = PreparedBatch(split.good, prepared.has_offsets)
-        try:
-            info = self.appender.append(snapshot, prepared, app_id=app_id, batch_id=batch_id)
-        finally:
-            if split is not None:
-                split.release()
-        self._finish(
+        records = SparkRecords(batch_df, before_prepare=lambda: check_python_workers(spark))
+        info = self.appender.append(records, app_id=self._app_id(query_id), batch_id=batch_id)
+        assert info.snapshot is not None
+        duration_ms = int((time.monotonic() - started) * 1000)
+        stats, snapshot, ratio = self.log_cleaner.hand_over(
             spark,
-            batch_id,
             info.snapshot,
-            started,
-            skipped=info.already_committed,
-            query_id=query_id,
-            written=list(info.written),
-            redelivered=info.redelivered,
+            background=self._cleans_in_background(query_id),
+            appended=not info.already_committed,
         )
-
-    def _finish(
-        self,
-        spark: SparkSession,
-        batch_id: int,
-        snapshot: LogSnapshot,
-        started: float,
-        *,
-        skipped: bool,
-        query_id: str | None,
-        written: list[WrittenSegment] | None = None,
-        redelivered: int = 0,
-    ) -> None:
-        """Report the batch, then hand the log to its cleaner (inline, or wake the worker)."""
-        append_ms = int((time.monotonic() - started) * 1000)
-        cleaner = self.log_cleaner
-        stats = None
-        if skipped or not cleaner.has_work(snapshot):
-            pass  # nothing to clean or retain: the batch costs no round
-        elif self._cleans_in_background(query_id):
-            cleaner.wakeup(spark)
-        else:
-            stats = cleaner.maintain(spark).clean
-            if stats is not None:
-                snapshot = self.log_table.snapshot() or snapshot
-        written = written or []
-        self.last_append = AppendReport(
-            batch_id=batch_id,
-            records=sum(w.num_records for w in written),
-            partitions=tuple(sorted({w.partition for w in written})),
-            files=len(written),
-            bytes=sum(w.size_bytes for w in written),
-            skipped=skipped,
-            dirty_ratio=cleaner.dirty_ratio(snapshot, fresh_checkpoints=False),
-            duration_ms=append_ms,
+        self.last_append = AppendReport.of(
+            batch_id,
+            info,
+            dirty_ratio=ratio,
+            duration_ms=duration_ms,
             delta_version=snapshot.version,
             clean=stats,
-            redelivered=redelivered,
         )
         logger.info("%s", self.last_append.summary())
 
@@ -275,7 +172,7 @@ class CompactedStateSink:
             return query_id is not None
         return self.cleaning == "background"
 
-    # -- cleaning ----------------------------------------------------------------------
+    # -- cleaning: the log's `LogCleaner` ----------------------------------------------------
 
     @property
     def log_cleaner(self) -> LogCleaner:
@@ -284,48 +181,50 @@ class CompactedStateSink:
             self._log_cleaner = LogCleaner(
                 self.log_table,
                 self.checkpoints,
-                self.manager,
-                self.cleaner,
                 self.config,
+                key_columns=self.key_columns,
+                sequence_column=self.sequence_column,
                 clock=self.clock,
+                recover=self._ensure_recovered,
             )
         return self._log_cleaner
+
+    @property
+    def cleaner(self) -> Cleaner:
+        return self.log_cleaner.cleaner
+
+    @property
+    def manager(self) -> CleanerManager:
+        return self.log_cleaner.manager
 
     def logs_to_clean(self, snapshot: LogSnapshot | None = None) -> list[LogToClean]:
         """Every partition as a cleaning candidate, measured now (no Spark job)."""
         return self.log_cleaner.logs_to_clean(snapshot)
 
     def dirty_ratio(self) -> float:
-        """The dirty ratio over all partitions: cleanable bytes over clean plus cleanable."""
+        """Cleanable bytes over clean plus cleanable bytes, over all partitions."""
         return self.log_cleaner.dirty_ratio()
 
     @finished_before_exit
     def clean(self, force: bool = False) -> CleanerStats | None:
-        """Clean every cleanable partition in one pass now; None when nothing is cleanable.
+        """One round now (retention, a pass over every cleanable partition, expired files);
+        the pass's figures, or None when nothing was cleanable.
 
         Synchronous whatever the cleaning mode: waits for a pass of the background
         worker to end, then runs its own. Without ``force`` a partition qualifies by
         SPEC rule 4 (ratio, max lag, or an expired tombstone); with it, any cleanable
-        bytes or expired tombstone will do. The returned stats cover every partition
-        the pass cleaned. Raises `CleanerError` when the pass fails; the log is then
-        unchanged.
+        bytes or expired tombstone will do. Raises `CleanerError` when the pass fails;
+        the log is then unchanged.
         """
         if self.log_table.snapshot() is None:
             return None
         self._ensure_recovered()
-        cleaner = self.log_cleaner
-        if self.config.delete:
-            self.last_retention = cleaner.retain()
-        if not self.config.compact:
-            return None
-        return cleaner.clean(active_session(), force=force)
+        return self.log_cleaner.maintain(active_session(), force=force, raise_errors=True).clean
 
     def vacuum(self) -> DeletionReport:
-        """Delete now what left the log longer than ``file.delete.delay.ms`` ago (bounded per
-        call; see `sinks.maintenance.segment_deleter`); the cleaner also does it on its own,
-        every ``log.retention.check.interval.ms``. Idempotent."""
-        if self.log_table.snapshot() is None:
-            raise FileNotFoundError(f"no compacted log at {self.path}")
+        """Delete now what left the log longer than ``file.delete.delay.ms`` ago (bounded;
+        the cleaner does it every ``log.retention.check.interval.ms``). Idempotent."""
+        self._existing()
         return self.log_cleaner.segment_deleter.run(self.manager.busy_partitions)
 
     def add_pass_listener(self, listener: Callable[[CleanerStats], None]) -> None:
@@ -337,20 +236,26 @@ class CompactedStateSink:
         """Wait until the background cleaner has no round running or pending; False on timeout."""
         return self._log_cleaner is None or self._log_cleaner.await_idle(timeout_s)
 
-    # -- recovery, retention, cleaner states --------------------------------------------
+    def pause_cleaning(self, partitions: Sequence[int] | None = None) -> None:
+        """Stop passes over ``partitions`` (default: all) until `resume_cleaning`; waits for a
+        pass running elsewhere (see `CleanerManager.pause_cleaning`)."""
+        self.manager.pause_cleaning(self._partitions(partitions))
+
+    def resume_cleaning(self, partitions: Sequence[int] | None = None) -> None:
+        """Let paused ``partitions`` (default: all) be cleaned again."""
+        self.manager.resume_cleaning(self._partitions(partitions))
+
+    # -- maintenance: recovery, retention, other engines ----------------------------------
 
     def recover(self) -> RecoveryReport:
-        """Recover the log now (see `sinks.maintenance.recovery`): orphans, checkpoint, offsets.
-
-        Runs by itself once per sink object, before its first append, pass or
-        ``delete_records``. Idempotent. Raises `LogCorruptedError` when offsets are
-        broken; the sink then refuses to write.
-        """
+        """Recover the log now (`sinks.maintenance.recovery`): orphans, checkpoint, offsets.
+        Runs by itself before a sink's first append, round or ``delete_records``.
+        Idempotent. Raises `LogCorruptedError` when offsets are broken."""
         self.last_recovery = recover_log(
             self.log_table,
             self.checkpoints,
             file_delete_delay_ms=self.config.file_delete_delay_ms,
-            manager=self.manager,
+            busy_partitions=self.manager.busy_partitions(),
         )
         return self.last_recovery
 
@@ -371,32 +276,55 @@ class CompactedStateSink:
             self.close()
 
     def delete_records(self, partition: int, before_offset: int) -> RetentionPlan:
-        """Move ``partition``'s log start offset to ``before_offset`` (Kafka's DeleteRecords).
-
-        Records below it leave ``log()`` and ``state()`` at once; files wholly below
-        it are removed. Cleaning of the partition is paused meanwhile. Idempotent;
-        an offset at or below the log start changes nothing. Raises
-        `OffsetOutOfRangeError` above the log end offset.
-        """
-        if self.log_table.snapshot() is None:
-            raise FileNotFoundError(f"no compacted log at {self.path}")
+        """Move ``partition``'s log start offset to ``before_offset`` (Kafka's DeleteRecords):
+        records below it leave ``log()`` and ``state()`` at once, files wholly below it are
+        removed, cleaning of the partition is paused meanwhile. Idempotent. Raises
+        `OffsetOutOfRangeError` above the log end offset."""
+        self._existing()
         self._ensure_recovered()
-        self.manager.pause_cleaning([partition])
-        try:
+        with self.manager.paused([partition]):
             return retention.delete_records(self.log_table, partition, before_offset)
-        finally:
-            self.manager.resume_cleaning([partition])
 
-    def pause_cleaning(self, partitions: Sequence[int] | None = None) -> None:
-        """Stop passes over ``partitions`` (default: all) until `resume_cleaning`.
+    def accept_foreign_changes(self, through_version: int | None = None) -> int:
+        """Accept the records as they are after another engine's data change, and go on:
+        every commit up to ``through_version`` (default: now) is taken as it is. Returns
+        the accepted version. See `sinks.log.foreign_commits`."""
+        return foreign_changes.accept(self.log_table, through_version)
 
-        Waits for a pass that is running elsewhere (see `CleanerManager.pause_cleaning`).
-        """
-        self.manager.pause_cleaning(self._partitions(partitions))
+    def restore(self, version: int) -> int:
+        """Bring the log back to Delta ``version`` (inside the history window), undoing
+        everything committed after it; offsets keep counting from the log end offset.
+        Cleaning is paused meanwhile; the log is recovered afterwards. Returns the new
+        version."""
+        snapshot = self.log_table.snapshot(verify=False)
+        if snapshot is None:
+            raise FileNotFoundError(f"no compacted log at {self.path}")
+        with self.manager.paused(snapshot.partitions):
+            restored = foreign_changes.restore(self.log_table, version)
+        self.recover()
+        return restored
 
-    def resume_cleaning(self, partitions: Sequence[int] | None = None) -> None:
-        """Let paused ``partitions`` (default: all) be cleaned again."""
-        self.manager.resume_cleaning(self._partitions(partitions))
+    # -- reading -----------------------------------------------------------------------
+
+    def log(self, as_of: AsOf | None = None) -> DataFrame:
+        """Every stored record at or above its partition's log start offset, with metadata."""
+        return self.log_table.read(active_session(), self._existing(as_of))
+
+    def state(self, as_of: AsOf | None = None) -> DataFrame:
+        """One row per live key (key columns + ``value``): the latest record unless a
+        tombstone. ``as_of`` (a Delta version, or a timestamp) reads the log as it was."""
+        snapshot = self._existing(as_of)
+        return read_state(
+            active_session(), self.log_table, snapshot, self.key_columns, self.sequence_column
+        )
+
+    # -- helpers -----------------------------------------------------------------------
+
+    def _existing(self, as_of: AsOf | None = None) -> LogSnapshot:
+        snapshot = self.log_table.snapshot(as_of)
+        if snapshot is None:
+            raise FileNotFoundError(f"no compacted log at {self.path}")
+        return snapshot
 
     def _partitions(self, partitions: Sequence[int] | None) -> list[int]:
         if partitions is not None:
@@ -405,79 +333,12 @@ class CompactedStateSink:
         return snapshot.partitions if snapshot is not None else []
 
     def _ensure_recovered(self) -> None:
-        if self.last_recovery is None:
-            self.recover()
-
-    def _dead_letter(self, dead_letters: DataFrame, app_id: str, batch_id: int) -> None:
-        """Commit a batch's dead letters (once per app id and batch id), before its append.
-
-        Both commits are keyed by (app id, batch id), so a crash between the two is
-        repaired by the batch's replay.
-        """
-        assert self.dead_letters is not None
-        self.dead_letters.write(
-            dead_letters, log_path=self.path, app_id=app_id, batch_id=batch_id, now_ms=self.clock()
-        )
-        crash_point(DEAD_LETTER_BEFORE_APPEND)
-
-    # -- other engines on the log --------------------------------------------------------
-
-    def accept_foreign_changes(self, through_version: int | None = None) -> int:
-        """Accept the records as they are after another engine's data change, and go on.
-
-        Every commit up to ``through_version`` (default: the current version) is taken
-        as it is; the sink stops at later ones again. Returns the accepted version.
-        What another engine deleted stays deleted; a key whose newest record it removed
-        shows its previous value. See `sinks.log.foreign_commits`.
-        """
-        return foreign_changes.accept(self.log_table, through_version)
-
-    def restore(self, version: int) -> int:
-        """Bring the log back to Delta ``version`` (inside the history window), undoing
-        everything committed after it: another engine's change, and the sink's own appends
-        and passes. Offsets keep counting from the log end offset. Returns the new version.
-
-        Cleaning is paused meanwhile; the log is recovered afterwards.
-        """
-        snapshot = self.log_table.snapshot(verify=False)
-        if snapshot is None:
-            raise FileNotFoundError(f"no compacted log at {self.path}")
-        self.manager.pause_cleaning(snapshot.partitions)
-        try:
-            restored = foreign_changes.restore(self.log_table, version)
-        finally:
-            self.manager.resume_cleaning(snapshot.partitions)
-        self.recover()
-        return restored
-
-    # -- reading -----------------------------------------------------------------------
-
-    def log(self, as_of: AsOf | None = None) -> DataFrame:
-        """Every stored record at or above its partition's log start offset, with metadata."""
-        spark = active_session()
-        snapshot = self.log_table.snapshot(as_of)
-        if snapshot is None:
-            raise FileNotFoundError(f"no compacted log at {self.path}")
-        return self.log_table.read(spark, snapshot)
-
-    def state(self, as_of: AsOf | None = None) -> DataFrame:
-        """One row per live key (key columns + ``value``): the latest record unless a tombstone.
-
-        ``as_of`` (a Delta version, or a timestamp) reads the log as it was then.
-        """
-        snapshot = self.log_table.snapshot(as_of)
-        if snapshot is None:
-            raise FileNotFoundError(f"no compacted log at {self.path}")
-        return read_state(
-            active_session(), self.log_table, snapshot, self.key_columns, self.sequence_column
-        )
+        if self.last_recovery is None or self.last_recovery.version is None:
+            self.recover()  # once per sink object and log: the first append, round or delete
 
     def _query_id(self, spark: SparkSession, batch_id: int) -> str | None:
-        """The id of the streaming query running this batch; None for a direct call.
-
-        Under Spark Connect it comes from ``checkpoint_location`` (see
-        `sinks.spark_session.streaming_query_id`).
-        """
+        """The id of the streaming query running this batch; None for a direct call (under
+        Spark Connect read from ``checkpoint_location``, `streaming_query_id`)."""
         return streaming_query_id(
             spark,
             batch_id,

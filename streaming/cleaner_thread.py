@@ -1,35 +1,28 @@
-"""The cleaner loop of the ``clean`` command: Kafka's ``CleanerThread`` over many logs.
+"""The ``clean`` command's cleaner loop: the library's `CleanerThread` over many logs.
 
-Each round measures every log (from Delta metadata, no Spark job), grabs the
-filthiest log that has a cleanable partition (SPEC rule 4), cleans it with one
-pass, and goes on; when no log is cleanable it backs off for
-``log.cleaner.backoff.ms`` (Kafka's default: 15 s) before measuring again.
-
-Beside the passes, each round gives every log's segment deleter its turn: files
-out of the log longer than ``file.delete.delay.ms`` leave storage, at most every
-``log.retention.check.interval.ms`` per log and a bounded number per call
-(``vacuum=True`` deletes on the first round whatever the interval).
-
-A log whose pass fails is skipped for a backoff that doubles per consecutive
-failure (capped), then retried, never given up on. The sink itself records the
-failure in the checkpoint table (the partition's ``uncleanable`` state and
-reason, which ``status`` shows); this loop only decides when to try again.
+The loop itself is `sinks.cleaner.cleaner_thread.CleanerThread`, the one the sink's
+worker runs too: each round gives every log's segment deleter its turn (``vacuum``:
+on the first round whatever the interval), then runs the round of each log with
+work, filthiest first; a round that cleaned nothing backs off for
+``log.cleaner.backoff.ms``. A partition whose pass fails is marked uncleanable in the
+checkpoint table and retried after a backoff that doubles per failure (capped): the
+one persisted backoff, which ``status`` shows. This adapter names logs by their
+`LogRef` and says, one line at a time, what the loop did and why a log was not cleaned.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from sinks import CleanerStats, CompactedSinkError
+from sinks.cleaner.cleaner_thread import Candidate as LoopCandidate
+from sinks.cleaner.cleaner_thread import CleanerThread as Loop
+from sinks.cleaner.log_cleaner import LogCleaner, RoundReport
 from sinks.cleaner.log_to_clean import LogToClean
 from sinks.cleaner.not_cleanable import nothing_cleanable_line
-from sinks.log.log_table import now_ms
+from sinks.spark_session import active_session
 from streaming.registry import LogRef
-
-DEFAULT_BACKOFF_MS = 15_000  # Kafka's log.cleaner.backoff.ms
-MAX_FAILURE_BACKOFF_MS = 15 * 60_000
 
 
 @dataclass(frozen=True)
@@ -44,7 +37,8 @@ class CleanerThread:
     """Cleans the filthiest of ``logs`` again and again; `run_once` for a single round.
 
     ``force`` cleans any partition with cleanable bytes, ignoring the ratio.
-    ``out`` receives one line per pass, failure and back-off.
+    ``backoff_ms`` overrides each log's ``log.cleaner.backoff.ms``. ``out`` receives one
+    line per pass, failure and back-off.
     """
 
     def __init__(
@@ -53,99 +47,54 @@ class CleanerThread:
         *,
         force: bool = False,
         vacuum: bool = False,
-        backoff_ms: int = DEFAULT_BACKOFF_MS,
+        backoff_ms: int | None = None,
         out: Callable[[str], None] = print,
-        clock: Callable[[], int] = now_ms,
     ) -> None:
         self.logs = list(logs)
-        self.sinks = {ref.spec.path: ref.sink() for ref in self.logs}
-        self.force = force
-        self.backoff_ms = backoff_ms
+        self.sinks = {ref.spec.path: _with_backoff(ref, backoff_ms).sink() for ref in self.logs}
+        self.refs = {id(self.sinks[ref.spec.path].log_cleaner): ref for ref in self.logs}
         self.out = out
-        self.clock = clock
-        self.failures: dict[str, int] = {}
-        self.retry_at: dict[str, int] = {}
-        self.passes = 0
         self.vacuum = vacuum
+        self.loop = Loop(
+            [sink.log_cleaner for sink in self.sinks.values()],
+            force=force,
+            before_round=self._announce,
+            on_round=self._said,
+            recover=True,
+        )
+
+    @property
+    def backoff_ms(self) -> int:
+        return self.loop.backoff_ms
+
+    @property
+    def passes(self) -> int:
+        return self.loop.passes
 
     def grab_filthiest(self, exclude: Collection[str] = ()) -> Candidate | None:
         """The log whose dirtiest cleanable partition is dirtiest, among logs not backing off."""
-        now = self.clock()
-        best: Candidate | None = None
-        for ref in self.logs:
-            path = ref.spec.path
-            if path in exclude or self.retry_at.get(path, 0) > now:
-                continue
-            sink = self.sinks[path]
-            config = sink.config
-            if not config.compact:
-                continue
-            cleanable = [
-                log
-                for log in sink.logs_to_clean()
-                if log.is_cleanable(
-                    now_ms=now,
-                    min_cleanable_dirty_ratio=config.min_cleanable_dirty_ratio,
-                    max_compaction_lag_ms=config.max_compaction_lag_ms,
-                    force=self.force,
-                )
-            ]
-            if not cleanable:
-                continue
-            dirtiest = max(cleanable, key=lambda log: log.cleanable_ratio)
-            if best is None or dirtiest.cleanable_ratio > best.filthiest.cleanable_ratio:
-                best = Candidate(ref, dirtiest)
-        return best
-
-    def clean(self, candidate: Candidate) -> CleanerStats | None:
-        """One pass over ``candidate``'s log; a failure is reported and backed off, not raised."""
-        path = candidate.ref.spec.path
-        self.out(
-            f"cleaning {path}: filthiest partition p{candidate.filthiest.partition} at "
-            f"{candidate.filthiest.cleanable_ratio:.1%} dirty"
-        )
-        try:
-            stats = self.sinks[path].clean(force=self.force)
-        except CompactedSinkError as e:
-            failures = self.failures.get(path, 0) + 1
-            self.failures[path] = failures
-            wait = min(self.backoff_ms * 2 ** (failures - 1), MAX_FAILURE_BACKOFF_MS)
-            self.retry_at[path] = self.clock() + wait
-            self.out(f"pass over {path} failed ({e}); retrying in {wait / 1000:.0f} s")
+        skipped = [c for c in self.loop.cleaners if c.log.uri in exclude]
+        found = self.loop.grab_filthiest(skipped, cleanable_only=True)
+        if found is None or found.filthiest is None:
             return None
-        self.failures.pop(path, None)
-        self.retry_at.pop(path, None)
-        if stats is not None:
-            self.passes += 1
-            self.out(stats.summary())
-        return stats
+        return Candidate(self.refs[id(found.cleaner)], found.filthiest)
 
     def delete_expired_files(self) -> int:
         """Give each log's segment deleter its turn (``vacuum``: now, else when due);
         returns the number of files deleted."""
         deleted = 0
-        for sink in self.sinks.values():
-            deleter = sink.log_cleaner.segment_deleter
-            if self.vacuum:
-                deleter.run(sink.manager.busy_partitions)
-            elif not deleter.maybe_run(sink.manager.busy_partitions):
-                continue
-            report = deleter.last_report
+        for cleaner in self.loop.delete_expired_files(now=self.vacuum):
+            report = cleaner.segment_deleter.last_report
             if report is not None and (report.deleted or self.vacuum):
                 deleted += len(report.deleted)
                 self.out(report.summary())
         return deleted
 
     def run_once(self) -> int:
-        """Clean every cleanable log once, filthiest first, then delete expired files;
+        """Clean every cleanable log once, filthiest first, after deleting expired files;
         returns the number of passes."""
         self.delete_expired_files()
-        done: set[str] = set()
-        passes = 0
-        while (candidate := self.grab_filthiest(exclude=done)) is not None:
-            done.add(candidate.ref.spec.path)
-            if self.clean(candidate) is not None:
-                passes += 1
+        passes = self.loop.run_once(active_session())
         if passes == 0:
             for line in self.idle_reasons():
                 self.out(line)
@@ -154,28 +103,53 @@ class CleanerThread:
     def idle_reasons(self) -> list[str]:
         """A line per log saying why it was not cleaned: per partition, which of SPEC rule
         4's triggers is missing (ratio against threshold, lag, tombstones not yet due), or
-        that the log backs off after a failure. Reads Delta metadata only."""
-        now = self.clock()
+        that the log backs off after a failed pass. Reads Delta metadata only."""
         lines = []
         for ref in self.logs:
             path = ref.spec.path
-            if self.retry_at.get(path, 0) > now:
-                wait_s = (self.retry_at[path] - now) / 1000
+            cleaner = self.sinks[path].log_cleaner
+            now = cleaner.clock()
+            retry_at = cleaner.manager.retry_at_ms()
+            if retry_at is not None and retry_at > now:
+                wait_s = (retry_at - now) / 1000
                 lines.append(f"{path}: backing off after a failed pass; retry in {wait_s:.0f} s")
                 continue
-            sink = self.sinks[path]
-            logs = sink.logs_to_clean() if sink.log_table.snapshot() is not None else []
-            lines.append(nothing_cleanable_line(path, logs, sink.config, now_ms=now))
+            logs = cleaner.logs_to_clean()
+            lines.append(nothing_cleanable_line(path, logs, cleaner.config, now_ms=now))
         return lines
 
     def run(self, stop: threading.Event | None = None) -> None:
         """Clean until ``stop`` is set: the filthiest log, or back off when none is cleanable."""
         stop = stop or threading.Event()
+        spark = active_session()
         while not stop.is_set():
             self.delete_expired_files()
             self.vacuum = False  # on demand once; then on each log's interval
-            candidate = self.grab_filthiest()
-            if candidate is None:
+            if self.loop.run_once(spark) == 0:
                 stop.wait(self.backoff_ms / 1000)
-                continue
-            self.clean(candidate)
+
+    def _announce(self, candidate: LoopCandidate) -> None:
+        log = candidate.filthiest
+        if log is not None:
+            self.out(
+                f"cleaning {candidate.cleaner.log.uri}: filthiest partition "
+                f"p{log.partition} at {log.cleanable_ratio:.1%} dirty"
+            )
+
+    def _said(self, cleaner: LogCleaner, report: RoundReport) -> None:
+        path = cleaner.log.uri
+        if report.clean is not None:
+            self.out(report.clean.summary())
+        elif cleaner.last_error is not None and report.clean is None:
+            retry_at = cleaner.manager.retry_at_ms()
+            wait = "" if retry_at is None else f" in {(retry_at - cleaner.clock()) / 1000:.0f} s"
+            self.out(f"pass over {path} failed ({cleaner.last_error}); retrying{wait}")
+            cleaner.last_error = None
+
+
+def _with_backoff(ref: LogRef, backoff_ms: int | None) -> LogRef:
+    """``ref`` with its log's ``log.cleaner.backoff.ms`` set (the command's flag wins)."""
+    if backoff_ms is None:
+        return ref
+    config = replace(ref.spec.config, backoff_ms=backoff_ms)
+    return replace(ref, spec=replace(ref.spec, config=config))

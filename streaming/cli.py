@@ -104,7 +104,10 @@ def _parser() -> argparse.ArgumentParser:
         "--vacuum", action="store_true", help="delete expired files now, not only when due"
     )
     clean.add_argument(
-        "--backoff-ms", type=int, default=15_000, help="log.cleaner.backoff.ms (default 15000)"
+        "--backoff-ms",
+        type=int,
+        default=None,
+        help="log.cleaner.backoff.ms (default: each log's, 15000)",
     )
     _remote(clean)
     clean.set_defaults(handler=_clean)
@@ -329,7 +332,7 @@ def _clean(args: argparse.Namespace) -> int:
     if args.once:
         thread.run_once()
         return 0
-    _err(f"clean: cleaning {len(refs)} log(s); backing off {args.backoff_ms} ms when idle")
+    _err(f"clean: cleaning {len(refs)} log(s); backing off {thread.backoff_ms} ms when idle")
     try:
         thread.run()
     except KeyboardInterrupt:

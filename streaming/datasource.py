@@ -3,16 +3,16 @@
 For Spark Declarative Pipelines' ``create_sink`` and for writers that prefer a
 format name to ``foreachBatch``. Executors stage each task's rows as one Parquet
 file under the log's ``_staging/`` directory and send its path to the driver;
-the driver's ``commit(messages, batch_id)`` validates and numbers the records,
-writes the log's segment files and commits them with the core's append
-(Delta ``txn`` per batch id, scoped to the query id its checkpoint records: exactly
-once, on a classic session and under Spark Connect alike), then deletes the staged files;
-``abort`` deletes them too.
+the driver's ``commit(messages, batch_id)`` appends them with the log's one
+produce path (`sinks.log.log_append.LogAppender.append`, the hook's: skip a batch
+already committed, recover the log on first use, refuse a schema change, validate,
+number, write, commit; Delta ``txn`` per batch id, scoped to the query id its
+checkpoint records: exactly once, on a classic session and under Spark Connect
+alike), then deletes the staged files; ``abort`` deletes them too.
 
 Spark runs a Python data source's ``commit`` in a Python worker process that has
-no SparkSession, so this path does not call the Spark hook: it runs the core's
-append task (`sinks.log.log_append`, the same checks and numbering as the hook's)
-over Arrow, on the driver. Two consequences, by design:
+no SparkSession, so the append task runs over Arrow, on the driver
+(`sinks.log.append_batch.ArrowRecords`). Two consequences, by design:
 
 - it suits micro-batches that fit in the driver's memory; the ``foreachBatch``
   hook stays the path for large batches;
@@ -27,6 +27,7 @@ cleaner property (``min.cleanable.dirty.ratio``, ``segment.bytes``, …).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import time
 import uuid
@@ -40,17 +41,8 @@ from pyspark.sql import types as T
 from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
 
 from sinks import CleanerConfig, CompactedStateSink
-from sinks.errors import ConfigError
-from sinks.log.log_append import committed
-from sinks.log.log_table import log_arrow_schema
-from sinks.log.records import (
-    DELETE_HORIZON_MS,
-    METADATA_COLUMNS,
-    OFFSET,
-    PARTITION,
-    TIMESTAMP,
-    VALUE,
-)
+from sinks.errors import ConfigError, SchemaMismatchError
+from sinks.log.append_batch import ArrowRecords, log_schema
 from sinks.log.schema_evolution import DEFAULT_SCHEMA_EVOLUTION, SchemaEvolution, check_mode
 from sinks.log.storage import arrow_filesystem, delete_files, join, normalize_uri
 from sinks.spark_session import checkpoint_query_id
@@ -139,6 +131,10 @@ class SinkOptions:
         )
 
     def sink(self) -> CompactedStateSink:
+        """The sink over the log (one per process and options: it recovers the log once)."""
+        return _sink(self)
+
+    def new_sink(self) -> CompactedStateSink:
         return CompactedStateSink(
             self.path,
             key_columns=self.key_columns,
@@ -164,7 +160,13 @@ class CompactedStateStreamWriter(DataSourceStreamArrowWriter):
     def __init__(self, options: SinkOptions, schema: T.StructType) -> None:
         self.options = options
         self.input_schema = schema
-        self.log_schema = log_schema(schema, options.key_columns)
+        try:
+            log_schema(schema, options.key_columns)  # fail when the query starts
+        except SchemaMismatchError:
+            missing = [c for c in [*options.key_columns, "value"] if c not in schema.names]
+            raise ConfigError(
+                f"format {FORMAT!r}: the stream has no column {missing[0]!r}"
+            ) from None
 
     # -- executors -----------------------------------------------------------------------
 
@@ -189,7 +191,7 @@ class CompactedStateStreamWriter(DataSourceStreamArrowWriter):
     def commit(self, messages: list[StagedFile | None], batchId: int) -> None:  # noqa: N803
         staged = [m for m in messages if m is not None]
         try:
-            append_staged(self.options, self.log_schema, staged, batchId)
+            append_staged(self.options, self.input_schema, staged, batchId)
         finally:
             _delete_staged(self.options.path, staged)
 
@@ -197,74 +199,20 @@ class CompactedStateStreamWriter(DataSourceStreamArrowWriter):
         _delete_staged(self.options.path, [m for m in messages if m is not None])
 
 
-def log_schema(input_schema: T.StructType, key_columns: tuple[str, ...]) -> T.StructType:
-    """The log's columns for this input, in the order the foreachBatch hook creates them."""
-    fields = {f.name: f for f in input_schema.fields}
-    for name in [*key_columns, VALUE]:
-        if name not in fields:
-            raise ConfigError(f"format {FORMAT!r}: the stream has no column {name!r}")
-    payload = [
-        f for f in input_schema.fields if f.name not in (*key_columns, VALUE, *METADATA_COLUMNS)
-    ]
-    return T.StructType(
-        [
-            *[fields[k] for k in key_columns],
-            fields[VALUE],
-            T.StructField(PARTITION, T.IntegerType()),
-            T.StructField(OFFSET, T.LongType()),
-            T.StructField(TIMESTAMP, T.TimestampType()),
-            *payload,
-            T.StructField(DELETE_HORIZON_MS, T.LongType()),
-        ]
-    )
-
-
 def append_staged(
-    options: SinkOptions, schema: T.StructType, staged: list[StagedFile], batch_id: int
+    options: SinkOptions, input_schema: T.StructType, staged: list[StagedFile], batch_id: int
 ) -> None:
-    """Append the staged rows as one batch, exactly once per (app id, batch id).
-
-    The core's append (`LogAppender.append_arrow`) runs here on Arrow: the same
-    checks, numbering, segment files and commit as the ``foreachBatch`` hook's.
-    """
+    """Append the staged rows as one batch, exactly once per (app id, batch id), with the
+    log's one produce path (`LogAppender.append`, on Arrow here)."""
     sink = options.sink()
     app_id, *older_ids = _app_ids(sink, options, batch_id)
-    snapshot = sink.log_table.snapshot()
-    if any(committed(snapshot, a, batch_id) for a in (app_id, *older_ids)):
-        return
-    table = _read_staged(options.path, staged)
-    if table.num_rows == 0:
-        if snapshot is not None:
-            sink.appender.commit_empty(snapshot, app_id, batch_id)  # keeps the batch id recorded
-        return
-    if snapshot is not None:
-        sink.appender.evolved_schema(snapshot, schema)  # refused: fail before any file
-    sink.appender.append_arrow(
-        snapshot,
-        prepare(table, schema, options.key_columns, sink.clock()),
-        schema,
-        has_offsets=OFFSET in table.column_names,
-        app_id=app_id,
-        batch_id=batch_id,
-    )
+    records = ArrowRecords(_read_staged(options.path, staged), input_schema)
+    sink.appender.append(records, app_id=app_id, batch_id=batch_id, older_app_ids=older_ids)
 
 
-def prepare(
-    table: pa.Table, schema: T.StructType, key_columns: tuple[str, ...], now_ms: int
-) -> pa.Table:
-    """The staged rows with the log's columns (partition 0, timestamp now, no horizon)."""
-    n = table.num_rows
-    columns = {}
-    for name in schema.names:
-        if name in table.column_names:
-            columns[name] = table.column(name)
-        elif name == PARTITION:
-            columns[name] = pa.array([0] * n, pa.int32())
-        elif name == TIMESTAMP:
-            columns[name] = pa.array([now_ms * 1000] * n, pa.timestamp("us", tz="UTC"))
-        else:  # offset (assigned later) and delete_horizon_ms
-            columns[name] = pa.nulls(n, pa.int64())
-    return pa.table(columns).cast(log_arrow_schema(schema))
+@functools.lru_cache(maxsize=16)
+def _sink(options: SinkOptions) -> CompactedStateSink:
+    return options.new_sink()
 
 
 def _read_staged(path: str, staged: list[StagedFile]) -> pa.Table:

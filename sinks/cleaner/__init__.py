@@ -7,6 +7,9 @@
   one commit; `rules`: what a pass keeps, in Spark and in Arrow side by side.
 - `cleaner_manager`: which partitions may be cleaned, their states and
   checkpoints, in the cleaner-offset checkpoint table.
+- `log_cleaner`: one log's cleaning (its `Cleaner`, `CleanerManager`, retention,
+  deleter), planned by `cleaning_plan`; `cleaner_thread`: the one worker loop
+  over one or many logs (the sink's thread and the ``clean`` command).
 - `cleaner_stats`: the figures of one pass.
 """
 

@@ -1,24 +1,14 @@
-"""Cleaner state per log and partition: Kafka's `LogCleanerManager` states, in the checkpoint table.
+"""`CleanerManager`: Kafka's ``LogCleanerManager`` for one log, in the checkpoint table.
 
-Kafka keeps ``LogCleaningInProgress``, ``LogCleaningAborted`` and
-``LogCleaningPaused`` in memory, guarded by a lock, because one broker owns its
-logs. Here cleaners run in different processes, so the state lives in the
-checkpoint table's ``cleaner_state`` column and moves by compare-and-set: a
-Delta MERGE whose update only applies when the row is still the one read
-(same ``updated_ms``, state and owner). Two processes racing for one row both
-rewrite the same file; delta-rs fails the second commit, which then re-reads.
-
-States of one (log, partition):
-
-- ``idle`` (or no row): anyone may start a pass.
-- ``in_progress``: ``state_owner`` is cleaning; ``state_heartbeat_ms`` proves it
-  lives. A heartbeat older than ``heartbeat_timeout_ms`` means the owner died
-  (the process was killed mid-pass): another cleaner may take over.
-- ``paused``: `pause_cleaning` was called (around ``delete_records`` and
-  restores); nobody cleans until `resume_cleaning`.
-- ``uncleanable``: the last pass failed with ``uncleanable_reason``; the partition
-  is retried once ``uncleanable_since_ms`` plus an exponential backoff (doubling
-  per failed attempt, capped) has passed, not abandoned until restart.
+It chooses (`grab_filthiest`: the cleanable partitions, dirtiest first, that this
+owner may claim), claims (`start_cleaning`, kept live by `heartbeating`), and records
+(`checkpoint_pass` / `done_cleaning`, `abort_cleaning`, `mark_uncleanable`), and
+pauses around ``delete_records`` and restores. Kafka keeps these states in memory,
+guarded by a lock, because one broker owns its logs; here cleaners run in different
+processes, so each state lives in the checkpoint table's row for the partition
+(`checkpoints.cleaner_states` says what a row means) and moves by compare-and-set
+(`CleanerOffsetCheckpoint.compare_and_set`). A partition whose pass failed is retried
+once ``backoff_ms`` doubled per failed attempt (capped at an hour) has passed.
 
 The state is advisory for correctness: a pass that loses its claim (expired,
 paused) can still only commit against the snapshot it planned from, and delta-rs
@@ -29,111 +19,46 @@ save wasted passes and make pauses and failures visible to ``status``.
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import threading
 import time
-import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict
-
-import pyarrow as pa
-from deltalake import DeltaTable
-from deltalake.exceptions import CommitFailedError
 
 from checkpoints import CheckpointEntry, CleanerOffsetCheckpoint
-from checkpoints.checkpoint_table import CHECKPOINT_SCHEMA
+from checkpoints.cleaner_states import (
+    BACKOFF_BASE_MS,
+    BACKOFF_MAX_MS,
+    HEARTBEAT_TIMEOUT_MS,
+    IDLE,
+    IN_PROGRESS,
+    PAUSED,
+    UNCLEANABLE,
+    default_owner,
+    is_live_claim,
+    live_claims,
+    may_start_cleaning,
+    uncleanable_backoff_ms,
+)
+from sinks.cleaner.cleaner_stats import CleanerStats
+from sinks.cleaner.log_to_clean import LogToClean, filthiest_first
+from sinks.config import CleanerConfig
 from sinks.errors import CleanerError, CommitConflictError
 
 logger = logging.getLogger("compacted_sink")
 
-IDLE = "idle"
-IN_PROGRESS = "in_progress"
-PAUSED = "paused"
-UNCLEANABLE = "uncleanable"
+__all__ = [
+    "BACKOFF_BASE_MS",
+    "IDLE",
+    "IN_PROGRESS",
+    "PAUSED",
+    "UNCLEANABLE",
+    "CleanerManager",
+    "may_start_cleaning",
+    "uncleanable_backoff_ms",
+]
 
-HEARTBEAT_TIMEOUT_MS = 120_000
-BACKOFF_BASE_MS = 15_000  # Kafka's log.cleaner.backoff.ms
-BACKOFF_MAX_MS = 3_600_000
 _CAS_ATTEMPTS = 20
 _REASON_CHARS = 2_000
-
-
-def default_owner() -> str:
-    """A cleaner's identity: host, process id and a random suffix (pids are reused)."""
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-
-
-def uncleanable_backoff_ms(
-    failed_attempts: int, *, base_ms: int = BACKOFF_BASE_MS, max_ms: int = BACKOFF_MAX_MS
-) -> int:
-    """How long an uncleanable partition waits before its next try: ``base * 2^(n-1)``, capped."""
-    if failed_attempts <= 0:
-        return 0
-    return min(max_ms, base_ms * 2 ** min(failed_attempts - 1, 40))
-
-
-def may_start_cleaning(
-    entry: CheckpointEntry | None,
-    *,
-    owner: str,
-    now_ms: int,
-    heartbeat_timeout_ms: int = HEARTBEAT_TIMEOUT_MS,
-    backoff_base_ms: int = BACKOFF_BASE_MS,
-    backoff_max_ms: int = BACKOFF_MAX_MS,
-) -> bool:
-    """Whether ``owner`` may start a pass over the partition whose row is ``entry`` (pure)."""
-    if entry is None or entry.cleaner_state in (None, IDLE):
-        return True
-    if entry.cleaner_state == IN_PROGRESS:
-        return entry.state_owner == owner or heartbeat_expired(
-            entry, now_ms=now_ms, heartbeat_timeout_ms=heartbeat_timeout_ms
-        )
-    if entry.cleaner_state == UNCLEANABLE:
-        since = entry.uncleanable_since_ms or 0
-        wait = uncleanable_backoff_ms(
-            entry.failed_attempts or 0, base_ms=backoff_base_ms, max_ms=backoff_max_ms
-        )
-        return now_ms >= since + wait
-    return False  # paused
-
-
-def heartbeat_expired(entry: CheckpointEntry, *, now_ms: int, heartbeat_timeout_ms: int) -> bool:
-    """True when an in-progress pass has not proved it lives for ``heartbeat_timeout_ms``,
-    or when its owner is a process of this host that no longer exists (a killed cleaner)."""
-    beat = entry.state_heartbeat_ms
-    if beat is None or now_ms - beat > heartbeat_timeout_ms:
-        return True
-    return owner_is_dead(entry.state_owner)
-
-
-def owner_is_dead(owner: str | None) -> bool:
-    """True when ``owner`` names a process of this host that has exited (pids are checked,
-    owners on other hosts are presumed alive until their heartbeat expires)."""
-    host, _, rest = (owner or "").partition(":")
-    pid_text = rest.partition(":")[0]
-    if host != socket.gethostname() or not pid_text.isdigit():
-        return False
-    pid = int(pid_text)
-    if pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return _is_zombie(pid)
-
-
-def _is_zombie(pid: int) -> bool:
-    # A killed child not yet reaped by its parent still answers kill(pid, 0).
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return False
 
 
 class CleanerManager:
@@ -185,14 +110,87 @@ class CleanerManager:
 
     def busy_partitions(self) -> set[int]:
         """Partitions another owner is cleaning right now (heartbeat not expired)."""
-        now = self.clock()
-        return {
-            p
-            for p, e in self.entries().items()
-            if e.cleaner_state == IN_PROGRESS
-            and e.state_owner != self.owner
-            and not heartbeat_expired(e, now_ms=now, heartbeat_timeout_ms=self.heartbeat_timeout_ms)
-        }
+        return live_claims(
+            self.entries().values(),
+            now_ms=self.clock(),
+            heartbeat_timeout_ms=self.heartbeat_timeout_ms,
+            other_than=self.owner,
+        )
+
+    # -- choosing and recording (Kafka's grabFilthiestCompactedLog / doneCleaning) -----------
+
+    def grab_filthiest(
+        self,
+        candidates: Sequence[LogToClean],
+        config: CleanerConfig,
+        *,
+        now_ms: int,
+        force: bool = False,
+        claimable_only: bool = False,
+    ) -> list[LogToClean]:
+        """The cleanable partitions of ``candidates`` (SPEC rule 4), dirtiest first.
+
+        ``claimable_only`` also drops partitions this owner may not start now (paused,
+        cleaned elsewhere, or uncleanable inside its backoff): one read of the table.
+        """
+        chosen = [
+            log
+            for log in filthiest_first(candidates)
+            if log.is_cleanable(
+                now_ms=now_ms,
+                min_cleanable_dirty_ratio=config.min_cleanable_dirty_ratio,
+                max_compaction_lag_ms=config.max_compaction_lag_ms,
+                force=force,
+            )
+        ]
+        if claimable_only and chosen:
+            rows = self.entries()
+            chosen = [log for log in chosen if self.may_clean(log.partition, rows)]
+        return chosen
+
+    def retry_at_ms(self) -> int | None:
+        """When the first partition of this log backing off after a failed pass may be
+        tried again; None when none is backing off."""
+        times = [
+            (e.uncleanable_since_ms or 0)
+            + uncleanable_backoff_ms(
+                e.failed_attempts or 0, base_ms=self.backoff_base_ms, max_ms=self.backoff_max_ms
+            )
+            for e in self.entries().values()
+            if e.cleaner_state == UNCLEANABLE
+        ]
+        return min(times) if times else None
+
+    def reset_checkpoints(self, reset: Sequence[LogToClean]) -> None:
+        """Rewrite checkpoints found out of range, as Kafka does even when nothing is cleaned."""
+        rows = self.entries()
+        self.checkpoints.write(
+            self._base(rows.get(log.partition), log.partition).with_changes(
+                first_dirty_offset=log.first_dirty_offset,
+                first_uncleanable_offset=log.first_uncleanable_offset,
+            )
+            for log in reset
+        )
+
+    def checkpoint_pass(self, cleaned: Sequence[LogToClean], stats: CleanerStats) -> None:
+        """Record a committed pass: each partition's end offset and figures, then release it."""
+        self.done_cleaning(
+            CheckpointEntry(
+                log_path=self.log_path,
+                partition=log.partition,
+                first_dirty_offset=stats.end_offsets[log.partition],
+                first_uncleanable_offset=log.first_uncleanable_offset,
+                last_clean_ms=stats.start_ms,
+                last_pass_duration_ms=stats.duration_ms,
+                bytes_read=stats.bytes_read,
+                bytes_written=stats.bytes_written,
+                records_read=stats.records_read,
+                records_written=stats.records_written,
+                max_dirty_ratio=log.cleanable_ratio,
+                log_version=stats.delta_version,
+            )
+            for log in cleaned
+        )
 
     # -- transitions ---------------------------------------------------------------------
 
@@ -348,6 +346,15 @@ class CleanerManager:
             self._transition(p, resume)
 
     @contextmanager
+    def paused(self, partitions: Sequence[int]) -> Iterator[None]:
+        """No pass over ``partitions`` inside the block (`pause_cleaning`, then resume)."""
+        self.pause_cleaning(partitions)
+        try:
+            yield
+        finally:
+            self.resume_cleaning(partitions)
+
+    @contextmanager
     def heartbeating(self, partitions: Iterable[int]) -> Iterator[None]:
         """Keep proving this owner's claims live (every third of the timeout) inside the block."""
         claimed = list(partitions)
@@ -402,7 +409,7 @@ class CleanerManager:
             new = decide(current)
             if new is None:
                 return None
-            if _compare_and_set(self.checkpoints, current, new):
+            if self.checkpoints.compare_and_set(current, new):
                 return new
         raise CommitConflictError(
             f"cleaner state of {self.log_path} partition {partition} kept changing under "
@@ -411,75 +418,9 @@ class CleanerManager:
 
 
 def _live_other(manager: CleanerManager, entry: CheckpointEntry | None) -> bool:
-    return (
-        entry is not None
-        and entry.cleaner_state == IN_PROGRESS
-        and entry.state_owner != manager.owner
-        and not heartbeat_expired(
-            entry, now_ms=manager.clock(), heartbeat_timeout_ms=manager.heartbeat_timeout_ms
-        )
+    return is_live_claim(
+        entry,
+        now_ms=manager.clock(),
+        heartbeat_timeout_ms=manager.heartbeat_timeout_ms,
+        other_than=manager.owner,
     )
-
-
-def compare_and_set(
-    checkpoints: CleanerOffsetCheckpoint,
-    expected: CheckpointEntry | None,
-    new: CheckpointEntry,
-) -> bool:
-    """Write ``new`` only if the row is still ``expected`` (None: only if there is no row).
-
-    True when the row was written. A concurrent writer makes this return False
-    (its commit changed the row, or delta-rs rejected ours as conflicting).
-    """
-    return _compare_and_set(checkpoints, expected, new)
-
-
-def _compare_and_set(
-    checkpoints: CleanerOffsetCheckpoint,
-    expected: CheckpointEntry | None,
-    new: CheckpointEntry,
-) -> bool:
-    table = _checkpoint_table(checkpoints)
-    previous = expected.updated_ms if expected and expected.updated_ms is not None else 0
-    stamp = max(int(time.time() * 1000), previous + 1)
-    source = pa.Table.from_pylist(
-        [asdict(new.with_changes(updated_ms=stamp))], schema=CHECKPOINT_SCHEMA
-    )
-    merger = table.merge(
-        source,
-        predicate='t.log_path = s.log_path AND t."partition" = s."partition"',
-        source_alias="s",
-        target_alias="t",
-    )
-    if expected is None:
-        merger = merger.when_not_matched_insert_all()
-    else:
-        merger = merger.when_matched_update_all(predicate=_unchanged(expected))
-    try:
-        metrics = merger.execute()
-    except CommitFailedError:
-        return False
-    return bool(metrics["num_target_rows_inserted"] or metrics["num_target_rows_updated"])
-
-
-def _unchanged(entry: CheckpointEntry) -> str:
-    return " AND ".join(
-        [
-            _equals("t.updated_ms", entry.updated_ms),
-            _equals("t.cleaner_state", entry.cleaner_state),
-            _equals("t.state_owner", entry.state_owner),
-            _equals("t.first_dirty_offset", entry.first_dirty_offset),
-        ]
-    )
-
-
-def _equals(column: str, value: object) -> str:
-    if value is None:
-        return f"{column} IS NULL"
-    if isinstance(value, str):
-        return f"{column} = '{value.replace(chr(39), chr(39) * 2)}'"
-    return f"{column} = {int(value)}"  # type: ignore[call-overload]
-
-
-def _checkpoint_table(checkpoints: CleanerOffsetCheckpoint) -> DeltaTable:
-    return checkpoints.open_or_create()

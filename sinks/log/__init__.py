@@ -8,13 +8,12 @@ Nothing here cleans; the cleaner builds on it.
 """
 
 from sinks.log.dead_letter import DeadLetterTable
-from sinks.log.log_append import AppendReport, LogAppender, LogAppendInfo
+from sinks.log.log_append import LogAppender, LogAppendInfo
 from sinks.log.log_table import LogSnapshot, LogTable
 from sinks.log.segment import Segment
 from sinks.log.segment_writer import WrittenSegment
 
 __all__ = [
-    "AppendReport",
     "DeadLetterTable",
     "LogAppendInfo",
     "LogAppender",

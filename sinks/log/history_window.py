@@ -26,7 +26,6 @@ window's start are not promised.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -35,9 +34,9 @@ import pyarrow.fs as pafs
 from deltalake import DeltaTable
 
 from checkpoints.checkpoint_table import HANDS_OFF_PROPERTIES
-from sinks.errors import CompactedSinkError, ConfigError
+from sinks.config import DELETED_FILE_RETENTION_DURATION, format_interval, parse_interval_ms
+from sinks.errors import CompactedSinkError
 
-DELETED_FILE_RETENTION_DURATION = "delta.deletedFileRetentionDuration"
 LOG_RETENTION_DURATION = "delta.logRetentionDuration"
 CHECKPOINT_INTERVAL = "delta.checkpointInterval"
 ENABLE_EXPIRED_LOG_CLEANUP = "delta.enableExpiredLogCleanup"
@@ -45,16 +44,6 @@ ENABLE_EXPIRED_LOG_CLEANUP = "delta.enableExpiredLogCleanup"
 DEFAULT_WINDOW_MS = 7 * 24 * 3_600_000  # Delta's default deletedFileRetentionDuration
 DEFAULT_CHECKPOINT_INTERVAL = 100  # delta-rs's default, made explicit on the table
 DELTA_LOG = "_delta_log"
-
-_UNITS_MS = {
-    "week": 7 * 86_400_000,
-    "day": 86_400_000,
-    "hour": 3_600_000,
-    "minute": 60_000,
-    "second": 1_000,
-    "millisecond": 1,
-}
-_INTERVAL = re.compile(r"^(?:interval\s+)?(\d+)\s*([a-z]+?)s?$")
 
 
 class TimeTravelError(CompactedSinkError, ValueError):
@@ -72,30 +61,6 @@ _BEFORE_FIRST_COMMIT_SLACK_MS = 1_000
 
 
 # -- the window as Delta table properties -----------------------------------------------------
-
-
-def format_interval(ms: int) -> str:
-    """Delta's interval text for ``ms`` in the largest unit dividing it (``interval 7 days``)."""
-    for unit, size in _UNITS_MS.items():
-        if ms and ms % size == 0:
-            count = ms // size
-            return f"interval {count} {unit}{'s' if count != 1 else ''}"
-    return f"interval {ms} milliseconds"
-
-
-def parse_interval_ms(text: str, *, key: str = DELETED_FILE_RETENTION_DURATION) -> int:
-    """Milliseconds of Delta's ``interval <n> <unit>`` (``"interval 7 days"``, ``"1 hour"``).
-
-    Raises `ConfigError` naming ``key`` for anything else.
-    """
-    match = _INTERVAL.match(text.strip().lower())
-    unit = match.group(2).removesuffix("s") if match else None
-    if match is None or unit not in _UNITS_MS:
-        raise ConfigError(
-            f"{key} must be milliseconds or 'interval <n> <unit>' "
-            f"(units: {', '.join(_UNITS_MS)}), got {text!r}"
-        )
-    return int(match.group(1)) * _UNITS_MS[unit]
 
 
 def table_properties(window_ms: int) -> dict[str, str]:

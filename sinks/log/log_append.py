@@ -1,5 +1,11 @@
 """Appending a batch to a compacted log: Kafka's partition leader (``UnifiedLog.appendAsLeader``).
 
+`LogAppender.append` is the log's one produce path, for the ``foreachBatch`` hook
+and the data source sink alike: skip a batch already committed, recover the log on
+first use, refuse a schema change, split bad rows to the dead-letter table, then
+validate, number, write and commit (`sinks.log.append_batch` says where the rows come
+from, `sinks.log.log_commit` how they are committed).
+
 An append is one Spark job. The prepared batch is shuffled once by ``partition``
 and sorted within partitions by input order (Kafka input: by offset); each task
 runs `AppendTask`, which checks, numbers from the partition's log end offset and
@@ -7,7 +13,8 @@ writes the segments in one pass, and sends back the files it wrote beside its
 per-partition counts. The driver turns the counts into a `BatchReport`: on a bad
 batch it deletes the files just written and raises `BadInputError`; otherwise it
 commits them in one Delta commit. The data source's driver runs the same task
-over Arrow tables (`LogAppender.append_arrow`), so both paths share every check.
+over Arrow tables (`sinks.log.append_batch.ArrowRecords`), so both paths share
+every check.
 
 What the log keeps true:
 
@@ -17,7 +24,8 @@ What the log keeps true:
   batch leaves nothing: the table is created only once a batch has passed.
 - *Exactly once.* The commit carries a ``txn`` (app id, batch id) and each
   written partition's new log end offset; `committed` tells whether a batch id
-  already went in. Idempotent per (app id, batch id).
+  already went in, and `LogAppender.append` checks it first. Idempotent per
+  (app id, batch id).
 - *Offsets never repeat.* When a commit conflicts (another writer or a cleaner
   committed first), the snapshot is refreshed; if another writer moved the log
   end offset of a partition this batch wrote, the files are deleted and the batch
@@ -31,32 +39,31 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-import pyarrow as pa
-import pyarrow.fs as pafs
 from deltalake.exceptions import CommitFailedError
 from pyspark.sql import types as T
 
-from sinks.cleaner.cleaner_stats import CleanerStats
 from sinks.config import CleanerConfig
-from sinks.crash_points import APPEND_BEFORE_COMMIT, SCHEMA_BEFORE_APPEND, crash_point
+from sinks.crash_points import (
+    APPEND_BEFORE_COMMIT,
+    DEAD_LETTER_BEFORE_APPEND,
+    SCHEMA_BEFORE_APPEND,
+    crash_point,
+)
 from sinks.errors import CommitConflictError, SchemaMismatchError
-from sinks.log.append_task import APPEND_TASK_DDL, AppendTask, read_task_output
+from sinks.log.append_batch import ArrowRecords, SparkRecords, TaskRunner
+from sinks.log.append_task import AppendTask, read_task_output
+from sinks.log.dead_letter import DeadLetterTable
 from sinks.log.history_window import table_properties
+from sinks.log.log_commit import commit_append, commit_empty, discard, moved
 from sinks.log.log_keys import LogKeys
 from sinks.log.log_table import (
-    LOG_END_OFFSET_TXN,
-    PARTITIONS_TXN,
     LogSnapshot,
     LogTable,
     log_arrow_schema,
+    now_ms,
 )
 from sinks.log.records import (
-    INPUT_ORDER,
-    OFFSET,
-    PARTITION,
     TRANSIENT_COLUMNS,
-    PreparedBatch,
-    log_columns,
     raise_for_problems,
 )
 from sinks.log.schema_commit import commit_schema
@@ -68,15 +75,14 @@ from sinks.log.schema_evolution import (
     schema_changes,
 )
 from sinks.log.segment_writer import SegmentWriterTask, WrittenSegment, stats_columns
-from sinks.log.storage import arrow_filesystem, delete_files, missing_files
+from sinks.log.storage import missing_files
 
 logger = logging.getLogger("compacted_sink")
 
 APPEND_ATTEMPTS = 8
 """How many times an append is numbered and written, and each commit tried, before giving up."""
 
-TaskRunner = Callable[[AppendTask], Sequence[Mapping[str, object]]]
-"""Runs an `AppendTask` over every row of a batch and returns all the tasks' output rows."""
+Records = SparkRecords | ArrowRecords
 
 
 @dataclass(frozen=True)
@@ -89,44 +95,10 @@ class LogAppendInfo:
     log end offset (a query from a fresh checkpoint reading the topic again).
     """
 
-    snapshot: LogSnapshot
+    snapshot: LogSnapshot | None  # None: no log, and an empty batch did not create one
     written: tuple[WrittenSegment, ...] = ()
     already_committed: bool = False
     redelivered: int = 0  # Kafka records the log already held (a redelivery), dropped
-
-
-@dataclass(frozen=True)
-class AppendReport:
-    """What one call of the hook did; ``skipped`` when the batch id was already committed."""
-
-    batch_id: int
-    records: int
-    partitions: tuple[int, ...]
-    files: int
-    bytes: int
-    skipped: bool
-    dirty_ratio: float
-    duration_ms: int
-    delta_version: int | None
-    clean: CleanerStats | None = None
-    redelivered: int = 0  # Kafka records already in the log (offsets below its end), dropped
-
-    def summary(self) -> str:
-        if self.skipped:
-            head = f"batch {self.batch_id}: already committed, skipped"
-        else:
-            head = (
-                f"batch {self.batch_id}: appended {self.records} records to "
-                f"{len(self.partitions)} partition(s) in {self.files} file(s) "
-                f"({self.bytes} B) in {self.duration_ms / 1000:.1f} s"
-            )
-        if self.redelivered:
-            head += (
-                f"; dropped {self.redelivered} redelivered record(s) whose offsets the log "
-                "already holds"
-            )
-        tail = f"; dirty ratio {self.dirty_ratio:.2f}"
-        return head + tail + (f"; {self.clean.summary()}" if self.clean else "")
 
 
 def committed(snapshot: LogSnapshot | None, app_id: str, batch_id: int) -> bool:
@@ -142,7 +114,9 @@ class LogAppender:
     (where a written file rolls). ``schema_evolution`` says which schema changes a
     batch may bring (`sinks.log.schema_evolution`); an evolved schema is committed
     before the batch's files (`sinks.log.schema_commit`), and the files are written
-    with it.
+    with it. ``dead_letters`` quarantines bad rows instead of failing the batch;
+    ``recover`` runs before the first append to an existing log (the front passes
+    `sinks.maintenance.recovery`, a layer above this one); ``clock`` gives epoch ms.
     """
 
     def __init__(
@@ -153,12 +127,18 @@ class LogAppender:
         sequence_column: str | None,
         config: CleanerConfig,
         schema_evolution: SchemaEvolution = DEFAULT_SCHEMA_EVOLUTION,
+        dead_letters: DeadLetterTable | None = None,
+        recover: Callable[[], object] | None = None,
+        clock: Callable[[], int] = now_ms,
     ) -> None:
         self.log = log
         self.key_columns = tuple(key_columns)
         self.sequence_column = sequence_column
         self.config = config
         self.schema_evolution = check_mode(schema_evolution)
+        self.dead_letters = dead_letters
+        self.recover = recover
+        self.clock = clock
 
     def evolved_schema(self, snapshot: LogSnapshot, schema: T.StructType) -> T.StructType:
         """The log's schema once a batch of ``schema`` is appended (the log's own when equal).
@@ -174,49 +154,67 @@ class LogAppender:
         )
 
     def append(
-        self, snapshot: LogSnapshot | None, batch: PreparedBatch, *, app_id: str, batch_id: int
-    ) -> LogAppendInfo:
-        """Append a prepared Spark batch in one Spark job per attempt (see the module doc).
-
-        ``snapshot`` is the log as the caller read it (None: no table yet); the caller
-        has checked that ``batch_id`` is not committed and that the schema matches.
-        Raises `BadInputError` (nothing written) or `CommitConflictError`.
-        """
-        order = OFFSET if batch.has_offsets else INPUT_ORDER
-        rows = batch.df.repartition(PARTITION).sortWithinPartitions(PARTITION, order)
-
-        def run(task: AppendTask) -> list[dict[str, object]]:
-            return [r.asDict() for r in rows.mapInArrow(task, APPEND_TASK_DDL).collect()]
-
-        schema = log_columns(batch.df).schema
-        return self.append_as_leader(
-            snapshot, schema, run, has_offsets=batch.has_offsets, app_id=app_id, batch_id=batch_id
-        )
-
-    def append_arrow(
         self,
-        snapshot: LogSnapshot | None,
-        records: pa.Table,
-        schema: T.StructType,
+        records: Records,
         *,
-        has_offsets: bool,
         app_id: str,
         batch_id: int,
+        older_app_ids: Sequence[str] = (),
     ) -> LogAppendInfo:
-        """Append ``records`` (the log's columns, in input order) on this process, without Spark.
+        """Append one batch exactly once per (app id, batch id): the one produce path.
 
-        For batches that fit in memory (the data source's driver). Same checks,
-        numbering, files and commit as `append`.
+        Skips a batch already committed under ``app_id`` (or one of ``older_app_ids``,
+        ids earlier versions keyed the same batches by): nothing is written, not even
+        dead letters. Otherwise, in order: recover the log on first use, refuse a schema
+        change before anything is written (dead-letter table or not: a schema change is
+        not a bad row), split bad rows to the dead-letter table (when one is set; without
+        one they stay and fail the batch whole), then validate, number, write and commit
+        (`append_as_leader`). Raises `BadInputError` (nothing written),
+        `SchemaMismatchError` or `CommitConflictError`.
         """
-        keys = [(PARTITION, "ascending"), *([(OFFSET, "ascending")] if has_offsets else [])]
-        ordered = records.sort_by(keys)  # a stable sort: input order within a partition
-
-        def run(task: AppendTask) -> list[dict[str, object]]:
-            return [row for out in task(iter(ordered.to_batches())) for row in out.to_pylist()]
-
-        return self.append_as_leader(
-            snapshot, schema, run, has_offsets=has_offsets, app_id=app_id, batch_id=batch_id
+        snapshot = self.log.snapshot()
+        if snapshot is not None:
+            done = next(
+                (a for a in (app_id, *older_app_ids) if committed(snapshot, a, batch_id)), None
+            )
+            if done is not None:
+                logger.info("batch %s of %s already committed; skipped", batch_id, done)
+                return LogAppendInfo(snapshot, already_committed=True)
+            if self.recover is not None:
+                self.recover()
+        if records.empty:
+            if snapshot is None:
+                return LogAppendInfo(None)  # no log and nothing to create it with
+            commit_empty(snapshot, app_id, batch_id)
+            return LogAppendInfo(self._fresh())
+        prepared = records.prepare(
+            key_columns=self.key_columns, sequence_column=self.sequence_column, now_ms=self.clock()
         )
+        try:
+            if snapshot is not None:
+                self.evolved_schema(snapshot, prepared.schema)  # refused: fail before any file
+            if self.dead_letters is not None:
+                bad = prepared.quarantine(
+                    key_columns=self.key_columns, message_max_bytes=self.config.message_max_bytes
+                )
+                self.dead_letters.write(
+                    bad,
+                    log_path=self.log.uri,
+                    app_id=app_id,
+                    batch_id=batch_id,
+                    now_ms=self.clock(),
+                )
+                crash_point(DEAD_LETTER_BEFORE_APPEND)
+            return self.append_as_leader(
+                snapshot,
+                prepared.schema,
+                prepared.run,
+                has_offsets=prepared.has_offsets,
+                app_id=app_id,
+                batch_id=batch_id,
+            )
+        finally:
+            prepared.release()
 
     def append_as_leader(
         self,
@@ -231,7 +229,8 @@ class LogAppender:
         """Validate, number and write with ``run``, then commit; number again after a conflict.
 
         ``schema`` is the batch's log columns (it creates the log when ``snapshot``
-        is None). Not idempotent by itself: the caller checks `committed` first.
+        is None). Checks `committed` only after a conflict or a creation race: `append`
+        checks it first.
         """
         for _attempt in range(APPEND_ATTEMPTS):
             end_offsets = snapshot.log_end_offsets() if snapshot is not None else {}
@@ -242,7 +241,7 @@ class LogAppender:
                 key_columns=self.key_columns, message_max_bytes=self.config.message_max_bytes
             )
             if problems:
-                self.discard(written, new_log=snapshot is None)
+                discard(self.log, written, new_log=snapshot is None)
                 raise_for_problems(problems, batch_id=batch_id)
             if snapshot is None:
                 # Only a valid batch creates the log: bad input leaves no trace at all.
@@ -257,22 +256,22 @@ class LogAppender:
                 try:
                     created = self.evolved_schema(snapshot, schema) == snapshot.spark_schema
                 except SchemaMismatchError:
-                    self.discard(written)  # another writer created it with other columns
+                    discard(self.log, written)  # another writer created it with other columns
                     raise
                 if committed(snapshot, app_id, batch_id):
-                    self.discard(written)
+                    discard(self.log, written)
                     return LogAppendInfo(snapshot, already_committed=True)
-                if not created or _moved(snapshot, written, end_offsets):
-                    self.discard(written)  # another writer created it and appended first
+                if not created or moved(snapshot, written, end_offsets):
+                    discard(self.log, written)  # another writer created it and appended first
                     continue
                 target = snapshot.spark_schema  # the batch's own: nothing to evolve
             if not written:
-                empty = self.commit_empty(snapshot, app_id, batch_id)
-                return LogAppendInfo(empty, redelivered=report.redelivered)
+                commit_empty(snapshot, app_id, batch_id)
+                return LogAppendInfo(self._fresh(), redelivered=report.redelivered)
             if target != snapshot.spark_schema:
                 evolved = self._commit_schema(snapshot, target, app_id, batch_id)
-                if evolved is None or _moved(evolved, written, end_offsets):
-                    self.discard(written)  # another writer changed the log first: again
+                if evolved is None or moved(evolved, written, end_offsets):
+                    discard(self.log, written)  # another writer changed the log first: again
                     snapshot = self._fresh()
                     continue
                 snapshot = evolved
@@ -309,21 +308,21 @@ class LogAppender:
                 # A recovery took our files for orphans (this append stalled past
                 # file.delete.delay.ms): committing them would lose the batch.
                 logger.warning("batch %s: %d file(s) vanished; rewriting", batch_id, len(gone))
-                self.discard(written)
+                discard(self.log, written)
                 return snapshot
             try:
-                self.commit_append(snapshot, written, app_id, batch_id)
+                commit_append(snapshot, written, app_id, batch_id)
                 return LogAppendInfo(self._fresh(), tuple(written))
             except CommitFailedError as e:
                 logger.info("append of batch %s conflicted (%s); refreshing", batch_id, e)
                 snapshot = self._fresh()
                 if committed(snapshot, app_id, batch_id):
-                    self.discard(written)
+                    discard(self.log, written)
                     return LogAppendInfo(snapshot, already_committed=True)
-                if _moved(snapshot, written, end_offsets):
-                    self.discard(written)
+                if moved(snapshot, written, end_offsets):
+                    discard(self.log, written)
                     return snapshot  # offsets taken by another writer: number the batch again
-        self.discard(written)  # conflicts that never settle: give up, bounded
+        discard(self.log, written)  # conflicts that never settle: give up, bounded
         return None
 
     def _commit_schema(
@@ -356,49 +355,6 @@ class LogAppender:
         crash_point(SCHEMA_BEFORE_APPEND)
         return self._fresh()
 
-    def commit_append(
-        self, snapshot: LogSnapshot, written: Sequence[WrittenSegment], app_id: str, batch_id: int
-    ) -> None:
-        """Commit ``written`` against ``snapshot`` with the batch's ``txn`` and new log end offsets.
-
-        One Delta commit. Raises delta-rs's ``CommitFailedError`` on a conflict; the
-        caller refreshes and decides (see `append_as_leader`).
-        """
-        ends: dict[int, int] = {}
-        for w in written:
-            ends[w.partition] = max(ends.get(w.partition, 0), w.last_offset + 1)
-        transactions = {app_id: batch_id}
-        transactions.update({LOG_END_OFFSET_TXN.format(p): end for p, end in ends.items()})
-        partitions = max([*ends, *snapshot.partitions, -1]) + 1
-        if partitions > (snapshot.txn_version(PARTITIONS_TXN) or 0):
-            transactions[PARTITIONS_TXN] = partitions
-        snapshot.commit(
-            adds=written,
-            data_change=True,
-            transactions=transactions,
-            info={"operation": "append", "appId": app_id, "batchId": batch_id},
-        )
-
-    def commit_empty(self, snapshot: LogSnapshot, app_id: str, batch_id: int) -> LogSnapshot:
-        """Record an empty batch's id so that it stays skipped after a restart; the log after."""
-        snapshot.commit(
-            data_change=False,
-            transactions={app_id: batch_id},
-            info={"operation": "append", "appId": app_id, "batchId": batch_id},
-        )
-        return self._fresh()
-
-    def discard(self, written: Sequence[WrittenSegment], *, new_log: bool = False) -> None:
-        """Delete files an append wrote and will not commit.
-
-        ``new_log``: no table existed, so the partition directories and the log's own
-        directory go too when they are left empty (a bad first batch leaves no trace).
-        """
-        delete_files(self.log.uri, [w.path for w in written], self.log.storage_options)
-        if new_log:
-            directories = sorted({w.path.rsplit("/", 1)[0] for w in written if "/" in w.path})
-            _remove_empty_directories(self.log, [*directories, ""])
-
     def _task(
         self, log_schema: T.StructType, end_offsets: Mapping[int, int], has_offsets: bool
     ) -> AppendTask:
@@ -425,26 +381,3 @@ class LogAppender:
         snapshot = self.log.snapshot()
         assert snapshot is not None
         return snapshot
-
-
-def _moved(
-    snapshot: LogSnapshot, written: Sequence[WrittenSegment], end_offsets: Mapping[int, int]
-) -> bool:
-    """True when another writer moved the log end offset of a partition ``written`` holds."""
-    return any(
-        snapshot.log_end_offset(p) != end_offsets.get(p, 0) for p in {w.partition for w in written}
-    )
-
-
-def _remove_empty_directories(log: LogTable, directories: Sequence[str]) -> None:
-    """Remove each directory (relative to the log; "" is the log's own) that holds nothing."""
-    fs, root = arrow_filesystem(log.uri, log.storage_options)
-    for relative in directories:
-        path = f"{root}/{relative}".rstrip("/")
-        try:
-            if fs.get_file_info(path).type != pafs.FileType.Directory:
-                continue  # object stores have no directories
-            if not fs.get_file_info(pafs.FileSelector(path)):
-                fs.delete_dir(path)
-        except OSError as e:
-            logger.info("could not remove empty directory %s: %s", path, e)

@@ -68,7 +68,12 @@ def absorb(
     foreign = snapshot.foreign_files
     if not foreign:
         return None
-    records = log.read(spark, snapshot, foreign).withColumn(_GAP, gap_index(snapshot))
+    records = (
+        log.read(spark, snapshot, foreign)
+        .filter(~inside_segments(snapshot))
+        .dropDuplicates([PARTITION, OFFSET])
+        .withColumn(_GAP, gap_index(snapshot))
+    )
     written = write_segments(
         records.repartition(PARTITION, _GAP),
         table_uri=log.uri,
@@ -104,6 +109,40 @@ def absorb(
         raise
     after = log.snapshot()
     return AbsorbReport(**{**report.__dict__, "version": after.version if after else None})
+
+
+def inside_segments(snapshot: LogSnapshot) -> Column:
+    """For a record, whether its offset lies within one of its partition's live segments.
+
+    A foreign record never does (see the module docstring) unless the other engine's
+    commit resurrected it: delta-rs's OPTIMIZE does not see a concurrent
+    ``dataChange=false`` swap (this sink's absorb or pass) that removed one of the files
+    it compacts, so it commits after it and brings that file's records back beside the
+    swap's copies (same partition and offset). Such records are dropped here, and
+    repeats of one (partition, offset) are written once.
+    """
+    ranges = {
+        p: [(s.base_offset, s.last_offset) for s in segments]
+        for p, segments in snapshot.segments.items()
+        if segments
+    }
+    if not ranges:
+        return F.lit(False)
+    table = F.create_map(
+        *[
+            x
+            for p, r in ranges.items()
+            for x in (
+                F.lit(p),
+                F.array(*[F.struct(F.lit(b).alias("b"), F.lit(e).alias("e")) for b, e in r]),
+            )
+        ]
+    )
+    hits = F.filter(
+        F.element_at(table, F.col(PARTITION)),
+        lambda r: (r["b"] <= F.col(OFFSET)) & (F.col(OFFSET) <= r["e"]),
+    )
+    return F.coalesce(F.size(hits) > 0, F.lit(False))
 
 
 def gap_index(snapshot: LogSnapshot) -> Column:

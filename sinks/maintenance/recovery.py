@@ -48,7 +48,7 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
 from checkpoints import CheckpointEntry, CleanerOffsetCheckpoint
-from sinks.cleaner.cleaner_manager import CleanerManager, compare_and_set
+from checkpoints.cleaner_states import live_claims
 from sinks.crash_points import RECOVERY_AFTER_ORPHAN_DELETED, RECOVERY_BEFORE_MARKER, crash_point
 from sinks.errors import LogCorruptedError
 from sinks.log.log_table import LogSnapshot, LogTable
@@ -165,12 +165,14 @@ def recover_log(
     checkpoints: CleanerOffsetCheckpoint,
     *,
     file_delete_delay_ms: int,
-    manager: CleanerManager | None = None,
+    busy_partitions: Iterable[int] | None = None,
     now_ms: int | None = None,
 ) -> RecoveryReport:
     """Bring a log and its checkpoint rows back to a consistent state; idempotent.
 
     ``now_ms`` (default: wall clock, as file modification times are) ages orphans.
+    ``busy_partitions`` are those a live pass holds, whose files are spared (default:
+    every partition the checkpoint table shows a live claim on).
     Raises `LogCorruptedError` when offsets are broken; nothing is deleted then
     beyond orphans, which no reader could see anyway.
     """
@@ -178,13 +180,15 @@ def recover_log(
     snapshot = log.snapshot()
     if snapshot is None:
         return RecoveryReport(version=None)
-    manager = manager or CleanerManager(checkpoints, log.uri)
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    if busy_partitions is None:
+        busy_partitions = live_claims(checkpoints.read(log.uri).values(), now_ms=now)
     removed, young = remove_orphans(
         log,
         snapshot,
         file_delete_delay_ms=file_delete_delay_ms,
-        now_ms=int(time.time() * 1000) if now_ms is None else now_ms,
-        protected_partitions=manager.busy_partitions(),
+        now_ms=now,
+        protected_partitions=busy_partitions,
     )
     changes = reconcile_checkpoint(snapshot, checkpoints)
     verified = read_clean_shutdown_marker(log)
@@ -268,7 +272,7 @@ def reconcile_checkpoint(
                 log_path=snapshot.uri, partition=partition, first_dirty_offset=target
             )
             new = base.with_changes(first_dirty_offset=target, log_version=snapshot.version)
-            if compare_and_set(checkpoints, entry, new):
+            if checkpoints.compare_and_set(entry, new):
                 changes[partition] = (current, target)
                 break
     return changes

@@ -51,3 +51,39 @@ def test_writing_nothing_creates_nothing(tmp_path):
     table = CleanerOffsetCheckpoint(str(tmp_path / "chk"))
     table.write([])
     assert not (tmp_path / "chk").exists()
+
+
+def test_compare_and_set_writes_only_over_the_row_it_read(tmp_path):
+    table = CleanerOffsetCheckpoint(str(tmp_path / "_cleaner-offset-checkpoint"))
+    first = CheckpointEntry(log_path="lake/users", partition=0, first_dirty_offset=10)
+    assert table.compare_and_set(None, first)
+    assert not table.compare_and_set(None, first)  # a row exists now: None no longer matches
+    read = table.read()[("lake/users", 0)]
+    moved = read.with_changes(first_dirty_offset=20, cleaner_state="in_progress")
+    assert table.compare_and_set(read, moved)
+    assert not table.compare_and_set(read, read.with_changes(first_dirty_offset=30))  # stale
+    assert table.read()[("lake/users", 0)].first_dirty_offset == 20
+    properties = DeltaTable(table.uri).metadata().configuration
+    assert properties["delta.checkpointInterval"] == "100"  # created in one place, with them
+
+
+def test_the_table_compacts_itself_every_50_versions(tmp_path):
+    from checkpoints.keyed_table import COMPACT_EVERY
+
+    table = CleanerOffsetCheckpoint(str(tmp_path / "_cleaner-offset-checkpoint"))
+    for p in range(8):  # each first row of a partition is a file of its own
+        entry = CheckpointEntry(log_path="lake/users", partition=p, first_dirty_offset=0)
+        assert table.compare_and_set(None, entry)
+    assert len(DeltaTable(table.uri).file_uris()) == 8
+    offset = 0
+    while DeltaTable(table.uri).version() < COMPACT_EVERY + 2:  # transitions and upserts
+        offset += 1
+        current = table.read()[("lake/users", offset % 8)]
+        if offset % 2:
+            assert table.compare_and_set(current, current.with_changes(first_dirty_offset=offset))
+        else:
+            table.write([current.with_changes(first_dirty_offset=offset)])
+    delta = DeltaTable(table.uri)
+    assert "OPTIMIZE" in [h["operation"] for h in delta.history()]
+    assert len(delta.file_uris()) < 8  # compacted, not one file per partition any more
+    assert len(table.read()) == 8

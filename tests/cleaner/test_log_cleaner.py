@@ -140,3 +140,30 @@ def test_a_sink_with_a_running_worker_pickles_without_it(spark, lake, clock):
     assert copy.await_cleaner(120)
     copy.close()
     assert_df_equality(sorted_state(copy), expected_state(spark, range(2)))
+
+
+def test_a_batch_plans_the_log_once(spark, lake, clock, monkeypatch):
+    """The hand-over measures the log once: whether a round has work and the batch's
+    dirty ratio share one plan. A pass plans its own version and the pass's new version
+    is measured for the report (before: two plans a batch, four with a pass)."""
+    from sinks.cleaner.cleaning_plan import LogPlanner
+
+    plans = []
+    original = LogPlanner.plan
+
+    def counted(self, *args, **kwargs):
+        plans.append(1)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(LogPlanner, "plan", counted)
+    never = CleanerConfig(min_cleanable_dirty_ratio=1.0)
+    idle = CompactedStateSink(str(lake / "idle"), config=never, clock=clock, cleaning="inline")
+    idle(batch(spark, 0), 0)  # the first round gives the segment deleter its turn
+    plans.clear()
+    idle(batch(spark, 1), 1)  # nothing cleanable, the deleter not due: no round
+    assert len(plans) == 1 and idle.last_append.clean is None
+    plans.clear()
+    eager = CompactedStateSink(str(lake / "eager"), config=EAGER, clock=clock, cleaning="inline")
+    eager(batch(spark, 0), 0)  # a key repeats: a pass runs inline
+    assert eager.last_append.clean is not None
+    assert len(plans) == 3  # the batch's plan, the pass's, the pass's new version

@@ -15,6 +15,7 @@ import pytest
 from pyspark.sql import types as T
 
 from sinks import BadInputError, CleanerConfig, CompactedStateSink
+from sinks.log.append_batch import ArrowRecords
 from sinks.log.log_append import LogAppender
 from sinks.log.log_table import LogTable
 from sinks.log.records import OffsetAssigner, PartitionCounts
@@ -189,11 +190,13 @@ def test_the_arrow_append_applies_the_same_checks_and_a_bad_first_batch_leaves_n
         }
     )
     with pytest.raises(BadInputError, match="partition 0 has 1 rows whose 'offset' repeats"):
-        appender.append_arrow(None, rows, schema, has_offsets=True, app_id="t", batch_id=0)
+        appender.append(ArrowRecords(rows, schema), app_id="t", batch_id=0)
     assert not path.exists()
     good = rows.set_column(3, "offset", pa.array([7, 3, 4, 8], pa.int64()))
-    info = appender.append_arrow(None, good, schema, has_offsets=True, app_id="t", batch_id=0)
+    info = appender.append(ArrowRecords(good, schema), app_id="t", batch_id=0)
     assert sorted((w.partition, w.base_offset, w.last_offset) for w in info.written) == [
         (0, 3, 4),
         (1, 7, 8),
     ]
+    again = appender.append(ArrowRecords(good, schema), app_id="t", batch_id=0)
+    assert again.already_committed and not again.written  # the append skips it by itself

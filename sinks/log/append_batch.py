@@ -1,0 +1,196 @@
+"""What the produce path takes: a batch from Spark or from Arrow, in the log's columns.
+
+The one append (`sinks.log.log_append.LogAppender.append`) does not care where a
+batch comes from; it asks the batch to prepare itself (the log's metadata columns),
+to split off its bad rows when a dead-letter table is set, and to run the append
+task over its rows:
+
+- `SparkRecords`: the ``foreachBatch`` hook's DataFrame. Prepared by
+  `sinks.log.records.prepare_batch`; the task runs on the executors (``mapInArrow``).
+- `ArrowRecords`: rows the data source's executors staged, read on its driver
+  (a Python worker without a SparkSession). Prepared here into the same columns, in
+  the same order; the task runs in this process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+from pyspark.sql import DataFrame
+from pyspark.sql import types as T
+
+from sinks.errors import SchemaMismatchError
+from sinks.log.append_task import APPEND_TASK_DDL, AppendTask
+from sinks.log.dead_letter import SplitBatch, split_batch
+from sinks.log.log_table import log_arrow_schema
+from sinks.log.records import (
+    DELETE_HORIZON_MS,
+    INPUT_ORDER,
+    METADATA_COLUMNS,
+    OFFSET,
+    PARTITION,
+    TIMESTAMP,
+    VALUE,
+    PreparedBatch,
+    log_columns,
+    prepare_batch,
+)
+
+TaskRunner = Callable[[AppendTask], Sequence[Mapping[str, object]]]
+"""Runs an `AppendTask` over every row of a batch and returns all the tasks' output rows."""
+
+
+# -- from Spark: the foreachBatch hook ---------------------------------------------------------
+
+
+@dataclass
+class SparkRecords:
+    """A micro-batch DataFrame as ``foreachBatch`` hands it over.
+
+    ``before_prepare`` runs once the batch is known not to be committed yet (the
+    hook checks Spark's Python workers there).
+    """
+
+    df: DataFrame
+    before_prepare: Callable[[], None] | None = None
+    empty: bool = False  # not known without a Spark job: an empty batch is appended as one
+
+    def prepare(
+        self, *, key_columns: Sequence[str], sequence_column: str | None, now_ms: int
+    ) -> SparkPrepared:
+        if self.before_prepare is not None:
+            self.before_prepare()
+        batch = prepare_batch(
+            self.df, key_columns=key_columns, sequence_column=sequence_column, now_ms=now_ms
+        )
+        return SparkPrepared(batch, record_columns=list(self.df.columns))
+
+
+@dataclass
+class SparkPrepared:
+    """A prepared Spark batch: its log columns, its bad rows split off on request."""
+
+    batch: PreparedBatch
+    record_columns: list[str]
+    _split: SplitBatch | None = field(default=None, repr=False)
+
+    @property
+    def schema(self) -> T.StructType:
+        return log_columns(self.batch.df).schema
+
+    @property
+    def has_offsets(self) -> bool:
+        return self.batch.has_offsets
+
+    def quarantine(self, *, key_columns: Sequence[str], message_max_bytes: int) -> DataFrame:
+        """Keep the good rows for the append; return the bad ones as dead letters.
+
+        One cached evaluation of the batch serves both (`release` frees it).
+        """
+        self._split = split_batch(
+            self.batch.df,
+            key_columns=key_columns,
+            has_offsets=self.batch.has_offsets,
+            message_max_bytes=message_max_bytes,
+            record_columns=self.record_columns,
+        )
+        self.batch = PreparedBatch(self._split.good, self.batch.has_offsets)
+        return self._split.bad
+
+    def run(self, task: AppendTask) -> list[dict[str, object]]:
+        """Shuffle once by partition, sort by input order (Kafka input: offset), run ``task``."""
+        order = OFFSET if self.batch.has_offsets else INPUT_ORDER
+        rows = self.batch.df.repartition(PARTITION).sortWithinPartitions(PARTITION, order)
+        return [r.asDict() for r in rows.mapInArrow(task, APPEND_TASK_DDL).collect()]
+
+    def release(self) -> None:
+        if self._split is not None:
+            self._split.release()
+
+
+# -- from Arrow: the data source's driver ------------------------------------------------------
+
+
+@dataclass
+class ArrowRecords:
+    """Rows of the input's columns (``input_schema``), in input order, in this process.
+
+    For batches that fit in memory. A batch of no rows is empty: it creates no log.
+    """
+
+    table: pa.Table
+    input_schema: T.StructType
+
+    @property
+    def empty(self) -> bool:
+        return self.table.num_rows == 0
+
+    def prepare(
+        self, *, key_columns: Sequence[str], sequence_column: str | None, now_ms: int
+    ) -> ArrowPrepared:
+        schema = log_schema(self.input_schema, tuple(key_columns))
+        return ArrowPrepared(
+            _with_log_columns(self.table, schema, now_ms), schema, OFFSET in self.table.column_names
+        )
+
+
+@dataclass
+class ArrowPrepared:
+    """Arrow rows with the log's columns (``schema``)."""
+
+    table: pa.Table
+    schema: T.StructType
+    has_offsets: bool
+
+    def quarantine(self, *, key_columns: Sequence[str], message_max_bytes: int) -> DataFrame:
+        raise NotImplementedError("dead letters are written from Spark batches only")
+
+    def run(self, task: AppendTask) -> list[dict[str, object]]:
+        keys = [(PARTITION, "ascending"), *([(OFFSET, "ascending")] if self.has_offsets else [])]
+        ordered = self.table.sort_by(keys)  # a stable sort: input order within a partition
+        return [row for out in task(iter(ordered.to_batches())) for row in out.to_pylist()]
+
+    def release(self) -> None:
+        pass
+
+
+def log_schema(input_schema: T.StructType, key_columns: tuple[str, ...]) -> T.StructType:
+    """The log's columns for this input, in the order `prepare_batch` gives them."""
+    fields = {f.name: f for f in input_schema.fields}
+    for name in [*key_columns, VALUE]:
+        if name not in fields:
+            raise SchemaMismatchError(
+                f"batch has no column {name!r}; it has {sorted(fields)}; nothing was written"
+            )
+    payload = [
+        f for f in input_schema.fields if f.name not in (*key_columns, VALUE, *METADATA_COLUMNS)
+    ]
+    return T.StructType(
+        [
+            *[fields[k] for k in key_columns],
+            fields[VALUE],
+            T.StructField(PARTITION, T.IntegerType()),
+            T.StructField(OFFSET, T.LongType()),
+            T.StructField(TIMESTAMP, T.TimestampType()),
+            *payload,
+            T.StructField(DELETE_HORIZON_MS, T.LongType()),
+        ]
+    )
+
+
+def _with_log_columns(table: pa.Table, schema: T.StructType, now_ms: int) -> pa.Table:
+    """The rows with the log's columns (partition 0, timestamp now, no horizon)."""
+    n = table.num_rows
+    columns = {}
+    for name in schema.names:
+        if name in table.column_names:
+            columns[name] = table.column(name)
+        elif name == PARTITION:
+            columns[name] = pa.array([0] * n, pa.int32())
+        elif name == TIMESTAMP:
+            columns[name] = pa.array([now_ms * 1000] * n, pa.timestamp("us", tz="UTC"))
+        else:  # offset (assigned later) and delete_horizon_ms
+            columns[name] = pa.nulls(n, pa.int64())
+    return pa.table(columns).cast(log_arrow_schema(schema))
