@@ -57,6 +57,7 @@ _SINK_OPTIONS = {
     "checkpoint_table",
     "sink_id",
     "schema_evolution",
+    "dead_letter_table",
 }
 STALE_STAGED_MS = 3_600_000  # staged files this old belong to no live commit (a killed query)
 
@@ -103,6 +104,7 @@ class SinkOptions:
     properties: tuple[tuple[str, str], ...]
     checkpoint_location: str | None
     schema_evolution: SchemaEvolution = DEFAULT_SCHEMA_EVOLUTION
+    dead_letter_table: str | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SinkOptions:
@@ -128,6 +130,7 @@ class SinkOptions:
             schema_evolution=check_mode(
                 options.get("schema_evolution", DEFAULT_SCHEMA_EVOLUTION).strip()
             ),
+            dead_letter_table=options.get("dead_letter_table"),
         )
 
     def sink(self) -> CompactedStateSink:
@@ -143,6 +146,7 @@ class SinkOptions:
             checkpoint_table=self.checkpoint_table,
             sink_id=self.sink_id,
             schema_evolution=self.schema_evolution,
+            dead_letter_table=self.dead_letter_table,
         )
 
 

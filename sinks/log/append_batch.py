@@ -23,7 +23,7 @@ from pyspark.sql import types as T
 
 from sinks.errors import SchemaMismatchError
 from sinks.log.append_task import APPEND_TASK_DDL, AppendTask
-from sinks.log.dead_letter import SplitBatch, split_batch
+from sinks.log.dead_letter import SplitBatch, split_arrow_batch, split_batch
 from sinks.log.log_table import log_arrow_schema
 from sinks.log.records import (
     DELETE_HORIZON_MS,
@@ -132,7 +132,10 @@ class ArrowRecords:
     ) -> ArrowPrepared:
         schema = log_schema(self.input_schema, tuple(key_columns))
         return ArrowPrepared(
-            _with_log_columns(self.table, schema, now_ms), schema, OFFSET in self.table.column_names
+            _with_log_columns(self.table, schema, now_ms),
+            schema,
+            OFFSET in self.table.column_names,
+            record_columns=list(self.table.column_names),
         )
 
 
@@ -143,9 +146,18 @@ class ArrowPrepared:
     table: pa.Table
     schema: T.StructType
     has_offsets: bool
+    record_columns: list[str]
 
-    def quarantine(self, *, key_columns: Sequence[str], message_max_bytes: int) -> DataFrame:
-        raise NotImplementedError("dead letters are written from Spark batches only")
+    def quarantine(self, *, key_columns: Sequence[str], message_max_bytes: int) -> pa.Table:
+        """Keep the good rows for the append; return the bad ones as dead letters."""
+        self.table, letters = split_arrow_batch(
+            self.table,
+            key_columns=key_columns,
+            has_offsets=self.has_offsets,
+            message_max_bytes=message_max_bytes,
+            record_columns=self.record_columns,
+        )
+        return letters
 
     def run(self, task: AppendTask) -> list[dict[str, object]]:
         keys = [(PARTITION, "ascending"), *([(OFFSET, "ascending")] if self.has_offsets else [])]

@@ -20,11 +20,14 @@ batch's dead letters twice.
 
 from __future__ import annotations
 
+import base64
+import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 from deltalake.transaction import CommitProperties, Transaction
@@ -33,7 +36,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from sinks.log.records import DECODE_ERROR
-from sinks.log.validity import rejection_reason
+from sinks.log.validity import arrow_rejection_reasons, rejection_reason
 
 logger = logging.getLogger("compacted_sink")
 
@@ -130,7 +133,7 @@ class DeadLetterTable:
 
     def write(
         self,
-        dead_letters: DataFrame,
+        dead_letters: DataFrame | pa.Table,
         *,
         log_path: str,
         app_id: str,
@@ -147,7 +150,10 @@ class DeadLetterTable:
         if self.committed(app_id, batch_id):
             logger.info("dead letters of batch %s of %s already committed", batch_id, app_id)
             return 0
-        rows = dead_letters.select("reason", "record").toArrow()
+        if isinstance(dead_letters, pa.Table):
+            rows = dead_letters
+        else:
+            rows = dead_letters.select("reason", "record").toArrow()
         n = rows.num_rows
         if n == 0:
             return 0
@@ -191,3 +197,36 @@ def _jsonable(df: DataFrame, name: str) -> Column:
     if isinstance(df.schema[name].dataType, T.BinaryType):
         return F.base64(F.col(name)).alias(name)
     return F.col(name)
+
+
+def split_arrow_batch(
+    table: pa.Table,
+    *,
+    key_columns: Sequence[str],
+    has_offsets: bool,
+    message_max_bytes: int,
+    record_columns: Sequence[str],
+) -> tuple[pa.Table, pa.Table]:
+    """`split_batch` on Arrow: (good rows without ``_decode_error``, dead letters). Pure.
+
+    Each dead letter's ``record`` is its ``record_columns`` as JSON (binary as base64).
+    """
+    reasons = arrow_rejection_reasons(
+        table, key_columns=key_columns, has_offsets=has_offsets, message_max_bytes=message_max_bytes
+    )
+    bad_mask = pc.is_valid(reasons)
+    good = table.filter(pc.invert(bad_mask))
+    if DECODE_ERROR in good.column_names:
+        good = good.drop_columns([DECODE_ERROR])
+    bad = table.filter(bad_mask).select([c for c in record_columns if c in table.column_names])
+    records = [json.dumps(row, default=_json_default) for row in bad.to_pylist()]
+    letters = pa.table(
+        {"reason": reasons.filter(bad_mask), "record": pa.array(records, pa.string())}
+    )
+    return good, letters
+
+
+def _json_default(value: object) -> object:
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode("ascii")
+    return str(value)

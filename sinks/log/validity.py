@@ -14,7 +14,7 @@ They run in two places, so they exist in two forms side by side here, and
 ``tests/log/test_validity.py`` holds them to the same verdict on the same rows:
 `rejection_reason` (Spark, the reason column a batch is split on for dead letters)
 and `row_problems` (Arrow, the masks `RecordValidator` counts where the append's
-task holds the rows).
+task holds the rows, and `arrow_rejection_reasons`, the data source's dead letters).
 
 One rule is not a row's: a Kafka offset that repeats within a partition says the
 batch itself is broken (a source redelivered inside one batch), not that a record
@@ -139,6 +139,29 @@ def row_problems(
         lengths = pc.fill_null(pc.binary_length(batch.column(VALUE)), 0)
         checks["oversized_values"] = pc.greater(lengths, message_max_bytes)
     return {rule: checks[rule] for rule in ROW_RULES if rule in checks}
+
+
+def arrow_rejection_reasons(
+    batch: pa.RecordBatch | pa.Table,
+    *,
+    key_columns: Sequence[str],
+    has_offsets: bool,
+    message_max_bytes: int,
+) -> pa.Array:
+    """`rejection_reason` on Arrow: per row, the first rule it breaks as text, or null."""
+    problems = row_problems(
+        batch, key_columns=key_columns, has_offsets=has_offsets, message_max_bytes=message_max_bytes
+    )
+    reasons: list[str | None] = [None] * batch.num_rows
+    decode_errors = (
+        batch.column(DECODE_ERROR).to_pylist() if DECODE_ERROR in batch.schema.names else None
+    )
+    for rule, mask in problems.items():
+        text = reason_text(rule, key_columns=key_columns, message_max_bytes=message_max_bytes)
+        for i in np.flatnonzero(pc.fill_null(mask, False).to_numpy(zero_copy_only=False)):
+            if reasons[i] is None:
+                reasons[i] = text + decode_errors[i] if rule == "undecodable" else text
+    return pa.array(reasons, pa.string())
 
 
 _NO_PARTITION = np.iinfo(np.int64).min  # stands in for a null partition when comparing neighbours

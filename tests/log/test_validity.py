@@ -6,7 +6,13 @@ import pyarrow as pa
 import pytest
 
 from sinks.log.records import DECODE_ERROR
-from sinks.log.validity import ROW_RULES, reason_text, rejection_reason, row_problems
+from sinks.log.validity import (
+    ROW_RULES,
+    arrow_rejection_reasons,
+    reason_text,
+    rejection_reason,
+    row_problems,
+)
 
 SCHEMA = pa.schema(
     [
@@ -53,4 +59,5 @@ def test_spark_and_arrow_name_the_same_first_broken_rule(spark, has_offsets):
     df = spark.createDataFrame(table)
     reasons = df.select(rejection_reason(df, **settings).alias("r")).collect()
     assert [r.r for r in reasons] == arrow
+    assert arrow_rejection_reasons(table, **settings).to_pylist() == arrow
     assert arrow.count(None) == (3 if has_offsets else 4)

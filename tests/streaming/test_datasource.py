@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import time
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 
 from sinks import CompactedStateSink
 from sinks.errors import ConfigError
+from sinks.log.dead_letter import DeadLetterTable
 from streaming.datasource import SinkOptions, register, remove_stale_staged, staged_files
 from streaming.kafka import KAFKA_SCHEMA, kafka_shaped_files, write_kafka_files
 from streaming.progress import ProgressListener, spark_progress
@@ -104,6 +106,36 @@ def test_a_query_writes_the_log_through_the_data_source(spark, lake) -> None:
     assert stats is not None and stats.records_read == 40
     run()  # the same checkpoint: nothing new, nothing twice
     assert sink.log().count() == len(latest)  # one record per key after the pass
+
+
+def test_bad_rows_go_to_dead_letters_through_the_data_source(spark, lake) -> None:
+    """The data source appends through the same produce path: dead letters included."""
+    register(spark)
+    rows = [
+        {"key": k, "value": b"v", "partition": 0, "offset": i}
+        for i, k in enumerate([b"a", None, b"b", b"c"])
+    ]
+    when = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    extra = {"topic": "t", "timestamp": when, "timestampType": 0}
+    write_kafka_files(lake / "input", [[{**r, **extra} for r in rows]])
+    path, dead = str(lake / "users"), str(lake / "dead")
+    query = (
+        kafka_shaped_files(spark, str(lake / "input"), max_files_per_trigger=1)
+        .drop("topic")
+        .writeStream.format("compacted-state")
+        .option("path", path)
+        .option("dead_letter_table", dead)
+        .option("checkpointLocation", str(lake / "_chk"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(240)
+    assert query.exception() is None
+    sink = CompactedStateSink(path, key_columns=("key",))
+    assert sorted(bytes(r["key"]) for r in sink.state().collect()) == [b"a", b"b", b"c"]
+    letters = DeadLetterTable(dead).read()
+    assert letters.column("reason").to_pylist() == ["null key (key)"]
+    assert json.loads(letters.column("record")[0].as_py())["offset"] == 1
 
 
 @pytest.mark.both_sessions
