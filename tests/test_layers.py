@@ -2,8 +2,8 @@
 
 From the bottom (issue #19, point 5): ``checkpoints``, ``sinks.errors``,
 ``sinks.crash_points`` and ``sinks.shutdown``; ``sinks.config``; ``sinks.log`` and
-``sinks.spark_session``; ``sinks.maintenance``; ``sinks.cleaner``; ``sinks.reading``; ``sinks.sink``;
-``streaming``. Every import counts, also one inside a function (a lazy import that
+``sinks.spark_session``; ``sinks.maintenance``; ``sinks.cleaner``; ``sinks.reading``;
+``sinks.sink``; ``streaming``. Every import counts, also one inside a function (a lazy import that
 hides a cycle is still an upward import). Pure: parses the source, imports nothing.
 """
 
