@@ -28,9 +28,14 @@ from pathlib import Path
 import pyspark
 import pytest
 from pyspark.sql import SparkSession
-from testkit import Oracle
 
 from streaming.session import local_session
+
+# testkit sits beside this file. pytest puts it on the path (pyproject's pythonpath), but a
+# Spark Connect server's Python worker that unpickles a test's function imports this module
+# by itself, without that setting.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from testkit import Oracle  # noqa: E402
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)

@@ -1,9 +1,9 @@
 """Deletion beside a streaming query and a concurrent cleaner loses nothing.
 
 A streaming query appends (its sink cleans on its background worker and deletes
-expired files every second); a second sink object on the same log, in another
-thread, keeps cleaning and vacuuming. The window is short, so files do leave
-storage while the query runs. At the end ``state()`` equals a replay of every row
+expired files every second, one second after they left the log); a second sink
+object on the same log, in another thread, keeps cleaning and vacuuming. The window
+is short, so files do leave storage while the query runs. At the end ``state()`` equals a replay of every row
 fed in, every live file exists, and files were deleted.
 """
 
@@ -22,7 +22,7 @@ BATCHES = 10
 CONFIG = CleanerConfig(
     min_cleanable_dirty_ratio=0.2,
     delete_retention_ms=0,
-    file_delete_delay_ms=5_000,
+    file_delete_delay_ms=1_000,
     log_retention_check_interval_ms=1_000,
 )
 
