@@ -3,8 +3,8 @@
 A streaming query appends (its sink cleans on its background worker and deletes
 expired files every second, one second after they left the log); a second sink
 object on the same log, in another thread, keeps cleaning and vacuuming. The window
-is short, so files do leave storage while the query runs. At the end ``state()`` equals a replay of every row
-fed in, every live file exists, and files were deleted.
+is short, so files do leave storage while the query runs. At the end ``state()``
+equals a replay of every row fed in, every live file exists, and files were deleted.
 """
 
 from __future__ import annotations
