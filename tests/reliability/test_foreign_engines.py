@@ -157,6 +157,29 @@ def test_a_pass_that_an_optimize_beats_to_the_commit_conflicts_and_plans_again(
     assert state_of(sink) == feed.oracle.state
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="known gap (issue #21): delta-rs lets an OPTIMIZE planned before a pass commit "
+    "after it (a dataChange=false remove does not conflict); the records the pass dropped "
+    "come back, and the sink does not yet detect the stale rewrite",
+)
+def test_an_optimize_planned_before_a_pass_and_committed_after_it_changes_nothing(
+    spark, lake, clock
+):
+    path = str(lake / "users")
+    sink = CompactedStateSink(path, config=CONFIG, clock=clock, cleaning="inline")
+    feed = Feed(spark, sink, clock)
+    for _ in range(5):
+        feed.append()
+    stale = DeltaTable(path)  # the other engine reads the log here ...
+    assert sink.clean(force=True) is not None
+    stale.optimize.compact()  # ... and commits over the pass: delta-rs lets it through
+    assert state_of(sink) == feed.oracle.state
+    sink.clean(force=True)
+    assert_offsets_unique(path)
+    assert state_of(sink) == feed.oracle.state
+
+
 def test_a_streaming_query_beside_a_scheduled_optimize_loses_nothing(spark, lake, tmp_path):
     source = tmp_path / "in"
     source.mkdir()
