@@ -48,6 +48,8 @@ def absorb_foreign_files(
                 fresh,
                 stats_columns=cleaner.cleaner.stats_columns(fresh),
                 segment_bytes=cleaner.config.segment_bytes,
+                key_columns=cleaner.cleaner.key_columns,
+                sequence_column=cleaner.cleaner.sequence_column,
             )
     except CommitFailedError as e:
         raise CleanerError(

@@ -20,10 +20,11 @@ makes it fail (``CommitFailedError``) and the caller tries again later.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from deltalake.exceptions import CommitFailedError
-from pyspark.sql import Column, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from sinks.log.log_table import LogSnapshot, LogTable
@@ -59,6 +60,8 @@ def absorb(
     *,
     stats_columns: list[str],
     segment_bytes: int,
+    key_columns: Sequence[str] | None = None,
+    sequence_column: str | None = None,
 ) -> AbsorbReport | None:
     """Rewrite ``snapshot``'s foreign files into segments in one commit; None when it has none.
 
@@ -72,8 +75,12 @@ def absorb(
         log.read(spark, snapshot, foreign)
         .filter(~inside_segments(snapshot))
         .dropDuplicates([PARTITION, OFFSET])
-        .withColumn(_GAP, gap_index(snapshot))
     )
+    if key_columns is not None:
+        records = _clean_below_cleaner_offset(
+            spark, log, snapshot, records, key_columns, sequence_column
+        )
+    records = records.withColumn(_GAP, gap_index(snapshot))
     written = write_segments(
         records.repartition(PARTITION, _GAP),
         table_uri=log.uri,
@@ -109,6 +116,52 @@ def absorb(
         raise
     after = log.snapshot()
     return AbsorbReport(**{**report.__dict__, "version": after.version if after else None})
+
+
+def _clean_below_cleaner_offset(
+    spark: SparkSession,
+    log: LogTable,
+    snapshot: LogSnapshot,
+    records: DataFrame,
+    key_columns: Sequence[str],
+    sequence_column: str | None,
+) -> DataFrame:
+    """``records`` (foreign) without those below their partition's cleaner offset that a
+    newer record of their key below it beats: SPEC rule 6 for the segments written.
+
+    A rearranged record below the cleaner offset came from a clean segment and has no
+    rival there; a record a pass had dropped and another engine's OPTIMIZE brought back
+    (see `inside_segments`) does, in the pass's output or among the foreign records.
+    """
+    ends = {p: snapshot.cleaner_offset(p) for p in snapshot.partitions}
+    ends = {p: e for p, e in ends.items() if e is not None}
+    if not ends:
+        return records
+    end = F.create_map(*[F.lit(x) for kv in ends.items() for x in kv])[F.col(PARTITION)]
+    below = F.coalesce(F.col(OFFSET) < end, F.lit(False))
+    keys = list(dict.fromkeys([PARTITION, *key_columns]))
+    narrow = list(dict.fromkeys([*keys, *filter(None, [sequence_column]), OFFSET]))
+    candidates = records.filter(below).select(*narrow)
+    clean = [
+        s
+        for p, segments in snapshot.segments.items()
+        if p in ends
+        for s in segments
+        if s.base_offset < ends[p]
+    ]
+    if clean:
+        rivals = log.read(spark, snapshot, clean).filter(below).select(*narrow)
+        candidates = candidates.unionByName(rivals)
+    # The newest per key, as `sinks.cleaner.rules.spark_latest_offsets` (a layer above).
+    if sequence_column is None or sequence_column in (*keys, OFFSET):
+        winners = candidates.groupBy(*keys).agg(F.max(OFFSET).alias(OFFSET))
+    else:
+        latest = candidates.groupBy(*keys).agg(
+            F.max(F.struct(F.col(sequence_column), F.col(OFFSET))).alias("_latest")
+        )
+        winners = latest.select(*keys, F.col(f"_latest.{OFFSET}").alias(OFFSET))
+    kept = records.filter(below).join(winners, [*keys, OFFSET], "left_semi")
+    return records.filter(~below).unionByName(kept)
 
 
 def inside_segments(snapshot: LogSnapshot) -> Column:

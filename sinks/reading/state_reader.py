@@ -147,8 +147,10 @@ def read_state(
 
     order = [sequence_column] if sequence_column and sequence_column not in (*keys, OFFSET) else []
     tail = dirty.select(*dict.fromkeys([PARTITION, *keys, *order, OFFSET]))
-    if sequence_column and sections.clean:
+    if (sequence_column or snapshot.foreign_files) and sections.clean:
         # A clean record may carry a higher sequence than the tail's: it competes too.
+        # So it does beside foreign files: a record another engine's OPTIMIZE brought
+        # back (see below) may lie below a clean record of its key.
         tail_keys = _hint(tail.select(PARTITION, *keys).distinct(), small)
         rivals = clean.select(*tail.columns).join(tail_keys, [PARTITION, *keys], "left_semi")
         tail = tail.unionByName(rivals)

@@ -157,12 +157,6 @@ def test_a_pass_that_an_optimize_beats_to_the_commit_conflicts_and_plans_again(
     assert state_of(sink) == feed.oracle.state
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap (issue #21): delta-rs lets an OPTIMIZE planned before a pass commit "
-    "after it (a dataChange=false remove does not conflict); the records the pass dropped "
-    "come back, and the sink does not yet detect the stale rewrite",
-)
 def test_an_optimize_planned_before_a_pass_and_committed_after_it_changes_nothing(
     spark, lake, clock
 ):
@@ -171,6 +165,8 @@ def test_an_optimize_planned_before_a_pass_and_committed_after_it_changes_nothin
     feed = Feed(spark, sink, clock)
     for _ in range(5):
         feed.append()
+    # delta-rs lets an OPTIMIZE planned before a pass commit after it: a dataChange=false
+    # remove does not conflict. The records the pass dropped come back in its file.
     stale = DeltaTable(path)  # the other engine reads the log here ...
     assert sink.clean(force=True) is not None
     stale.optimize.compact()  # ... and commits over the pass: delta-rs lets it through
