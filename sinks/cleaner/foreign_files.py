@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from deltalake.exceptions import CommitFailedError
 from pyspark.sql import SparkSession
 
+from sinks.cleaner.rules import spark_latest_offsets
 from sinks.errors import CleanerError
 from sinks.log.log_table import LogSnapshot
 from sinks.maintenance.rearrangement import absorb
@@ -50,6 +51,7 @@ def absorb_foreign_files(
                 segment_bytes=cleaner.config.segment_bytes,
                 key_columns=cleaner.cleaner.key_columns,
                 sequence_column=cleaner.cleaner.sequence_column,
+                latest_offsets=spark_latest_offsets,
             )
     except CommitFailedError as e:
         raise CleanerError(

@@ -20,7 +20,7 @@ makes it fail (``CommitFailedError``) and the caller tries again later.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from deltalake.exceptions import CommitFailedError
@@ -33,6 +33,11 @@ from sinks.log.segment_writer import write_segments
 from sinks.log.storage import delete_files
 
 _GAP = "_gap"
+
+
+LatestOffsets = Callable[[DataFrame, Sequence[str], "str | None"], DataFrame]
+"""The rule for each key's newest record (`sinks.cleaner.rules.spark_latest_offsets`,
+passed in by the cleaner: the rules sit a layer above maintenance)."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,7 @@ def absorb(
     segment_bytes: int,
     key_columns: Sequence[str] | None = None,
     sequence_column: str | None = None,
+    latest_offsets: LatestOffsets | None = None,
 ) -> AbsorbReport | None:
     """Rewrite ``snapshot``'s foreign files into segments in one commit; None when it has none.
 
@@ -76,9 +82,9 @@ def absorb(
         .filter(~inside_segments(snapshot))
         .dropDuplicates([PARTITION, OFFSET])
     )
-    if key_columns is not None:
+    if key_columns is not None and latest_offsets is not None:
         records = _clean_below_cleaner_offset(
-            spark, log, snapshot, records, key_columns, sequence_column
+            spark, log, snapshot, records, key_columns, sequence_column, latest_offsets
         )
     records = records.withColumn(_GAP, gap_index(snapshot))
     written = write_segments(
@@ -125,6 +131,7 @@ def _clean_below_cleaner_offset(
     records: DataFrame,
     key_columns: Sequence[str],
     sequence_column: str | None,
+    latest_offsets: LatestOffsets,
 ) -> DataFrame:
     """``records`` (foreign) without those below their partition's cleaner offset that a
     newer record of their key below it beats: SPEC rule 6 for the segments written.
@@ -152,14 +159,7 @@ def _clean_below_cleaner_offset(
     if clean:
         rivals = log.read(spark, snapshot, clean).filter(below).select(*narrow)
         candidates = candidates.unionByName(rivals)
-    # The newest per key, as `sinks.cleaner.rules.spark_latest_offsets` (a layer above).
-    if sequence_column is None or sequence_column in (*keys, OFFSET):
-        winners = candidates.groupBy(*keys).agg(F.max(OFFSET).alias(OFFSET))
-    else:
-        latest = candidates.groupBy(*keys).agg(
-            F.max(F.struct(F.col(sequence_column), F.col(OFFSET))).alias("_latest")
-        )
-        winners = latest.select(*keys, F.col(f"_latest.{OFFSET}").alias(OFFSET))
+    winners = latest_offsets(candidates, keys, sequence_column)
     kept = records.filter(below).join(winners, [*keys, OFFSET], "left_semi")
     return records.filter(~below).unionByName(kept)
 
