@@ -12,7 +12,10 @@ import os
 import sys
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # testkit
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The repository root first: its packages (checkpoints, sinks, streaming) must win over the
+# test folders of the same names, which an editable install's finder would otherwise lose to.
+sys.path[:0] = [os.path.dirname(TESTS), TESTS]  # the library, then testkit
 
 from testkit import bad_rows_frame, batch_frame  # noqa: E402
 
