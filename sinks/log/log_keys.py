@@ -122,11 +122,16 @@ def log_keys(snapshot: LogSnapshot) -> LogKeys:
 
 
 def opened_log_keys(
-    log: LogTable, key_columns: Sequence[str] | None, sequence_column: str | None
+    log: LogTable, key_columns: Sequence[str] | str | None, sequence_column: str | None
 ) -> LogKeys:
     """The keys a sink opened on ``log`` uses: the log's when it exists (see `LogKeys.resolve`),
-    else the sink's own, ``("key",)`` when it names none. Opening never stops at another
-    engine's change (`sinks.log.foreign_commits`): the sink's reads and writes do."""
+    else the sink's own, ``("key",)`` when it names none. A single column may be named by
+    itself; an empty sequence is a `ValueError`. Opening never stops at another engine's
+    change (`sinks.log.foreign_commits`): the sink's reads and writes do."""
+    if isinstance(key_columns, str):
+        key_columns = (key_columns,)
+    if key_columns is not None and not key_columns:
+        raise ValueError("key_columns must name at least one column")
     snapshot = log.snapshot(verify=False)
     if snapshot is None:
         keys = DEFAULT_KEY_COLUMNS if key_columns is None else tuple(key_columns)
