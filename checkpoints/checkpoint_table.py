@@ -16,7 +16,7 @@ a pass's commit and its checkpoint row is repaired by rolling the checkpoint for
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Literal
 
@@ -156,6 +156,30 @@ class CleanerOffsetCheckpoint:
         )
         return self._keyed.compare_and_set(row, None if expected is None else _unchanged(expected))
 
+    def compare_and_set_many(
+        self, changes: Sequence[tuple[CheckpointEntry | None, CheckpointEntry]]
+    ) -> list[CheckpointEntry]:
+        """`compare_and_set` for many rows in one commit: each ``new`` is written only if its
+        row is still its ``expected`` (None: only if it has no row). Returns the rows written
+        (stamped); the others changed meanwhile, or a concurrent commit made delta-rs reject
+        this one, and the caller reads again and decides.
+        """
+        if not changes:
+            return []
+        previous = max((e.updated_ms or 0 for e, _ in changes if e is not None), default=0)
+        stamp = max(int(time.time() * 1000), previous + 1)
+        news = [new.with_changes(updated_ms=stamp) for _, new in changes]
+        rows = pa.Table.from_pylist([asdict(n) for n in news], schema=CHECKPOINT_SCHEMA)
+        updates = [f"({_row_of('t', e)} AND {_unchanged(e)})" for e, _ in changes if e]
+        inserts = [f"({_row_of('s', new)})" for e, new in changes if e is None]
+        written = self._keyed.compare_and_set_rows(
+            rows, " OR ".join(updates) or None, " OR ".join(inserts) or None
+        )
+        if written in (0, len(news)):
+            return news if written else []
+        now = self.read()
+        return [n for n in news if now.get((n.log_path, n.partition)) == n]
+
     def _table(self) -> DeltaTable | None:
         return self._keyed.table()
 
@@ -174,6 +198,12 @@ def _unchanged(entry: CheckpointEntry) -> str:
             _equals("t.first_dirty_offset", entry.first_dirty_offset),
         ]
     )
+
+
+def _row_of(alias: str, entry: CheckpointEntry) -> str:
+    """A predicate true for ``entry``'s (log, partition) row of ``alias``."""
+    log = _equals(f"{alias}.log_path", entry.log_path)
+    return f"{log} AND {alias}.partition = {entry.partition}"
 
 
 def _equals(column: str, value: object) -> str:

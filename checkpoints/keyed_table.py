@@ -116,6 +116,32 @@ class KeyedTable:
             self._compact_when_due(table)
         return written
 
+    def compare_and_set_rows(
+        self, rows: pa.Table, update_if: str | None, insert_if: str | None
+    ) -> int:
+        """Write ``rows`` in one commit, each only where it may go: over its key's row while
+        ``update_if`` (a SQL predicate over the target ``t`` and the source ``s``) holds, or
+        as a new row where its key has none and ``insert_if`` (over ``s``) holds.
+
+        Returns how many rows were written; 0 also when a concurrent commit made delta-rs
+        reject this one (then none was).
+        """
+        table = self.open_or_create()
+        predicate = " AND ".join(f't."{k}" = s."{k}"' for k in self.keys)
+        merger = table.merge(rows, predicate=predicate, source_alias="s", target_alias="t")
+        if update_if is not None:
+            merger = merger.when_matched_update_all(predicate=update_if)
+        if insert_if is not None:
+            merger = merger.when_not_matched_insert_all(predicate=insert_if)
+        try:
+            metrics = merger.execute()
+        except CommitFailedError:
+            return 0
+        written = int(metrics["num_target_rows_inserted"] + metrics["num_target_rows_updated"])
+        if written:
+            self._compact_when_due(table)
+        return written
+
     def _compact_when_due(self, table: DeltaTable) -> None:
         """Every ``COMPACT_EVERY`` versions: compact the small files (and vacuum, if asked)."""
         table.update_incremental()

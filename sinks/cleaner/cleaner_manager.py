@@ -1,13 +1,14 @@
 """`CleanerManager`: Kafka's ``LogCleanerManager`` for one log, in the checkpoint table.
 
-It chooses (`grab_filthiest`: the cleanable partitions, dirtiest first, that this
-owner may claim), claims (`start_cleaning`, kept live by `heartbeating`), and records
-(`checkpoint_pass` / `done_cleaning`, `abort_cleaning`, `mark_uncleanable`), and
-pauses around ``delete_records`` and restores. Kafka keeps these states in memory,
-guarded by a lock, because one broker owns its logs; here cleaners run in different
-processes, so each state lives in the checkpoint table's row for the partition
-(`checkpoints.cleaner_states` says what a row means) and moves by compare-and-set
-(`CleanerOffsetCheckpoint.compare_and_set`). A partition whose pass failed is retried
+It tells which partitions this owner may claim (`claimable`; the choice of the
+filthiest is `sinks.cleaner.filthiest_log`), claims (`start_cleaning`, kept live by
+`heartbeating`), and records (`checkpoint_pass` / `done_cleaning`, `abort_cleaning`,
+`mark_uncleanable`), and pauses around ``delete_records`` and restores. Kafka keeps
+these states in memory, guarded by a lock, because one broker owns its logs; here
+cleaners run in different processes, so each state lives in the checkpoint table's
+row for the partition (`checkpoints.cleaner_states` says what a row means) and moves
+by compare-and-set: one commit per transition of a pass's partitions, however many
+(`CleanerOffsetCheckpoint.compare_and_set_many`). A partition whose pass failed is retried
 once ``backoff_ms`` doubled per failed attempt (capped at an hour) has passed.
 
 The state is advisory for correctness: a pass that loses its claim (expired,
@@ -40,8 +41,7 @@ from checkpoints.cleaner_states import (
     uncleanable_backoff_ms,
 )
 from sinks.cleaner.cleaner_stats import CleanerStats
-from sinks.cleaner.log_to_clean import LogToClean, filthiest_first
-from sinks.config import CleanerConfig
+from sinks.cleaner.log_to_clean import LogToClean
 from sinks.errors import CleanerError, CommitConflictError
 
 logger = logging.getLogger("compacted_sink")
@@ -119,34 +119,11 @@ class CleanerManager:
 
     # -- choosing and recording (Kafka's grabFilthiestCompactedLog / doneCleaning) -----------
 
-    def grab_filthiest(
-        self,
-        candidates: Sequence[LogToClean],
-        config: CleanerConfig,
-        *,
-        now_ms: int,
-        force: bool = False,
-        claimable_only: bool = False,
-    ) -> list[LogToClean]:
-        """The cleanable partitions of ``candidates`` (SPEC rule 4), dirtiest first.
-
-        ``claimable_only`` also drops partitions this owner may not start now (paused,
-        cleaned elsewhere, or uncleanable inside its backoff): one read of the table.
-        """
-        chosen = [
-            log
-            for log in filthiest_first(candidates)
-            if log.is_cleanable(
-                now_ms=now_ms,
-                min_cleanable_dirty_ratio=config.min_cleanable_dirty_ratio,
-                max_compaction_lag_ms=config.max_compaction_lag_ms,
-                force=force,
-            )
-        ]
-        if claimable_only and chosen:
-            rows = self.entries()
-            chosen = [log for log in chosen if self.may_clean(log.partition, rows)]
-        return chosen
+    def claimable(self, logs: Sequence[LogToClean]) -> list[LogToClean]:
+        """The partitions of ``logs`` this owner may start now (not paused, not cleaned
+        elsewhere, not uncleanable inside its backoff), in their order: one read."""
+        rows = self.entries() if logs else {}
+        return [log for log in logs if self.may_clean(log.partition, rows)]
 
     def retry_at_ms(self) -> int | None:
         """When the first partition of this log backing off after a failed pass may be
@@ -200,36 +177,25 @@ class CleanerManager:
         A partition is skipped when paused, when another live owner cleans it, or
         when it is uncleanable and its backoff has not passed.
         """
-        claimed = []
-        for p in partitions:
 
-            def claim(entry: CheckpointEntry | None, p: int = p) -> CheckpointEntry | None:
-                if not self.may_clean(p, {p: entry} if entry else {}):
-                    return None
-                return self._base(entry, p).with_changes(
-                    cleaner_state=IN_PROGRESS,
-                    state_owner=self.owner,
-                    state_heartbeat_ms=self.clock(),
-                )
+        def claim(p: int, entry: CheckpointEntry | None) -> CheckpointEntry | None:
+            if not self.may_clean(p, {p: entry} if entry else {}):
+                return None
+            return self._base(entry, p).with_changes(
+                cleaner_state=IN_PROGRESS, state_owner=self.owner, state_heartbeat_ms=self.clock()
+            )
 
-            if self._transition(p, claim) is not None:
-                claimed.append(p)
-        return claimed
+        return self._transition(partitions, claim)
 
     def heartbeat(self, partitions: Iterable[int]) -> list[int]:
         """Prove this owner's passes live; returns the partitions it still owns."""
-        kept = []
-        for p in partitions:
 
-            def beat(entry: CheckpointEntry | None, p: int = p) -> CheckpointEntry | None:
-                if not self._owns(entry):
-                    return None
-                assert entry is not None
-                return entry.with_changes(state_heartbeat_ms=self.clock())
+        def beat(_p: int, entry: CheckpointEntry | None) -> CheckpointEntry | None:
+            return (
+                entry.with_changes(state_heartbeat_ms=self.clock()) if self._owns(entry) else None
+            )
 
-            if self._transition(p, beat) is not None:
-                kept.append(p)
-        return kept
+        return self._transition(partitions, beat)
 
     def done_cleaning(self, entries: Iterable[CheckpointEntry]) -> None:
         """Record a committed pass's checkpoint rows and release the partitions.
@@ -238,60 +204,52 @@ class CleanerManager:
         log); a partition paused meanwhile stays paused, any other goes ``idle``,
         and an uncleanable mark is cleared.
         """
-        for done in entries:
+        done = {e.partition: e for e in entries}
 
-            def finish(
-                entry: CheckpointEntry | None, done: CheckpointEntry = done
-            ) -> CheckpointEntry:
-                paused = entry is not None and entry.cleaner_state == PAUSED
-                return done.with_changes(
-                    cleaner_state=PAUSED if paused else IDLE,
-                    state_owner=entry.state_owner if paused and entry else None,
-                    state_heartbeat_ms=None,
-                    uncleanable_reason=None,
-                    uncleanable_since_ms=None,
-                    failed_attempts=0,
-                )
+        def finish(p: int, entry: CheckpointEntry | None) -> CheckpointEntry:
+            paused = entry is not None and entry.cleaner_state == PAUSED
+            return done[p].with_changes(
+                cleaner_state=PAUSED if paused else IDLE,
+                state_owner=entry.state_owner if paused and entry else None,
+                state_heartbeat_ms=None,
+                uncleanable_reason=None,
+                uncleanable_since_ms=None,
+                failed_attempts=0,
+            )
 
-            self._transition(done.partition, finish)
+        self._transition(done, finish)
 
     def abort_cleaning(self, partitions: Iterable[int]) -> None:
         """Release partitions this owner claimed without a committed pass (a lost race)."""
-        for p in partitions:
 
-            def release(entry: CheckpointEntry | None) -> CheckpointEntry | None:
-                if not self._owns(entry):
-                    return None
-                assert entry is not None
-                return entry.with_changes(
-                    cleaner_state=IDLE, state_owner=None, state_heartbeat_ms=None
-                )
+        def release(_p: int, entry: CheckpointEntry | None) -> CheckpointEntry | None:
+            if not self._owns(entry):
+                return None
+            assert entry is not None
+            return entry.with_changes(cleaner_state=IDLE, state_owner=None, state_heartbeat_ms=None)
 
-            self._transition(p, release)
+        self._transition(partitions, release)
 
     def mark_uncleanable(self, partitions: Iterable[int], error: BaseException | str) -> None:
         """Mark partitions whose pass failed: the error, the time, one more failed attempt.
 
         A paused partition stays paused (its failure is still counted).
         """
-        reason = (error if isinstance(error, str) else f"{type(error).__name__}: {error}")[
-            :_REASON_CHARS
-        ]
-        for p in partitions:
+        reason = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
 
-            def mark(entry: CheckpointEntry | None, p: int = p) -> CheckpointEntry:
-                base = self._base(entry, p)
-                paused = base.cleaner_state == PAUSED
-                return base.with_changes(
-                    cleaner_state=PAUSED if paused else UNCLEANABLE,
-                    state_owner=base.state_owner if paused else None,
-                    state_heartbeat_ms=None,
-                    uncleanable_reason=reason,
-                    uncleanable_since_ms=self.clock(),
-                    failed_attempts=(base.failed_attempts or 0) + 1,
-                )
+        def mark(p: int, entry: CheckpointEntry | None) -> CheckpointEntry:
+            base = self._base(entry, p)
+            paused = base.cleaner_state == PAUSED
+            return base.with_changes(
+                cleaner_state=PAUSED if paused else UNCLEANABLE,
+                state_owner=base.state_owner if paused else None,
+                state_heartbeat_ms=None,
+                uncleanable_reason=reason[:_REASON_CHARS],
+                uncleanable_since_ms=self.clock(),
+                failed_attempts=(base.failed_attempts or 0) + 1,
+            )
 
-            self._transition(p, mark)
+        self._transition(partitions, mark)
 
     def pause_cleaning(self, partitions: Iterable[int], *, timeout_ms: int | None = None) -> None:
         """Stop cleaning of ``partitions`` until `resume_cleaning` (idempotent).
@@ -300,50 +258,46 @@ class CleanerManager:
         at most ``timeout_ms`` (default: the heartbeat timeout, after which the
         pass counts as dead). Raises `CleanerError` when the pass outlives it.
         """
-        wanted = list(partitions)
+
+        def pause(p: int, entry: CheckpointEntry | None) -> CheckpointEntry | None:
+            if self._live_other(entry):
+                return None  # waited for below
+            base = self._base(entry, p)
+            keep = base.cleaner_state == UNCLEANABLE
+            return base.with_changes(
+                cleaner_state=PAUSED,
+                state_owner=self.owner,
+                state_heartbeat_ms=None,
+                uncleanable_reason=base.uncleanable_reason if keep else None,
+            )
+
+        pending = set(partitions)
         deadline = time.monotonic() + (timeout_ms or self.heartbeat_timeout_ms) / 1000
-        for p in wanted:
-
-            def pause(entry: CheckpointEntry | None, p: int = p) -> CheckpointEntry:
-                base = self._base(entry, p)
-                keep = base.cleaner_state == UNCLEANABLE
-                return base.with_changes(
-                    cleaner_state=PAUSED,
-                    state_owner=self.owner,
-                    state_heartbeat_ms=None,
-                    uncleanable_reason=base.uncleanable_reason if keep else None,
+        while pending := pending - set(self._transition(sorted(pending), pause)):
+            if time.monotonic() > deadline:
+                p = min(pending)
+                owner = getattr(self.entries().get(p), "state_owner", None)
+                raise CleanerError(
+                    f"cannot pause cleaning: a pass of {owner} is still running",
+                    log_path=self.log_path,
+                    partition=p,
                 )
-
-            while True:
-                entry = self.entries().get(p)
-                if not _live_other(self, entry):
-                    if self._transition(p, pause, only_if=lambda e: not _live_other(self, e)):
-                        break
-                    continue
-                assert entry is not None
-                if time.monotonic() > deadline:
-                    raise CleanerError(
-                        f"cannot pause cleaning: a pass of {entry.state_owner} is still running",
-                        log_path=self.log_path,
-                        partition=p,
-                    )
-                time.sleep(0.2)
+            time.sleep(0.2)
 
     def resume_cleaning(self, partitions: Iterable[int]) -> None:
         """Let ``partitions`` be cleaned again; a partition that is not paused is left alone."""
-        for p in partitions:
 
-            def resume(entry: CheckpointEntry | None) -> CheckpointEntry | None:
-                if entry is None or entry.cleaner_state != PAUSED:
-                    return None
-                failed = bool(entry.uncleanable_reason) and (entry.failed_attempts or 0) > 0
-                return entry.with_changes(
-                    cleaner_state=UNCLEANABLE if failed else IDLE,
-                    state_owner=None,
-                    state_heartbeat_ms=None,
-                )
+        def resume(_p: int, entry: CheckpointEntry | None) -> CheckpointEntry | None:
+            if entry is None or entry.cleaner_state != PAUSED:
+                return None
+            failed = bool(entry.uncleanable_reason) and (entry.failed_attempts or 0) > 0
+            return entry.with_changes(
+                cleaner_state=UNCLEANABLE if failed else IDLE,
+                state_owner=None,
+                state_heartbeat_ms=None,
+            )
 
-            self._transition(p, resume)
+        self._transition(partitions, resume)
 
     @contextmanager
     def paused(self, partitions: Sequence[int]) -> Iterator[None]:
@@ -391,36 +345,33 @@ class CleanerManager:
             log_path=self.log_path, partition=partition, first_dirty_offset=0
         )
 
-    def _transition(
-        self,
-        partition: int,
-        decide: Callable[[CheckpointEntry | None], CheckpointEntry | None],
-        *,
-        only_if: Callable[[CheckpointEntry | None], bool] | None = None,
-    ) -> CheckpointEntry | None:
-        """Read the row, let ``decide`` compute the next one, and swap it in if unchanged.
-
-        Returns the row written, or None when ``decide`` (or ``only_if``) declined.
-        """
-        for _attempt in range(_CAS_ATTEMPTS):
-            current = self.entries().get(partition)
-            if only_if is not None and not only_if(current):
-                return None
-            new = decide(current)
-            if new is None:
-                return None
-            if self.checkpoints.compare_and_set(current, new):
-                return new
-        raise CommitConflictError(
-            f"cleaner state of {self.log_path} partition {partition} kept changing under "
-            f"{_CAS_ATTEMPTS} attempts to update it"
+    def _live_other(self, entry: CheckpointEntry | None) -> bool:
+        return is_live_claim(
+            entry,
+            now_ms=self.clock(),
+            heartbeat_timeout_ms=self.heartbeat_timeout_ms,
+            other_than=self.owner,
         )
 
-
-def _live_other(manager: CleanerManager, entry: CheckpointEntry | None) -> bool:
-    return is_live_claim(
-        entry,
-        now_ms=manager.clock(),
-        heartbeat_timeout_ms=manager.heartbeat_timeout_ms,
-        other_than=manager.owner,
-    )
+    def _transition(
+        self,
+        partitions: Iterable[int],
+        decide: Callable[[int, CheckpointEntry | None], CheckpointEntry | None],
+    ) -> list[int]:
+        """Read the rows, let ``decide`` compute each partition's next row (None: leave it),
+        and swap them in, in one commit, where unchanged; a row that changed meanwhile
+        is read and decided again. Returns the partitions written.
+        """
+        pending, written = list(dict.fromkeys(partitions)), []
+        for _attempt in range(_CAS_ATTEMPTS):
+            rows = self.entries()
+            changes = [(rows.get(p), new) for p in pending if (new := decide(p, rows.get(p)))]
+            swapped = {e.partition for e in self.checkpoints.compare_and_set_many(changes)}
+            written += [new.partition for _, new in changes if new.partition in swapped]
+            pending = [new.partition for _, new in changes if new.partition not in swapped]
+            if not pending:
+                return written
+        raise CommitConflictError(
+            f"cleaner states of {self.log_path} partitions {pending} kept changing under "
+            f"{_CAS_ATTEMPTS} attempts to update them"
+        )

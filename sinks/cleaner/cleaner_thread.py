@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 
 from pyspark.sql import SparkSession
 
+from sinks.cleaner.filthiest_log import filthiest_cleanable
 from sinks.cleaner.log_to_clean import LogToClean
 from sinks.shutdown import stop_at_exit
 
@@ -106,12 +107,10 @@ class CleanerThread:
             if not cleaner.has_work(plan, force=self.force):
                 continue
             assert plan is not None
-            chosen = cleaner.manager.grab_filthiest(
-                plan.logs,
-                cleaner.config,
-                now_ms=cleaner.clock(),
-                force=self.force,
-                claimable_only=True,
+            chosen = cleaner.manager.claimable(
+                filthiest_cleanable(
+                    plan.logs, cleaner.config, now_ms=cleaner.clock(), force=self.force
+                )
             )
             candidate = Candidate(cleaner, chosen[0] if chosen else None)
             if cleanable_only and candidate.filthiest is None:

@@ -36,12 +36,9 @@ from sinks.cleaner.cleaner_manager import CleanerManager
 from sinks.cleaner.cleaner_stats import CleanerStats
 from sinks.cleaner.cleaner_thread import WorkerSlot
 from sinks.cleaner.cleaning_plan import CleaningPlan, LogPlanner
+from sinks.cleaner.filthiest_log import filthiest_cleanable, grab_filthiest_compacted_log
 from sinks.cleaner.foreign_files import absorb_foreign_files
-from sinks.cleaner.log_to_clean import (
-    LogToClean,
-    dirty_ratio,
-    within_budget,
-)
+from sinks.cleaner.log_to_clean import LogToClean, dirty_ratio
 from sinks.cleaner.throttler import Throttler
 from sinks.config import LONG_MAX, CleanerConfig
 from sinks.crash_points import CLEAN_BEFORE_CHECKPOINT, crash_point
@@ -69,19 +66,6 @@ class RoundReport:
 
     retention: RetentionPlan | None = None
     clean: CleanerStats | None = None
-
-
-@dataclass(frozen=True)
-class _Claim:
-    """The partitions a pass holds: their plans (``logs``), of ``snapshot``."""
-
-    snapshot: LogSnapshot
-    logs: list[LogToClean]
-    work_left: bool
-
-    @property
-    def partitions(self) -> set[int]:
-        return {log.partition for log in self.logs}
 
 
 class LogCleaner:
@@ -184,7 +168,7 @@ class LogCleaner:
             return True
         now = self.clock()
         return any(log.force_checkpoint for log in plan.logs) or bool(
-            self.manager.grab_filthiest(plan.logs, self.config, now_ms=now, force=force)
+            filthiest_cleanable(plan.logs, self.config, now_ms=now, force=force)
         )
 
     def dirty_ratio(
@@ -343,7 +327,9 @@ class LogCleaner:
                 return None
             snapshot = absorbed
         start = self.clock()
-        claim = self._grab_and_claim(snapshot, now_ms=start, force=force)
+        claim = grab_filthiest_compacted_log(
+            self.log, self.planner, self.manager, self.config, snapshot, now_ms=start, force=force
+        )
         if claim is None:
             return None
         try:
@@ -380,53 +366,6 @@ class LogCleaner:
         self.manager.checkpoint_pass(claim.logs, stats)
         logger.info("%s", stats.summary())
         return stats
-
-    def _grab_and_claim(self, snapshot: LogSnapshot, *, now_ms: int, force: bool) -> _Claim | None:
-        """Choose the cleanable partitions, dirtiest first, claim them, plan again if the log
-        moved meanwhile, and cut the choice to the pass's byte budget; None: nothing to do.
-
-        Checkpoints found out of range are rewritten on the way, as Kafka does.
-        """
-        plan = self.plan(snapshot)  # the pass's own version, checkpoint rows read now
-        assert plan is not None
-        chosen = self._cleanable(plan.logs, now_ms=now_ms, force=force)
-        reset = [log for log in plan.logs if log.force_checkpoint and log not in chosen]
-        if reset:
-            self.manager.reset_checkpoints(reset)
-        if not chosen:
-            return None
-        claimed = set(self.manager.start_cleaning([log.partition for log in chosen]))
-        if not claimed:
-            return None  # paused, cleaned by a live cleaner elsewhere, or backing off
-        if claimed != {log.partition for log in chosen}:
-            logger.info("cleaning only %s of %s: the others are busy", claimed, self.log.uri)
-        fresh = self.log.snapshot()
-        assert fresh is not None
-        if fresh.foreign_files:  # another engine rewrote files since: rewrite them first
-            self.manager.abort_cleaning(claimed)
-            raise CleanerError(
-                "another engine rewrote files while this pass was planned",
-                log_path=self.log.uri,
-                partition=chosen[0].partition,
-            ) from CommitFailedError(f"{self.log.uri}: foreign files at version {fresh.version}")
-        if fresh.version != snapshot.version:  # plan again after the claim: less to conflict
-            snapshot = fresh
-            chosen = self._cleanable(self.logs_to_clean(snapshot), now_ms=now_ms, force=force)
-        chosen = [log for log in chosen if log.partition in claimed]
-        budgeted = within_budget(
-            chosen, snapshot.segments, self.config.log_cleaner_max_bytes_per_pass
-        )
-        unused = claimed - {log.partition for log in budgeted.logs}
-        if unused:
-            self.manager.abort_cleaning(unused)
-        if not budgeted.logs:
-            return None
-        return _Claim(snapshot, list(budgeted.logs), budgeted.work_left)
-
-    def _cleanable(
-        self, candidates: Sequence[LogToClean], *, now_ms: int, force: bool
-    ) -> list[LogToClean]:
-        return self.manager.grab_filthiest(candidates, self.config, now_ms=now_ms, force=force)
 
     # -- the worker thread (`sinks.cleaner.cleaner_thread`) ----------------------------------
 

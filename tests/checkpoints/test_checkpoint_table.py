@@ -87,3 +87,29 @@ def test_the_table_compacts_itself_every_50_versions(tmp_path):
     assert "OPTIMIZE" in [h["operation"] for h in delta.history()]
     assert len(delta.file_uris()) < 8  # compacted, not one file per partition any more
     assert len(table.read()) == 8
+
+
+def test_compare_and_set_many_swaps_the_rows_still_as_read_in_one_commit(tmp_path):
+    table = CleanerOffsetCheckpoint(str(tmp_path / "_cleaner-offset-checkpoint"))
+    fresh = [
+        CheckpointEntry(log_path="lake/users", partition=p, first_dirty_offset=0) for p in (0, 1)
+    ]
+    created = table.compare_and_set_many([(None, e) for e in fresh])
+    assert sorted(e.partition for e in created) == [0, 1] and len(table.read()) == 2
+    read = table.read()
+    stale = read[("lake/users", 1)]
+    table.write([stale.with_changes(first_dirty_offset=5)])  # another writer moves row 1
+    version = DeltaTable(table.uri).version()
+    new_row = CheckpointEntry(log_path="lake/users", partition=2, first_dirty_offset=7)
+    changes = [
+        (read[("lake/users", 0)], read[("lake/users", 0)].with_changes(first_dirty_offset=10)),
+        (stale, stale.with_changes(first_dirty_offset=11)),  # changed meanwhile: not written
+        (None, new_row),
+        (None, fresh[1].with_changes(first_dirty_offset=12)),  # has a row: not inserted
+    ]
+    written = table.compare_and_set_many(changes)
+    assert sorted((e.partition, e.first_dirty_offset) for e in written) == [(0, 10), (2, 7)]
+    assert DeltaTable(table.uri).version() == version + 1  # one commit for all of them
+    rows = table.read("lake/users")
+    assert {k[1]: e.first_dirty_offset for k, e in rows.items()} == {0: 10, 1: 5, 2: 7}
+    assert rows[("lake/users", 0)] == written[0]  # the rows returned are the rows stored

@@ -166,3 +166,26 @@ def test_racing_claims_from_threads_give_exactly_one_owner(checkpoints):
     assert len(winners) == 1
     assert managers[0].entries()[0].state_owner == winners[0]
     assert len(checkpoints.read(LOG)) == 1
+
+
+def test_a_pass_over_16_partitions_claims_and_releases_them_in_one_commit_each(checkpoints):
+    """One compare-and-set per transition of a pass, not one per partition (issue #20: at 16
+    partitions the claims, heartbeats and releases cost more than a small pass)."""
+    from deltalake import DeltaTable
+
+    clock = Clock()
+    a, b = manager(checkpoints, "a", clock), manager(checkpoints, "b", clock)
+    b.pause_cleaning([3])
+    before = DeltaTable(checkpoints.uri).version()
+    assert a.start_cleaning(range(16)) == [p for p in range(16) if p != 3]
+    assert DeltaTable(checkpoints.uri).version() == before + 1
+    assert a.heartbeat(range(16)) == [p for p in range(16) if p != 3]
+    a.done_cleaning(
+        CheckpointEntry(log_path=LOG, partition=p, first_dirty_offset=10 * p)
+        for p in range(16)
+        if p != 3
+    )
+    assert DeltaTable(checkpoints.uri).version() == before + 3
+    entries = a.entries()
+    assert entries[3].cleaner_state == PAUSED and entries[5].first_dirty_offset == 50
+    assert {e.cleaner_state for p, e in entries.items() if p != 3} == {IDLE}
