@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from deltalake import DeltaTable
 
 from sinks.log.log_table import LogTable
+from sinks.log.segment import Segment
 from sinks.maintenance.recovery import list_data_files, referenced_paths
 
 
@@ -104,3 +105,31 @@ def bad_rows_frame(spark, batch_id: int):
         [(None, "x", 0), (None, "y", 1)], "key string, value string, partition int"
     )
     return batch_frame(spark, batch_id).union(nulls)
+
+
+def segment(
+    partition: int,
+    base: int,
+    last: int,
+    *,
+    size: int = 100,
+    records: int | None = None,
+    min_ts: int | None = None,
+    max_ts: int | None = None,
+    horizon: int | None = None,
+    path: str | None = None,
+) -> Segment:
+    """A log segment for planning tests (no file behind it): offsets ``base`` to ``last`` of
+    ``partition``, every offset a record unless ``records`` says fewer; timestamps and
+    the tombstone horizon unknown unless given. The tests' one `Segment` factory."""
+    return Segment(
+        partition=partition,
+        base_offset=base,
+        last_offset=last,
+        path=path or f"partition-{partition}/{base:020d}.parquet",
+        size_bytes=size,
+        num_records=last - base + 1 if records is None else records,
+        min_timestamp_ms=min_ts,
+        max_timestamp_ms=max_ts,
+        min_delete_horizon_ms=horizon,
+    )

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pyarrow as pa
+from testkit import segment
 
 from sinks.cleaner.consumer_holds import without_held_tombstones
 from sinks.cleaner.log_to_clean import LogToClean
 from sinks.cleaner.rules import apply_arrow_tombstone_rules as apply_tombstone_rules
 from sinks.cleaner.rules import drop_expired_tombstones
-from sinks.log.segment import Segment
 
 ROWS = {
     "key": ["a", "b", "c", "d"],
@@ -38,9 +38,6 @@ def test_spark_rules_keep_expired_tombstones_per_partition(spark) -> None:
 
 
 def test_a_held_tombstone_is_no_reason_to_clean() -> None:
-    def seg(base: int, last: int, horizon: int | None) -> Segment:
-        return Segment(0, base, last, f"{base}.parquet", 100, last - base + 1, None, None, horizon)
-
     log = LogToClean(
         log_path="l",
         partition=0,
@@ -50,7 +47,7 @@ def test_a_held_tombstone_is_no_reason_to_clean() -> None:
         cleanable_bytes=0,
         earliest_delete_horizon_ms=10,
     )
-    segments = [seg(0, 9, None), seg(10, 19, 10)]
+    segments = [segment(0, 0, 9, horizon=None), segment(0, 10, 19, horizon=10)]
     assert not without_held_tombstones(log, segments, 10).has_expired_tombstones(100)
     assert without_held_tombstones(log, segments, 11).has_expired_tombstones(100)
     assert without_held_tombstones(log, segments, None) is log

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from testkit import segment
 
 from sinks.cleaner.log_to_clean import (
     LogToClean,
-    Segment,
     cleanable_offsets,
     dirty_ratio,
     filthiest_first,
@@ -16,27 +16,9 @@ from sinks.cleaner.log_to_clean import (
 )
 
 
-def seg(
-    base: int,
-    last: int,
-    size: int = 100,
-    *,
-    max_ts: int | None = 0,
-    min_ts: int | None = 0,
-    horizon: int | None = None,
-    partition: int = 0,
-) -> Segment:
-    return Segment(
-        partition=partition,
-        base_offset=base,
-        last_offset=last,
-        path=f"partition-{partition}/{base:020d}.parquet",
-        size_bytes=size,
-        num_records=last - base + 1,
-        min_timestamp_ms=min_ts,
-        max_timestamp_ms=max_ts,
-        min_delete_horizon_ms=horizon,
-    )
+def seg(base, last, size=100, *, max_ts=0, min_ts=0, horizon=None, partition=0):
+    """A segment of partition 0 whose records are from epoch 0 unless told otherwise."""
+    return segment(partition, base, last, size=size, min_ts=min_ts, max_ts=max_ts, horizon=horizon)
 
 
 def test_cleanable_offsets_start_at_checkpoint_and_end_at_log_end():

@@ -12,6 +12,7 @@ import shutil
 import numpy as np
 import pyarrow as pa
 import pytest
+from testkit import segment
 
 from sinks import CleanerConfig, CompactedStateSink
 from sinks.cleaner.clean_segments import PartitionToClean, packed, partitions_to_clean
@@ -23,7 +24,6 @@ from sinks.cleaner.offset_map import (
 )
 from sinks.cleaner.rules import apply_arrow_tombstone_rules, retain_latest
 from sinks.log.records import DELETE_HORIZON_MS, OFFSET, PARTITION, VALUE
-from sinks.log.segment import Segment
 
 RETENTION = 1_000
 SCHEMA = "k1 string, k2 int, value string, partition int"
@@ -139,19 +139,8 @@ def test_a_tiny_dedupe_buffer_cleans_in_passes_that_end_where_the_map_fills(spar
 # -- pure pieces -----------------------------------------------------------------------------
 
 
-def seg(base: int, last: int) -> Segment:
-    return Segment(
-        partition=0,
-        base_offset=base,
-        last_offset=last,
-        path=f"{base}",
-        size_bytes=1,
-        num_records=last - base + 1,
-    )
-
-
 def test_dirty_section_starts_below_the_recorded_cleaner_offset():
-    segments = [seg(0, 9), seg(10, 19), seg(20, 29)]
+    segments = [segment(0, 0, 9), segment(0, 10, 19), segment(0, 20, 29)]
     assert dirty_segments(segments, first_dirty_offset=20, cleaner_offset=20) == segments[2:]
     # a checkpoint ahead of what the log records: trust only the log's own offset
     assert dirty_segments(segments, first_dirty_offset=20, cleaner_offset=10) == segments[1:]
@@ -160,7 +149,7 @@ def test_dirty_section_starts_below_the_recorded_cleaner_offset():
 
 
 def test_the_map_fills_segment_by_segment_and_always_takes_one_dirty_segment():
-    segments = [seg(0, 9), seg(10, 19), seg(20, 29)]  # 10 records each
+    segments = [segment(0, 0, 9), segment(0, 10, 19), segment(0, 20, 29)]  # 10 records each
     assert map_end_offset(segments, 25, 30, first_dirty_offset=0) == 20
     assert map_end_offset(segments, 30, 30, first_dirty_offset=0) == 30
     assert map_end_offset(segments, 1, 30, first_dirty_offset=0) == 10  # progress
@@ -169,7 +158,7 @@ def test_the_map_fills_segment_by_segment_and_always_takes_one_dirty_segment():
 
 
 def test_a_partition_is_cleaned_whole_by_one_task_that_maps_it_once():
-    a, b, c = seg(0, 9), seg(10, 19), seg(20, 29)
+    a, b, c = (segment(0, base, base + 9, path=str(base), size=1) for base in (0, 10, 20))
     [whole] = partitions_to_clean({0: [b, c]}, {0: [[a], [b], [c]]})
     assert whole.groups == (("0",), ("10",), ("20",)) and whole.mapped == ("10", "20")
     assert whole.size_bytes == 3

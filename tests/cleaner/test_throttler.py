@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from testkit import segment
+
 from sinks.cleaner.log_to_clean import LogToClean, within_budget
 from sinks.cleaner.throttler import Throttler, budget_summary
 from sinks.config import CleanerConfig
-from sinks.log.segment import Segment
 
 
 class FakeTime:
@@ -56,17 +57,6 @@ def test_budget_summary_names_kafkas_keys():
     )
 
 
-def seg(partition: int, base: int, last: int, size: int = 100) -> Segment:
-    return Segment(
-        partition=partition,
-        base_offset=base,
-        last_offset=last,
-        path=f"p{partition}/{base}",
-        size_bytes=size,
-        num_records=last - base + 1,
-    )
-
-
 def log(partition: int, first_dirty: int, first_uncleanable: int, dirty: int) -> LogToClean:
     return LogToClean(
         log_path="t",
@@ -79,8 +69,13 @@ def log(partition: int, first_dirty: int, first_uncleanable: int, dirty: int) ->
 
 
 SEGMENTS = {
-    0: [seg(0, 0, 9), seg(0, 10, 19), seg(0, 20, 29), seg(0, 30, 39)],  # clean [0, 10)
-    1: [seg(1, 0, 9), seg(1, 10, 19)],  # clean [0, 10)
+    0: [
+        segment(0, 0, 9),
+        segment(0, 10, 19),
+        segment(0, 20, 29),
+        segment(0, 30, 39),
+    ],  # clean [0, 10)
+    1: [segment(1, 0, 9), segment(1, 10, 19)],  # clean [0, 10)
 }
 
 

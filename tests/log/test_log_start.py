@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pyarrow as pa
+from testkit import segment
 
 from sinks.log.records import at_or_above, spark_at_or_above
-from sinks.log.segment import Segment, split_clean
+from sinks.log.segment import split_clean
 
 RECORDS = pa.table(
     {
@@ -25,7 +26,7 @@ def test_spark_and_arrow_keep_the_same_records_at_or_above_the_log_start(spark):
 
 
 def test_a_segment_is_clean_only_when_wholly_below_the_end():
-    segments = [Segment(0, b, b + 9, f"s{b}", 1, 10) for b in (0, 10, 20)]
+    segments = [segment(0, b, b + 9) for b in (0, 10, 20)]
     assert split_clean(segments, 20) == (segments[:2], segments[2:])
     assert split_clean(segments, 15) == (segments[:1], segments[1:])  # straddling: dirty
     assert split_clean(segments, None) == ([], segments)

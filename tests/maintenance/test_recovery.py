@@ -11,12 +11,12 @@ import uuid
 import pytest
 from deltalake import DeltaTable
 from deltalake.transaction import AddAction, CommitProperties
-from testkit import kv_frame, state_of, unreferenced_files
+from testkit import kv_frame, segment, state_of, unreferenced_files
 
 from checkpoints import CheckpointEntry, CleanerOffsetCheckpoint
 from sinks import CleanerConfig, CompactedStateSink, LogCorruptedError
 from sinks.log.log_table import COMMIT_INFO_KEY, LogTable
-from sinks.log.segment import Segment, segment_path
+from sinks.log.segment import segment_path
 from sinks.maintenance.recovery import (
     CLEAN_SHUTDOWN_MARKER,
     DataFile,
@@ -76,12 +76,12 @@ def test_reconciled_dirty_offset(log_offset, checkpointed, expected):
 
 
 def test_offset_problems_finds_overlap_and_offsets_past_log_end():
-    a = Segment(0, 0, 9, "a", 1, 10)
-    b = Segment(0, 9, 12, "b", 1, 4)
+    a = segment(0, 0, 9, path="a")
+    b = segment(0, 9, 12, path="b")
     problems = offset_problems({0: [a, b]}, {0: 12})
     assert any("overlaps" in p for p in problems)
     assert any("log end offset 12" in p for p in problems)
-    assert offset_problems({0: [a, Segment(0, 10, 12, "c", 1, 3)]}, {0: 13}) == []
+    assert offset_problems({0: [a, segment(0, 10, 12, path="c")]}, {0: 13}) == []
 
 
 # -- on real logs ---------------------------------------------------------------------------

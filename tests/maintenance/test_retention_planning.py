@@ -3,25 +3,17 @@
 from __future__ import annotations
 
 import pytest
+from testkit import segment
 
 from sinks import OffsetOutOfRangeError
-from sinks.log.segment import Segment
 from sinks.maintenance.retention import plan_delete_records, plan_retention
 
 NOW = 1_000_000
 
 
 def seg(partition, base, last, *, size=100, newest_ms=NOW):
-    return Segment(
-        partition=partition,
-        base_offset=base,
-        last_offset=last,
-        path=f"partition-{partition}/{base:020d}.parquet",
-        size_bytes=size,
-        num_records=last - base + 1,
-        min_timestamp_ms=newest_ms - 10,
-        max_timestamp_ms=newest_ms,
-    )
+    """A segment whose newest record is ``newest_ms`` (default: now, so not expired)."""
+    return segment(partition, base, last, size=size, min_ts=newest_ms - 10, max_ts=newest_ms)
 
 
 def plan(segments, *, starts=None, retention_ms=-1, retention_bytes=-1):
@@ -104,7 +96,7 @@ def test_files_below_the_log_start_offset_go_first():
 
 
 def test_file_without_timestamp_statistics_is_not_expired():
-    odd = Segment(0, 0, 9, "partition-0/x.parquet", 100, 10)
+    odd = segment(0, 0, 9, path="partition-0/x.parquet")
     assert plan([odd, seg(0, 10, 19)], retention_ms=0).is_empty
 
 

@@ -18,10 +18,10 @@ from chispa import assert_df_equality
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pyspark.sql import types as T
+from testkit import segment
 
 from sinks import CleanerConfig, CompactedStateSink
 from sinks.cleaner.rules import drop_tombstones, latest_records
-from sinks.log.segment import Segment
 from sinks.reading.state_reader import (
     LogSections,
     broadcast_bytes,
@@ -76,15 +76,11 @@ def state_dict(df):
 # -- planning (pure) ------------------------------------------------------------------------
 
 
-def seg(partition, base, last, records=None):
-    return Segment(partition, base, last, f"p{partition}-{base}", 100, records or last - base + 1)
-
-
 def test_split_at_cleaner_offset_classifies_doubtful_segments_as_dirty():
     segments = {
-        0: [seg(0, 5, 9), seg(0, 0, 4), seg(0, 10, 12)],  # E=10: straddles nothing
-        1: [seg(1, 0, 3), seg(1, 4, 8)],  # E=6: [4, 8] straddles it
-        2: [seg(2, 0, 7)],  # no pass recorded
+        0: [segment(0, 5, 9), segment(0, 0, 4), segment(0, 10, 12)],  # E=10: straddles nothing
+        1: [segment(1, 0, 3), segment(1, 4, 8)],  # E=6: [4, 8] straddles it
+        2: [segment(2, 0, 7)],  # no pass recorded
     }
     split = split_at_cleaner_offset(segments, {0: 10, 1: 6, 2: None})
     assert [(s.partition, s.base_offset) for s in split.clean] == [(0, 0), (0, 5), (1, 0)]
