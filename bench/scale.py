@@ -168,17 +168,36 @@ def one_size(
 
 
 def append(
-    spark: SparkSession, work: str, *, per_batch: int, batches: int, value_bytes: int
+    spark: SparkSession,
+    work: str,
+    *,
+    per_batch: int,
+    batches: int,
+    value_bytes: int,
+    kafka: bool = False,
 ) -> tuple[dict[str, Any], str]:
-    """Median seconds a batch takes through the hook and as Spark's plain Parquet write."""
-    root = os.path.join(work, f"append-{per_batch}")
+    """Median seconds a batch takes through the hook and as Spark's plain Parquet write.
+
+    ``kafka``: the batch is shaped as Spark's Kafka source hands it over, with ``offset``
+    (increasing per partition, as Kafka's) and each input file one Kafka partition;
+    otherwise it has no offsets and the sink assigns them.
+    """
+    root = os.path.join(work, f"append-{per_batch}-{'kafka' if kafka else 'assigned'}")
     inputs = []
     for b in range(batches):
         path = os.path.join(root, "batches", f"{b}")
         total = per_batch * batches
-        records(
+        batch = records(
             spark, b * per_batch, per_batch, total=total, partitions=4, value_bytes=value_bytes
-        ).write.parquet(path)
+        )
+        if kafka:
+            batch = (
+                # increasing within a batch, and every batch above the one before
+                batch.withColumn("offset", F.monotonically_increasing_id() + b * 2**40)
+                .repartitionByRange(4, "partition")
+                .sortWithinPartitions("partition", "offset")
+            )
+        batch.write.parquet(path)
         inputs.append(path)
     sink = open_sink(os.path.join(root, "log"))
     profile = cProfile.Profile()
@@ -197,6 +216,7 @@ def append(
     shutil.rmtree(root, ignore_errors=True)
     row = {
         "records_per_batch": per_batch,
+        "input": "kafka" if kafka else "assigned offsets",
         "batches": batches,
         "sink_median_s": round(statistics.median(sink_s[1:]), 3),
         "spark_parquet_median_s": round(statistics.median(spark_s[1:]), 3),
@@ -205,7 +225,7 @@ def append(
     }
     row["ratio"] = round(row["sink_median_s"] / row["spark_parquet_median_s"], 2)
     print(json.dumps(row), flush=True)
-    return row, f"== {per_batch} records a batch ==\n{text.getvalue()}"
+    return row, f"== {per_batch} records a batch, {row['input']} ==\n{text.getvalue()}"
 
 
 def plot(passes: list[dict[str, Any]], path: str) -> None:
@@ -285,10 +305,13 @@ def main() -> None:
     if not args.skip_append:
         for spec in args.append_batches.split(","):
             per_batch, count = (int(float(x)) for x in spec.split(":"))
-            row, profile = append(spark, work, per_batch=per_batch, batches=count, value_bytes=35)
-            result["append"].append(row)
-            profiles.append(profile)
-            _save(out, previous, result)
+            for kafka in (True, False):
+                row, profile = append(
+                    spark, work, per_batch=per_batch, batches=count, value_bytes=35, kafka=kafka
+                )
+                result["append"].append(row)
+                profiles.append(profile)
+                _save(out, previous, result)
         with open(os.path.join(args.out, "append_profile.txt"), "w") as f:
             f.write("\n".join(profiles))
     merged = _save(out, previous, result)
@@ -308,7 +331,9 @@ def _save(path: str, previous: dict[str, Any], result: dict[str, Any]) -> dict[s
     merged = {
         "machine": result["machine"],
         "passes": merge("passes", lambda r: (r["value_bytes"], r["partitions"], r["records"])),
-        "append": merge("append", lambda r: r["records_per_batch"]),
+        "append": merge(
+            "append", lambda r: (r["records_per_batch"], r.get("input", "assigned offsets"))
+        ),
         "split": result.get("split", previous.get("split", [])),
     }
     with open(path, "w") as f:

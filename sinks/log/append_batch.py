@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import pyarrow as pa
 from pyspark.sql import DataFrame
@@ -38,8 +39,19 @@ from sinks.log.records import (
     prepare_batch,
 )
 
-TaskRunner = Callable[[AppendTask], Sequence[Mapping[str, object]]]
-"""Runs an `AppendTask` over every row of a batch and returns all the tasks' output rows."""
+
+class TaskRunner(Protocol):
+    """Runs an `AppendTask` over every row of a batch and returns all the tasks' output rows.
+
+    ``exchange`` false lets a batch that carries Kafka offsets skip the shuffle by
+    partition: each task then writes the partitions it holds, which is right only when
+    no two tasks hold overlapping offsets of one partition (the caller checks the files
+    written, `sinks.log.log_commit.overlapping`, and runs again with an exchange).
+    """
+
+    def __call__(
+        self, task: AppendTask, *, exchange: bool = True
+    ) -> Sequence[Mapping[str, object]]: ...
 
 
 # -- from Spark: the foreachBatch hook ---------------------------------------------------------
@@ -99,10 +111,18 @@ class SparkPrepared:
         self.batch = PreparedBatch(self._split.good, self.batch.has_offsets)
         return self._split.bad
 
-    def run(self, task: AppendTask) -> list[dict[str, object]]:
-        """Shuffle once by partition, sort by input order (Kafka input: offset), run ``task``."""
-        order = OFFSET if self.batch.has_offsets else INPUT_ORDER
-        rows = self.batch.df.repartition(PARTITION).sortWithinPartitions(PARTITION, order)
+    def run(self, task: AppendTask, *, exchange: bool = True) -> list[dict[str, object]]:
+        """Shuffle once by partition, sort by input order (Kafka input: offset), run ``task``.
+
+        Kafka input without ``exchange``: each input partition is sorted where it is, no
+        shuffle. Spark's Kafka source reads each topic-partition's offset range as one
+        input partition, so its rows never move; the values cross the network once less.
+        """
+        if self.batch.has_offsets and not exchange:
+            rows = self.batch.df.sortWithinPartitions(PARTITION, OFFSET)
+        else:
+            order = OFFSET if self.batch.has_offsets else INPUT_ORDER
+            rows = self.batch.df.repartition(PARTITION).sortWithinPartitions(PARTITION, order)
         return [r.asDict() for r in rows.mapInArrow(task, APPEND_TASK_DDL).collect()]
 
     def release(self) -> None:
@@ -159,7 +179,9 @@ class ArrowPrepared:
         )
         return letters
 
-    def run(self, task: AppendTask) -> list[dict[str, object]]:
+    def run(self, task: AppendTask, *, exchange: bool = True) -> list[dict[str, object]]:
+        """Sort by (partition, input order or offset) and run ``task`` here: one task, so
+        ``exchange`` changes nothing."""
         keys = [(PARTITION, "ascending"), *([(OFFSET, "ascending")] if self.has_offsets else [])]
         ordered = self.table.sort_by(keys)  # a stable sort: input order within a partition
         return [row for out in task(iter(ordered.to_batches())) for row in out.to_pylist()]

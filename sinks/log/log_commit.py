@@ -75,6 +75,17 @@ def moved(
     )
 
 
+def overlapping(written: Sequence[WrittenSegment]) -> bool:
+    """True when two of the files hold overlapping offsets of one partition (tasks that read
+    Kafka input without a shuffle held the same offsets: a repeat the tasks could not see)."""
+    last_by_partition: dict[int, int] = {}
+    for w in sorted(written, key=lambda w: (w.partition, w.base_offset)):
+        if w.base_offset <= last_by_partition.get(w.partition, -1):
+            return True
+        last_by_partition[w.partition] = w.last_offset
+    return False
+
+
 def _remove_empty_directories(log: LogTable, directories: Sequence[str]) -> None:
     """Remove each directory (relative to the log; "" is the log's own) that holds nothing."""
     fs, root = arrow_filesystem(log.uri, log.storage_options)
