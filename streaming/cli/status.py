@@ -1,7 +1,8 @@
 """``status``: Kafka's cleaner gauges per log and partition, as a table, JSON or a plot.
 
 Reads Delta metadata and the checkpoint table only: no Spark session. The gauges
-are measured and drawn by `streaming.status`.
+are measured by `streaming.status` and `streaming.status_history`, and drawn by
+`streaming.status_render`.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ def add_status(commands: argparse._SubParsersAction) -> None:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from streaming.status import history, log_status, plot_history, render_json, render_table
+    from streaming.status import log_status
+    from streaming.status_history import history
+    from streaming.status_render import plot_history, render_json, render_table
 
     selected = refs(args)
     statuses = []
