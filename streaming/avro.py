@@ -38,11 +38,10 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from sinks.errors import BadInputError
+from sinks.log.records import DECODE_ERROR
 from streaming.avro_types import avro_to_spark
 from streaming.schema_registry import SchemaStore, as_schema
 
-DECODE_ERROR = "_decode_error"
-"""Why a row's payload could not be decoded (null if it could); read by the dead-letter path."""
 RAW_SUFFIX = "_raw"
 MAGIC_BYTE = 0
 _HEADER = struct.Struct(">bI")

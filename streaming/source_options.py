@@ -18,9 +18,8 @@ from checkpoints.consumer_offsets import (
 )
 from sinks.errors import ConfigError
 from sinks.log.storage import normalize_uri, sibling
+from sinks.sink import CHECKPOINT_TABLE_NAME
 from streaming.consumer_position import Positions, parse_starting_offsets
-
-CHECKPOINT_TABLE_NAME = "_cleaner-offset-checkpoint"  # as `sinks.sink` places it
 
 
 @dataclass(frozen=True)
