@@ -1,16 +1,16 @@
 """Avro values in Confluent's wire format, decoded with fastavro on the executors.
 
-A Confluent-serialized value is a magic byte 0, a 4-byte big-endian schema id,
-and the Avro binary body written with that (writer) schema. `ConfluentAvroDecoder`
-finds the schema ids of a batch (one small Spark job), fetches the writer
-schemas on the driver (from a `SchemaStore`: a local directory or file, or a
-schema registry over HTTP), and ships them to a ``mapInArrow`` task that decodes
-each value with its writer schema and resolves it to the reader schema (Avro schema
-resolution, fastavro's). The reader schema is chosen again for every batch: the
-subject's newest registered schema, or one the user pins. So when a producer moves
-to a v2 schema with a new optional field, the batch's struct gains the field (the
-sink's additive schema evolution takes it into the log) and v1 records read its
-default.
+A Confluent-serialized value is a magic byte 0, a 4-byte big-endian schema id, and
+the Avro binary body written with that (writer) schema. `ConfluentAvroDecoder` finds
+the schema ids of a batch (one small Spark job), fetches the writer schemas on the
+driver (from a `streaming.schema_registry.SchemaStore`: a local directory or file,
+or a schema registry over HTTP), and ships them to a ``mapInArrow`` task that
+decodes each value with its writer schema and resolves it to the reader schema (Avro
+schema resolution, fastavro's). The reader schema is chosen again for every batch:
+the subject's newest registered schema, or one the user pins. So when a producer
+moves to a v2 schema with a new optional field, the batch's struct gains the field
+(the sink's additive schema evolution takes it into the log) and v1 records read its
+default. The batch's Spark type is the reader schema's (`streaming.avro_types`).
 
 Invariants: a null value (a tombstone) stays null and is not an error; a value
 that cannot be decoded becomes null *and* gets a reason in the ``_decode_error``
@@ -25,10 +25,8 @@ from __future__ import annotations
 import io
 import json
 import struct
-import urllib.request
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import fastavro
@@ -39,142 +37,15 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from sinks.errors import BadInputError, CompactedSinkError
+from sinks.errors import BadInputError
+from sinks.log.records import DECODE_ERROR
+from streaming.avro_types import avro_to_spark
+from streaming.schema_registry import SchemaStore, as_schema
 
-DECODE_ERROR = "_decode_error"
-"""Why a row's payload could not be decoded (null if it could); read by the dead-letter path."""
 RAW_SUFFIX = "_raw"
 MAGIC_BYTE = 0
 _HEADER = struct.Struct(">bI")
 _DETAIL_CHARS = 160
-
-
-class SchemaNotFoundError(CompactedSinkError):
-    """Raised when a reader schema or a schema registry cannot be read."""
-
-
-class SchemaStore:
-    """Writer schemas by Confluent schema id: local ones first, then a registry, cached.
-
-    ``directory`` holds ``<id>.avsc`` (or ``<id>.json``) files; ``file`` is one JSON
-    object mapping ids to schemas; ``registry_url`` is a Confluent-compatible
-    schema registry (``GET /schemas/ids/<id>``, ``GET /subjects/<s>/versions/latest``).
-    ``subjects`` maps a subject to its schema ids, oldest version first (what
-    `register` records). Lookups happen on the driver only.
-    """
-
-    def __init__(
-        self,
-        schemas: Mapping[int, Any] | None = None,
-        *,
-        subjects: Mapping[str, Sequence[int]] | None = None,
-        registry_url: str | None = None,
-        timeout_s: float = 10.0,
-    ) -> None:
-        self._schemas = {int(k): _as_schema(v) for k, v in (schemas or {}).items()}
-        self._subjects = {name: [int(i) for i in ids] for name, ids in (subjects or {}).items()}
-        for name, ids in self._subjects.items():
-            missing = [i for i in ids if i not in self._schemas]
-            if missing:
-                raise SchemaNotFoundError(
-                    f"subject {name!r} lists schema ids {missing} that the store does not hold; "
-                    "pass their schemas too"
-                )
-        self.registry_url = registry_url.rstrip("/") if registry_url else None
-        self.timeout_s = timeout_s
-
-    @classmethod
-    def from_path(cls, path: str | Path, *, registry_url: str | None = None) -> SchemaStore:
-        """Schemas from a directory of ``<id>.avsc`` files, or a JSON file of ``{id: schema}``."""
-        source = Path(path)
-        if source.is_dir():
-            schemas = {}
-            for file in sorted(source.iterdir()):
-                if file.suffix in (".avsc", ".json") and file.stem.isdigit():
-                    schemas[int(file.stem)] = json.loads(file.read_text())
-            return cls(schemas, registry_url=registry_url)
-        if source.is_file():
-            return cls(json.loads(source.read_text()), registry_url=registry_url)
-        raise SchemaNotFoundError(f"no schema directory or file at {path}")
-
-    @property
-    def ids(self) -> list[int]:
-        return sorted(self._schemas)
-
-    def get(self, schema_id: int) -> dict | None:
-        """The writer schema with this id; None when neither files nor registry know it."""
-        if schema_id not in self._schemas and self.registry_url:
-            found = self._fetch(f"/schemas/ids/{schema_id}", missing_ok=True)
-            if found is not None:
-                self._schemas[schema_id] = _as_schema(found["schema"])
-        return self._schemas.get(schema_id)
-
-    def register(self, subject: str, schema: Any) -> int:
-        """The id of ``schema`` as the subject's newest version, as a registry's POST answers.
-
-        Idempotent: a schema the store already holds keeps its id (and is not a new
-        version when it is already the subject's newest). Local only, never the registry.
-        """
-        schema = _as_schema(schema)
-        schema_id = next((i for i, s in self._schemas.items() if s == schema), None)
-        if schema_id is None:
-            schema_id = max(self._schemas, default=0) + 1
-            self._schemas[schema_id] = schema
-        versions = self._subjects.setdefault(subject, [])
-        if not versions or versions[-1] != schema_id:
-            versions.append(schema_id)
-        return schema_id
-
-    def latest(self, subject: str | None = None) -> dict:
-        """A reader schema: the newest of the subject (see `latest_id`)."""
-        return self._schemas[self.latest_id(subject)]
-
-    def latest_id(self, subject: str | None = None) -> int:
-        """The id of the subject's newest schema: local versions, else the registry's latest.
-
-        Without a subject, the highest id the store knows (ids only grow in a registry,
-        and the writer ids of the batches seen so far are known): right when the store
-        holds one subject's schemas, so give ``subject`` when it holds several.
-        Asked again for every batch, so a version registered meanwhile is found.
-        """
-        if subject is not None:
-            local = self._subjects.get(subject)
-            if self.registry_url:
-                found = self._fetch(f"/subjects/{subject}/versions/latest", missing_ok=bool(local))
-                if found is not None:
-                    self._schemas[int(found["id"])] = _as_schema(found["schema"])
-                    return int(found["id"])
-            if not local:
-                raise SchemaNotFoundError(
-                    f"subject {subject!r} is not in the store and there is no registry_url; "
-                    f"register it or give a registry_url (local subjects: {sorted(self._subjects)})"
-                )
-            return local[-1]
-        if not self._schemas:
-            raise SchemaNotFoundError(
-                "no schema to read with: the store holds none yet; give a subject, "
-                "a reader_schema, or local schema files"
-            )
-        return max(self._schemas)
-
-    def _fetch(self, path: str, *, missing_ok: bool = False) -> dict | None:
-        request = urllib.request.Request(
-            f"{self.registry_url}{path}",
-            headers={"Accept": "application/vnd.schemaregistry.v1+json"},
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                return json.loads(response.read())
-        except urllib.error.HTTPError as e:
-            if e.code == 404 and missing_ok:
-                return None
-            raise SchemaNotFoundError(f"schema registry {self.registry_url}{path}: {e}") from e
-        except OSError as e:
-            raise SchemaNotFoundError(f"schema registry {self.registry_url}{path}: {e}") from e
-
-
-def _as_schema(value: Any) -> Any:
-    return json.loads(value) if isinstance(value, str) else value
 
 
 def encode_confluent(schema_id: int, schema: Any, record: Any) -> bytes:
@@ -207,7 +78,7 @@ class ConfluentAvroDecoder:
         keep_raw: bool = False,
     ) -> None:
         self.store = store
-        self.pinned = _as_schema(reader_schema) if reader_schema is not None else None
+        self.pinned = as_schema(reader_schema) if reader_schema is not None else None
         self.subject = subject
         self.column = column
         self.keep_raw = keep_raw
@@ -369,75 +240,6 @@ def _arrow_value(value: Any) -> Any:
     if type(value).__name__ == "UUID":
         return str(value)
     return value
-
-
-# -- Avro schemas as Spark types -------------------------------------------------------
-
-_PRIMITIVES: dict[str, T.DataType] = {
-    "boolean": T.BooleanType(),
-    "int": T.IntegerType(),
-    "long": T.LongType(),
-    "float": T.FloatType(),
-    "double": T.DoubleType(),
-    "bytes": T.BinaryType(),
-    "string": T.StringType(),
-}
-_LOGICAL: dict[str, Callable[[dict], T.DataType]] = {
-    "date": lambda s: T.DateType(),
-    "timestamp-millis": lambda s: T.TimestampType(),
-    "timestamp-micros": lambda s: T.TimestampType(),
-    "local-timestamp-millis": lambda s: T.TimestampNTZType(),
-    "local-timestamp-micros": lambda s: T.TimestampNTZType(),
-    "decimal": lambda s: T.DecimalType(s["precision"], s.get("scale", 0)),
-    "uuid": lambda s: T.StringType(),
-}
-
-
-def avro_to_spark(schema: Any) -> T.DataType:
-    """The Spark type of an Avro schema. Raises `SchemaNotFoundError` for what it cannot map."""
-    return _to_spark(schema, {}, "value")
-
-
-def _to_spark(schema: Any, named: dict[str, T.DataType], where: str) -> T.DataType:
-    if isinstance(schema, str):
-        if schema in _PRIMITIVES:
-            return _PRIMITIVES[schema]
-        if schema in named:
-            return named[schema]
-        raise SchemaNotFoundError(f"{where}: Avro type {schema!r} is not supported or not defined")
-    if isinstance(schema, list):
-        branches = [b for b in schema if b != "null"]
-        if len(branches) != 1:
-            raise SchemaNotFoundError(f"{where}: a union other than [null, T] is not supported")
-        return _to_spark(branches[0], named, where)
-    kind = schema.get("type")
-    logical = schema.get("logicalType")
-    if logical in _LOGICAL:
-        return _LOGICAL[logical](schema)
-    if kind == "record":
-        # Every field nullable: a tombstone or undecodable row is a null struct, and Arrow
-        # refuses a null parent over non-nullable children.
-        struct = T.StructType(
-            [
-                T.StructField(f["name"], _to_spark(f["type"], named, f"{where}.{f['name']}"), True)
-                for f in schema["fields"]
-            ]
-        )
-        named[schema["name"]] = struct
-        if schema.get("namespace"):
-            named[f"{schema['namespace']}.{schema['name']}"] = struct
-        return struct
-    if kind == "enum":
-        named[schema["name"]] = T.StringType()
-        return T.StringType()
-    if kind == "fixed":
-        named[schema["name"]] = T.BinaryType()
-        return T.BinaryType()
-    if kind == "array":
-        return T.ArrayType(_to_spark(schema["items"], named, f"{where}[]"), True)
-    if kind == "map":
-        return T.MapType(T.StringType(), _to_spark(schema["values"], named, f"{where}{{}}"), True)
-    return _to_spark(kind, named, where)
 
 
 class DecodingHook:

@@ -18,7 +18,10 @@ so a planned read never loses a file. An offset a pass cleaned away is simply no
 there: the read resumes at the next surviving offset. Deletion (retention,
 ``delete_records``) below a position is a loss, handled as ``failOnDataLoss`` says.
 
-Options:
+This module holds the readers Spark calls; the driver plans a batch's files in
+`streaming.fetch_plan` and each task reads them in `streaming.fetcher`.
+
+Options (parsed by `streaming.source_options.SourceOptions`):
 
 - ``startingOffsets``: ``earliest`` (default: the compacted log, then the tail, as
   Kafka Streams restores a table), ``latest``, or ``{"0": 42, "1": -2}``;
@@ -43,106 +46,28 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from pyspark.sql import types as T
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 
-from checkpoints.consumer_offsets import (
-    DEFAULT_CONSUMER_EXPIRATION_MS,
-    ConsumerOffsets,
-    consumer_offsets_uri,
-)
-from sinks.config import LONG_MAX
 from sinks.errors import ConfigError
-from sinks.log.file_reader import conform
 from sinks.log.log_table import LogSnapshot, LogTable, log_arrow_schema
-from sinks.log.records import DELETE_HORIZON_MS, OFFSET, PARTITION, TIMESTAMP
-from sinks.log.segment import Segment, is_segment_path
-from sinks.log.storage import arrow_filesystem, normalize_uri, sibling
+from sinks.log.records import DELETE_HORIZON_MS
+from sinks.log.storage import normalize_uri
 from streaming.consumer_position import (
-    FetchRange,
     Positions,
     fetch_ranges,
-    first_offsets_at,
     from_offset,
     next_positions,
-    parse_starting_offsets,
     starting_positions,
     to_offset,
 )
+from streaming.fetch_plan import ConsumerReadPartition, files_by_partition, plan_partitions
+from streaming.fetcher import RangeReader, timestamp_positions
+from streaming.source_options import SourceOptions
 
-CHECKPOINT_TABLE_NAME = "_cleaner-offset-checkpoint"  # as `sinks.sink` places it
-TASK_MAX_BYTES = 128 * 1024 * 1024  # files one task reads, as Spark's maxPartitionBytes
-_BATCH_ROWS = 65_536
 HEARTBEATS_PER_EXPIRATION = 4  # an idle, running consumer recommits this often per expiration
-
-
-@dataclass(frozen=True)
-class SourceOptions:
-    """The reader's options, parsed on the driver; errors name the option."""
-
-    path: str
-    starting_offsets: str | Positions
-    starting_timestamp_ms: int | None
-    ending_offsets: str | Positions
-    max_offsets_per_trigger: int | None
-    fail_on_data_loss: bool
-    consumer_id: str | None
-    consumer_expiration_ms: int
-    checkpoint_table: str
-
-    @classmethod
-    def parse(cls, options: Mapping[str, str]) -> SourceOptions:
-        path = options.get("path")
-        if not path:
-            raise ConfigError("format 'compacted-state' needs a path: .load(path)")
-        path = normalize_uri(path)
-        ending = parse_starting_offsets(options.get("endingOffsets", "latest"))
-        if ending == "earliest":
-            raise ConfigError("option 'endingOffsets' must be latest or a JSON map")
-        return cls(
-            path=path,
-            starting_offsets=parse_starting_offsets(options.get("startingOffsets", "earliest")),
-            starting_timestamp_ms=_int(options, "startingTimestamp", minimum=0),
-            ending_offsets=ending,
-            max_offsets_per_trigger=_int(options, "maxOffsetsPerTrigger", minimum=1),
-            fail_on_data_loss=_bool(options, "failOnDataLoss", default=True),
-            consumer_id=options.get("consumer.id") or None,
-            consumer_expiration_ms=_int(options, "consumer.expiration.ms", minimum=1)
-            or DEFAULT_CONSUMER_EXPIRATION_MS,
-            checkpoint_table=normalize_uri(
-                options.get("checkpoint_table") or sibling(path, CHECKPOINT_TABLE_NAME)
-            ),
-        )
-
-    def consumer_offsets(self) -> ConsumerOffsets:
-        return ConsumerOffsets(consumer_offsets_uri(self.checkpoint_table))
-
-
-def _int(options: Mapping[str, str], name: str, *, minimum: int) -> int | None:
-    text = options.get(name)
-    if text is None or text == "":
-        return None
-    try:
-        value = int(text)
-    except ValueError as e:
-        raise ConfigError(f"option {name!r} must be an integer; got {text!r}") from e
-    if value < minimum:
-        raise ConfigError(f"option {name!r} must be >= {minimum}; got {value}")
-    return value
-
-
-def _bool(options: Mapping[str, str], name: str, *, default: bool) -> bool:
-    text = options.get(name)
-    if text is None:
-        return default
-    if text.strip().lower() not in ("true", "false"):
-        raise ConfigError(f"option {name!r} must be true or false; got {text!r}")
-    return text.strip().lower() == "true"
 
 
 def source_schema(path: str) -> T.StructType:
@@ -166,156 +91,6 @@ class LogPositions:
             starts={p: snapshot.log_start_offset(p) for p in snapshot.partitions},
             ends=snapshot.log_end_offsets(),
         )
-
-
-class ConsumerReadPartition(InputPartition):
-    """What one Spark task reads: consecutive files of one partition, one offset range."""
-
-    def __init__(
-        self, fetch: FetchRange, paths: Sequence[str], whole: Sequence[bool], ordered: bool
-    ) -> None:
-        super().__init__((fetch.partition, fetch.from_offset, fetch.until_offset))
-        self.fetch = fetch
-        self.paths = tuple(paths)
-        self.whole = tuple(whole)  # per file: every offset of it lies in the range
-        self.ordered = ordered  # the files' offset ranges follow one another
-
-
-def plan_partitions(
-    segments: Mapping[int, Sequence[Segment]],
-    ranges: Sequence[FetchRange],
-    *,
-    max_bytes: int = TASK_MAX_BYTES,
-) -> list[ConsumerReadPartition]:
-    """One read partition per run of a partition's files overlapping its range. Pure.
-
-    A run is cut at ``max_bytes`` only between files whose offsets do not overlap,
-    so offset order within a partition is the order of its read partitions.
-    """
-    planned: list[ConsumerReadPartition] = []
-    for fetch in ranges:
-        chosen = [
-            s
-            for s in sorted(segments.get(fetch.partition, []))
-            if s.last_offset >= fetch.from_offset and s.base_offset < fetch.until_offset
-        ]
-        run: list[Segment] = []
-        run_bytes = 0
-        for segment in chosen:
-            run_end = max((s.last_offset for s in run), default=-1)
-            if run and run_bytes >= max_bytes and segment.base_offset > run_end:
-                planned.append(_read_partition(fetch, run))
-                run, run_bytes = [], 0
-            run.append(segment)
-            run_bytes += segment.size_bytes
-        if run:
-            planned.append(_read_partition(fetch, run))
-    return planned
-
-
-def files_by_partition(snapshot: LogSnapshot) -> dict[int, list[Segment]]:
-    """Each partition's segments, plus every file another engine wrote that may hold its
-    records (`sinks.log.segment.ForeignFile`), as a segment spanning every offset: its
-    records are then filtered to the range and sorted by offset (`RangeReader`)."""
-    files = {p: list(segments) for p, segments in snapshot.segments.items()}
-    for foreign in snapshot.foreign_files:
-        for p in snapshot.partitions:
-            if foreign.may_hold(p):
-                files.setdefault(p, []).append(
-                    Segment(p, 0, LONG_MAX, foreign.path, foreign.size_bytes, foreign.num_records)
-                )
-    return files
-
-
-def _read_partition(fetch: FetchRange, run: Sequence[Segment]) -> ConsumerReadPartition:
-    low = max(fetch.from_offset, run[0].base_offset)
-    high = min(fetch.until_offset, max(s.last_offset for s in run) + 1)
-    return ConsumerReadPartition(
-        FetchRange(fetch.partition, low, high),
-        [s.path for s in run],
-        [low <= s.base_offset and s.last_offset < high for s in run],
-        # Only the sink's own files are sorted by offset; another engine's may be in any order.
-        all(is_segment_path(s.path) for s in run)
-        and all(a.last_offset < b.base_offset for a, b in zip(run, run[1:], strict=False)),
-    )
-
-
-@dataclass(frozen=True)
-class RangeReader:
-    """The picklable reading each Spark task runs: one partition's files, one offset range."""
-
-    table_uri: str
-    schema: pa.Schema
-
-    def __call__(self, partition: ConsumerReadPartition) -> Iterator[pa.RecordBatch]:
-        """The range's records in offset order: files whose offsets follow one another
-        stream batch by batch (a file wholly inside the range unfiltered by offset);
-        overlapping files (rewritten by another engine) are read whole and sorted."""
-        fs, root = arrow_filesystem(self.table_uri)
-        if partition.ordered:
-            for path, whole in zip(partition.paths, partition.whole, strict=True):
-                yield from self._file(fs, f"{root}/{path}", partition.fetch, whole)
-            return
-        tables = [
-            pa.Table.from_batches(
-                list(self._file(fs, f"{root}/{p}", partition.fetch, False)), self.schema
-            )
-            for p in partition.paths
-        ]
-        rows = pa.concat_tables(tables)
-        offsets = rows.column(OFFSET).to_numpy()
-        if len(offsets) > 1 and not bool(np.all(offsets[1:] > offsets[:-1])):
-            rows = rows.take(pc.sort_indices(rows.column(OFFSET)))
-        yield from rows.combine_chunks().to_batches(max_chunksize=_BATCH_ROWS)
-
-    def _file(
-        self, fs: pa.fs.FileSystem, path: str, fetch: FetchRange, whole: bool
-    ) -> Iterator[pa.RecordBatch]:
-        with fs.open_input_file(path) as source:
-            parquet = pq.ParquetFile(source)
-            present = [n for n in self.schema.names if n in parquet.schema_arrow.names]
-            for batch in parquet.iter_batches(batch_size=_BATCH_ROWS, columns=present):
-                mask = pc.equal(batch.column(PARTITION), fetch.partition)
-                if not whole:
-                    offsets = batch.column(OFFSET)
-                    mask = pc.and_(
-                        mask,
-                        pc.and_(
-                            pc.greater_equal(offsets, fetch.from_offset),
-                            pc.less(offsets, fetch.until_offset),
-                        ),
-                    )
-                if not pc.all(mask).as_py():
-                    batch = batch.filter(mask)
-                if batch.num_rows:
-                    yield conform(batch, self.schema)
-
-
-def timestamp_positions(snapshot: LogSnapshot, target_ms: int) -> Positions:
-    """Per partition, the first offset whose record's timestamp is at or after ``target_ms``.
-
-    Reads the ``offset`` and ``timestamp`` columns of the files whose newest record may
-    qualify (from the Delta statistics) on the driver.
-    """
-    fs, root = arrow_filesystem(snapshot.uri)
-    found: dict[int, tuple[list[int], list[int]]] = {}
-    for partition, segments in snapshot.segments.items():
-        offsets: list[int] = []
-        times: list[int] = []
-        for segment in segments:
-            if segment.max_timestamp_ms is not None and segment.max_timestamp_ms < target_ms:
-                continue
-            table = pq.read_table(
-                f"{root}/{segment.path}", filesystem=fs, columns=[PARTITION, OFFSET, TIMESTAMP]
-            )
-            table = table.filter(pc.equal(table.column(PARTITION), partition))
-            millis = pc.cast(table.column(TIMESTAMP), pa.timestamp("ms", tz="UTC"))
-            offsets += table.column(OFFSET).to_pylist()
-            times += [
-                None if t is None else int(t) for t in pc.cast(millis, pa.int64()).to_pylist()
-            ]
-        found[partition] = (offsets, times)
-    return first_offsets_at(found, target_ms, snapshot.log_end_offsets())
 
 
 class _LogReading:

@@ -24,7 +24,7 @@ from sinks.log.log_table import LogSnapshot, LogTable, now_ms
 from sinks.log.records import DELETE_HORIZON_MS, OFFSET, PARTITION
 from sinks.log.storage import arrow_filesystem, normalize_uri, sibling
 from streaming.consumer_position import lag, parse_starting_offsets, starting_positions
-from streaming.consumer_source import CHECKPOINT_TABLE_NAME
+from streaming.source_options import CHECKPOINT_TABLE_NAME
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,7 @@ from sinks.log.schema_evolution import DEFAULT_SCHEMA_EVOLUTION, SchemaEvolution
 from sinks.log.storage import arrow_filesystem, delete_files, join, normalize_uri
 from sinks.spark_session import checkpoint_query_id
 from streaming import consumer_source
+from streaming.source_options import SourceOptions
 
 FORMAT = "compacted-state"
 STAGING = "_staging"
@@ -76,14 +77,14 @@ class CompactedStateDataSource(DataSource):
         return FORMAT
 
     def schema(self) -> T.StructType:
-        return consumer_source.source_schema(consumer_source.SourceOptions.parse(self.options).path)
+        return consumer_source.source_schema(SourceOptions.parse(self.options).path)
 
     def streamReader(self, schema: T.StructType) -> consumer_source.ConsumerStreamReader:  # noqa: N802
-        options = consumer_source.SourceOptions.parse(self.options)
+        options = SourceOptions.parse(self.options)
         return consumer_source.ConsumerStreamReader(options, schema)
 
     def reader(self, schema: T.StructType) -> consumer_source.ConsumerBatchReader:
-        options = consumer_source.SourceOptions.parse(self.options)
+        options = SourceOptions.parse(self.options)
         return consumer_source.ConsumerBatchReader(options, schema)
 
     def streamWriter(self, schema: T.StructType, overwrite: bool) -> CompactedStateStreamWriter:  # noqa: N802

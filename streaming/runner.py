@@ -69,7 +69,8 @@ def build_hook(
     else:
         hook = ProgressHook(sinks[0], out=out)
     if job.avro is not None:
-        from streaming.avro import ConfluentAvroDecoder, DecodingHook, SchemaStore
+        from streaming.avro import ConfluentAvroDecoder, DecodingHook
+        from streaming.schema_registry import SchemaStore
 
         avro = job.avro
         if "schemas" in avro:

@@ -13,28 +13,25 @@ and awaiting deletion (and when they go: ``file.delete.delay.ms`` after their
 removal), the Delta log's size, and the oldest version time travel still reaches.
 It lists the table and reads the last Delta checkpoint plus the commits after it.
 
-`history` walks the log's Delta versions still reachable (each commit's
-``compactedSink`` metadata says whether it was an append or a pass) and `plot_history` draws
-dirty ratio and log size over time.
+This module measures; `streaming.status_render` draws what it measures, and
+`streaming.status_history` measures the log at its past versions.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
-
-from deltalake import DeltaTable
 
 from sinks import CompactedStateSink
-from sinks.cleaner.cleaner_stats import format_bytes
-from sinks.cleaner.log_to_clean import LogToClean, cleanable_offsets, dirty_ratio, log_to_clean
 from sinks.cleaner.throttler import budget_summary
-from sinks.log.history_window import list_delta_log, oldest_reachable_version, window_of
+from sinks.log.history_window import oldest_reachable_version, window_of
 from sinks.log.log_table import COMMIT_INFO_KEY, LogSnapshot, now_ms
 from sinks.maintenance.file_inventory import take_inventory
 from streaming.consumers import consumer_report
+
+# The report as before it moved to `status_render`: tests of log, maintenance and
+# reliability import it from here, with `log_status`.
+from streaming.status_render import render_json, render_table  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -254,252 +251,3 @@ def storage_status(sink: CompactedStateSink, snapshot: LogSnapshot, *, now: int)
         oldest_reachable_version=oldest,
         oldest_reachable_ms=inventory.delta_log.commit_ms.get(oldest),
     )
-
-
-def render_storage(storage: StorageStatus) -> str:
-    """One line: disk against live, what awaits deletion and when, the Delta log, time travel."""
-    waiting = "nothing awaits deletion"
-    if storage.awaiting_deletion_files:
-        waiting = (
-            f"{format_bytes(storage.awaiting_deletion_bytes)} in "
-            f"{storage.awaiting_deletion_files} removed file(s) await deletion, from "
-            f"{_time(storage.next_deletion_ms)} to {_time(storage.last_deletion_ms)}"
-        )
-    return (
-        f"  storage: live {format_bytes(storage.live_bytes)} in {storage.live_files} file(s); "
-        f"on disk {format_bytes(storage.bytes_on_disk)} in {storage.files_on_disk} file(s); "
-        f"{waiting}; Delta log {format_bytes(storage.delta_log_bytes)} in "
-        f"{storage.delta_log_files} file(s); time travel reaches v"
-        f"{storage.oldest_reachable_version} ({_time(storage.oldest_reachable_ms)}), window "
-        f"{_duration(storage.window_ms)}"
-    )
-
-
-_COLUMNS = (
-    ("part", ">"),
-    ("start", ">"),
-    ("first dirty", ">"),
-    ("uncleanable", ">"),
-    ("end", ">"),
-    ("files", ">"),
-    ("size", ">"),
-    ("dirty %", ">"),
-    ("max dirty %", ">"),
-    ("last pass (UTC)", "<"),
-    ("took", ">"),
-    ("recopy %", ">"),
-    ("delay", ">"),
-    ("state", "<"),
-)
-
-
-def render_table(statuses: Sequence[LogStatus]) -> str:
-    """A plain-text report: one heading line per log, one row per partition, reasons below."""
-    blocks = []
-    for status in statuses:
-        cleanable = [
-            f"p{p.partition} ({p.cleanable_because})" for p in status.partitions if p.cleanable
-        ]
-        heading = (
-            f"{status.path}  (Delta v{status.version}, {len(status.partitions)} partitions, "
-            f"{format_bytes(status.size_bytes)}; dirty {status.dirty_ratio:.1%}, max dirty "
-            f"{status.max_dirty_ratio:.1%}, min.cleanable.dirty.ratio "
-            f"{status.min_cleanable_dirty_ratio}; cleanable now: {' '.join(cleanable) or 'none'}; "
-            f"uncleanable: {len(status.uncleanable)})"
-        )
-        if status.settings_inferred:
-            heading += "  [settings inferred: no job file given]"
-        if status.cleaner_budget:
-            heading += f"\n  cleaner limits: {status.cleaner_budget}"
-        rows = [[name for name, _ in _COLUMNS]]
-        for p in status.partitions:
-            rows.append(
-                [
-                    str(p.partition),
-                    str(p.log_start_offset),
-                    str(p.first_dirty_offset),
-                    str(p.first_uncleanable_offset),
-                    str(p.log_end_offset),
-                    str(p.files),
-                    format_bytes(p.size_bytes),
-                    f"{p.dirty_ratio:.1%}",
-                    "-" if p.max_dirty_ratio is None else f"{p.max_dirty_ratio:.1%}",
-                    _time(p.last_clean_ms),
-                    "-"
-                    if p.last_pass_duration_ms is None
-                    else f"{p.last_pass_duration_ms / 1000:.1f} s",
-                    "-" if p.recopy_ratio is None else f"{p.recopy_ratio:.0%}",
-                    _duration(p.compaction_delay_ms),
-                    p.cleaner_state,
-                ]
-            )
-        widths = [max(len(r[i]) for r in rows) for i in range(len(_COLUMNS))]
-        lines = [heading]
-        for row in rows:
-            cells = [
-                cell.rjust(w) if align == ">" else cell.ljust(w)
-                for cell, w, (_, align) in zip(row, widths, _COLUMNS, strict=True)
-            ]
-            lines.append("  " + "  ".join(cells).rstrip())
-        if status.storage is not None:
-            lines.append(render_storage(status.storage))
-        if status.foreign_files:
-            lines.append(
-                f"  another engine's files: {status.foreign_files} "
-                f"({format_bytes(status.foreign_bytes)}), read as dirty; the next pass rewrites "
-                "them into segments"
-            )
-        lines += [f"  consumer {line}" for line in status.consumers]
-        lines += [
-            f"  schema changed at v{c.version} ({_time(c.timestamp_ms)}, batch {c.batch_id}): "
-            + "; ".join(c.changes)
-            for c in status.schema_changes
-        ]
-        for p in status.uncleanable:
-            lines.append(
-                f"  p{p.partition} uncleanable: {p.uncleanable_reason or 'no reason recorded'}"
-            )
-        blocks.append("\n".join(lines))
-    return "\n\n".join(blocks) if blocks else "no logs found"
-
-
-def render_json(statuses: Sequence[LogStatus]) -> str:
-    return json.dumps({"logs": [s.to_dict() for s in statuses]}, indent=2)
-
-
-@dataclass(frozen=True)
-class HistoryPoint:
-    """The log at one Delta version: its size and dirty ratio, and what the commit was."""
-
-    version: int
-    timestamp_ms: int
-    operation: str
-    size_bytes: int
-    dirty_ratio: float
-
-
-def history(sink: CompactedStateSink, *, max_points: int = 120) -> list[HistoryPoint]:
-    """Size and dirty ratio of the log at (at most ``max_points``) versions, oldest first.
-
-    The first dirty offset at each version comes from the cleaner-offset ``txn``
-    the log recorded by then, so the ratio is the one the cleaner saw at the time
-    (the checkpoint table only holds today's rows).
-    """
-    table = DeltaTable(sink.path, storage_options=sink.storage_options or None)
-    listing = list_delta_log(sink.path, sink.storage_options)
-    oldest = oldest_reachable_version(
-        listing, current_version=table.version(), now_ms=now_ms(), window_ms=window_of(table)
-    )
-    commits = {
-        c["version"]: c for c in table.history() if "version" in c and c["version"] >= oldest
-    }
-    versions = sorted(commits)
-    if len(versions) > max_points:
-        step = (len(versions) - 1) / (max_points - 1)
-        versions = sorted({versions[round(i * step)] for i in range(max_points)})
-    points = []
-    for version in versions:
-        snapshot = sink.log_table.snapshot(version)
-        if snapshot is None:
-            continue
-        info = commits[version].get(COMMIT_INFO_KEY) or {}
-        if isinstance(info, str):
-            info = json.loads(info)
-        at = int(commits[version]["timestamp"])
-        logs = [
-            _as_it_was(snapshot, p, now=at, min_compaction_lag_ms=sink.config.min_compaction_lag_ms)
-            for p in snapshot.partitions
-        ]
-        points.append(
-            HistoryPoint(
-                version=version,
-                timestamp_ms=at,
-                operation=info.get("operation", commits[version].get("operation", "?")),
-                size_bytes=sum(s.size_bytes for s in snapshot.data_files()),
-                dirty_ratio=dirty_ratio(logs),
-            )
-        )
-    return points
-
-
-def _as_it_was(
-    snapshot: LogSnapshot, partition: int, *, now: int, min_compaction_lag_ms: int
-) -> LogToClean:
-    """A partition measured from one version alone: the cleaner offset the log recorded
-    by then (the log start before any pass), never today's checkpoint row."""
-    segments = snapshot.segments.get(partition, [])
-    offsets = cleanable_offsets(
-        segments,
-        checkpoint_dirty_offset=snapshot.cleaner_offset(partition),
-        log_start_offset=snapshot.log_start_offset(partition),
-        log_end_offset=snapshot.log_end_offset(partition),
-        now_ms=now,
-        min_compaction_lag_ms=min_compaction_lag_ms,
-    )
-    return log_to_clean(snapshot.uri, partition, segments, offsets)
-
-
-def plot_history(
-    series: dict[str, list[HistoryPoint]], file: str, *, threshold: float | None
-) -> str:
-    """Draw dirty ratio and log size over time for each log into a PNG; returns the file."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, (ratio_axis, size_axis) = plt.subplots(2, 1, figsize=(12, 7), sharex=True)
-    for path, points in series.items():
-        if not points:
-            continue
-        name = path.rstrip("/").rsplit("/", 1)[-1]
-        times = [datetime.fromtimestamp(p.timestamp_ms / 1000, UTC) for p in points]
-        ratio_axis.plot(
-            times, [100 * p.dirty_ratio for p in points], drawstyle="steps-post", label=name
-        )
-        size_axis.plot(
-            times, [p.size_bytes / 1024 for p in points], drawstyle="steps-post", label=name
-        )
-        passes = [(t, p) for t, p in zip(times, points, strict=True) if p.operation == "clean"]
-        if passes:
-            size_axis.plot(
-                [t for t, _ in passes],
-                [p.size_bytes / 1024 for _, p in passes],
-                "v",
-                markersize=4,
-                label=f"{name}: cleaning pass",
-            )
-    if threshold is not None:
-        ratio_axis.axhline(
-            100 * threshold, linestyle="--", color="grey", label="min.cleanable.dirty.ratio"
-        )
-    ratio_axis.set_ylabel("dirty ratio (%)")
-    ratio_axis.set_title("compacted log: dirty ratio and size per Delta commit")
-    size_axis.set_ylabel("log size (KiB)")
-    size_axis.set_xlabel("commit time (UTC)")
-    for axis in (ratio_axis, size_axis):
-        axis.grid(alpha=0.3)
-        # Beside the plot, not over it: a log's first spike sits in the upper left corner.
-        axis.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small", borderaxespad=0)
-    figure.autofmt_xdate()
-    figure.tight_layout()
-    figure.savefig(file, dpi=110)
-    plt.close(figure)
-    return file
-
-
-def _time(ms: int | None) -> str:
-    if ms is None:
-        return "never"
-    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def _duration(ms: int) -> str:
-    if ms <= 0:
-        return "0 s"
-    seconds = ms / 1000
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"

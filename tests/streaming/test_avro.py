@@ -11,16 +11,11 @@ import pytest
 from pyspark.sql import types as T
 
 from sinks import BadInputError, CompactedStateSink
-from streaming.avro import (
-    DECODE_ERROR,
-    ConfluentAvroDecoder,
-    DecodingHook,
-    SchemaStore,
-    avro_to_spark,
-    encode_confluent,
-)
+from streaming.avro import DECODE_ERROR, ConfluentAvroDecoder, DecodingHook, encode_confluent
+from streaming.avro_types import avro_to_spark
 from streaming.job import load_job
 from streaming.runner import build_hook
+from streaming.schema_registry import SchemaStore
 
 USER_V1 = {
     "type": "record",

@@ -18,14 +18,8 @@ from deltalake import DeltaTable
 from pyspark.sql import types as T
 
 from sinks import BadInputError, CompactedStateSink
-from streaming.avro import (
-    DECODE_ERROR,
-    ConfluentAvroDecoder,
-    DecodingHook,
-    SchemaNotFoundError,
-    SchemaStore,
-    encode_confluent,
-)
+from streaming.avro import DECODE_ERROR, ConfluentAvroDecoder, DecodingHook, encode_confluent
+from streaming.schema_registry import SchemaNotFoundError, SchemaStore
 
 SUBJECT = "users-value"
 USER_V1 = {

@@ -18,7 +18,8 @@ from streaming.cli import main as cli
 from streaming.consumer_position import DataLossError
 from streaming.consumers import consumer_report, delete_consumer, reset_offsets
 from streaming.datasource import register
-from streaming.status import log_status, render_table
+from streaming.status import log_status
+from streaming.status_render import render_table
 
 NEVER = CleanerConfig(min_cleanable_dirty_ratio=1.0)  # passes run only when the test asks
 

@@ -8,7 +8,9 @@ from sinks import CleanerConfig, CompactedStateSink
 from streaming.cleaner_thread import CleanerThread
 from streaming.job import LogSpec
 from streaming.registry import LogRef, discover_logs
-from streaming.status import history, log_status, plot_history, render_json, render_table
+from streaming.status import log_status
+from streaming.status_history import history
+from streaming.status_render import plot_history, render_json, render_table
 
 SCHEMA = T.StructType(
     [T.StructField("key", T.StringType()), T.StructField("value", T.StringType())]

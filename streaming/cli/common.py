@@ -1,0 +1,92 @@
+"""What the sub-commands of ``compacted-sink`` share: exit codes, output lines, options, a session.
+
+Results go to stdout (`out`), progress lines to stderr (`err`). `session` is the one
+place a command gets Spark: a Spark Connect session for ``--remote`` (or
+``SPARK_REMOTE``), else the active one, else a local one; commands that read Delta
+metadata only never call it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from sinks.errors import ConfigError
+
+EXIT_FAILED = 1
+EXIT_CONFIG = 2
+
+
+def out(line: str) -> None:
+    print(line, flush=True)
+
+
+def err(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def add_log_selection(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("logs", nargs="*", help="log paths")
+    parser.add_argument(
+        "--config", action="append", default=[], help="job file(s) naming logs and their settings"
+    )
+    parser.add_argument(
+        "--checkpoint-table",
+        action="append",
+        default=[],
+        help="every log registered in this cleaner-offset checkpoint table",
+    )
+
+
+def add_remote(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--remote",
+        metavar="URL",
+        help="a Spark Connect server, sc://host:port (Databricks Connect: "
+        "sc://<workspace>:443/;token=…;x-databricks-cluster-id=…); default: $SPARK_REMOTE",
+    )
+
+
+def remote_url(args: argparse.Namespace) -> str | None:
+    import os
+
+    from streaming.session import REMOTE_ENV
+
+    return getattr(args, "remote", None) or os.environ.get(REMOTE_ENV) or None
+
+
+def session(app: str, args: argparse.Namespace | None = None):
+    """A Spark Connect session (--remote, SPARK_REMOTE); else the active one; else local."""
+    url = remote_url(args) if args is not None else None
+    if url:
+        from streaming.session import remote_session
+
+        try:
+            return remote_session(url, app)
+        except (ImportError, ValueError) as e:
+            raise ConfigError(f"--remote {url}: {e}") from e
+    from sinks.spark_session import active_session
+
+    try:
+        return active_session()
+    except RuntimeError:
+        pass
+    from streaming.session import local_session
+
+    return local_session(app)
+
+
+def refs(args: argparse.Namespace):
+    """The logs a command's log selection names (`streaming.registry.discover_logs`)."""
+    from streaming.registry import discover_logs
+
+    return discover_logs(
+        paths=args.logs, job_files=args.config, checkpoint_tables=args.checkpoint_table
+    )
+
+
+def as_of(text: str | None):
+    """``--as-of``: a Delta version when all digits, else a timestamp; None for now."""
+    if text is None:
+        return None
+    return int(text) if text.isdigit() else text

@@ -1,0 +1,41 @@
+"""``status``: Kafka's cleaner gauges per log and partition, as a table, JSON or a plot.
+
+Reads Delta metadata and the checkpoint table only: no Spark session. The gauges
+are measured by `streaming.status` and `streaming.status_history`, and drawn by
+`streaming.status_render`.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from streaming.cli.common import add_log_selection, add_remote, err, out, refs
+
+
+def add_status(commands: argparse._SubParsersAction) -> None:
+    status = commands.add_parser("status", help="cleaner gauges per log and partition")
+    add_log_selection(status)
+    status.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    status.add_argument("--plot", metavar="FILE.png", help="draw dirty ratio and size over time")
+    add_remote(status)
+    status.set_defaults(handler=_status)
+
+
+def _status(args: argparse.Namespace) -> int:
+    from streaming.status import log_status
+    from streaming.status_history import history
+    from streaming.status_render import plot_history, render_json, render_table
+
+    selected = refs(args)
+    statuses = []
+    for ref in selected:
+        status = log_status(ref.sink(), settings_inferred=ref.inferred)
+        if status is not None:
+            statuses.append(status)
+    out(render_json(statuses) if args.json else render_table(statuses))
+    if args.plot:
+        series = {ref.spec.path: history(ref.sink()) for ref in selected}
+        ratios = {ref.spec.config.min_cleanable_dirty_ratio for ref in selected}
+        plot_history(series, args.plot, threshold=ratios.pop() if len(ratios) == 1 else None)
+        err(f"status: plot written to {args.plot}")
+    return 0
