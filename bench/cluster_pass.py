@@ -310,7 +310,14 @@ def on_cluster(
         }
         return figures, versions(spark), source
     finally:
+        _stop(spark)
+
+
+def _stop(spark: SparkSession) -> None:
+    try:
         spark.stop()
+    except Exception as e:  # py4j broken by an interrupt: `stop_driver_jvm` ends the JVM
+        print(f"spark.stop() failed: {e!r}", file=sys.stderr)
 
 
 def on_local(source: str, work: str, repeats: int) -> dict[str, Any]:
@@ -330,7 +337,7 @@ def on_local(source: str, work: str, repeats: int) -> dict[str, Any]:
             "passes": passes,
         }
     finally:
-        spark.stop()
+        _stop(spark)
 
 
 def summary(result: dict[str, Any]) -> str:
@@ -369,6 +376,31 @@ def summary(result: dict[str, Any]) -> str:
         + (f", best local[2] pass {min(r['pass_s'] for r in local['passes'])} s" if local else "")
     )
     return "\n".join(lines)
+
+
+def stop_driver_jvm(timeout_s: float = 15) -> list[int]:
+    """End the driver's JVM (pyspark's gateway) now rather than after this process exits:
+    it exits when its stdin closes. Returns its pid if it is still alive."""
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    proc = getattr(gateway, "proc", None)
+    if gateway is None or proc is None:
+        return []
+    gateway.shutdown()
+    SparkContext._gateway = None
+    SparkContext._jvm = None
+    if proc.stdin is not None:
+        proc.stdin.close()
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            return [proc.pid]
+    return []
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -418,13 +450,14 @@ def main(argv: list[str] | None = None) -> int:
             result["local"] = on_local(source, work, args.repeats)
     finally:
         survivors += cluster.stop()
+        survivors += stop_driver_jvm()
         if not args.work:
             shutil.rmtree(work, ignore_errors=True)
     result["load_end"] = load_average()
     with open(os.path.join(args.out, "cluster_pass.json"), "w") as f:
         json.dump(result, f, indent=1)
     print(summary(result))
-    assert not survivors, f"cluster processes still alive: {survivors}"
+    assert not survivors, f"processes still alive: {survivors}"
     problems = [r["not_on_both_workers"] for r in result["cluster"]["passes"]]
     assert not any(problems), problems
     return 0
