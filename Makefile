@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench bench-quick bench-scale soak soak-quick soak-exit soak-faults clean
+.PHONY: demo test lint bench bench-quick bench-scale bench-cluster soak soak-quick soak-exit soak-faults clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -30,6 +30,11 @@ bench-quick: $(STAMP)
 # against Spark's plain Parquet write, state() (bench/SCALE.md; about 40 min on 2 cores).
 bench-scale: $(STAMP)
 	$(PY) -m bench.scale --out bench
+
+# Not part of `make test`: one pass on a two-worker standalone cluster on loopback, its tasks
+# on both workers (bench/cluster_pass.json; about 5 min on 2 cores).
+bench-cluster: $(STAMP)
+	$(PY) -m bench.cluster_pass --out bench
 
 # Not part of `make test`: 3,000 micro-batches through a streaming query (20-40 min).
 soak: $(STAMP)
