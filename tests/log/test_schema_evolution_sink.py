@@ -18,7 +18,8 @@ from sinks import CleanerConfig, CompactedStateSink, SchemaMismatchError
 from sinks.crash_points import SCHEMA_BEFORE_APPEND, armed
 from sinks.log.log_table import COMMIT_INFO_KEY
 from sinks.reading.replay import export_state, read_manifest, verify_export
-from streaming.status import log_status, render_table
+from streaming.status import log_status
+from streaming.status_render import render_table
 
 # Passes run only when a step asks for one; tombstones stay (no horizon passes).
 CONFIG = CleanerConfig(min_cleanable_dirty_ratio=1.0)
