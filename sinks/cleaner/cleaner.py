@@ -189,6 +189,23 @@ class Cleaner:
             else 0,
         )
         crash_point(CLEAN_BEFORE_COMMIT)
+        self._commit(snapshot, written, inputs, stats)
+        duration = int((time.monotonic() - started) * 1000)
+        # The planned-from snapshot stays a value; the version after the pass comes
+        # from a fresh read (at or after the pass's own commit when others appended).
+        after = self.log.snapshot()
+        return replace(stats, duration_ms=duration, delta_version=after.version if after else None)
+
+    def _commit(
+        self,
+        snapshot: LogSnapshot,
+        written: Sequence[WrittenSegment],
+        inputs: Sequence[Segment],
+        stats: CleanerStats,
+    ) -> None:
+        """Swap ``inputs`` for ``written`` in one commit against ``snapshot``, recording each
+        partition's new cleaner offset; on a conflict the written files are deleted."""
+        end_offsets = stats.end_offsets
         try:
             snapshot.commit(
                 adds=written,
@@ -197,7 +214,7 @@ class Cleaner:
                 transactions={CLEANER_OFFSET_TXN.format(p): e for p, e in end_offsets.items()},
                 info={
                     "operation": "clean",
-                    "passStartMs": pass_start_ms,
+                    "passStartMs": stats.start_ms,
                     "endOffsets": {str(p): e for p, e in end_offsets.items()},
                     "recordsRead": stats.records_read,
                     "recordsWritten": stats.records_written,
@@ -209,11 +226,6 @@ class Cleaner:
             # Nothing was committed: the files this pass wrote are garbage now.
             delete_files(self.log.uri, [w.path for w in written], self.log.storage_options)
             raise
-        duration = int((time.monotonic() - started) * 1000)
-        # The planned-from snapshot stays a value; the version after the pass comes
-        # from a fresh read (at or after the pass's own commit when others appended).
-        after = self.log.snapshot()
-        return replace(stats, duration_ms=duration, delta_version=after.version if after else None)
 
     def recopy(
         self,

@@ -64,6 +64,7 @@ from sinks.log.log_table import (
 )
 from sinks.log.records import (
     TRANSIENT_COLUMNS,
+    BatchReport,
     raise_for_problems,
 )
 from sinks.log.schema_commit import commit_schema
@@ -236,15 +237,7 @@ class LogAppender:
             end_offsets = snapshot.log_end_offsets() if snapshot is not None else {}
             target = self.evolved_schema(snapshot, schema) if snapshot is not None else schema
             task = self._task(target, end_offsets, has_offsets)
-            written, report = read_task_output(run(task, exchange=not has_offsets))
-            if has_offsets and overlapping(written):
-                # Kafka input whose tasks held the same offsets: shuffle, so one task sees
-                # each partition and the validator counts the repeats.
-                discard(self.log, written, new_log=snapshot is None)
-                written, report = read_task_output(run(task, exchange=True))
-            problems = report.problems(
-                key_columns=self.key_columns, message_max_bytes=self.config.message_max_bytes
-            )
+            written, report, problems = self._write(run, task, new_log=snapshot is None)
             if problems:
                 discard(self.log, written, new_log=snapshot is None)
                 raise_for_problems(problems, batch_id=batch_id)
@@ -292,6 +285,26 @@ class LogAppender:
             f"batch {batch_id} of {self.log.uri}: append kept conflicting after "
             f"{APPEND_ATTEMPTS} attempts; nothing was committed"
         )
+
+    def _write(
+        self, run: TaskRunner, task: AppendTask, *, new_log: bool
+    ) -> tuple[list[WrittenSegment], BatchReport, list[str]]:
+        """Run ``task`` over the batch: the files written, the checks' report, its problems.
+
+        Kafka input is first written where it was read (no shuffle). Its tasks each saw
+        their own rows: a repeat across tasks (overlapping files) and the whole count of
+        a bad batch take one task per partition, so then the batch goes through the shuffle.
+        """
+        rounds = (False, True) if task.has_offsets else (True,)
+        for exchange in rounds:
+            written, report = read_task_output(run(task, exchange=exchange))
+            problems = report.problems(
+                key_columns=self.key_columns, message_max_bytes=self.config.message_max_bytes
+            )
+            if exchange or not (problems or overlapping(written)):
+                break
+            discard(self.log, written, new_log=new_log)
+        return written, report, problems
 
     def _commit_until_settled(
         self,
