@@ -146,8 +146,9 @@ class CleanerOffsetCheckpoint:
     def compare_and_set(self, expected: CheckpointEntry | None, new: CheckpointEntry) -> bool:
         """Write ``new`` only if its row is still ``expected`` (None: only if it has no row).
 
-        True when the row was written. A concurrent writer makes this return False
-        (its commit changed the row, or delta-rs rejected ours as conflicting).
+        True when the row was written, also when the store lost the answer of the commit
+        that wrote it (`checkpoints.keyed_table`). A concurrent writer makes this return
+        False (its commit changed the row, or delta-rs rejected ours as conflicting).
         """
         previous = expected.updated_ms if expected and expected.updated_ms is not None else 0
         stamp = max(int(time.time() * 1000), previous + 1)

@@ -7,6 +7,18 @@ wins; a compare-and-set is one MERGE that applies only while the row is as read,
 not retried (the caller reads again and decides). After either, every ``COMPACT_EVERY``
 versions the table's small files are compacted (and, for a table no one else vacuums,
 its removed files deleted).
+
+A commit whose answer the store lost counts once. An object store may store the
+commit's conditional PUT and lose the answer (a reset, a 500 after the write): the
+client's retry then finds the version taken, by this very commit, and delta-rs reports
+a conflict or a store error. A MERGE that fails so is taken as made when the table
+holds every row it wrote, column for column (`holds`): the rows a checkpoint writes
+carry a fresh ``updated_ms`` stamp and their writer's identity, so another writer's
+commit does not look like one's own, and an upsert whose rows are already there has
+nothing left to do. (The log recognises its own commits by a token in the commit info,
+`sinks.log.log_table`; reading commit files back needs a storage client this bottom
+layer does not have, and delta-rs's own, `deltalake.fs`, hangs on moto's listings and
+HEADs, where the fault tests run.)
 """
 
 from __future__ import annotations
@@ -16,7 +28,7 @@ from collections.abc import Mapping, Sequence
 
 import pyarrow as pa
 from deltalake import DeltaTable
-from deltalake.exceptions import CommitFailedError, TableNotFoundError
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
 COMPACT_EVERY = 50  # versions between compactions of the table's small files
 RETRIES = 10
@@ -87,8 +99,10 @@ class KeyedTable:
                     .execute()
                 )
                 break
-            except CommitFailedError:
-                if attempt == RETRIES - 1:
+            except (DeltaError, OSError) as e:
+                if self.holds(rows):
+                    break  # it landed, and the store lost the answer
+                if not isinstance(e, CommitFailedError) or attempt == RETRIES - 1:
                     raise
                 time.sleep(0.05 * (attempt + 1))
         self._compact_when_due(table)
@@ -97,8 +111,10 @@ class KeyedTable:
         """Write the one-row ``row`` only if its key's row still matches ``expected`` (a SQL
         predicate over the target ``t``), or, with None, only if the key has no row yet.
 
-        True when the row was written; False when it changed meanwhile or a concurrent
-        commit made delta-rs reject this one.
+        True when the row was written, also when the store lost the answer of the commit
+        that wrote it; False when it changed meanwhile or a concurrent commit made
+        delta-rs reject this one. A store error past the client's retries is raised when
+        the row is not there.
         """
         table = self.open_or_create()
         predicate = " AND ".join(f't."{k}" = s."{k}"' for k in self.keys)
@@ -109,12 +125,34 @@ class KeyedTable:
             merger = merger.when_matched_update_all(predicate=expected)
         try:
             metrics = merger.execute()
-        except CommitFailedError:
-            return False
+        except (DeltaError, OSError) as e:
+            if self.holds(row):
+                self._compact_when_due(table)
+                return True
+            if isinstance(e, CommitFailedError):
+                return False
+            raise
         written = bool(metrics["num_target_rows_inserted"] or metrics["num_target_rows_updated"])
         if written:
             self._compact_when_due(table)
         return written
+
+    def holds(self, rows: pa.Table) -> bool:
+        """Whether the table now holds every row of ``rows``, equal in each of its columns.
+
+        Reads the table (a few rows per log); a store error while reading counts as no.
+        """
+        try:
+            table = self.table()
+            current = [] if table is None else table.to_pyarrow_table().to_pylist()
+        except (DeltaError, OSError):
+            return False
+        by_key = {tuple(r[k] for k in self.keys): r for r in current}
+        for wanted in rows.to_pylist():
+            found = by_key.get(tuple(wanted[k] for k in self.keys))
+            if found is None or any(found.get(c) != v for c, v in wanted.items()):
+                return False
+        return True
 
     def _compact_when_due(self, table: DeltaTable) -> None:
         """Every ``COMPACT_EVERY`` versions: compact the small files (and vacuum, if asked)."""
