@@ -380,7 +380,9 @@ class LogSnapshot:
                 self.table.create_write_transaction(
                     actions, "append", self.arrow_schema, commit_properties=properties
                 )
-            except DeltaError:  # a conflict, or a store error after retries: did it land?
+            # A conflict, or a store error after retries (delta-rs raises the store's as
+            # OSError): did it land?
+            except (DeltaError, OSError):
                 if self._landed(token, self.version) is None:
                     raise
             return
@@ -400,7 +402,7 @@ class LogSnapshot:
                     raise
                 self._check_removes(removed, table.version(), latest.version())
                 table = latest
-            except DeltaError:
+            except (DeltaError, OSError):
                 if self._landed(token, table.version()) is None:
                     raise
                 return
