@@ -144,6 +144,16 @@ class CommitGuard:
         self._commits: OrderedDict[int, tuple[CommitSummary, ForeignChange | None]] = OrderedDict()
         self._lock = threading.RLock()  # a sink's query and cleaner threads share a log
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled with the sink (a ``foreachBatch`` function, a data source): no lock."""
+        state = dict(self.__dict__)
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
+
     def check(self, version: int, *, checked: int | None, accepted: int | None) -> None:
         """Check the commits after the last checked one, through ``version``.
 
