@@ -222,6 +222,13 @@ class CommitGuard:
                     len(rewrite.superseded),
                 )
                 pending[version] = rewrite
+            else:
+                # A later rearrangement that rewrote what one pending rewrite added joins
+                # it (`StaleRewrite.followed`); one that mixed the files of two is left
+                # out, and undoing either is then no longer exact.
+                touched = [v for v, r in pending.items() if commit.removed & set(r.added)]
+                if len(touched) == 1:
+                    pending[touched[0]] = pending[touched[0]].followed(commit)
 
     def _stale(self, commit: CommitSummary) -> StaleRewrite | None:
         """``commit`` as a stale rewrite, or None (`sinks.log.stale_rewrites`)."""

@@ -10,8 +10,10 @@ time). What A held minus what the restored files hold is exactly what the supers
 files held, so the log's records after the undo are those it had before s, plus every
 commit since s (appends, passes, which the undo does not touch).
 
+Later rearrangements that rewrote files of A are undone with it (A is then the files
+they left in A's place, and the files they removed beside A's are added back too).
 Exact only when, at the version the undo commits against, every file of A is still
-live (no later commit rewrote them: another OPTIMIZE, an absorb by an older sink), no
+live (no later commit other than such a rearrangement rewrote them), no
 restored file is live again, the snapshot at s - 1 can still be read, and every
 restored file is still on storage at its recorded size (inside the history window,
 nothing deletes it). Otherwise `plan_undo` raises `ForeignChangeError`, which names the
@@ -94,6 +96,7 @@ class Undo:
         return {
             "operation": UNDO_OPERATION,
             "staleVersions": [r.version for r in self.rewrites],
+            "followedBy": [list(r.followed_by) for r in self.rewrites],
             "readVersions": [r.read_version for r in self.rewrites],
             "engines": [r.engine for r in self.rewrites],
             "filesRemoved": len(self.removes),
@@ -138,18 +141,21 @@ def plan_undo(
         moved = [p for p in rewrite.added if p not in by_path]
         if moved:
             raise stop(
-                f"{len(moved)} file(s) it added are no longer live (a later commit "
-                "rewrote them, with the records it brought back)"
+                f"{len(moved)} file(s) it added are no longer live: a later commit other than "
+                "another engine's rearrangement rewrote them, with the records it brought back"
             )
-        back = [p for p in rewrite.restored if p in by_path]
-        if back:
-            raise stop(f"{len(back)} file(s) it removed are live again")
-        files = _files_before(uri, rewrite, storage_options)
-        if files is None or len(files) != len(rewrite.restored):
-            raise stop(
-                f"the add actions of the {len(rewrite.restored)} file(s) it removed while they "
-                f"were live cannot be read at version {rewrite.version - 1} any more"
-            )
+        files: list[RestoredFile] = []
+        for version, paths in rewrite.restored_at():
+            back = [p for p in paths if p in by_path]
+            if back:
+                raise stop(f"{len(back)} file(s) it removed are live again")
+            before = _files_before(uri, version, paths, storage_options)
+            if before is None or len(before) != len(paths):
+                raise stop(
+                    f"the add actions of {len(paths)} file(s) removed while they were live "
+                    f"cannot be read at version {version - 1} any more"
+                )
+            files += before
         bad = find_bad_files(uri, [f.file for f in files], storage_options)
         if bad:
             raise stop(
@@ -162,18 +168,14 @@ def plan_undo(
 
 
 def _files_before(
-    uri: str, rewrite: StaleRewrite, storage_options: Mapping[str, str] | None
+    uri: str, version: int, paths: Sequence[str], storage_options: Mapping[str, str] | None
 ) -> list[RestoredFile] | None:
-    """The add actions, at the version before ``rewrite``, of the live files it removed."""
-    if not rewrite.restored:
-        return []
+    """The add actions, at the version before ``version``, of ``paths`` (files live then)."""
     try:
-        table = DeltaTable(
-            uri, version=rewrite.version - 1, storage_options=storage_options or None
-        )
+        table = DeltaTable(uri, version=version - 1, storage_options=storage_options or None)
     except Exception:  # noqa: BLE001 - an expired version fails in several ways
         return None
-    wanted = set(rewrite.restored)
+    wanted = set(paths)
     flat = pa.table(table.get_add_actions(flatten=True)).to_pylist()
     typed = {r["path"]: r for r in pa.table(table.get_add_actions(flatten=False)).to_pylist()}
     return [

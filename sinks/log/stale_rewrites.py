@@ -22,13 +22,17 @@ mostly just read in order anyway. Without ``readVersion``, or when more than
 `WINDOW_MAX` commits lie in between, it compares against the files live at s - 1
 instead, which costs one Delta checkpoint and at most ``delta.checkpointInterval`` commits.
 
-What the sink then does (undo it exactly, or stop) is `sinks.log.stale_revert`'s.
+A later rearrangement that is not stale itself may rewrite the files a pending stale
+rewrite added (the next scheduled OPTIMIZE, before the sink looked): it joins the stale
+one (`StaleRewrite.followed`), and the two are undone together, which undoes nothing but
+rearrangements. What the sink then does (undo exactly, or stop) is
+`sinks.log.stale_revert`'s.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import unquote
 
@@ -82,8 +86,11 @@ class CommitSummary:
 class StaleRewrite:
     """A rearrangement at ``version`` that removed files an earlier commit had removed.
 
-    ``added``: the files it added. ``restored``: the files it removed that were still
-    live before it (an exact undo adds them back). ``superseded``: those an earlier
+    ``added``: the files it added, or, once later rearrangements rewrote some of them
+    (``followed_by``, see `followed`), the files those left in their place. ``restored``:
+    the files it removed that were still live before it; ``restored_later``: per later
+    rearrangement, the files it removed that were live before it and not added by this
+    chain (an exact undo adds all of them back). ``superseded``: the files an earlier
     commit had already removed; ``overtaken_by``, the first such commit, when known.
     """
 
@@ -95,6 +102,35 @@ class StaleRewrite:
     restored: tuple[str, ...]
     superseded: tuple[str, ...]
     overtaken_by: int | None
+    followed_by: tuple[int, ...] = ()
+    restored_later: tuple[tuple[int, tuple[str, ...]], ...] = ()
+
+    def restored_at(self) -> list[tuple[int, tuple[str, ...]]]:
+        """The files an undo adds back, grouped by the version whose predecessor holds
+        their add actions."""
+        return [
+            (v, paths)
+            for v, paths in ((self.version, self.restored), *self.restored_later)
+            if paths
+        ]
+
+    def followed(self, commit: CommitSummary) -> StaleRewrite:
+        """This rewrite after ``commit``, another engine's rearrangement that is not stale
+        itself; unchanged unless ``commit`` rewrote some of the files in ``added``.
+
+        Every record of the chain's files still comes from the files the chain removed,
+        so undoing the whole chain at once stays exact (and undoes only rearrangements).
+        """
+        mine = set(self.added)
+        if not commit.removed & mine:
+            return self
+        others = tuple(sorted(commit.removed - mine))
+        return replace(
+            self,
+            added=tuple(sorted((mine - commit.removed) | commit.added)),
+            followed_by=(*self.followed_by, commit.version),
+            restored_later=(*self.restored_later, (commit.version, others)),
+        )
 
 
 def gone_after(window: Sequence[CommitSummary]) -> dict[str, int]:
@@ -135,6 +171,11 @@ def stale_rewrite(commit: CommitSummary, gone: Mapping[str, int | None]) -> Stal
 def describe_stale(rewrite: StaleRewrite, *, log_path: str, current_version: int, why: str) -> str:
     """The error text when a stale rewrite cannot be undone exactly: what, why, the ways on."""
     read = "" if rewrite.read_version is None else f", planned from version {rewrite.read_version}"
+    later = (
+        ""
+        if not rewrite.followed_by
+        else f" (rewritten again by version(s) {', '.join(map(str, rewrite.followed_by))})"
+    )
     earlier = (
         "an earlier commit" if rewrite.overtaken_by is None else f"version {rewrite.overtaken_by}"
     )
@@ -142,7 +183,7 @@ def describe_stale(rewrite: StaleRewrite, *, log_path: str, current_version: int
     return (
         f"log {log_path}: Delta version {rewrite.version} was written by {rewrite.engine} "
         f"({rewrite.operation}, dataChange=false{read}), not by this sink, and rewrote "
-        f"{len(rewrite.superseded)} file(s) that {earlier} had already rewritten: it brings "
+        f"{len(rewrite.superseded)} file(s) that {earlier} had already rewritten{later}: it brings "
         "back records a pass had cleaned away (delta-rs does not see a concurrent "
         "dataChange=false remove as a conflict), which can bring an older value of a key "
         "back as its state. The sink undoes such a commit by itself, but cannot undo this "

@@ -189,19 +189,62 @@ def test_the_guard_reads_each_commit_once(tmp_path, monkeypatch):
     assert reads and max(reads.values()) == 1
 
 
-def test_a_stale_rewrite_whose_files_were_rewritten_again_stops_with_its_version(tmp_path):
+def test_a_stale_rewrite_is_undone_with_the_rearrangement_that_rewrote_its_file(tmp_path):
+    """The next OPTIMIZE, planned after the stale one, merged its file with the first
+    OPTIMIZE's before the sink looked: undoing both at once undoes rearrangements only."""
+    path = str(tmp_path / "t")
+    for i in range(3):
+        write(path, 2, start=2 * i)
+    expected = rows(path)
+    log = open_log(path)
+    _, stale = two_optimizes_from_one_version(path)
+    DeltaTable(path).optimize.compact()  # the next OPTIMIZE merges its file with the first
+    assert rows(path) == expected + expected
+    assert log.snapshot().version == stale + 2
+    undo = commit_info(path, stale + 2)["compactedSink"]
+    assert undo["staleVersions"] == [stale] and undo["followedBy"] == [[stale + 1]]
+    assert rows(path) == expected
+    assert LogTable(path).snapshot().version == stale + 2
+
+
+def test_a_stale_rewrite_whose_files_are_gone_stops_with_its_version(tmp_path):
+    """A file the stale OPTIMIZE removed while it was live is no longer on storage (another
+    engine's VACUUM, say): no undo is exact, so every reader stops, naming the version."""
     path = str(tmp_path / "t")
     for i in range(3):
         write(path, 2, start=2 * i)
     log = open_log(path)
-    _, stale = two_optimizes_from_one_version(path)
-    DeltaTable(path).optimize.compact()  # reads after the stale one: rewrites its file
+    stale = DeltaTable(path)
+    read_version = stale.version()
+    snapshot = log.snapshot()
+    first, *rest = snapshot.data_files()
+    snapshot.commit(  # the sink's own rewrite of one file (a pass, here dropping it)
+        removes=[first], data_change=False, transactions={}, info={"operation": "clean"}
+    )
+    stale.optimize.compact()  # removes that file again, and the two still live
+    version = DeltaTable(path).version()
+    assert commit_info(path, version)["readVersion"] == read_version
+    (tmp_path / "t" / rest[0].path).unlink()
     for reader in (log, LogTable(path)):
         with pytest.raises(ForeignChangeError) as stopped:
             reader.snapshot()
-        assert stopped.value.version == stale
-        assert "OPTIMIZE" in str(stopped.value) and "no longer live" in str(stopped.value)
-    assert DeltaTable(path).version() == stale + 1  # nothing was written
+        assert stopped.value.version == version
+        message = str(stopped.value)
+        assert f"Delta version {version} " in message and "OPTIMIZE" in message
+        assert "gone from storage" in message and f"restore({version - 1})" in message
+    with pytest.raises(ForeignChangeError):
+        LogTable(path).snapshot(repair=False)
+    assert DeltaTable(path).version() == version  # nothing was written
+
+
+def test_a_later_rearrangement_joins_the_stale_rewrite_whose_file_it_rewrote():
+    rewrite = stale_rewrite(summary(6, added=["a6"], removed=["x", "y"], read=2), {"x": 4})
+    assert rewrite is not None and rewrite.restored == ("y",)
+    unrelated = summary(7, added=["b7"], removed=["z"], read=6)
+    assert rewrite.followed(unrelated) is rewrite
+    chained = rewrite.followed(summary(8, added=["c8"], removed=["a6", "n"], read=7))
+    assert chained.added == ("c8",) and chained.followed_by == (8,)
+    assert chained.restored_at() == [(6, ("y",)), (8, ("n",))]
 
 
 def test_stats_json_states_what_delta_rs_recorded(tmp_path):

@@ -284,12 +284,12 @@ def test_a_stale_optimize_cannot_bring_back_a_key_whose_expired_tombstone_a_pass
     assert assert_offsets_unique(path) == sink.log().count()
 
 
-def test_a_stale_optimize_that_cannot_be_undone_exactly_stops_the_sink(
+def test_a_stale_optimize_rewritten_again_by_the_next_optimize_is_undone_with_it(
     spark, lake, clock, delta_commits
 ):
     """Two OPTIMIZEs read the log at the same version: delta-rs lets both commit (the
-    second brings every record back twice); a third, planned after them, then rewrites the
-    second's file, so that no undo of the second is exact any more."""
+    second brings every record back twice). A third, planned after them, merges their
+    files before the sink looks; the sink undoes the second and the third together."""
     path = str(lake / "users")
     sink = CompactedStateSink(path, config=CONFIG, clock=clock, cleaning="inline")
     feed = Feed(spark, sink, clock)
@@ -300,25 +300,62 @@ def test_a_stale_optimize_that_cannot_be_undone_exactly_stops_the_sink(
     second.optimize.compact()
     stale_version = DeltaTable(path).version()
     assert commit_info(delta_commits(path)[-1])["readVersion"] == stale_version - 2
-    optimize(path)  # reads at the stale version, so not stale itself: it rewrites its file
+    optimize(path)  # reads at the stale version, so not stale itself: it merges both files
+    assert arrow_state(path) == feed.oracle.state  # seen through, nothing written
+    assert state_of(sink) == feed.oracle.state
+    undo = delta_commits(path)[-1]
+    assert commit_info(undo)["compactedSink"]["staleVersions"] == [stale_version]
+    assert commit_info(undo)["compactedSink"]["followedBy"] == [[stale_version + 1]]
+    assert paths(undo, "remove") == paths(delta_commits(path)[stale_version + 1], "add")
+    assert paths(undo, "add") == paths(delta_commits(path)[stale_version - 1], "add")
+    assert data_changes(undo) == {False}
+    assert replayed_log(path) == feed.oracle.state
+    assert assert_offsets_unique(path) == sink.log().count()
+    feed.append()
+    sink.clean(force=True)
+    assert state_of(sink) == feed.oracle.state == arrow_state(path) == replayed_log(path)
+
+
+def test_a_stale_optimize_that_cannot_be_undone_exactly_stops_the_sink(
+    spark, lake, clock, delta_commits
+):
+    """The OPTIMIZE planned before a pass removed, beside the pass's inputs, files that were
+    still live; one of them is gone from storage before the sink looks (another engine's
+    VACUUM with a short retention, say), so no undo is exact: every reader stops."""
+    path = str(lake / "users")
+    sink = CompactedStateSink(path, config=CONFIG, clock=clock, cleaning="inline")
+
+    def append(rows, batch_id):
+        sink(spark.createDataFrame(rows, "key string, value string, partition int"), batch_id)
+
+    append([("a", "1", 0), ("b", "1", 1)], 0)
+    sink.clean(force=True)
+    stale = DeltaTable(path)
+    append([("a", "2", 0)], 1)
+    sink.clean(force=True)  # rewrites partition 0 only: partition 1's segment stays live
+    stale.optimize.compact()
+    stale_version = DeltaTable(path).version()
+    [untouched] = [
+        p for p in paths(delta_commits(path)[stale_version], "remove") if "partition-1" in p
+    ]
+    (lake / "users" / untouched).unlink()
     with pytest.raises(ForeignChangeError) as stopped:
         sink.state()
     message = str(stopped.value)
     assert f"Delta version {stale_version} " in message
-    assert "OPTIMIZE" in message and "delta-rs" in message
-    assert f"sink.restore({stale_version - 1})" in message
+    assert "OPTIMIZE" in message and "delta-rs" in message and "gone from storage" in message
+    assert f"sink.restore({stale_version - 1})" in message and "accept_foreign_changes" in message
     assert stopped.value.version == stale_version
     with pytest.raises(ForeignChangeError):
         read_state(path)
     with pytest.raises(ForeignChangeError):
-        feed.append()
-    # The way on: restore the version before it (the first OPTIMIZE's, records intact).
-    assert sink.restore(stale_version - 1) > stale_version
-    assert state_of(sink) == feed.oracle.state == arrow_state(path)
-    feed.batch_id += 1
-    feed.append()
+        append([("c", "1", 2)], 2)
+    assert DeltaTable(path).version() == stale_version  # nothing was written
+    # The way on here: accept the log as it is (the missing file is no longer live).
+    assert sink.accept_foreign_changes() == stale_version
+    append([("c", "1", 2)], 2)
     sink.clean(force=True)
-    assert state_of(sink) == feed.oracle.state == replayed_log(path)
+    assert state_of(sink) == {"a": "2", "b": "1", "c": "1"} == arrow_state(path)
     assert assert_offsets_unique(path) == sink.log().count()
 
 
