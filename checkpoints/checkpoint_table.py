@@ -146,23 +146,20 @@ class CleanerOffsetCheckpoint:
     def compare_and_set(self, expected: CheckpointEntry | None, new: CheckpointEntry) -> bool:
         """Write ``new`` only if its row is still ``expected`` (None: only if it has no row).
 
-        True when the row was written. A concurrent writer makes this return False
-        (its commit changed the row, or delta-rs rejected ours as conflicting).
+        True when the row was written, also when the store lost the answer of the commit
+        that wrote it (`checkpoints.keyed_table`). A concurrent writer makes this return
+        False (its commit changed the row, or delta-rs rejected ours as conflicting).
         """
-        previous = expected.updated_ms if expected and expected.updated_ms is not None else 0
-        stamp = max(int(time.time() * 1000), previous + 1)
-        row = pa.Table.from_pylist(
-            [asdict(new.with_changes(updated_ms=stamp))], schema=CHECKPOINT_SCHEMA
-        )
-        return self._keyed.compare_and_set(row, None if expected is None else _unchanged(expected))
+        return bool(self.compare_and_set_many([(expected, new)]))
 
     def compare_and_set_many(
         self, changes: Sequence[tuple[CheckpointEntry | None, CheckpointEntry]]
     ) -> list[CheckpointEntry]:
         """`compare_and_set` for many rows in one commit: each ``new`` is written only if its
         row is still its ``expected`` (None: only if it has no row). Returns the rows written
-        (stamped); the others changed meanwhile, or a concurrent commit made delta-rs reject
-        this one, and the caller reads again and decides.
+        (stamped), also when the store lost the commit's answer; the others changed
+        meanwhile, or a concurrent commit made delta-rs reject this one, and the caller
+        reads again and decides.
         """
         if not changes:
             return []
@@ -175,10 +172,12 @@ class CleanerOffsetCheckpoint:
         written = self._keyed.compare_and_set_rows(
             rows, " OR ".join(updates) or None, " OR ".join(inserts) or None
         )
-        if written in (0, len(news)):
-            return news if written else []
-        now = self.read()
-        return [n for n in news if now.get((n.log_path, n.partition)) == n]
+        if written == len(news):
+            return news
+        if written == 0:
+            return []
+        # Some rows only, or a commit whose answer was lost: the table tells which landed.
+        return [n for n, held in zip(news, self._keyed.held(rows), strict=True) if held]
 
     def _table(self) -> DeltaTable | None:
         return self._keyed.table()

@@ -17,23 +17,48 @@ commit is one of three kinds:
   value back as the state. The sink stops with `ForeignChangeError` rather than
   guess.
 
+A rearrangement can still be wrong: one planned from a version older than a commit
+that already rewrote its files (delta-rs lets it through) brings their records back.
+The guard finds such a *stale rewrite* by its removes (`sinks.log.stale_rewrites`) and
+keeps it as pending until a commit of the sink's undoes it (`sinks.log.stale_revert`,
+called by `sinks.log.log_table.LogTable.snapshot`).
+
 The check reads each commit once, in order: a `CommitGuard` remembers the last
 version it checked, and every commit the sink makes records, in a ``txn``
 action, the version it was planned from (`CHECKED_VERSION_TXN`), so a new
-process starts from there instead of from the table's first version.
-`ACCEPTED_VERSION_TXN` records the last foreign change an operator accepted
-(`sinks.sink.CompactedStateSink.accept_foreign_changes`).
+process starts from there instead of from the table's first version. The sink
+records a version only from a snapshot with no stale rewrite pending (or from the
+commit that undoes them), so a stale rewrite at or below a recorded version is
+already undone. `ACCEPTED_VERSION_TXN` records the last foreign change an operator
+accepted (`sinks.sink.CompactedStateSink.accept_foreign_changes`).
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
+
+import pyarrow as pa
+from deltalake import DeltaTable
 
 from sinks.errors import ForeignChangeError
+from sinks.log.stale_rewrites import (
+    UNDO_OPERATION,
+    WINDOW_MAX,
+    CommitSummary,
+    StaleRewrite,
+    gone_after,
+    stale_rewrite,
+)
 from sinks.log.storage import arrow_filesystem
+
+logger = logging.getLogger("compacted_sink")
 
 COMMIT_INFO_KEY = "compactedSink"
 CHECKED_VERSION_TXN = "compacted-sink/checked-version"
@@ -99,8 +124,14 @@ def read_commit(
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
+SUMMARIES_KEPT = 256
+"""How many commits' summaries a guard keeps, to find what commits since a rewrite's read
+version removed without reading them again."""
+
+
 class CommitGuard:
-    """Checks each commit of one log once, oldest first; raises on a foreign data change.
+    """Checks each commit of one log once, oldest first; raises on a foreign data change,
+    and keeps the stale rewrites it finds (``pending``) until a commit undoes them.
 
     ``checked`` is the newest version known to hold no unaccepted foreign change.
     """
@@ -109,6 +140,19 @@ class CommitGuard:
         self.uri = uri
         self.storage_options = dict(storage_options or {})
         self.checked: int | None = None
+        self.pending: dict[int, StaleRewrite] = {}
+        self._commits: OrderedDict[int, tuple[CommitSummary, ForeignChange | None]] = OrderedDict()
+        self._lock = threading.RLock()  # a sink's query and cleaner threads share a log
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled with the sink (a ``foreachBatch`` function, a data source): no lock."""
+        state = dict(self.__dict__)
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
 
     def check(self, version: int, *, checked: int | None, accepted: int | None) -> None:
         """Check the commits after the last checked one, through ``version``.
@@ -117,17 +161,120 @@ class CommitGuard:
         record (at ``version``); with neither and no earlier check in this process (a
         log written before the sink recorded them), history up to ``version`` is trusted.
         """
-        start = max((v for v in (self.checked, checked, accepted) if v is not None), default=None)
-        if start is None:
-            self.checked = version
+        with self._lock:
+            floor = _newest(checked, accepted)
+            start = _newest(self.checked, floor)
+            if start is None:
+                self.checked = version
+                return
+            if floor is not None:  # undone (or accepted) by the commit that recorded it
+                self.pending = {v: r for v, r in self.pending.items() if v > floor}
+            for v in range(start + 1, version + 1):
+                self._read(v, self.pending, current=version)
+                self.checked = v
+
+    def stale(
+        self, version: int, *, checked: int | None, accepted: int | None
+    ) -> list[StaleRewrite]:
+        """The stale rewrites at or below ``version`` that no commit up to it undid, oldest
+        first (after `check` of ``version``). Past ``version`` already (a time-travel read),
+        the commits since the version ``version`` records as checked are read again."""
+        with self._lock:
+            if self.checked == version:
+                return [self.pending[v] for v in sorted(self.pending) if v <= version]
+            floor = _newest(checked, accepted)
+            if floor is None:
+                return []
+            pending: dict[int, StaleRewrite] = {}
+            for v in range(floor + 1, version + 1):
+                self._read(v, pending, current=None)
+            return [pending[v] for v in sorted(pending)]
+
+    def _read(self, version: int, pending: dict[int, StaleRewrite], *, current: int | None) -> None:
+        """Check one commit: raise on a foreign data change (unless ``current`` is None),
+        record a stale rewrite in ``pending``, or clear those an undo of the sink's undid."""
+        commit, change = self._commit(version)
+        own = commit.info.get(COMMIT_INFO_KEY)
+        if own is not None:
+            if isinstance(own, Mapping) and own.get("operation") == UNDO_OPERATION:
+                for undone in own.get("staleVersions") or []:
+                    pending.pop(int(undone), None)
             return
-        for v in range(start + 1, version + 1):
-            actions = read_commit(self.uri, v, self.storage_options)
-            change = foreign_change(v, actions or [])
-            if change is not None:
-                raise ForeignChangeError(
-                    describe(change, log_path=self.uri, current_version=version),
-                    log_path=self.uri,
-                    version=v,
+        if change is not None:
+            if current is None:
+                return
+            raise ForeignChangeError(
+                describe(change, log_path=self.uri, current_version=current),
+                log_path=self.uri,
+                version=version,
+            )
+        if not commit.changes_data and commit.removed:
+            rewrite = self._stale(commit)
+            if rewrite is not None:
+                logger.warning(
+                    "log %s: Delta version %d (%s by %s, planned from version %s) rewrote "
+                    "%d file(s) an earlier commit had already rewritten",
+                    self.uri,
+                    version,
+                    rewrite.operation,
+                    rewrite.engine,
+                    rewrite.read_version,
+                    len(rewrite.superseded),
                 )
-            self.checked = v
+                pending[version] = rewrite
+            else:
+                # A later rearrangement that rewrote what one pending rewrite added joins
+                # it (`StaleRewrite.followed`); one that mixed the files of two is left
+                # out, and undoing either is then no longer exact.
+                touched = [v for v, r in pending.items() if commit.removed & set(r.added)]
+                if len(touched) == 1:
+                    pending[touched[0]] = pending[touched[0]].followed(commit)
+
+    def _stale(self, commit: CommitSummary) -> StaleRewrite | None:
+        """``commit`` as a stale rewrite, or None (`sinks.log.stale_rewrites`)."""
+        read = commit.read_version
+        if read is not None and read >= commit.version - 1:
+            return None  # nothing committed between its read and its commit
+        if read is not None and commit.version - 1 - read <= WINDOW_MAX:
+            window = [self._commit(v)[0] for v in range(read + 1, commit.version)]
+            if all(w.version >= 0 for w in window):
+                return stale_rewrite(commit, gone_after(window))
+        live = self._live_paths(commit.version - 1)
+        if live is None:
+            logger.warning(
+                "log %s: cannot read version %d to check Delta version %d for a stale rewrite",
+                self.uri,
+                commit.version - 1,
+                commit.version,
+            )
+            return None
+        return stale_rewrite(commit, dict.fromkeys(commit.removed - live))
+
+    def _commit(self, version: int) -> tuple[CommitSummary, ForeignChange | None]:
+        """One commit's summary and foreign change, read once (kept for `SUMMARIES_KEPT`);
+        a summary of version -1 when the Delta log no longer holds it."""
+        if version in self._commits:
+            self._commits.move_to_end(version)
+            return self._commits[version]
+        actions = read_commit(self.uri, version, self.storage_options)
+        if actions is None:
+            return CommitSummary(-1, {}, frozenset(), frozenset(), False), None
+        entry = CommitSummary.of(version, actions), foreign_change(version, actions)
+        self._commits[version] = entry
+        while len(self._commits) > SUMMARIES_KEPT:
+            self._commits.popitem(last=False)
+        return entry
+
+    def _live_paths(self, version: int) -> set[str] | None:
+        try:
+            table = DeltaTable(
+                self.uri, version=version, storage_options=self.storage_options or None
+            )
+        except Exception:  # noqa: BLE001 - an expired version fails in several ways
+            return None
+        paths = pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist()
+        return {unquote(p) for p in paths}
+
+
+def _newest(*versions: int | None) -> int | None:
+    return max((v for v in versions if v is not None), default=None)

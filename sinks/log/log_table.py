@@ -14,7 +14,9 @@ own offsets in Delta ``txn`` actions, committed in the same commit as the data:
   commit before it checked for other engines' data changes (`sinks.log.foreign_commits`).
 
 Files another engine wrote (an OPTIMIZE's) are `ForeignFile`s beside the segments:
-read like any file, never taken for a segment (`sinks.log.segment.classify`).
+read like any file, never taken for a segment (`sinks.log.segment.classify`). Another
+engine's stale rewrite (planned before a commit that already rewrote its files,
+`sinks.log.stale_rewrites`) is undone by `LogTable.snapshot` before it returns.
 
 Every snapshot is read once and then used as a value: a pass commits against the
 snapshot it planned from, never a refreshed one (delta-rs does not check that a
@@ -24,10 +26,11 @@ remove names a live file).
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from functools import cached_property
 from typing import Any
 from urllib.parse import unquote
@@ -41,6 +44,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
+from sinks.errors import CompactedSinkError
 from sinks.log.bad_files import check_files
 from sinks.log.file_reader import read_files
 from sinks.log.foreign_commits import (
@@ -52,8 +56,9 @@ from sinks.log.foreign_commits import (
 )
 from sinks.log.history_window import check_reachable
 from sinks.log.records import spark_at_or_above
-from sinks.log.segment import DataFile, ForeignFile, Segment, classify
+from sinks.log.segment import DataFile, ForeignFile, Segment, data_file
 from sinks.log.segment_writer import WrittenSegment
+from sinks.log.stale_revert import RestoredFile, Undo, plan_undo
 from sinks.log.storage import is_local, join
 
 TXN_PREFIX = "compacted-sink/"
@@ -65,6 +70,8 @@ COMMIT_TOKEN_KEY = "commitToken"
 """A random token in each commit's ``compactedSink`` info: a commit recognises itself by it."""
 
 AsOf = int | str | datetime
+
+logger = logging.getLogger("compacted_sink")
 
 REBASE_ATTEMPTS = 16
 """How many concurrent versions in a row a commit that removes files is rebased over."""
@@ -83,28 +90,60 @@ class LogTable:
         self.storage_options = dict(storage_options or {})
         self.guard = CommitGuard(uri, self.storage_options)
 
-    def snapshot(self, as_of: AsOf | None = None, *, verify: bool = True) -> LogSnapshot | None:
+    def snapshot(
+        self, as_of: AsOf | None = None, *, verify: bool = True, repair: bool = True
+    ) -> LogSnapshot | None:
         """The log as of now (or a Delta version / timestamp); None when no table exists yet.
 
         Raises `ForeignChangeError` when a commit up to that version, not checked
         before, is another engine's data change (`sinks.log.foreign_commits`);
-        ``verify=False`` skips that check (for the ways out of it).
+        ``verify=False`` skips that check (for the ways out of it). Another engine's
+        stale rewrite (`sinks.log.stale_rewrites`) is undone by a commit of the sink's
+        own before the snapshot is returned (`sinks.log.stale_revert`), or
+        `ForeignChangeError` raised when that cannot be exact; with ``repair=False`` (a
+        reader that must not write) or ``as_of``, the snapshot is seen through the undo
+        instead, and cannot be committed against.
         """
-        try:
-            table = DeltaTable(self.uri, storage_options=self.storage_options or None)
-        except TableNotFoundError:
-            return None
-        if as_of is not None:
-            self._travel(table, as_of)
-        snapshot = LogSnapshot(self.uri, table, self.storage_options)
-        if verify:
-            self.guard.check(
-                snapshot.version,
-                checked=snapshot.txn_version(CHECKED_VERSION_TXN),
-                accepted=snapshot.txn_version(ACCEPTED_VERSION_TXN),
+        for _ in range(REBASE_ATTEMPTS):
+            try:
+                table = DeltaTable(self.uri, storage_options=self.storage_options or None)
+            except TableNotFoundError:
+                return None
+            if as_of is not None:
+                self._travel(table, as_of)
+            snapshot = LogSnapshot(self.uri, table, self.storage_options)
+            if not verify:
+                return snapshot
+            checked = snapshot.txn_version(CHECKED_VERSION_TXN)
+            accepted = snapshot.txn_version(ACCEPTED_VERSION_TXN)
+            self.guard.check(snapshot.version, checked=checked, accepted=accepted)
+            stale = self.guard.stale(snapshot.version, checked=checked, accepted=accepted)
+            if not stale:
+                snapshot.verified = True
+                return snapshot
+            undo = plan_undo(
+                self.uri,
+                snapshot.data_files(),
+                stale,
+                current_version=snapshot.version,
+                storage_options=self.storage_options,
             )
-            snapshot.verified = True
-        return snapshot
+            if as_of is not None or not repair:
+                return LogSnapshot(self.uri, table, self.storage_options, seen_through=undo)
+            try:
+                snapshot.commit(
+                    adds=undo.restored,
+                    removes=undo.removes,
+                    data_change=False,
+                    transactions={CHECKED_VERSION_TXN: snapshot.version},
+                    info=undo.info(),
+                )
+            except CommitFailedError:
+                continue  # another commit came first (another process's undo?): check again
+            logger.warning("log %s: %s", self.uri, undo.summary())
+        raise CommitFailedError(
+            f"{self.uri}: could not undo a stale rewrite in {REBASE_ATTEMPTS} attempts"
+        )
 
     def _travel(self, table: DeltaTable, as_of: AsOf) -> None:
         """Load ``as_of`` into ``table``; raises `HistoryExpiredError` before the history window."""
@@ -189,13 +228,19 @@ class LogSnapshot:
     """One version of a log: its segments per partition and its recorded offsets."""
 
     def __init__(
-        self, uri: str, table: DeltaTable, storage_options: Mapping[str, str] | None = None
+        self,
+        uri: str,
+        table: DeltaTable,
+        storage_options: Mapping[str, str] | None = None,
+        *,
+        seen_through: Undo | None = None,
     ) -> None:
         self.uri = uri
         self.table = table
         self.storage_options = dict(storage_options or {})
         self.version = table.version()
         self.verified = False  # every commit up to this version checked for foreign changes
+        self.seen_through = seen_through  # files as an undo of stale rewrites leaves them
         self._transactions: dict[str, int | None] = {}
 
     @cached_property
@@ -208,11 +253,15 @@ class LogSnapshot:
 
     @cached_property
     def _files(self) -> tuple[dict[int, list[Segment]], list[ForeignFile]]:
-        actions = pa.table(self.table.get_add_actions(flatten=True))
+        rows = pa.table(self.table.get_add_actions(flatten=True)).to_pylist()
+        if self.seen_through is not None:
+            hidden = self.seen_through.hidden
+            rows = [r for r in rows if unquote(r["path"]) not in hidden]
+            rows += [f.row for f in self.seen_through.restored]
         by_partition: dict[int, list[Segment]] = {}
         foreign: list[ForeignFile] = []
-        for row in actions.to_pylist():
-            file = _data_file(row)
+        for row in rows:
+            file = data_file(row)
             if isinstance(file, ForeignFile):
                 foreign.append(file)
             else:
@@ -287,7 +336,7 @@ class LogSnapshot:
     def commit(
         self,
         *,
-        adds: Iterable[WrittenSegment] = (),
+        adds: Iterable[WrittenSegment | RestoredFile] = (),
         removes: Iterable[DataFile] = (),
         data_change: bool,
         transactions: Mapping[str, int],
@@ -307,6 +356,11 @@ class LogSnapshot:
         that fails (a conflict, or a store error past the client's retries) after its
         conditional PUT reached the store is found by its token and counts as made.
         """
+        if self.seen_through is not None:
+            raise CompactedSinkError(
+                f"log {self.uri}: version {self.version} is seen through an undo of stale "
+                "rewrites for reading; commit against a snapshot taken with repair=True"
+            )
         stamp = now_ms()
         if self.verified:
             transactions = {CHECKED_VERSION_TXN: self.version, **transactions}
@@ -326,7 +380,9 @@ class LogSnapshot:
                 self.table.create_write_transaction(
                     actions, "append", self.arrow_schema, commit_properties=properties
                 )
-            except DeltaError:  # a conflict, or a store error after retries: did it land?
+            # A conflict, or a store error after retries (delta-rs raises the store's as
+            # OSError): did it land?
+            except (DeltaError, OSError):
                 if self._landed(token, self.version) is None:
                     raise
             return
@@ -346,7 +402,7 @@ class LogSnapshot:
                     raise
                 self._check_removes(removed, table.version(), latest.version())
                 table = latest
-            except DeltaError:
+            except (DeltaError, OSError):
                 if self._landed(token, table.version()) is None:
                     raise
                 return
@@ -385,31 +441,3 @@ def log_arrow_schema(schema: StructType) -> pa.Schema:
     """The Arrow schema data files are written with: Delta's types, every field nullable."""
     arrow = to_arrow_schema(schema, timezone="UTC")
     return pa.schema([f.with_nullable(True) for f in arrow])
-
-
-def _data_file(row: Mapping[str, Any]) -> DataFile:
-    return classify(
-        path=row["path"],
-        size_bytes=int(row["size_bytes"]),
-        num_records=_int(row.get("num_records")) or 0,
-        min_partition=_int(row.get("min.partition")),
-        max_partition=_int(row.get("max.partition")),
-        min_offset=_int(row.get("min.offset")),
-        max_offset=_int(row.get("max.offset")),
-        min_timestamp_ms=_millis(row.get("min.timestamp")),
-        max_timestamp_ms=_millis(row.get("max.timestamp")),
-        min_delete_horizon_ms=_int(row.get("min.delete_horizon_ms")),
-    )
-
-
-def _int(value: Any) -> int | None:
-    return None if value is None else int(value)
-
-
-def _millis(value: datetime | None) -> int | None:
-    """Epoch milliseconds of a statistic; a naive value is UTC, as Delta's statistics are."""
-    if value is None:
-        return None
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=UTC)
-    return int(value.timestamp() * 1000)

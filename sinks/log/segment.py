@@ -17,8 +17,10 @@ it into segments (`sinks.maintenance.rearrangement`).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
 from urllib.parse import unquote
 
 SEGMENT_PATH = re.compile(r"partition-(\d+)/(\d{20})-[0-9a-f]{32}\.parquet")
@@ -144,3 +146,32 @@ def classify(
         max_timestamp_ms=max_timestamp_ms,
         min_delete_horizon_ms=min_delete_horizon_ms,
     )
+
+
+def data_file(row: Mapping[str, Any]) -> DataFile:
+    """`classify` over one row of delta-rs's ``get_add_actions(flatten=True)``. Pure."""
+    return classify(
+        path=row["path"],
+        size_bytes=int(row["size_bytes"]),
+        num_records=_int(row.get("num_records")) or 0,
+        min_partition=_int(row.get("min.partition")),
+        max_partition=_int(row.get("max.partition")),
+        min_offset=_int(row.get("min.offset")),
+        max_offset=_int(row.get("max.offset")),
+        min_timestamp_ms=_millis(row.get("min.timestamp")),
+        max_timestamp_ms=_millis(row.get("max.timestamp")),
+        min_delete_horizon_ms=_int(row.get("min.delete_horizon_ms")),
+    )
+
+
+def _int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _millis(value: datetime | None) -> int | None:
+    """Epoch milliseconds of a statistic; a naive value is UTC, as Delta's statistics are."""
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return int(value.timestamp() * 1000)

@@ -282,11 +282,11 @@ def _has_min_max(arrow_type: pa.DataType) -> bool:
 
 def _stat_values(values: Mapping[str, Any], *, low: bool) -> dict[str, Any]:
     """The statistics that can be stated safely, in Delta's JSON form."""
-    stated = {name: _stat_value(value, low=low) for name, value in values.items()}
+    stated = {name: stat_value(value, low=low) for name, value in values.items()}
     return {name: value for name, value in stated.items() if value is not None}
 
 
-def _stat_value(value: Any, *, low: bool) -> Any:
+def stat_value(value: Any, *, low: bool) -> Any:
     """A statistic in Delta's JSON form; None when it cannot be stated safely."""
     if isinstance(value, dt.datetime):
         if value.tzinfo is None:

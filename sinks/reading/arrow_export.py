@@ -68,7 +68,7 @@ def export_state_arrow(
     started = time.monotonic()
     check_codec(codec)
     uri = normalize_uri(log_path)
-    snapshot = LogTable(uri, storage_options).snapshot(as_of)
+    snapshot = LogTable(uri, storage_options).snapshot(as_of, repair=False)
     if snapshot is None:
         raise ReplayError(f"no compacted log at {log_path}")
     keys = log_keys(snapshot).key_columns

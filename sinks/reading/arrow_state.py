@@ -25,7 +25,10 @@ order, with the log's types; not the metadata (``partition``, ``offset``,
 ``timestamp``) nor the cleaner's ``delete_horizon_ms``. ``state()`` returns the
 key columns and ``value`` of the same rows. The log's key columns and sequence
 column come from the log itself (`sinks.log.log_keys`), so a reader needs only
-the path. Reads only; idempotent. Key columns must be of types Arrow's hash join
+the path. Reads only; idempotent: another engine's stale rewrite of the log (an OPTIMIZE
+planned before a pass and committed after it, `sinks.log.stale_rewrites`) is read through,
+as the sink's undo leaves the log, not undone here; one that cannot be undone exactly
+raises `ForeignChangeError`, as ``state()`` does. Key columns must be of types Arrow's hash join
 groups by (strings, binaries, numbers, dates, timestamps, decimals), not structs
 or lists; values and payload may be of any type.
 """
@@ -90,7 +93,7 @@ def read_state_batches(
     history window) fails the read with ``FileNotFoundError``.
     """
     uri = normalize_uri(path)
-    snapshot = LogTable(uri, storage_options).snapshot(as_of)
+    snapshot = LogTable(uri, storage_options).snapshot(as_of, repair=False)
     if snapshot is None:
         raise FileNotFoundError(f"no compacted log at {path}")
     plan = StatePlan.of(snapshot, dict(storage_options or {}))

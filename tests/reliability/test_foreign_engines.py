@@ -18,6 +18,7 @@ import time
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from chispa import assert_df_equality
 from deltalake import DeltaTable, write_deltalake
 from testkit import Oracle, assert_offsets_unique, state_of
 
@@ -157,8 +158,31 @@ def test_a_pass_that_an_optimize_beats_to_the_commit_conflicts_and_plans_again(
     assert state_of(sink) == feed.oracle.state
 
 
+def commit_info(commit: list[dict]) -> dict:
+    return next(a["commitInfo"] for a in commit if "commitInfo" in a)
+
+
+def paths(commit: list[dict], kind: str) -> list[str]:
+    """The paths a commit's ``add`` or ``remove`` actions name, sorted."""
+    return sorted(a[kind]["path"] for a in commit if kind in a)
+
+
+def data_changes(commit: list[dict]) -> set[bool]:
+    return {a[k]["dataChange"] for a in commit for k in ("add", "remove") if k in a}
+
+
+def replayed_log(path: str) -> dict[str, str]:
+    """Every record the Delta table holds (read by delta-rs, not by the sink) replayed in
+    offset order: what any engine rebuilding the state from the log gets."""
+    table = DeltaTable(path).to_pyarrow_table(columns=["key", "value", "partition", "offset"])
+    latest: dict[str, str | None] = {}
+    for row in sorted(table.to_pylist(), key=lambda r: (r["partition"], r["offset"])):
+        latest[row["key"]] = row["value"]
+    return {k: v for k, v in latest.items() if v is not None}
+
+
 def test_an_optimize_planned_before_a_pass_and_committed_after_it_changes_nothing(
-    spark, lake, clock
+    spark, lake, clock, delta_commits
 ):
     path = str(lake / "users")
     sink = CompactedStateSink(path, config=CONFIG, clock=clock, cleaning="inline")
@@ -168,12 +192,171 @@ def test_an_optimize_planned_before_a_pass_and_committed_after_it_changes_nothin
     # delta-rs lets an OPTIMIZE planned before a pass commit after it: a dataChange=false
     # remove does not conflict. The records the pass dropped come back in its file.
     stale = DeltaTable(path)  # the other engine reads the log here ...
+    read_version = stale.version()
     assert sink.clean(force=True) is not None
+    pass_removed = {p for c in delta_commits(path)[read_version + 1 :] for p in paths(c, "remove")}
     stale.optimize.compact()  # ... and commits over the pass: delta-rs lets it through
+    optimize = delta_commits(path)[-1]
+    stale_version = len(delta_commits(path)) - 1
+    # What tells the rewrite is stale: the read version delta-rs records, and removes of
+    # files a commit since then had removed already.
+    assert commit_info(optimize)["operation"] == "OPTIMIZE"
+    assert commit_info(optimize)["readVersion"] == read_version < stale_version - 1
+    assert set(paths(optimize, "remove")) & pass_removed
+
+    # A reader that must not write answers exactly without writing ...
+    assert arrow_state(path) == feed.oracle.state
+    assert DeltaTable(path).version() == stale_version
+    # ... and the sink undoes the OPTIMIZE in one commit of its own.
     assert state_of(sink) == feed.oracle.state
+    undo = delta_commits(path)[-1]
+    assert commit_info(undo)["compactedSink"]["operation"] == "revert-stale-rewrite"
+    assert commit_info(undo)["compactedSink"]["staleVersions"] == [stale_version]
+    assert paths(undo, "remove") == paths(optimize, "add")
+    assert set(paths(undo, "add")) == set(paths(optimize, "remove")) - pass_removed
+    assert data_changes(undo) == {False}
+    assert not foreign_files(path)
+    assert replayed_log(path) == feed.oracle.state
+    assert arrow_state(path) == feed.oracle.state
     sink.clean(force=True)
     assert_offsets_unique(path)
     assert state_of(sink) == feed.oracle.state
+
+
+def test_a_stale_optimize_cannot_bring_back_a_key_whose_expired_tombstone_a_pass_dropped(
+    spark, lake, clock, oracle, delta_commits
+):
+    """Gap (a) of the race: the pass dropped "gone"'s tombstone (its delete horizon had
+    passed); the OPTIMIZE, planned before, brings back a file with "gone"'s older value
+    and not the tombstone, so nothing in the log beats it any more."""
+    path = str(lake / "users")
+    sink = CompactedStateSink(path, config=CONFIG, clock=clock, cleaning="inline")
+
+    def append(rows, batch_id):
+        sink(spark.createDataFrame(rows, "key string, value string, partition int"), batch_id)
+        oracle.apply((k, v) for k, v, _ in rows)
+        clock.advance(400)
+
+    append([("gone", "old", 0), ("stay", "s", 0), ("kept", "a", 1), ("other", "x", 2)], 0)
+    sink.clean(force=True)
+    stale = DeltaTable(path)  # the other engine reads the log: "gone" still holds "old"
+    read_version = stale.version()
+    live_then = {f.rsplit("/users/", 1)[1] for f in stale.file_uris()}
+    append([("gone", None, 0)], 1)
+    sink.clean(force=True)  # keeps gone's tombstone and stamps its delete horizon
+    clock.advance(2_000)
+    sink.clean(force=True)  # the horizon passed: the tombstone goes, and "gone" with it
+    assert "gone" not in {r.key for r in sink.log().collect()}
+    stale.optimize.compact()  # commits over both passes: delta-rs lets it through
+    stale_version = DeltaTable(path).version()
+    optimize = delta_commits(path)[stale_version]
+    assert commit_info(optimize)["readVersion"] == read_version
+    assert set(paths(optimize, "remove")) == live_then
+    # The OPTIMIZE's file holds "gone" = "old" again, beside partitions 1 and 2's files,
+    # which no pass had touched since the read (they come back as they were).
+    assert replayed_log(path)["gone"] == "old"
+
+    assert arrow_state(path) == oracle.state  # seen through, nothing written
+    assert DeltaTable(path).version() == stale_version
+    assert read_state(path, as_of=stale_version).num_rows == len(oracle.state)
+
+    expected = spark.createDataFrame(sorted(oracle.state.items()), "key string, value string")
+    assert_df_equality(sink.state(), expected, ignore_row_order=True, ignore_nullable=True)
+    undo = delta_commits(path)[-1]
+    assert commit_info(undo)["compactedSink"]["staleVersions"] == [stale_version]
+    assert paths(undo, "remove") == paths(optimize, "add")
+    restored = set(paths(undo, "add"))
+    assert restored and restored < live_then  # partitions 1 and 2's files, untouched since
+    assert all(SEGMENT_PATH.search(p) for p in restored)
+    assert data_changes(undo) == {False}
+    assert replayed_log(path) == oracle.state
+    # The three readers agree, also at the OPTIMIZE's own version (time travel sees
+    # through it) and from a sink opened afresh.
+    assert arrow_state(path) == oracle.state
+    assert state_of_as_of(sink, stale_version) == oracle.state
+    assert state_of(CompactedStateSink(path, config=CONFIG, clock=clock)) == oracle.state
+    assert DeltaTable(path).version() == stale_version + 1  # undone once
+
+    append([("gone", "new", 0), ("kept", "b", 1)], 2)
+    clock.advance(2_000)
+    sink.clean(force=True)
+    assert state_of(sink) == oracle.state == arrow_state(path) == replayed_log(path)
+    assert assert_offsets_unique(path) == sink.log().count()
+
+
+def test_a_stale_optimize_rewritten_again_by_the_next_optimize_is_undone_with_it(
+    spark, lake, clock, delta_commits
+):
+    """Two OPTIMIZEs read the log at the same version: delta-rs lets both commit (the
+    second brings every record back twice). A third, planned after them, merges their
+    files before the sink looks; the sink undoes the second and the third together."""
+    path = str(lake / "users")
+    sink = CompactedStateSink(path, config=CONFIG, clock=clock, cleaning="inline")
+    feed = Feed(spark, sink, clock)
+    for _ in range(3):
+        feed.append()
+    first, second = DeltaTable(path), DeltaTable(path)
+    first.optimize.compact()
+    second.optimize.compact()
+    stale_version = DeltaTable(path).version()
+    assert commit_info(delta_commits(path)[-1])["readVersion"] == stale_version - 2
+    optimize(path)  # reads at the stale version, so not stale itself: it merges both files
+    assert arrow_state(path) == feed.oracle.state  # seen through, nothing written
+    assert state_of(sink) == feed.oracle.state
+    undo = delta_commits(path)[-1]
+    assert commit_info(undo)["compactedSink"]["staleVersions"] == [stale_version]
+    assert commit_info(undo)["compactedSink"]["followedBy"] == [[stale_version + 1]]
+    assert paths(undo, "remove") == paths(delta_commits(path)[stale_version + 1], "add")
+    assert paths(undo, "add") == paths(delta_commits(path)[stale_version - 1], "add")
+    assert data_changes(undo) == {False}
+    assert replayed_log(path) == feed.oracle.state
+    assert assert_offsets_unique(path) == sink.log().count()
+    feed.append()
+    sink.clean(force=True)
+    assert state_of(sink) == feed.oracle.state == arrow_state(path) == replayed_log(path)
+
+
+def test_a_stale_optimize_that_cannot_be_undone_exactly_stops_the_sink(
+    spark, lake, clock, delta_commits
+):
+    """The OPTIMIZE planned before a pass removed, beside the pass's inputs, files that were
+    still live; one of them is gone from storage before the sink looks (another engine's
+    VACUUM with a short retention, say), so no undo is exact: every reader stops."""
+    path = str(lake / "users")
+    sink = CompactedStateSink(path, config=CONFIG, clock=clock, cleaning="inline")
+
+    def append(rows, batch_id):
+        sink(spark.createDataFrame(rows, "key string, value string, partition int"), batch_id)
+
+    append([("a", "1", 0), ("b", "1", 1)], 0)
+    sink.clean(force=True)
+    stale = DeltaTable(path)
+    append([("a", "2", 0)], 1)
+    sink.clean(force=True)  # rewrites partition 0 only: partition 1's segment stays live
+    stale.optimize.compact()
+    stale_version = DeltaTable(path).version()
+    [untouched] = [
+        p for p in paths(delta_commits(path)[stale_version], "remove") if "partition-1" in p
+    ]
+    (lake / "users" / untouched).unlink()
+    with pytest.raises(ForeignChangeError) as stopped:
+        sink.state()
+    message = str(stopped.value)
+    assert f"Delta version {stale_version} " in message
+    assert "OPTIMIZE" in message and "delta-rs" in message and "gone from storage" in message
+    assert f"sink.restore({stale_version - 1})" in message and "accept_foreign_changes" in message
+    assert stopped.value.version == stale_version
+    with pytest.raises(ForeignChangeError):
+        read_state(path)
+    with pytest.raises(ForeignChangeError):
+        append([("c", "1", 2)], 2)
+    assert DeltaTable(path).version() == stale_version  # nothing was written
+    # The way on here: accept the log as it is (the missing file is no longer live).
+    assert sink.accept_foreign_changes() == stale_version
+    append([("c", "1", 2)], 2)
+    sink.clean(force=True)
+    assert state_of(sink) == {"a": "2", "b": "1", "c": "1"} == arrow_state(path)
+    assert assert_offsets_unique(path) == sink.log().count()
 
 
 def test_a_streaming_query_beside_a_scheduled_optimize_loses_nothing(spark, lake, tmp_path):
