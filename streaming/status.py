@@ -29,10 +29,6 @@ from sinks.log.log_table import COMMIT_INFO_KEY, LogSnapshot, now_ms
 from sinks.maintenance.file_inventory import take_inventory
 from streaming.consumers import consumer_report
 
-# The report as before it moved to `status_render`: tests of log, maintenance and
-# reliability import it from here, with `log_status`.
-from streaming.status_render import render_json, render_table  # noqa: F401
-
 
 @dataclass(frozen=True)
 class PartitionStatus:

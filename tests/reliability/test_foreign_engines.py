@@ -27,7 +27,8 @@ from sinks.crash_points import CLEAN_BEFORE_COMMIT, armed
 from sinks.log.segment import SEGMENT_PATH
 from streaming.cli import main as cli
 from streaming.datasource import register
-from streaming.status import log_status, render_table
+from streaming.status import log_status
+from streaming.status_render import render_table
 
 PARTITIONS = 3
 CONFIG = CleanerConfig(min_cleanable_dirty_ratio=0.99, delete_retention_ms=1_000)
