@@ -52,9 +52,9 @@ from sinks.log.foreign_commits import (
     CHECKED_VERSION_TXN,
     COMMIT_INFO_KEY,
     CommitGuard,
-    read_commit,
 )
 from sinks.log.history_window import check_reachable
+from sinks.log.landed_commits import COMMIT_TOKEN_KEY, check_removes, landed_version
 from sinks.log.records import spark_at_or_above
 from sinks.log.segment import DataFile, ForeignFile, Segment, data_file
 from sinks.log.segment_writer import WrittenSegment
@@ -66,7 +66,7 @@ LOG_END_OFFSET_TXN = TXN_PREFIX + "log-end-offset/{}"
 LOG_START_OFFSET_TXN = TXN_PREFIX + "log-start-offset/{}"
 CLEANER_OFFSET_TXN = TXN_PREFIX + "cleaner-offset/{}"
 PARTITIONS_TXN = TXN_PREFIX + "partitions"
-COMMIT_TOKEN_KEY = "commitToken"
+
 """A random token in each commit's ``compactedSink`` info: a commit recognises itself by it."""
 
 AsOf = int | str | datetime
@@ -383,7 +383,7 @@ class LogSnapshot:
             # A conflict, or a store error after retries (delta-rs raises the store's as
             # OSError): did it land?
             except (DeltaError, OSError):
-                if self._landed(token, self.version) is None:
+                if landed_version(self.uri, token, self.version, self.storage_options) is None:
                     raise
             return
         removed = {unquote(s.path) for s in removes}
@@ -395,46 +395,23 @@ class LogSnapshot:
                 )
                 return
             except CommitFailedError:
-                if self._landed(token, table.version()) is not None:
+                if (
+                    landed_version(self.uri, token, table.version(), self.storage_options)
+                    is not None
+                ):
                     return
                 latest = DeltaTable(self.uri, storage_options=self.storage_options or None)
                 if latest.version() == table.version():
                     raise
-                self._check_removes(removed, table.version(), latest.version())
+                check_removes(
+                    self.uri, removed, table.version(), latest.version(), self.storage_options
+                )
                 table = latest
             except (DeltaError, OSError):
-                if self._landed(token, table.version()) is None:
+                if landed_version(self.uri, token, table.version(), self.storage_options) is None:
                     raise
                 return
         raise CommitFailedError(f"{self.uri}: still behind after {REBASE_ATTEMPTS} rebases")
-
-    def _landed(self, token: str, after: int) -> int | None:
-        """The version after ``after`` that holds the commit carrying ``token``, if any.
-
-        An object store may store a commit's conditional PUT and lose the answer (a
-        timeout, a reset, a 500 after the write); the client's retry then finds the
-        version taken, by this very commit, and delta-rs reports a conflict. The token
-        tells this commit from another writer's.
-        """
-        latest = DeltaTable(self.uri, storage_options=self.storage_options or None).version()
-        for version in range(after + 1, latest + 1):
-            for action in read_commit(self.uri, version, self.storage_options) or []:
-                own = (action.get("commitInfo") or {}).get(COMMIT_INFO_KEY) or {}
-                if isinstance(own, Mapping) and own.get(COMMIT_TOKEN_KEY) == token:
-                    return version
-        return None
-
-    def _check_removes(self, removed: set[str], after: int, through: int) -> None:
-        """Raise ``CommitFailedError`` when a commit in ``(after, through]`` removed a file
-        of ``removed``."""
-        for version in range(after + 1, through + 1):
-            for action in read_commit(self.uri, version, self.storage_options) or []:
-                path = action.get("remove", {}).get("path")
-                if path is not None and unquote(path) in removed:
-                    raise CommitFailedError(
-                        f"{self.uri}: version {version} removed {path}, which this commit "
-                        "removes too"
-                    )
 
 
 def log_arrow_schema(schema: StructType) -> pa.Schema:

@@ -1,0 +1,53 @@
+"""What became of a commit whose answer is in doubt: read back from the Delta log.
+
+An object store may store a commit's conditional PUT and lose the answer (a timeout, a
+reset, a 500 after the write); the client's retry then finds the version taken, by this
+very commit, and delta-rs reports a conflict or a store error. Each commit the sink makes
+carries a random token in its commit info (`COMMIT_TOKEN_KEY`):
+`landed_version` finds it, as Kafka's idempotent producer recognises its own sequence
+number. `check_removes` tells whether a commit that removes files may be rebased over the
+commits since its snapshot: only when none of them removed one of its files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from urllib.parse import unquote
+
+from deltalake import DeltaTable
+from deltalake.exceptions import CommitFailedError
+
+from sinks.log.foreign_commits import COMMIT_INFO_KEY, read_commit
+
+COMMIT_TOKEN_KEY = "commitToken"
+
+
+def landed_version(
+    uri: str, token: str, after: int, storage_options: Mapping[str, str] | None = None
+) -> int | None:
+    """The version after ``after`` that holds the commit carrying ``token``, if any."""
+    latest = DeltaTable(uri, storage_options=dict(storage_options or {}) or None).version()
+    for version in range(after + 1, latest + 1):
+        for action in read_commit(uri, version, storage_options) or []:
+            own = (action.get("commitInfo") or {}).get(COMMIT_INFO_KEY) or {}
+            if isinstance(own, Mapping) and own.get(COMMIT_TOKEN_KEY) == token:
+                return version
+    return None
+
+
+def check_removes(
+    uri: str,
+    removed: set[str],
+    after: int,
+    through: int,
+    storage_options: Mapping[str, str] | None = None,
+) -> None:
+    """Raise ``CommitFailedError`` when a commit in ``(after, through]`` removed a file of
+    ``removed``."""
+    for version in range(after + 1, through + 1):
+        for action in read_commit(uri, version, storage_options) or []:
+            path = action.get("remove", {}).get("path")
+            if path is not None and unquote(path) in removed:
+                raise CommitFailedError(
+                    f"{uri}: version {version} removed {path}, which this commit removes too"
+                )
