@@ -20,6 +20,7 @@ from deltalake.exceptions import CommitFailedError
 from sinks.log.foreign_commits import COMMIT_INFO_KEY, read_commit
 
 COMMIT_TOKEN_KEY = "commitToken"
+"""A random token in each commit's ``compactedSink`` info: a commit recognises itself by it."""
 
 
 def landed_version(

@@ -67,8 +67,6 @@ LOG_START_OFFSET_TXN = TXN_PREFIX + "log-start-offset/{}"
 CLEANER_OFFSET_TXN = TXN_PREFIX + "cleaner-offset/{}"
 PARTITIONS_TXN = TXN_PREFIX + "partitions"
 
-"""A random token in each commit's ``compactedSink`` info: a commit recognises itself by it."""
-
 AsOf = int | str | datetime
 
 logger = logging.getLogger("compacted_sink")
