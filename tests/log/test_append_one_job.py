@@ -1,7 +1,8 @@
 """The append in one Spark job: checks, numbering and writing in one task pass (issue #6).
 
 A bad batch is found after its files were written; the files are deleted and
-nothing is committed, so SPEC rule 12 (never half-written) still holds.
+nothing is committed, so SPEC rule 12 (never half-written) still holds. Kafka input
+is not shuffled; a bad Kafka batch is checked again through the shuffle (a second job).
 """
 
 from __future__ import annotations
@@ -74,12 +75,16 @@ def test_an_append_is_one_spark_job_with_one_shuffle(spark, lake, clock):
     )
     with spark_jobs(spark) as jobs:
         sink(kafka, 2)
-    assert len(jobs) == 1
+    assert len(jobs) == 1 and stages(spark, jobs[0]) == 1  # Kafka input: no shuffle at all
     rows = sink.log().filter("offset >= 1000").count()
     assert rows == 300
 
 
-def test_bad_kafka_offsets_are_found_in_the_one_job_and_no_file_is_left(spark, lake, clock):
+def test_bad_kafka_offsets_are_counted_whole_through_the_shuffle_and_no_file_is_left(
+    spark, lake, clock
+):
+    """Kafka input is written where it was read; a task that finds a bad row sends the batch
+    through the shuffle (a second job), where each partition's rows meet in one task."""
     path = lake / "log"
     sink = CompactedStateSink(str(path), config=NO_CLEAN, clock=clock)
     sink(spark.createDataFrame([("a", "1", 0, 0), ("b", "1", 1, 0)], KAFKA), 0)
@@ -90,7 +95,7 @@ def test_bad_kafka_offsets_are_found_in_the_one_job_and_no_file_is_left(spark, l
     bad += [("n", "1", 4, None), ("m", "1", 4, None), ("o", "1", 4, 9)]
     with spark_jobs(spark) as jobs, pytest.raises(BadInputError) as error:
         sink(spark.createDataFrame(good + bad, KAFKA), 1)
-    assert len(jobs) == 1
+    assert [stages(spark, job) for job in sorted(jobs)] == [1, 2]
     message = str(error.value)
     assert "partition 0 has 2 rows whose 'offset' repeats another row's" in message
     assert "2 rows of partition 4 have a null 'offset'" in message
