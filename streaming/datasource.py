@@ -242,11 +242,12 @@ def _app_ids(sink: CompactedStateSink, options: SinkOptions, batch_id: int) -> t
     written before this keyed the batch by a digest of the location: that id is
     checked too, so an upgrade writes no batch twice.
     """
+    producer = sink.transactional_id
     if options.checkpoint_location is None:
-        return (sink.sink_id,)
+        return (producer.app_id(None),)
     query_id = checkpoint_query_id(options.checkpoint_location, batch_id)
     digest = hashlib.sha256(options.checkpoint_location.encode()).hexdigest()[:12]
-    return (f"{sink.sink_id}/query={query_id}", f"{sink.sink_id}/checkpoint={digest}")
+    return (producer.app_id(query_id), f"{producer.sink_id}/checkpoint={digest}")
 
 
 def staged_files(path: str) -> list[str]:
