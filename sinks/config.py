@@ -96,10 +96,12 @@ class CleanerConfig:
       failed is tried again (doubling per failure, capped at an hour).
     - ``dedupe_buffer_size``: the memory one pass task's offset map may use (Kafka's
       ``log.cleaner.dedupe.buffer.size``; default 512 MiB, not Kafka's 128 MiB, as a key
-      here is held exactly, not as a 16-byte digest). A mapped record costs about 160 bytes
-      with 16-byte keys (`sinks.cleaner.offset_map.BYTES_PER_MAPPED_RECORD`): the default
-      maps 3.3 M records of a partition per pass, each of a pass's concurrent tasks holding
-      its own map; a partition with more dirty records is cleaned in several passes.
+      here is held exactly, not as a 16-byte digest). Building the map costs about 256
+      bytes a mapped record with 16-byte keys (`sinks.cleaner.offset_map.BYTES_PER_MAPPED_RECORD`),
+      so the default maps 2.1 M records at once; a larger dirty section is mapped a hash
+      bucket of keys at a time, holding 8 bytes a key between buckets (up to 8 buckets:
+      about 13 M records of a partition in one pass); beyond that a partition is cleaned
+      in several passes, as Kafka's. Each of a pass's concurrent tasks holds its own map.
     """
 
     cleanup_policy: CleanupPolicy = "compact"

@@ -13,9 +13,10 @@ mapped files with pyarrow, builds the exact map where it runs, then reads, filte
 writes each group of files, one row group at a time, with pyarrow. The driver only
 ships file names: no key ever leaves a task, no Spark row carries a value, nothing is
 shuffled, and each input byte is read once (plus the narrow columns of the mapped files
-once). A task's memory is one map, bounded by
-``log.cleaner.dedupe.buffer.size`` through the records the driver lets it map, plus the
-row group it is recopying.
+once, or once per hash bucket of keys when the map is built in buckets). A task's
+memory is one map, bounded by ``log.cleaner.dedupe.buffer.size`` through the records
+the driver lets it map at once (`sinks.cleaner.offset_map.size_map`), plus the row
+group it is recopying.
 
 Not idempotent: every call writes new files, which only a commit makes part of the
 log (a crash leaves orphans for recovery).
@@ -23,9 +24,10 @@ log (a crash leaves orphans for recovery).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -33,6 +35,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from sinks.cleaner.cpu_priority import at_lower_priority
+from sinks.cleaner.key_encoding import canonical_keys, key_buckets
 from sinks.cleaner.offset_map import OffsetMap
 from sinks.cleaner.rules import apply_arrow_tombstone_rules
 from sinks.log.file_reader import conform
@@ -53,18 +56,28 @@ _BIN = "bin"
 class PartitionToClean:
     """What one task cleans: one partition's groups of files, and the files its map covers.
 
-    ``mapped`` are the paths whose records the map is built from (`map_segments`);
-    each group (consecutive files, one output file each) is recopied in turn.
+    ``mapped`` are the paths whose records the map is built from, in ``buckets`` scans
+    (`sinks.cleaner.offset_map.size_map`); each group (consecutive files, one output
+    file each) is recopied in turn.
     """
 
     partition: int
     mapped: tuple[str, ...]
     groups: tuple[tuple[str, ...], ...]
     size_bytes: int = 0
+    buckets: int = 1
+
+    @property
+    def probes_keys(self) -> bool:
+        """Whether a clean file is recopied by key (its records are not mapped)."""
+        mapped = set(self.mapped)
+        return any(path not in mapped for group in self.groups for path in group)
 
 
 def partitions_to_clean(
-    mapped: Mapping[int, Sequence[Segment]], groups: Mapping[int, Sequence[Sequence[Segment]]]
+    mapped: Mapping[int, Sequence[Segment]],
+    groups: Mapping[int, Sequence[Sequence[Segment]]],
+    buckets: Mapping[int, int] | None = None,
 ) -> list[PartitionToClean]:
     """The pass's work: each partition whole, its map built once, largest first. Pure.
 
@@ -78,6 +91,7 @@ def partitions_to_clean(
             tuple(s.path for s in mapped.get(partition, [])),
             tuple(tuple(s.path for s in g) for g in runs),
             sum(s.size_bytes for g in runs for s in g),
+            (buckets or {}).get(partition, 1),
         )
         for partition, runs in groups.items()
     ]
@@ -151,16 +165,59 @@ class RecopyTask:
         return [k for k in self.key_columns if k != PARTITION]
 
     def build_offset_map(self, task: PartitionToClean) -> OffsetMap:
-        """The partition's map, from the narrow columns of its mapped files only."""
+        """The partition's map, from the narrow columns of its mapped files only: at once,
+        or one bucket of keys per scan, holding only newest offsets between buckets (each
+        row's bucket hashed in the first scan and kept, a byte a record)."""
+        if task.buckets == 1:
+            return self.map_bucket(task, keep_keys=task.probes_keys)
+        buckets: list[np.ndarray] = []
+
+        def bucket_of(index: int, canonical: pa.Table) -> np.ndarray:
+            if index == len(buckets):
+                buckets.append(key_buckets(canonical, task.buckets).astype(np.uint8))
+            return buckets[index]
+
+        newest = [
+            self.map_bucket(
+                task, keep_keys=False, rows=lambda i, c, b=b: bucket_of(i, c) == b
+            ).newest
+            for b in range(task.buckets)
+        ]
+        return OffsetMap(np.concatenate(newest))
+
+    def map_bucket(
+        self,
+        task: PartitionToClean,
+        *,
+        keep_keys: bool,
+        rows: Callable[[int, pa.Table], np.ndarray] | None = None,
+    ) -> OffsetMap:
+        """The map of the mapped records (only those ``rows`` selects, given the index of a
+        row group and its canonical keys), read row group by row group, keys encoded as
+        they are read."""
         names = [*self.keys, OFFSET, *([self.sequence_column] if self.sequence_column else [])]
         narrow = pa.schema([self.schema.field(n) for n in names])
-        tables = [t for path in task.mapped for t in self.row_groups(path, narrow, task.partition)]
-        records = pa.concat_tables(tables) if tables else _conform(narrow.empty_table(), narrow)
-        del tables
-        return OffsetMap(
-            records.select(self.keys),
-            records.column(OFFSET),
-            records.column(self.sequence_column) if self.sequence_column else None,
+        keys, offsets, sequences = [], [], []
+        tables = (t for path in task.mapped for t in self.row_groups(path, narrow, task.partition))
+        for index, table in enumerate(tables):
+            canonical = canonical_keys(table, self.keys, every_validity=True)
+            if rows is not None:
+                mine = pa.array(rows(index, canonical))
+                canonical, table = canonical.filter(mine), table.filter(mine)
+            keys.append(canonical)
+            offsets.extend(table.column(OFFSET).chunks)
+            if self.sequence_column:
+                sequences.extend(table.column(self.sequence_column).chunks)
+        if not keys:
+            empty = canonical_keys(narrow.empty_table(), self.keys, every_validity=True)
+            return OffsetMap(np.zeros(0, dtype=np.int64), empty)
+        return OffsetMap.build(
+            pa.concat_tables(keys),
+            pa.chunked_array(offsets, pa.int64()),
+            pa.chunked_array(sequences, narrow.field(self.sequence_column).type)
+            if self.sequence_column
+            else None,
+            keep_keys=keep_keys,
         )
 
     def row_groups(self, path: str, schema: pa.Schema, partition: int) -> Iterator[pa.Table]:

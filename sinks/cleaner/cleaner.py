@@ -31,7 +31,7 @@ from sinks.cleaner.clean_segments import clean_segments, partitions_to_clean
 from sinks.cleaner.cleaner_stats import CleanerStats
 from sinks.cleaner.consumer_holds import held_tombstones
 from sinks.cleaner.log_to_clean import LogToClean, group_segments_by_size, segments_to_clean
-from sinks.cleaner.offset_map import map_end_offset, map_segments, max_map_records
+from sinks.cleaner.offset_map import size_map
 from sinks.config import LONG_MAX, CleanerConfig
 from sinks.crash_points import CLEAN_BEFORE_COMMIT, crash_point
 from sinks.log.log_table import CLEANER_OFFSET_TXN, LogSnapshot, LogTable
@@ -43,8 +43,9 @@ from sinks.spark_session import default_parallelism
 
 @dataclass(frozen=True)
 class PartitionPlan:
-    """One partition's share of a pass: the files it reads, those its map covers, where
-    it ends (``end_offset``, the next first dirty offset) and whether the map cut it short.
+    """One partition's share of a pass: the files it reads, those its map covers (built in
+    ``buckets``), where it ends (``end_offset``, the next first dirty offset) and whether
+    the map cut it short.
     """
 
     partition: int
@@ -52,6 +53,7 @@ class PartitionPlan:
     mapped: tuple[Segment, ...]
     end_offset: int
     cut: bool
+    buckets: int = 1
 
 
 def plan_partition(
@@ -60,32 +62,29 @@ def plan_partition(
     *,
     cleaner_offset: int | None,
     sequence_column: str | None,
-    max_map_records: int,
+    dedupe_buffer_size: int,
 ) -> PartitionPlan:
-    """Which files a partition's pass reads and maps, ended where its map fills. Pure.
+    """Which files a partition's pass reads and maps, and how, within the dedupe buffer. Pure.
 
-    The end is the first uncleanable offset, or lower, at a segment boundary, when the
-    mapped records would pass ``max_map_records`` (`sinks.cleaner.offset_map.map_end_offset`).
+    The end is the first uncleanable offset, or lower, at a segment boundary, when not
+    even a map built in buckets fits (`sinks.cleaner.offset_map.size_map`).
     """
     inputs = segments_to_clean(segments, log.first_uncleanable_offset)
-    mapped = map_segments(
+    size = size_map(
         inputs,
         first_dirty_offset=log.first_dirty_offset,
         cleaner_offset=cleaner_offset,
         sequence_column=sequence_column,
-    )
-    end = map_end_offset(
-        mapped,
-        max_map_records,
-        log.first_uncleanable_offset,
-        first_dirty_offset=log.first_dirty_offset,
+        end_offset=log.first_uncleanable_offset,
+        dedupe_buffer_size=dedupe_buffer_size,
     )
     return PartitionPlan(
         partition=log.partition,
-        inputs=tuple(s for s in inputs if s.last_offset < end),
-        mapped=tuple(s for s in mapped if s.last_offset < end),
-        end_offset=end,
-        cut=end < log.first_uncleanable_offset,
+        inputs=tuple(s for s in inputs if s.last_offset < size.end_offset),
+        mapped=size.mapped,
+        end_offset=size.end_offset,
+        cut=size.end_offset < log.first_uncleanable_offset,
+        buckets=size.buckets,
     )
 
 
@@ -120,7 +119,7 @@ class Cleaner:
                 snapshot.segments.get(log.partition, []),
                 cleaner_offset=snapshot.cleaner_offset(log.partition),
                 sequence_column=self.sequence_column,
-                max_map_records=max_map_records(self.dedupe_buffer_size),
+                dedupe_buffer_size=self.dedupe_buffer_size,
             )
             for log in logs
         ]
@@ -249,7 +248,11 @@ class Cleaner:
         }
         if not groups:
             return []
-        tasks = partitions_to_clean({plan.partition: plan.mapped for plan in plans}, groups)
+        tasks = partitions_to_clean(
+            {plan.partition: plan.mapped for plan in plans},
+            groups,
+            buckets={plan.partition: plan.buckets for plan in plans},
+        )
         return clean_segments(
             spark,
             tasks,

@@ -7,26 +7,39 @@ stops, and the pass ends at the first offset the map does not cover (the rest st
 dirty for the next pass, KAFKA-3894). The recopy then keeps a record unless the map
 holds a newer offset for its key. Here the map is exact (keys compared by value
 through `sinks.cleaner.key_encoding`, never through a digest: Kafka's
-``SkimpyOffsetMap`` loses a key to an MD5 collision), held as Arrow columns, and
-built inside the Spark task that recopies the partition, never on the driver.
+``SkimpyOffsetMap`` loses a key to an MD5 collision), held as the sorted newest
+offsets (plus the distinct keys while a clean file is probed by key), and built
+inside the Spark task that recopies the partition, never on the driver.
 
 Why the dirty section suffices: the clean section (segments wholly below the
 cleaner offset the log records, see `sinks.reading.state_reader`) holds at most one
 record per key, below every dirty offset. So a clean record is obsolete exactly when
 the map holds its key, and a mapped record exactly when its offset is not its key's
 newest. With a ``sequence_column`` a clean record may beat a dirty one: the map then
-covers the whole cleanable range (`map_segments`), and every record is kept exactly
+covers the whole cleanable range (`size_map`), and every record is kept exactly
 when it is its key's newest.
 
 The bound: the driver cannot count keys without reading them, so it bounds records
-(a segment's record count is in the Delta log, and records >= keys), choosing the
-pass's end offset at a segment boundary so that a partition's mapped records fit
-(`map_end_offset`): Kafka's approach, bounding by map slots segment by segment.
+(a segment's record count is in the Delta log, and records >= keys). `size_map` chooses,
+per partition, the cheapest map that fits ``log.cleaner.dedupe.buffer.size``:
+
+1. the dirty section's keys and newest offsets, built at once, when its records fit
+   (``BYTES_PER_MAPPED_RECORD`` each while the map is built);
+2. otherwise every input record's newest offset only (8 bytes a key held), built in
+   hash buckets of keys (`sinks.cleaner.key_encoding.key_buckets`), one bucket at a
+   time, each bucket's build within the buffer. Each row's bucket is hashed in the
+   first scan and kept (a byte a record); a later scan only reads and filters the
+   narrow columns (0.5 s per 7.5 M records here): 7.5 M records of 3.75 M keys map in
+   3.8 s in 4 buckets, peak 467 MiB, against 3.6 s and 1,083 MiB at once. Every input
+   file is then mapped, so no clean file is probed by key;
+3. when even ``MAX_MAP_BUCKETS`` buckets do not fit: Kafka's bound, the pass ending at
+   the first segment the map cannot take (`map_end_offset`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -35,11 +48,17 @@ from sinks.cleaner.key_encoding import canonical_keys
 from sinks.cleaner.rules import latest_offsets
 from sinks.log.segment import Segment, split_clean
 
-# What one mapped record costs a task at its peak, measured: 146 bytes a record for
-# 16-byte string keys (2.5 M records, 1.25 M keys; a fresh process's peak RSS growth
-# while it reads the narrow columns of one Parquet file and builds the map; 105 bytes
-# a record stay held). Rounded up; wider keys cost more.
-BYTES_PER_MAPPED_RECORD = 160
+# What one mapped record costs a task at its peak while its map (or bucket) is built,
+# measured with 16-byte string keys, every key distinct (the worst case for a bound on
+# records): 222 bytes a record (a fresh process's peak RSS growth between 1.25 M and
+# 3.75 M distinct keys, read from Parquet row group by row group: 375 and 905 MiB; about
+# 110 MiB of it is fixed, the reader and Arrow's pool). With every key written twice a
+# record costs 151 bytes. Rounded up; wider keys cost more.
+BYTES_PER_MAPPED_RECORD = 256
+# What a mapped key costs once built when only its newest offset is held (option 2).
+BYTES_PER_NEWEST_OFFSET = 8
+# The most scans of a partition's narrow columns a bucketed map may take.
+MAX_MAP_BUCKETS = 8
 
 
 def max_map_records(dedupe_buffer_size: int) -> int:
@@ -60,20 +79,70 @@ def dirty_segments(
     return split_clean(segments, end)[1]
 
 
-def map_segments(
+def map_buckets(records: int, dedupe_buffer_size: int) -> int | None:
+    """How many buckets a map of ``records`` newest offsets is built in so that each
+    bucket's build plus the offsets already held fit ``dedupe_buffer_size``; None when
+    more than ``MAX_MAP_BUCKETS`` would be needed. Pure."""
+    spare = dedupe_buffer_size - records * BYTES_PER_NEWEST_OFFSET
+    if spare <= 0:
+        return None
+    buckets = max(1, -(-records * BYTES_PER_MAPPED_RECORD // spare))
+    return buckets if buckets <= MAX_MAP_BUCKETS else None
+
+
+def max_bucketed_records(dedupe_buffer_size: int) -> int:
+    """The most records a map built in ``MAX_MAP_BUCKETS`` buckets may cover (at least one)."""
+    per_record = BYTES_PER_MAPPED_RECORD / MAX_MAP_BUCKETS + BYTES_PER_NEWEST_OFFSET
+    return max(1, int(dedupe_buffer_size / per_record))
+
+
+@dataclass(frozen=True)
+class MapSize:
+    """One partition's map as `size_map` chose it: the segments it covers, where the pass
+    ends (``end_offset``), and in how many buckets it is built (1: keys held too)."""
+
+    mapped: tuple[Segment, ...]
+    end_offset: int
+    buckets: int
+
+
+def size_map(
     inputs: Sequence[Segment],
     *,
     first_dirty_offset: int,
     cleaner_offset: int | None,
     sequence_column: str | None,
-) -> list[Segment]:
-    """The input segments a partition's map is built from: the dirty ones, or every input
-    segment with a sequence column (a clean record may then beat a dirty one). Pure."""
-    if sequence_column is not None:
-        return list(inputs)
-    return dirty_segments(
+    end_offset: int,
+    dedupe_buffer_size: int,
+) -> MapSize:
+    """The map a partition's pass builds within ``dedupe_buffer_size``, and where the pass
+    ends (see the module's three options). Pure.
+
+    ``inputs`` are the partition's input segments below ``end_offset``, the first
+    uncleanable offset.
+    """
+    dirty = dirty_segments(
         inputs, first_dirty_offset=first_dirty_offset, cleaner_offset=cleaner_offset
     )
+    at_once = max_map_records(dedupe_buffer_size)
+    if sequence_column is None and _records(dirty) <= at_once:
+        return MapSize(tuple(dirty), end_offset, 1)
+    buckets = map_buckets(_records(inputs), dedupe_buffer_size)
+    if buckets is not None:
+        return MapSize(tuple(inputs), end_offset, buckets)
+    if sequence_column is None:
+        mapped, bound = dirty, at_once
+    else:  # the clean section must be mapped too
+        mapped, bound = list(inputs), max_bucketed_records(dedupe_buffer_size)
+    end = map_end_offset(mapped, bound, end_offset, first_dirty_offset=first_dirty_offset)
+    taken = tuple(s for s in mapped if s.last_offset < end)
+    if sequence_column is None:
+        return MapSize(taken, end, 1)
+    return MapSize(taken, end, map_buckets(_records(taken), dedupe_buffer_size) or MAX_MAP_BUCKETS)
+
+
+def _records(segments: Sequence[Segment]) -> int:
+    return sum(s.num_records for s in segments)
 
 
 def map_end_offset(
@@ -102,22 +171,41 @@ def map_end_offset(
 class OffsetMap:
     """The exact offset map of one partition: each key's newest offset among the mapped records.
 
-    Built from the mapped records' key columns, offsets and (optionally) sequence
-    values; probed file by file during the recopy. Holds the distinct canonical keys and
-    their newest offsets, sorted, nothing else.
+    Holds the newest offsets, sorted, and (only when clean files are probed by key,
+    ``lacks``) the distinct canonical keys; probed file by file during the recopy.
     """
 
-    def __init__(
-        self,
+    def __init__(self, newest: np.ndarray, keys: pa.Table | None = None) -> None:
+        self._newest = np.sort(newest)
+        self._keys = keys
+
+    @classmethod
+    def build(
+        cls,
         keys: pa.Table,
         offsets: pa.ChunkedArray,
         sequence: pa.ChunkedArray | None = None,
-    ) -> None:
-        distinct, newest = latest_offsets(
-            canonical_keys(keys, keys.column_names), offsets, sequence
+        *,
+        keep_keys: bool = True,
+    ) -> OffsetMap:
+        """The map of these records; ``keys`` canonical already (`canonical_keys`, with
+        ``every_validity``, as ``lacks`` encodes its probes)."""
+        distinct, newest = latest_offsets(keys, offsets, sequence)
+        return cls(newest, distinct if keep_keys else None)
+
+    @classmethod
+    def of_records(
+        cls, keys: pa.Table, offsets: pa.ChunkedArray, sequence: pa.ChunkedArray | None = None
+    ) -> OffsetMap:
+        """The map of these records, ``keys`` as the log stores them."""
+        return cls.build(
+            canonical_keys(keys, keys.column_names, every_validity=True), offsets, sequence
         )
-        self._keys = distinct
-        self._newest = np.sort(newest)
+
+    @property
+    def newest(self) -> np.ndarray:
+        """The newest offsets the map holds, sorted."""
+        return self._newest
 
     @property
     def size(self) -> int:
@@ -134,7 +222,9 @@ class OffsetMap:
 
     def lacks(self, keys: pa.Table) -> np.ndarray:
         """Per record (by key): whether the map holds no offset for its key."""
-        probe = canonical_keys(keys, keys.column_names)
+        if self._keys is None:
+            raise ValueError("this map holds no keys: every input file was mapped")
+        probe = canonical_keys(keys, keys.column_names, every_validity=True)
         if not self.size:
             return np.ones(probe.num_rows, dtype=bool)
         rows = probe.append_column("_row", pa.array(np.arange(probe.num_rows, dtype=np.int64)))

@@ -86,14 +86,20 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize(
+    "buffer", [CleanerConfig().dedupe_buffer_size, 700], ids=["map-at-once", "map-in-buckets"]
+)
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_every_key_type_takes_the_one_pass(spark, lake, clock, case):
+def test_every_key_type_takes_the_one_pass(spark, lake, clock, case, buffer):
+    """700 bytes map two records at once (`size_map`): more are mapped in key buckets."""
     schema, keys, sequence, batches = CASES[case]
     sink = CompactedStateSink(
-        str(lake / case),
+        str(lake / f"{case}-{buffer}"),
         key_columns=keys,
         sequence_column=sequence,
-        config=CleanerConfig(min_cleanable_dirty_ratio=1.0, delete_retention_ms=10**9),
+        config=CleanerConfig(
+            min_cleanable_dirty_ratio=1.0, delete_retention_ms=10**9, dedupe_buffer_size=buffer
+        ),
         clock=clock,
         cleaning="inline",
     )
@@ -101,7 +107,8 @@ def test_every_key_type_takes_the_one_pass(spark, lake, clock, case):
         sink(spark.createDataFrame(rows, schema).coalesce(1), batch_id)
         before = sink.log().collect()
         state = sorted(map(repr, sink.state().collect()))
-        assert sink.clean(force=True) is not None
+        stats = sink.clean(force=True)
+        assert stats is not None and not stats.work_left
         after = sink.log().collect()
         assert sorted((r[PARTITION], r[OFFSET]) for r in after) == expected_offsets(
             before, keys, sequence

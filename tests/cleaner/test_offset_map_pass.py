@@ -18,9 +18,12 @@ from sinks import CleanerConfig, CompactedStateSink
 from sinks.cleaner.clean_segments import PartitionToClean, packed, partitions_to_clean
 from sinks.cleaner.offset_map import (
     BYTES_PER_MAPPED_RECORD,
+    MAX_MAP_BUCKETS,
     OffsetMap,
     dirty_segments,
+    map_buckets,
     map_end_offset,
+    size_map,
 )
 from sinks.cleaner.rules import apply_arrow_tombstone_rules, retain_latest
 from sinks.log.records import DELETE_HORIZON_MS, OFFSET, PARTITION, VALUE
@@ -136,6 +139,24 @@ def test_a_tiny_dedupe_buffer_cleans_in_passes_that_end_where_the_map_fills(spar
     )
 
 
+def test_a_dirty_section_too_large_to_map_at_once_is_mapped_in_buckets_in_one_pass(spark, log_copy):
+    location, clock = log_copy
+    shutil.copytree(location, location + "-whole")
+    whole = open_log(location + "-whole", clock)
+    whole.clean(force=True)
+    sink = open_log(location, clock, dedupe_buffer_size=BYTES_PER_MAPPED_RECORD * 4)
+    state = sorted(sink.state().collect())
+    snapshot = sink.log_table.snapshot()
+    plans = sink.cleaner.plan(snapshot, sink.log_cleaner.planner.plan(snapshot).logs)
+    assert max(plan.buckets for plan in plans) > 1  # the map is built a bucket at a time
+    stats = sink.clean(force=True)
+    assert stats is not None and not stats.work_left  # one pass, nothing cut
+    assert sorted(sink.state().collect()) == state
+    assert sorted(sink.log().drop(DELETE_HORIZON_MS).collect()) == sorted(
+        whole.log().drop(DELETE_HORIZON_MS).collect()
+    )
+
+
 # -- pure pieces -----------------------------------------------------------------------------
 
 
@@ -157,6 +178,36 @@ def test_the_map_fills_segment_by_segment_and_always_takes_one_dirty_segment():
     assert map_end_offset(segments, 1, 30, first_dirty_offset=10) == 20
 
 
+def test_the_map_is_built_at_once_in_buckets_or_cut_where_it_fills():
+    clean = [segment(0, 0, 9)]
+    dirty = [segment(0, 10, 19), segment(0, 20, 29), segment(0, 30, 39)]  # 10 records each
+    inputs = clean + dirty
+
+    def size(buffer, sequence_column=None):
+        return size_map(
+            inputs,
+            first_dirty_offset=10,
+            cleaner_offset=10,
+            sequence_column=sequence_column,
+            end_offset=40,
+            dedupe_buffer_size=buffer,
+        )
+
+    at_once = size(30 * BYTES_PER_MAPPED_RECORD)  # the dirty section fits: keys held
+    assert at_once.mapped == tuple(dirty) and at_once.buckets == 1 and at_once.end_offset == 40
+    bucketed = size(20 * BYTES_PER_MAPPED_RECORD)  # every input, in buckets
+    assert bucketed.mapped == tuple(inputs) and bucketed.buckets == 3
+    assert bucketed.end_offset == 40
+    cut = size(BYTES_PER_MAPPED_RECORD)  # not even in buckets: Kafka's bound
+    assert cut.mapped == tuple(dirty[:1]) and cut.end_offset == 20 and cut.buckets == 1
+    sequenced = size(30 * BYTES_PER_MAPPED_RECORD, "seq")  # a sequence maps the clean too
+    assert sequenced.mapped == tuple(inputs) and sequenced.end_offset == 40
+    assert map_buckets(1000, 1000) is None  # the offsets alone do not fit
+    assert map_buckets(10, 10 * BYTES_PER_MAPPED_RECORD + 80) == 1
+    assert map_buckets(10, BYTES_PER_MAPPED_RECORD) is None  # more than MAX_MAP_BUCKETS
+    assert map_buckets(10, 10 * BYTES_PER_MAPPED_RECORD // MAX_MAP_BUCKETS + 80) == 8
+
+
 def test_a_partition_is_cleaned_whole_by_one_task_that_maps_it_once():
     a, b, c = (segment(0, base, base + 9, path=str(base), size=1) for base in (0, 10, 20))
     [whole] = partitions_to_clean({0: [b, c]}, {0: [[a], [b], [c]]})
@@ -175,7 +226,7 @@ def test_small_partitions_are_packed_into_one_spark_task_per_core():
 
 def test_the_offset_map_keeps_each_keys_newest_offset_exactly():
     keys = pa.table({"k": ["a", "b", "a", "c"]})
-    offset_map = OffsetMap(keys, pa.chunked_array([pa.array([1, 2, 3, 4])]))
+    offset_map = OffsetMap.of_records(keys, pa.chunked_array([pa.array([1, 2, 3, 4])]))
     assert offset_map.size == 3
     assert offset_map.is_newest(np.array([1, 2, 3, 4])).tolist() == [False, True, True, True]
     assert offset_map.lacks(pa.table({"k": ["a", "z"]})).tolist() == [False, True]

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pyarrow as pa
 
-from sinks.cleaner.key_encoding import canonical_keys
+from sinks.cleaner.key_encoding import canonical_keys, key_buckets
 from sinks.cleaner.rules import (
     apply_arrow_tombstone_rules,
     apply_tombstone_rules,
@@ -53,3 +54,30 @@ def test_spark_and_arrow_apply_the_same_tombstone_rules(spark):
     )
     assert arrow_kept == spark_kept
     assert (2, 50) not in arrow_kept and (4, 110) in arrow_kept and (6, 500) in arrow_kept
+
+
+def test_keys_spark_groups_together_share_a_bucket_however_the_rows_are_chunked():
+    table = pa.Table.from_pylist(
+        [
+            {"k": k, "s": s, "name": name}
+            for k, s, name in [
+                (0.0, {"a": 1}, "x"),
+                (-0.0, {"a": 1}, "x"),  # the same key as the row before
+                (math.nan, None, ""),
+                (float("nan"), None, ""),  # one NaN: the same key again
+                (1.0, {"a": None}, None),
+                (1.0, {"a": None}, None),
+                *[(float(i), {"a": i}, f"key-{i}") for i in range(2_000)],
+            ]
+        ]
+    )
+    columns = ["k", "s", "name"]
+    whole = key_buckets(canonical_keys(table, columns, every_validity=True), 4)
+    assert whole[0] == whole[1] and whole[2] == whole[3] and whole[4] == whole[5]
+    # another chunking (other nulls per chunk) encodes alike and buckets alike
+    parts = [table.slice(0, 3), table.slice(3, 1), table.slice(4)]
+    encoded = [canonical_keys(t, columns, every_validity=True) for t in parts]
+    assert len({tuple(e.schema.types) for e in encoded}) == 1
+    assert np.concatenate([key_buckets(e, 4) for e in encoded]).tolist() == whole.tolist()
+    assert min(np.bincount(whole, minlength=4)) > 400  # spread, not lumped
+    assert not key_buckets(canonical_keys(table, columns), 1).any()
