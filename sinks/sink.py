@@ -264,7 +264,12 @@ class CompactedStateSink:
         """One row per live key (key columns + ``value``), as of now or ``as_of``."""
         snapshot = self._existing(as_of)
         return read_state(
-            active_session(), self.log_table, snapshot, self.key_columns, self.sequence_column
+            active_session(),
+            self.log_table,
+            snapshot,
+            self.key_columns,
+            self.sequence_column,
+            dedupe_buffer_size=self.config.dedupe_buffer_size,
         )
 
     # -- helpers -----------------------------------------------------------------------

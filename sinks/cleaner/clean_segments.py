@@ -31,7 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from sinks.cleaner.cpu_priority import at_lower_priority
@@ -143,12 +143,7 @@ class RecopyTask:
             group_column=None,
             storage_options=self.storage_options,
         )
-        indexes = [
-            task
-            for batch in batches
-            for b in batch.column(_BIN).to_pylist()
-            for task in self.bins[int(b)]
-        ]
+        indexes = self.indexes(batches)
 
         def clean() -> Iterator[pa.RecordBatch]:
             for index in indexes:
@@ -159,6 +154,35 @@ class RecopyTask:
                     yield from writer(self.retained(task.partition, group, offset_map, mapped))
 
         yield from at_lower_priority(self.niceness, clean)
+
+    def indexes(self, batches: Iterator[pa.RecordBatch]) -> list[int]:
+        """The partitions (indexes into ``tasks``) of the bins this Spark task was given."""
+        return [
+            task
+            for batch in batches
+            for b in batch.column(_BIN).to_pylist()
+            for task in self.bins[int(b)]
+        ]
+
+    def newest(self, task: PartitionToClean) -> Iterator[pa.Table]:
+        """Each key's newest record of the partition, tombstones included, read file by
+        file and not written: what a pass would keep before the tombstone rules."""
+        offset_map = self.build_offset_map(task)
+        mapped = set(task.mapped)
+        for group in task.groups:
+            for path in group:
+                for table in self.row_groups(path, self.schema, task.partition):
+                    if table.num_rows:
+                        yield table.filter(
+                            pa.array(self.survives(table, offset_map, path in mapped))
+                        )
+
+    def survives(self, table: pa.Table, offset_map: OffsetMap, mapped: bool) -> np.ndarray:
+        """Per record of ``table`` (one file's, ``mapped`` or clean): whether it is its key's
+        newest (a mapped file), or its key has no record in the map (a clean file)."""
+        if mapped:
+            return offset_map.is_newest(table.column(OFFSET).to_numpy())
+        return offset_map.lacks(table.select(self.keys))
 
     @property
     def keys(self) -> list[str]:
@@ -255,12 +279,8 @@ class RecopyTask:
         self, partition: int, table: pa.Table, offset_map: OffsetMap, mapped: bool
     ) -> Iterator[pa.RecordBatch]:
         """The records of ``table`` (rows of one file, ``mapped`` or clean) the pass keeps."""
-        if mapped:
-            keep = offset_map.is_newest(table.column(OFFSET).to_numpy())
-        else:
-            keep = offset_map.lacks(table.select(self.keys))
         kept = apply_arrow_tombstone_rules(
-            table.filter(pa.array(keep)),
+            table.filter(pa.array(self.survives(table, offset_map, mapped))),
             pass_start_ms=self.pass_start_ms,
             delete_retention_ms=self.delete_retention_ms,
             held_below=self.held_below.get(partition),
@@ -309,7 +329,10 @@ def clean_segments(
         niceness=niceness,
         held_below=dict(held_below or {}),
     )
-    bins = task.bins
-    rows = spark.range(0, len(bins), 1, len(bins)).select(F.col("id").cast("int").alias(_BIN))
-    written = rows.mapInArrow(task, WRITTEN_SEGMENT_DDL).collect()
+    written = bin_rows(spark, len(task.bins)).mapInArrow(task, WRITTEN_SEGMENT_DDL).collect()
     return [WrittenSegment(**row.asDict()) for row in written]
+
+
+def bin_rows(spark: SparkSession, bins: int) -> DataFrame:
+    """One row per bin (`packed`), each in a Spark partition of its own: one task a bin."""
+    return spark.range(0, bins, 1, bins).select(F.col("id").cast("int").alias(_BIN))

@@ -42,9 +42,11 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from sinks.cleaner.rules import spark_latest_offsets
+from sinks.config import CleanerConfig
 from sinks.log.log_table import LogSnapshot, LogTable
 from sinks.log.records import OFFSET, PARTITION, VALUE
 from sinks.log.segment import DataFile, ForeignFile, Segment, split_clean
+from sinks.reading.partition_state import partition_state
 
 # The largest lookup table (estimated, see `broadcast_bytes`) this reader asks Spark
 # to broadcast: an eighth of the 1 GiB Spark gives a driver by default, and of
@@ -123,21 +125,44 @@ def read_state(
     sequence_column: str | None = None,
     *,
     broadcast_max_bytes: int = TAIL_BROADCAST_MAX_BYTES,
+    dedupe_buffer_size: int | None = CleanerConfig().dedupe_buffer_size,
 ) -> DataFrame:
     """One row per live key of ``snapshot``: key columns + ``value``, tombstones dropped.
 
     Same rows, types and nullability as `latest_records` over the whole log followed
     by dropping tombstones, whenever each key stays in one partition (see the module
     docstring for keys that do not). The clean section is scanned once and never
-    shuffled while the tail's lookup tables stay under ``broadcast_max_bytes``;
-    above it Spark plans shuffled joins. Records below a log start offset are not
-    read (`LogTable.read`). Reads only; ``snapshot`` may be an older version.
+    shuffled. The partitions with a dirty section are read as a pass reads them, one
+    task a partition with its offset map (`sinks.reading.partition_state`), when each
+    map fits ``dedupe_buffer_size`` whole and no other engine's file is live; else (or
+    with ``dedupe_buffer_size`` None) by joins against the tail's winners, broadcast while
+    their lookup tables stay under ``broadcast_max_bytes`` and shuffled above it.
+    Records below a log start offset are not read (`LogTable.read`). Reads only;
+    ``snapshot`` may be an older version.
     """
     keys = [*key_columns]
     sections = log_sections(snapshot)
-    clean = log_table.read(spark, snapshot, sections.clean)
     if not sections.dirty:
-        return _live(clean, keys)
+        return _live(log_table.read(spark, snapshot, sections.clean), keys)
+    if dedupe_buffer_size is not None and not snapshot.foreign_files:
+        dirty_partitions = sorted({s.partition for s in sections.dirty})  # type: ignore[union-attr]
+        tail = partition_state(
+            spark,
+            log_table,
+            snapshot,
+            keys,
+            sequence_column,
+            dirty_partitions,
+            dedupe_buffer_size=dedupe_buffer_size,
+        )
+        if tail is not None:
+            rest = [s for s in sections.clean if s.partition not in dirty_partitions]
+            return (
+                _live(log_table.read(spark, snapshot, rest), keys).unionByName(tail)
+                if rest
+                else tail
+            )
+    clean = log_table.read(spark, snapshot, sections.clean)
     dirty = log_table.read(spark, snapshot, sections.dirty)
 
     types = {f.name: f.dataType for f in snapshot.spark_schema.fields}

@@ -64,9 +64,15 @@ def read(spark, sink, as_of=None, **options):
 
 
 def assert_same_state(spark, sink, as_of=None, **options):
-    assert_df_equality(
-        read(spark, sink, as_of, **options), reference(sink, as_of), ignore_row_order=True
-    )
+    """Both ways of reading a dirty tail agree with the reference: a pass's tasks per
+    partition (`partition_state`, the default) and joins against the tail's winners."""
+    ways = [{}] if "dedupe_buffer_size" in options else [{}, {"dedupe_buffer_size": None}]
+    for way in ways:
+        assert_df_equality(
+            read(spark, sink, as_of, **options, **way),
+            reference(sink, as_of),
+            ignore_row_order=True,
+        )
 
 
 def state_dict(df):
@@ -263,6 +269,7 @@ def ancestors(plan: str, line_no: int) -> list[str]:
 
 
 def test_clean_section_is_scanned_without_a_shuffle_when_the_tail_is_small(spark, lake, clock):
+    """The joins' plan (``dedupe_buffer_size=None``): the clean section is never shuffled."""
     for sequence in (None, "seq"):
         schema = "key string, value string, seq long"
         sink = CompactedStateSink(
@@ -274,7 +281,8 @@ def test_clean_section_is_scanned_without_a_shuffle_when_the_tail_is_small(spark
         clean_files = {s.path.rsplit("/", 1)[-1] for s in sections(sink).clean}
         spark.conf.set("spark.sql.maxMetadataStringLength", "100000")  # whole file paths
         try:
-            plan = read(spark, sink)._jdf.queryExecution().executedPlan().toString()
+            joins = read(spark, sink, dedupe_buffer_size=None)
+            plan = joins._jdf.queryExecution().executedPlan().toString()
         finally:
             spark.conf.unset("spark.sql.maxMetadataStringLength")
         scans = [
@@ -291,6 +299,27 @@ def test_clean_section_is_scanned_without_a_shuffle_when_the_tail_is_small(spark
             else:  # with a sequence, clean keys the tail holds compete, narrow
                 joined = [i for i, a in enumerate(above) if a.startswith("BroadcastHashJoin")]
                 assert sequence and joined and joined[0] < shuffled[0], plan
+
+
+def test_a_dirty_tail_is_read_by_a_pass_s_tasks_without_a_shuffle(spark, lake, clock):
+    """Partitions with a dirty section are read one task a partition, their maps built
+    where they run (in key buckets when the buffer is small); a clean-only partition is
+    scanned by Spark; a map too large for the buffer falls back to the joins."""
+    schema = "key string, value string, partition int"
+    sink = CompactedStateSink(str(lake / "log"), config=NO_CLEAN, clock=clock)
+    sink(batch(spark, [(f"k{i}", f"v{i}", i % 3) for i in range(30)], schema), 0)
+    sink.clean(force=True)
+    tail = [("k1", "w", 1), ("k4", None, 1), ("k2", "x", 2), ("new", "n", 2), ("k2", "y", 2)]
+    sink(batch(spark, tail, schema), 1)  # partition 0 stays clean
+    for buffer in (CleanerConfig().dedupe_buffer_size, 700):  # 700 B: two records at once
+        state = read(spark, sink, dedupe_buffer_size=buffer)
+        plan = state._jdf.queryExecution().executedPlan().toString()
+        assert "MapInArrow" in plan and "Exchange" not in plan, plan
+        assert_same_state(spark, sink, dedupe_buffer_size=buffer)
+    assert state_dict(read(spark, sink))["k2"] == "y" and "k4" not in state_dict(read(spark, sink))
+    joins = read(spark, sink, dedupe_buffer_size=1)  # no map fits: the joins read it
+    assert "MapInArrow" not in joins._jdf.queryExecution().executedPlan().toString()
+    assert_same_state(spark, sink, dedupe_buffer_size=1)
 
 
 # -- random histories ----------------------------------------------------------------------
