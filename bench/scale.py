@@ -12,6 +12,14 @@ records / 2, each key written twice, 2% tombstones), then:
 - **state**: ``sink.state()`` of the cleaned log materialized (a ``noop`` write)
   against Spark reading the log's live files the same way.
 
+With ``--state-live N``, ``state()`` over N *live* keys (a log of N records, each key
+written once, no tombstones) in three shapes, each against Spark reading the live files:
+all dirty (never cleaned: ``state()`` aggregates it all), all clean (after one
+``clean(force=True)``: ``state()`` streams the clean section) and clean plus a dirty tail
+(N / 10 more records rewriting existing keys, 2% of them tombstones, not cleaned). A shape
+where ``state()`` takes over 1.5× Spark is run once more and profiled into
+``state_profile.txt``.
+
 Then the append: batches of 50,000 and 1,000,000 records through the hook (cleaning
 off) against Spark writing the same batch as plain Parquet, each batch read from the
 same Parquet file; the driver's profile of the sink's batches goes to
@@ -39,6 +47,7 @@ from bench.cleaner_bench import io_floor
 from bench.measure import PeakRss, delta_table_size, load_average, machine_description
 from bench.session import bench_session
 from sinks import CleanerConfig, CompactedStateSink
+from sinks.reading.state_reader import log_sections
 
 BATCH = 1_000_000
 TOMBSTONES = 0.02
@@ -46,15 +55,26 @@ _SPREAD = 2_654_435_761  # Knuth's multiplicative constant: keys scattered over 
 
 
 def records(
-    spark: SparkSession, start: int, count: int, *, total: int, partitions: int, value_bytes: int
+    spark: SparkSession,
+    start: int,
+    count: int,
+    *,
+    total: int,
+    partitions: int,
+    value_bytes: int,
+    writes_per_key: int = 2,
+    tombstones: float = TOMBSTONES,
 ) -> DataFrame:
     """Records ``start .. start + count`` of a log of ``total``: key ``(id * spread) mod
-    total/2`` (every key twice), its partition ``key mod partitions``, a random value."""
-    keys = max(1, total // 2)
+    total/writes_per_key`` (every key ``writes_per_key`` times; any ``total``
+    consecutive ids past the first ``total`` rewrite distinct keys, the spread being
+    prime), its partition ``key mod partitions``, a random value or, for a
+    ``tombstones`` fraction, none."""
+    keys = max(1, total // writes_per_key)
     key = F.pmod(F.col("id") * F.lit(_SPREAD), F.lit(keys))
     return spark.range(start, start + count).select(
         F.format_string("key-%012d", key).alias("key"),
-        F.when(F.rand(start) < TOMBSTONES, F.lit(None))
+        F.when(F.rand(start) < tombstones, F.lit(None))
         .otherwise(F.randstr(F.lit(value_bytes), F.lit(start)))
         .cast("binary")
         .alias("value"),
@@ -73,14 +93,28 @@ def open_sink(path: str, **config: Any) -> CompactedStateSink:
 
 
 def build_log(
-    spark: SparkSession, path: str, *, total: int, partitions: int, value_bytes: int
+    spark: SparkSession,
+    path: str,
+    *,
+    total: int,
+    partitions: int,
+    value_bytes: int,
+    writes_per_key: int = 2,
+    tombstones: float = TOMBSTONES,
 ) -> None:
     sink = open_sink(path)
     for batch_id, start in enumerate(range(0, total, BATCH)):
         count = min(BATCH, total - start)
         sink(
             records(
-                spark, start, count, total=total, partitions=partitions, value_bytes=value_bytes
+                spark,
+                start,
+                count,
+                total=total,
+                partitions=partitions,
+                value_bytes=value_bytes,
+                writes_per_key=writes_per_key,
+                tombstones=tombstones,
             ),
             batch_id,
         )
@@ -165,6 +199,185 @@ def one_size(
     }
     print(json.dumps(row), flush=True)
     return row
+
+
+def live_state(
+    spark: SparkSession,
+    work: str,
+    *,
+    live_keys: int,
+    partitions: int,
+    value_bytes: int,
+    rss: PeakRss,
+    repeats: int = 2,
+) -> tuple[list[dict[str, Any]], str]:
+    """``state()`` over ``live_keys`` live keys, all dirty, all clean, then clean with a tail.
+
+    The log holds each key once (no tombstones); the tail is ``live_keys / 10`` records
+    rewriting distinct existing keys (2% tombstones), appended after the pass and left
+    dirty. The log is shaped in place, in that order. Returns the rows and, for a shape
+    where ``state()`` took more than 1.5× Spark on the live files, one more run's profile
+    (`last_execution_profile` and the driver's cProfile)."""
+    path = os.path.join(work, f"state-{live_keys}-{partitions}p", "log")
+    options = {"partitions": partitions, "value_bytes": value_bytes, "repeats": repeats}
+    started = time.perf_counter()
+    build_log(
+        spark,
+        path,
+        total=live_keys,
+        partitions=partitions,
+        value_bytes=value_bytes,
+        writes_per_key=1,
+        tombstones=0.0,
+    )
+    built_s = time.perf_counter() - started
+    sink = open_sink(path)
+    rows, profiles = [], []
+
+    def measure(name: str) -> None:
+        row, profile = _state_against_live_files(spark, sink, path, rss=rss, **options)
+        # prepare_s: what making the shape took (the build, the pass, the tail's append)
+        rows.append({"live_keys": live_keys, "shape": name, **row, "prepare_s": round(built_s, 1)})
+        print(json.dumps(rows[-1]), flush=True)
+        if profile:
+            profiles.append(f"== {live_keys} live keys, {name} ==\n{profile}")
+
+    measure("all dirty")
+    started = time.perf_counter()
+    passes = [sink.log_cleaner.clean(spark, force=True)]
+    while passes[-1] is not None and passes[-1].work_left:  # the dedupe buffer cut it
+        passes.append(sink.log_cleaner.clean(spark, force=True))
+    built_s = time.perf_counter() - started
+    assert not log_sections(sink.log_table.snapshot()).dirty, "the pass left a dirty section"
+    measure("all clean")
+    tail = live_keys // 10
+    started = time.perf_counter()
+    open_sink(path)(
+        records(
+            spark,
+            live_keys,
+            tail,
+            total=live_keys,
+            partitions=partitions,
+            value_bytes=value_bytes,
+            writes_per_key=1,
+        ),
+        len(range(0, live_keys, BATCH)),
+    )
+    built_s = time.perf_counter() - started
+    measure("clean + 10% dirty tail")
+    shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+    return rows, "\n".join(profiles)
+
+
+def _state_against_live_files(
+    spark: SparkSession,
+    sink: CompactedStateSink,
+    path: str,
+    *,
+    partitions: int,
+    value_bytes: int,
+    rss: PeakRss,
+    repeats: int,
+) -> tuple[dict[str, Any], str]:
+    """Best of ``repeats``: ``sink.state()`` and Spark on the live files, alternated."""
+    snapshot = sink.log_table.snapshot()
+    assert snapshot is not None
+    sections = log_sections(snapshot)
+    live = delta_table_size(path).paths
+    counted = sink.state().count()
+    state_runs, spark_runs, state_calls, spark_calls = [], [], [], []
+    peaks: dict[str, float] = {}
+    for _ in range(repeats):  # state, Spark, state, Spark: a change of load weighs on both
+        rss.reset()
+        started = time.perf_counter()
+        state = sink.state()  # reads the Delta log, splits it, plans: part of the cost
+        state_calls.append(time.perf_counter() - started)
+        state_runs.append(materialize(state))
+        peaks = {k: max(v, peaks.get(k, 0.0)) for k, v in rss.read().items()}
+        started = time.perf_counter()
+        files = spark.read.parquet(*live)
+        spark_calls.append(time.perf_counter() - started)
+        spark_runs.append(materialize(files))
+    state_s, spark_s = min(state_runs), min(spark_runs)
+    row = {
+        "partitions": partitions,
+        "value_bytes": value_bytes,
+        "live_keys_counted": counted,
+        "log_records": sum(f.num_records for f in snapshot.data_files()),
+        "clean_files": len(sections.clean),
+        "dirty_files": len(sections.dirty),
+        "dirty_records": sections.dirty_records,
+        "live_files": len(live),
+        "state_s": round(state_s, 2),
+        "spark_live_files_s": round(spark_s, 2),
+        "ratio": round(state_s / spark_s, 2),
+        "state_call_s": round(min(state_calls), 2),  # sink.state() itself, before the write
+        "spark_read_call_s": round(min(spark_calls), 2),
+        "driver_peak_rss_mb": round(peaks["driver"]),
+        "jvm_peak_rss_mb": round(peaks["jvm"]),
+        "worker_peak_rss_mb": round(peaks["workers"]),
+        "state_runs_s": [round(x, 2) for x in state_runs],
+        "spark_live_files_runs_s": [round(x, 2) for x in spark_runs],
+        "load": load_average(),
+    }
+    if state_s <= 1.5 * spark_s:
+        return row, ""
+    profile = cProfile.Profile()
+    profile.enable()
+    materialize(sink.state())
+    profile.disable()
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(8)
+    return row, f"{last_execution_profile(spark)}\n== the driver ==\n{text.getvalue()}"
+
+
+_METRIC_WORDS = ("time", "duration", "rows", "size", "written", "memory", "build", "probes")
+
+
+def last_execution_profile(spark: SparkSession) -> str:
+    """The last SQL execution's final (adaptive) plan, its operators' metrics and its stages'
+    times, from Spark's status stores (kept with the UI off)."""
+    sql = spark._jsparkSession.sharedState().statusStore()  # type: ignore[union-attr]
+    executions = sql.executionsList()
+    execution = executions.apply(executions.size() - 1)
+    values = sql.executionMetrics(execution.executionId())
+    lines = [execution.physicalPlanDescription().split("\n\n")[0], "", "== operators =="]
+    nodes = sql.planGraph(execution.executionId()).allNodes()
+    for i in range(nodes.size()):
+        node = nodes.apply(i)
+        shown = []
+        for j in range(node.metrics().size()):
+            metric = node.metrics().apply(j)
+            value = values.get(metric.accumulatorId())
+            if not value.isDefined() or not any(w in metric.name() for w in _METRIC_WORDS):
+                continue
+            text = " ".join(str(value.get()).split())
+            if text not in ("0", "0 ms", "0.0 B"):
+                shown.append(f"{metric.name()}: {text}")
+        lines.append(f"{node.id()} {node.name()}: {'; '.join(shown)}")
+    lines.append("== stages (wall s, summed task run s, tasks) ==")
+    ids = execution.stages().toSeq()
+    wanted = {ids.apply(i) for i in range(ids.size())}
+    jvm, gateway = spark.sparkContext._jvm, spark.sparkContext._gateway  # type: ignore[attr-defined]
+    store = spark.sparkContext._jsc.sc().statusStore()  # type: ignore[union-attr]
+    stages = store.stageList(
+        jvm.java.util.ArrayList(),
+        False,
+        False,
+        gateway.new_array(jvm.double, 0),
+        jvm.java.util.ArrayList(),
+    )
+    for i in range(stages.size()):
+        stage = stages.apply(i)
+        if stage.stageId() not in wanted or not stage.completionTime().isDefined():
+            continue
+        wall = stage.completionTime().get().getTime() - stage.submissionTime().get().getTime()
+        run = stage.executorRunTime() / 1000
+        lines.append(
+            f"stage {stage.stageId()}: {wall / 1000:.2f} s, {run:.2f} s, {stage.numTasks()}"
+        )
+    return "\n".join(lines)
 
 
 def append(
@@ -269,25 +482,37 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="bench")
     parser.add_argument("--work", default=None)
-    parser.add_argument("--sizes", default="1e6,3e6,1e7", help="records, comma-separated")
+    parser.add_argument(
+        "--sizes", default="1e6,3e6,1e7", help="records, comma-separated; none: no passes"
+    )
     parser.add_argument("--partitions", default="4,16")
     parser.add_argument("--value-bytes", default="35")
     parser.add_argument("--append-batches", default="50000:8,1000000:4", help="size:count,...")
     parser.add_argument("--skip-append", action="store_true")
     parser.add_argument("--repeats", type=int, default=2, help="passes and floors, best counts")
+    parser.add_argument(
+        "--state-live",
+        default=None,
+        help="live keys (= records) for state() all dirty, all clean, clean + tail; 4 partitions",
+    )
     args = parser.parse_args()
     work = args.work or tempfile.mkdtemp(prefix="bench-scale-")
     os.makedirs(args.out, exist_ok=True)
     spark = bench_session()
     rss = PeakRss(spark)
-    result: dict[str, Any] = {"machine": machine_description(), "passes": [], "append": []}
+    result: dict[str, Any] = {
+        "machine": machine_description(),
+        "passes": [],
+        "append": [],
+        "state": [],
+    }
     out = os.path.join(args.out, "scale.json")
     previous = json.load(open(out)) if os.path.exists(out) else {}
     one_size(
         spark, work, total=100_000, partitions=4, value_bytes=35, rss=rss, repeats=1
     )  # warm-up
     for value_bytes in [int(v) for v in args.value_bytes.split(",")]:
-        for total in [int(float(s)) for s in args.sizes.split(",")]:
+        for total in [int(float(s)) for s in args.sizes.split(",") if s not in ("", "none")]:
             for partitions in [int(p) for p in args.partitions.split(",")]:
                 result["passes"].append(
                     one_size(
@@ -301,6 +526,21 @@ def main() -> None:
                     )
                 )
                 _save(out, previous, result)
+    if args.state_live:
+        rows, profile = live_state(
+            spark,
+            work,
+            live_keys=int(float(args.state_live)),
+            partitions=4,
+            value_bytes=35,
+            rss=rss,
+            repeats=args.repeats,
+        )
+        result["state"] += rows
+        _save(out, previous, result)
+        if profile:
+            with open(os.path.join(args.out, "state_profile.txt"), "w") as f:
+                f.write(profile)
     profiles = []
     if not args.skip_append:
         for spec in args.append_batches.split(","):
@@ -334,6 +574,7 @@ def _save(path: str, previous: dict[str, Any], result: dict[str, Any]) -> dict[s
         "append": merge(
             "append", lambda r: (r["records_per_batch"], r.get("input", "assigned offsets"))
         ),
+        "state": merge("state", lambda r: (r["live_keys"], r["shape"], r["partitions"])),
         "split": result.get("split", previous.get("split", [])),
     }
     with open(path, "w") as f:
