@@ -170,12 +170,21 @@ class RecopyTask:
         offset_map = self.build_offset_map(task)
         mapped = set(task.mapped)
         for group in task.groups:
-            for path in group:
-                for table in self.row_groups(path, self.schema, task.partition):
-                    if table.num_rows:
-                        yield table.filter(
-                            pa.array(self.survives(table, offset_map, path in mapped))
-                        )
+            yield from self.survivors(task.partition, group, offset_map, mapped)
+
+    def survivors(
+        self, partition: int, paths: Sequence[str], offset_map: OffsetMap, mapped: set[str]
+    ) -> Iterator[pa.Table]:
+        """The records of ``paths`` that are their key's newest, file by file, row group by
+        row group, in offset order.
+
+        A mapped file keeps the records that are their key's newest; a clean file (only
+        without a sequence column) keeps those whose key the map does not hold.
+        """
+        for path in paths:
+            for table in self.row_groups(path, self.schema, partition):
+                if table.num_rows:
+                    yield table.filter(pa.array(self.survives(table, offset_map, path in mapped)))
 
     def survives(self, table: pa.Table, offset_map: OffsetMap, mapped: bool) -> np.ndarray:
         """Per record of ``table`` (one file's, ``mapped`` or clean): whether it is its key's
@@ -265,27 +274,15 @@ class RecopyTask:
     def retained(
         self, partition: int, group: Sequence[str], offset_map: OffsetMap, mapped: set[str]
     ) -> Iterator[pa.RecordBatch]:
-        """The records a group keeps, file by file, in offset order.
-
-        A mapped file keeps the records that are their key's newest; a clean file (only
-        without a sequence column) keeps those whose key the map does not hold.
-        """
-        for path in group:
-            for table in self.row_groups(path, self.schema, partition):
-                if table.num_rows:
-                    yield from self.kept(partition, table, offset_map, path in mapped)
-
-    def kept(
-        self, partition: int, table: pa.Table, offset_map: OffsetMap, mapped: bool
-    ) -> Iterator[pa.RecordBatch]:
-        """The records of ``table`` (rows of one file, ``mapped`` or clean) the pass keeps."""
-        kept = apply_arrow_tombstone_rules(
-            table.filter(pa.array(self.survives(table, offset_map, mapped))),
-            pass_start_ms=self.pass_start_ms,
-            delete_retention_ms=self.delete_retention_ms,
-            held_below=self.held_below.get(partition),
-        )
-        yield from kept.to_batches()
+        """The records a group keeps: its `survivors`, then the tombstone rules (KIP-534)."""
+        for table in self.survivors(partition, group, offset_map, mapped):
+            kept = apply_arrow_tombstone_rules(
+                table,
+                pass_start_ms=self.pass_start_ms,
+                delete_retention_ms=self.delete_retention_ms,
+                held_below=self.held_below.get(partition),
+            )
+            yield from kept.to_batches()
 
 
 def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
