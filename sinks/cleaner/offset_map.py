@@ -99,11 +99,13 @@ def max_bucketed_records(dedupe_buffer_size: int) -> int:
 @dataclass(frozen=True)
 class MapSize:
     """One partition's map as `size_map` chose it: the segments it covers, where the pass
-    ends (``end_offset``), and in how many buckets it is built (1: keys held too)."""
+    ends (``end_offset``), in how many buckets it is built (1: keys held too), and whether
+    it fits the buffer (not when Kafka's bound had to take one segment larger than it)."""
 
     mapped: tuple[Segment, ...]
     end_offset: int
     buckets: int
+    fits: bool = True
 
 
 def size_map(
@@ -137,8 +139,9 @@ def size_map(
     end = map_end_offset(mapped, bound, end_offset, first_dirty_offset=first_dirty_offset)
     taken = tuple(s for s in mapped if s.last_offset < end)
     if sequence_column is None:
-        return MapSize(taken, end, 1)
-    return MapSize(taken, end, map_buckets(_records(taken), dedupe_buffer_size) or MAX_MAP_BUCKETS)
+        return MapSize(taken, end, 1, fits=_records(taken) <= at_once)
+    buckets = map_buckets(_records(taken), dedupe_buffer_size)
+    return MapSize(taken, end, buckets or MAX_MAP_BUCKETS, fits=buckets is not None)
 
 
 def _records(segments: Sequence[Segment]) -> int:
@@ -192,15 +195,6 @@ class OffsetMap:
         ``every_validity``, as ``lacks`` encodes its probes)."""
         distinct, newest = latest_offsets(keys, offsets, sequence)
         return cls(newest, distinct if keep_keys else None)
-
-    @classmethod
-    def of_records(
-        cls, keys: pa.Table, offsets: pa.ChunkedArray, sequence: pa.ChunkedArray | None = None
-    ) -> OffsetMap:
-        """The map of these records, ``keys`` as the log stores them."""
-        return cls.build(
-            canonical_keys(keys, keys.column_names, every_validity=True), offsets, sequence
-        )
 
     @property
     def newest(self) -> np.ndarray:

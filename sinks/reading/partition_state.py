@@ -27,7 +27,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from sinks.cleaner.clean_segments import RecopyTask, bin_rows, packed, partitions_to_clean
-from sinks.cleaner.offset_map import max_map_records, size_map
+from sinks.cleaner.offset_map import size_map
 from sinks.log.log_table import LogSnapshot, LogTable
 from sinks.log.records import VALUE
 from sinks.log.storage import normalize_uri
@@ -73,8 +73,7 @@ def partition_state(
             end_offset=end,
             dedupe_buffer_size=dedupe_buffer_size,
         )
-        at_once = sum(s.num_records for s in size.mapped) <= max_map_records(dedupe_buffer_size)
-        if size.end_offset < end or not (size.buckets > 1 or at_once):
+        if size.end_offset < end or not size.fits:
             return None  # a pass would stop short, or map one segment beyond the buffer
         mapped[p], groups[p], buckets[p] = size.mapped, [inputs], size.buckets
     snapshot.check_files([s for runs in groups.values() for s in runs[0]])

@@ -16,6 +16,7 @@ from testkit import segment
 
 from sinks import CleanerConfig, CompactedStateSink
 from sinks.cleaner.clean_segments import PartitionToClean, packed, partitions_to_clean
+from sinks.cleaner.key_encoding import canonical_keys
 from sinks.cleaner.offset_map import (
     BYTES_PER_MAPPED_RECORD,
     MAX_MAP_BUCKETS,
@@ -226,7 +227,8 @@ def test_small_partitions_are_packed_into_one_spark_task_per_core():
 
 def test_the_offset_map_keeps_each_keys_newest_offset_exactly():
     keys = pa.table({"k": ["a", "b", "a", "c"]})
-    offset_map = OffsetMap.of_records(keys, pa.chunked_array([pa.array([1, 2, 3, 4])]))
+    encoded = canonical_keys(keys, ["k"], every_validity=True)
+    offset_map = OffsetMap.build(encoded, pa.chunked_array([pa.array([1, 2, 3, 4])]))
     assert offset_map.size == 3
     assert offset_map.is_newest(np.array([1, 2, 3, 4])).tolist() == [False, True, True, True]
     assert offset_map.lacks(pa.table({"k": ["a", "z"]})).tolist() == [False, True]
