@@ -11,6 +11,7 @@ beside the (first) log.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -100,11 +101,71 @@ def checkpoint_location(job: JobConfig) -> str:
     return join(sibling(first, "_chk"), first.rstrip("/").rsplit("/", 1)[-1])
 
 
+class BatchRefused(RuntimeError):
+    """Raised when a micro-batch reaches the hook after `InFlightHook.refuse_new` (a stop)."""
+
+
+class InFlightHook:
+    """The query's hook, knowing whether a micro-batch is inside it, and able to refuse more.
+
+    ``compacted-sink run`` stops a query on Ctrl-C between two batches: ``stop()``
+    cancels the Spark jobs of a batch inside the hook, which then fails with a long
+    error that Spark's streaming engine cannot even parse (a StackOverflowError on
+    stderr). After `refuse_new` a batch that reaches the hook fails at once, before
+    it writes anything, with one short line; it runs again on the next start (the
+    query did not commit it), exactly once as every batch. Pickled without its state
+    (under Spark Connect the hook runs in the server's foreachBatch worker, and the
+    client stops at once, as before).
+    """
+
+    def __init__(self, hook: Hook) -> None:
+        self.hook = hook
+        self._inside = 0
+        self._lock = threading.Lock()
+        self._refusing = threading.Event()
+
+    def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
+        with self._lock:
+            if self._refusing.is_set():
+                raise BatchRefused(f"batch {batch_id} not started: the query is stopping")
+            self._inside += 1
+        try:
+            self.hook(batch_df, batch_id)
+        finally:
+            with self._lock:
+                self._inside -= 1
+
+    def refuse_new(self) -> None:
+        """From now on a micro-batch that reaches the hook fails before it writes anything."""
+        self._refusing.set()
+
+    @property
+    def busy(self) -> bool:
+        """True while a micro-batch runs inside the hook (in this process)."""
+        with self._lock:
+            return self._inside > 0
+
+    def __getstate__(self) -> dict:
+        return {"hook": self.hook}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["hook"])
+
+
 def start(
-    spark: SparkSession, job: JobConfig, *, out: Callable[[str], None] = stderr_line
+    spark: SparkSession,
+    job: JobConfig,
+    *,
+    out: Callable[[str], None] = stderr_line,
+    wrap: Callable[[Hook], Hook] | None = None,
 ) -> tuple[StreamingQuery, list[CompactedStateSink]]:
-    """Start the job's query (not waiting for it); returns it with the sinks it writes."""
+    """Start the job's query (not waiting for it); returns it with the sinks it writes.
+
+    ``wrap`` wraps the query's hook (``run`` uses `InFlightHook` to stop between batches).
+    """
     hook, sinks = build_hook(job, out=out)
+    if wrap is not None:
+        hook = wrap(hook)
     writer = (
         build_source(spark, job)
         .writeStream.foreachBatch(hook)

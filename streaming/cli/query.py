@@ -1,7 +1,9 @@
 """``run`` and ``demo``: the sub-commands that start a streaming query and wait for it.
 
 ``run`` starts the query a job file describes (`streaming.runner.start`) and, when it
-ends, closes each sink so its background cleaner finishes the pass in flight. ``demo``
+ends, closes each sink so its background cleaner finishes the pass in flight. Ctrl-C
+(SIGINT) stops the query in order and exits 130 (128 + SIGINT, the shell's convention)
+with one line; a second Ctrl-C exits at once. ``demo``
 streams keyed updates into a local lake on an embedded session; it refuses
 ``--remote``.
 """
@@ -10,9 +12,23 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from sinks.errors import ConfigError
-from streaming.cli.common import EXIT_FAILED, add_remote, err, out, remote_url, session
+from streaming.cli.common import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    add_remote,
+    err,
+    out,
+    remote_url,
+    session,
+)
 
 
 def add_run(commands: argparse._SubParsersAction) -> None:
@@ -35,7 +51,7 @@ def add_demo(commands: argparse._SubParsersAction) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from streaming.job import load_job
-    from streaming.runner import start
+    from streaming.runner import InFlightHook, start
 
     job = load_job(args.job)
     spark = session(f"compacted-sink-run-{job.file.stem}", args)
@@ -48,20 +64,86 @@ def _run(args: argparse.Namespace) -> int:
 
     if not args.verbose:
         _quiet_query_failures(spark)
-    query, sinks = start(spark, job, out=err)
+    tracked: list[InFlightHook] = []
+
+    def track(hook):
+        tracked.append(InFlightHook(hook))
+        return tracked[-1]
+
+    query, sinks = start(spark, job, out=err, wrap=track)
     err(f"run: query {query.name} started ({len(sinks)} log(s)); {args.job}")
     # Under Spark Connect the hook prints in the server's foreachBatch worker; Spark's
     # progress of each micro-batch is printed here instead.
     follow = query_progress(query, out=err) if is_connect(spark) else nullcontext()
-    with follow:
-        try:
-            query.awaitTermination()
-        except KeyboardInterrupt:
-            query.stop()
+    with follow, _interruptible() as interrupted:
+        while not interrupted.is_set() and not query.awaitTermination(_WAIT_S):
+            pass
+        if interrupted.is_set():
+            _stop_between_batches(query, tracked[0])
     for sink in sinks:
         sink.close()  # the background cleaner finishes its pass in flight
-        out(f"{sink.path}: dirty ratio {sink.dirty_ratio():.2f}")
+        out(f"{sink.path}: {_dirty(sink)}")
+    if interrupted.is_set():
+        err(f"run: interrupted (Ctrl-C); query {query.name} stopped between batches, sinks closed")
+        return EXIT_INTERRUPTED
     return 0
+
+
+_BATCH_GRACE_S = 60.0  # how long a stop waits for the micro-batch in flight to end
+
+
+def _stop_between_batches(query, hook) -> None:
+    """Stop the query once no micro-batch is inside its hook (or after a grace period).
+
+    ``stop()`` cancels the Spark jobs of a batch inside the sink's ``foreachBatch``
+    call, and the failed call's long error overflows Spark's stack on stderr. So the
+    hook refuses new batches (one short error, nothing written, the batch runs again
+    on the next start), the batch in flight ends, and then the query stops.
+    """
+    hook.refuse_new()
+    deadline = time.monotonic() + _BATCH_GRACE_S
+    while hook.busy and query.isActive and time.monotonic() < deadline:
+        time.sleep(0.01)
+    query.stop()
+
+
+_WAIT_S = 1  # the main thread waits on the query in steps, so that Ctrl-C is seen between them
+
+
+@contextmanager
+def _interruptible() -> Iterator[threading.Event]:
+    """Ctrl-C (SIGINT) sets the event instead of raising `KeyboardInterrupt`.
+
+    pyspark's own handler cancels every job through the py4j connection the main thread
+    is blocked on, and raises inside that call: py4j then logs its broken connection
+    (three tracebacks) and the query is left half-stopped. Here the wait sees the event
+    between two steps and stops the query in order. A second Ctrl-C exits at once
+    (the log stays consistent: a killed append or pass is recovered on the next open).
+    """
+    interrupted = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield interrupted  # signal handlers belong to the main thread
+        return
+
+    def on_sigint(signum, frame) -> None:
+        if interrupted.is_set():
+            err(f"run: interrupted twice; exiting now (exit {EXIT_INTERRUPTED})")
+            os._exit(EXIT_INTERRUPTED)
+        interrupted.set()
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield interrupted
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _dirty(sink) -> str:
+    """The log's dirty ratio, or that no log exists yet (the query appended no batch)."""
+    try:
+        return f"dirty ratio {sink.dirty_ratio():.2f}"
+    except FileNotFoundError:
+        return "no log yet (no batch was appended)"
 
 
 def _quiet_query_failures(spark) -> None:
