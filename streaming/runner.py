@@ -15,12 +15,13 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from pyarrow.fs import FileSelector
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from sinks import CompactedStateSink
-from sinks.log.storage import join, sibling
-from streaming.job import JobConfig
+from sinks.log.storage import arrow_filesystem, join, normalize_uri, sibling
+from streaming.job import FILE_FORMATS, FileFormat, JobConfig, JobConfigError
 from streaming.kafka import TopicRouter, kafka_shaped_files, kafka_stream
 from streaming.progress import ProgressHook, stderr_line
 
@@ -31,10 +32,11 @@ def build_source(spark: SparkSession, job: JobConfig) -> DataFrame:
     """The job's input stream, in the Kafka source's shape."""
     source = job.source
     if source["format"] == "files":
+        file_format = source.get("file_format") or infer_file_format(source["path"], job)
         return kafka_shaped_files(
             spark,
             source["path"],
-            file_format=source.get("file_format", "parquet"),
+            file_format=file_format,
             max_files_per_trigger=source.get("max_files_per_trigger"),
         )
     if source["format"] == "kafka":
@@ -47,6 +49,47 @@ def build_source(spark: SparkSession, job: JobConfig) -> DataFrame:
         rows_per_batch=int(source.get("rows_per_batch", 1_000)),
     )
     return keyed_updates(spark, settings)
+
+
+PARQUET_MAGIC = b"PAR1"
+_SIDE_FILES = ("_", ".")  # _SUCCESS, _spark_metadata, .crc files: not input
+
+
+def infer_file_format(path: str, job: JobConfig | None = None) -> FileFormat:
+    """``parquet`` or ``json`` (JSON lines), from the files already at ``path``.
+
+    A file is Parquet when it starts with Parquet's magic bytes ``PAR1``, JSON lines
+    when its first non-blank byte opens an object. An empty or missing directory
+    reads as Parquet (the default). Raises `JobConfigError` when the files are of
+    both kinds or neither, naming one of each and the key that settles it
+    (``source.file_format``).
+    """
+    fs, root = arrow_filesystem(normalize_uri(path))
+    try:
+        infos = fs.get_file_info(FileSelector(root, recursive=True, allow_not_found=True))
+    except OSError:
+        return "parquet"
+    kinds: dict[str, str] = {}
+    for info in sorted(infos, key=lambda i: i.path):
+        name = info.path.rsplit("/", 1)[-1]
+        if info.type.name != "File" or name.startswith(_SIDE_FILES) or not info.size:
+            continue
+        with fs.open_input_stream(info.path) as f:
+            head = f.read(64)
+        kind = "parquet" if head.startswith(PARQUET_MAGIC) else None
+        if kind is None and head.lstrip()[:1] == b"{":
+            kind = "json"
+        kinds.setdefault(kind or "neither Parquet nor JSON lines", info.path)
+        if len(kinds) > 1:
+            break
+    where = f"{job.file}: source.file_format" if job is not None else "source.file_format"
+    if len(kinds) > 1 or any(kind not in FILE_FORMATS for kind in kinds):
+        found = "; ".join(f"{file} is {kind}" for kind, file in kinds.items())
+        raise JobConfigError(
+            f"{where}: the files at {path} are not all Parquet or all JSON lines ({found}); "
+            "keep one format in the source directory, or set file_format"
+        )
+    return next(iter(kinds), "parquet")  # type: ignore[return-value]
 
 
 def build_hook(

@@ -76,8 +76,14 @@ def _run(args: argparse.Namespace) -> int:
     # progress of each micro-batch is printed here instead.
     follow = query_progress(query, out=err) if is_connect(spark) else nullcontext()
     with follow, _interruptible() as interrupted:
-        while not interrupted.is_set() and not query.awaitTermination(_WAIT_S):
-            pass
+        try:
+            while not interrupted.is_set() and not query.awaitTermination(_WAIT_S):
+                pass
+        except Exception as e:  # noqa: BLE001 - a failed query: its root cause, in one line
+            cause = root_cause(str(e))
+            if cause is None:
+                raise
+            raise QueryFailedError(f"query {query.name} failed: {cause}") from e
         if interrupted.is_set():
             _stop_between_batches(query, tracked[0])
     for sink in sinks:
@@ -105,6 +111,33 @@ def _stop_between_batches(query, hook) -> None:
     while hook.busy and query.isActive and time.monotonic() < deadline:
         time.sleep(0.01)
     query.stop()
+
+
+class QueryFailedError(RuntimeError):
+    """Raised when the job's query failed outside the sink (its source, Spark): the root cause."""
+
+
+def root_cause(text: str) -> str | None:
+    """The innermost cause a Spark error's text names (``Caused by: …``), without its class;
+    None when the failure is the sink's own (its message already says what), or names no
+    cause. Pure.
+
+    A source that cannot read its files fails the query with ~60 lines (a streaming
+    error around a task failure around the reader's exception); the last ``Caused by``
+    line holds what went wrong, e.g. ``file:/in/part-0.json is not a Parquet file``.
+    """
+    from streaming.cli import _SINK_ERRORS
+
+    if any(f"{name}: " in text for name in _SINK_ERRORS):
+        return None
+    causes = [line.strip() for line in text.splitlines() if line.strip().startswith("Caused by: ")]
+    if not causes:
+        return None
+    cause = causes[-1].removeprefix("Caused by: ")
+    head, _, message = cause.partition(": ")
+    if message and " " not in head:  # drop the exception's class name
+        cause = message
+    return cause
 
 
 _WAIT_S = 1  # the main thread waits on the query in steps, so that Ctrl-C is seen between them
@@ -146,10 +179,18 @@ def _dirty(sink) -> str:
         return "no log yet (no batch was appended)"
 
 
+_FAILURE_LOGGERS = (
+    "org.apache.spark.sql.execution.streaming",  # the query's failure, stack and all
+    "org.apache.spark.executor.Executor",  # "Exception in task", with the reader's stack
+    "org.apache.spark.scheduler.TaskSetManager",  # "Lost task", "aborting job"
+)
+
+
 def _quiet_query_failures(spark) -> None:
     """Leave a failed query's report to `main`'s one line: py4j and Spark's streaming
     engine each log the whole Python traceback and JVM stack (about 200 lines, the
-    useful one repeated) when a foreachBatch function raises; ``--verbose`` keeps them."""
+    useful one repeated) when a foreachBatch function raises, and a task that fails to
+    read the source logs its stack twice more; ``--verbose`` keeps them."""
     logging.getLogger("py4j").setLevel(logging.CRITICAL)
     from sinks.spark_session import is_connect
 
@@ -157,9 +198,8 @@ def _quiet_query_failures(spark) -> None:
         return
     try:
         log4j = spark.sparkContext._jvm.org.apache.logging.log4j
-        log4j.core.config.Configurator.setLevel(
-            "org.apache.spark.sql.execution.streaming", log4j.Level.OFF
-        )
+        for logger in _FAILURE_LOGGERS:
+            log4j.core.config.Configurator.setLevel(logger, log4j.Level.OFF)
     except Exception:  # noqa: BLE001 - another logging backend: its lines stay
         pass
 
