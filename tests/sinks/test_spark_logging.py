@@ -46,11 +46,10 @@ def spark_info_lines(text: str) -> list[str]:
 
 
 def environment_without_pyspark_python() -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_REMOTE")
-    }
+    # ipykernel forwards what the JVM writes to its stderr only outside pytest: it looks
+    # for PYTEST_CURRENT_TEST, which the kernel must not inherit.
+    dropped = ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_REMOTE", "PYTEST_CURRENT_TEST")
+    env = {k: v for k, v in os.environ.items() if k not in dropped}
     env["PYTHONPATH"] = str(ROOT)
     return env
 
