@@ -18,6 +18,7 @@ from sinks import CleanerConfig, CompactedStateSink
 from sinks.errors import ConfigError
 from sinks.log.history_window import window_of
 from sinks.log.log_keys import log_keys
+from sinks.log.ownership import check_new_log_location
 from sinks.log.log_table import LogTable
 from sinks.log.records import VALUE
 from sinks.log.storage import normalize_uri
@@ -73,6 +74,7 @@ def infer_log(path: str, *, checkpoint_table: str | None = None) -> LogRef | Non
     """Settings for a log no job file describes; None when no table exists at ``path``."""
     snapshot = LogTable(normalize_uri(path)).snapshot()
     if snapshot is None:
+        check_new_log_location(normalize_uri(path))  # someone else's files: say so
         return None
     keys = log_keys(snapshot)  # recorded on the log; read from its schema for older logs
     spec = LogSpec(
