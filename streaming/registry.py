@@ -18,8 +18,8 @@ from sinks import CleanerConfig, CompactedStateSink
 from sinks.errors import ConfigError
 from sinks.log.history_window import window_of
 from sinks.log.log_keys import log_keys
-from sinks.log.ownership import check_new_log_location
 from sinks.log.log_table import LogTable
+from sinks.log.ownership import check_new_log_location
 from sinks.log.records import VALUE
 from sinks.log.storage import normalize_uri
 from streaming.job import LogSpec, load_job
