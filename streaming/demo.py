@@ -136,9 +136,21 @@ def _in_delta_log(path: str) -> bool:
 def prepare_lake(lake: Path) -> None:
     """Make ``lake`` an empty demo lake: create it, or wipe an earlier demo's lake.
 
-    Raises `NotACompactedLogError` (nothing deleted) for a file, a non-empty directory
-    without the demo's marker, or an earlier demo's lake holding a file it did not write.
+    Raises `NotACompactedLogError` (nothing deleted) as `check_lake` does.
     """
+    check_lake(lake)
+    for name in (LOG_DIR, CHECKPOINT_DIR, QUERY_CHECKPOINT_DIR):
+        shutil.rmtree(lake / name, ignore_errors=True)
+    lake.mkdir(parents=True, exist_ok=True)
+    (lake / DEMO_MARKER).write_text(
+        json.dumps({"written_by": "compacted-sink demo", "written_ms": int(time.time() * 1000)})
+    )
+
+
+def check_lake(lake: Path) -> None:
+    """Raise `NotACompactedLogError` unless ``lake`` is missing, empty, or an earlier demo's
+    lake holding only what the demo wrote: a file, a non-empty directory without the
+    demo's marker, an earlier demo's lake with a file it did not write. Reads only."""
     if lake.exists() and not lake.is_dir():
         raise NotACompactedLogError(
             f"--lake {lake}: a file, not a directory; choose another --lake", path=str(lake)
@@ -169,12 +181,6 @@ def prepare_lake(lake: Path) -> None:
             "away, or choose another --lake",
             path=str(lake),
         )
-    for name in (LOG_DIR, CHECKPOINT_DIR, QUERY_CHECKPOINT_DIR):
-        shutil.rmtree(lake / name, ignore_errors=True)
-    lake.mkdir(parents=True, exist_ok=True)
-    (lake / DEMO_MARKER).write_text(
-        json.dumps({"written_by": "compacted-sink demo", "written_ms": int(time.time() * 1000)})
-    )
 
 
 def run(spark: SparkSession, settings: DemoSettings, *, out=print) -> bool:

@@ -88,7 +88,9 @@ def _quiet_query_failures(spark) -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from streaming.demo import DemoSettings, run
+    from pathlib import Path
+
+    from streaming.demo import DemoSettings, check_lake, run
 
     if remote_url(args):
         raise ConfigError(
@@ -97,6 +99,7 @@ def _demo(args: argparse.Namespace) -> int:
             "describe the query in a job file and use: compacted-sink run JOB.toml --remote URL"
         )
 
+    check_lake(Path(args.lake))  # refuse someone else's directory before Spark starts
     settings = DemoSettings(
         lake=args.lake,
         batches=args.batches,
