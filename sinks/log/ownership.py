@@ -1,6 +1,6 @@
 """What a compacted log owns: how the sink recognises its own logs, files and directories.
 
-The sink writes and deletes only what is its own (docs/design.md). Three rules, each a
+The sink writes and deletes only what is its own (design.md §26, §27). Three rules, each a
 pure function here with a thin I/O wrapper:
 
 1. **A compacted log** is a Delta table that carries a mark only this package leaves:

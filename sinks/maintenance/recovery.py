@@ -11,7 +11,7 @@ marker says there is no need. Here:
    commit ever made), named as the sink names the files it writes
    (`sinks.log.ownership.is_own_data_path`) and older than ``file.delete.delay.ms``
    is deleted. Any other file no commit names is someone else's: it is left in
-   place, whatever its age, and reported (``not ours, left alone``).
+   place, whatever its age, and reported (``not ours, left alone``; design.md §26).
    The grace period protects a writer that is between writing its files and
    committing them; partitions whose pass is live in the checkpoint table are
    skipped whatever the age. Files only removed by a commit stay: they serve time travel.

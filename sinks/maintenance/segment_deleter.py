@@ -17,7 +17,8 @@ then narrowed to files the table owns (`sinks.log.ownership`): those its commits
 (delta-rs's ``full=False`` candidates, from the tombstones) and untracked files named
 as the sink names its own (a log's segments and staged files; delta-rs's ``part-…``
 files for the checkpoint table, which only delta-rs writes). A stranger's file inside
-the directory is never deleted, whatever its age: a VACUUM in ``full`` mode would.
+the directory is never deleted, whatever its age (design.md §26): a VACUUM in ``full``
+mode would.
 The deletion itself is done here, not by ``vacuum(dry_run=False)``: measured,
 the latter deletes every candidate in one call (unbounded after a long pause)
 and commits two extra versions (``VACUUM START``/``END``) per call, each of which
