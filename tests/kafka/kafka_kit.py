@@ -192,3 +192,42 @@ def sink_records(sink) -> list[Produced]:
         ),
         key=lambda r: (r.partition, r.offset),
     )
+
+
+class RegistryOver:
+    """A schema registry client (confluent-kafka's ``mock://`` one) answered over HTTP on
+    loopback, for `streaming.schema_registry.SchemaStore`: the two paths it reads."""
+
+    def __init__(self, client) -> None:
+        import json
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        def answer(path: str) -> dict | None:
+            parts = path.strip("/").split("/")
+            try:
+                if parts[:2] == ["schemas", "ids"]:
+                    return {"schema": client.get_schema(int(parts[2])).schema_str}
+                if parts[0] == "subjects" and parts[2:] == ["versions", "latest"]:
+                    latest = client.get_latest_version(parts[1])
+                    return {"id": latest.schema_id, "schema": latest.schema.schema_str}
+            except Exception:  # the mock's own "not found"
+                return None
+            return None
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                body = answer(self.path)
+                self.send_response(200 if body else 404)
+                self.end_headers()
+                self.wfile.write(json.dumps(body or {"error_code": 40403}).encode())
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
