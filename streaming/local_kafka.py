@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import ctypes
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -29,6 +30,25 @@ from string import Template
 HOST = "127.0.0.1"
 MAIN_CLASS = "kafka.Kafka"
 STORAGE_TOOL = "kafka.tools.StorageTool"
+
+
+_VERSIONED_JAR = re.compile(r"^(.+)-\d+\.[\w.]*(?:-\d+)?\.jar$")
+
+
+def artifact_of(jar: str | os.PathLike) -> str:
+    """``kafka-clients-3.9.2.jar`` -> ``kafka-clients``."""
+    name = Path(jar).name
+    found = _VERSIONED_JAR.match(name)
+    return found.group(1) if found else Path(name).stem
+
+
+def spark_jars(directory: str | os.PathLike) -> list[str]:
+    """The jars of ``directory`` (a set `make jars` fetched) to put on a Spark session with
+    ``spark.jars``: those whose artifact the running pyspark does not ship itself."""
+    import pyspark
+
+    shipped = {artifact_of(j) for j in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}
+    return [str(j) for j in sorted(Path(directory).glob("*.jar")) if artifact_of(j) not in shipped]
 
 
 class BrokerStartError(RuntimeError):
