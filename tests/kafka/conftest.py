@@ -25,7 +25,7 @@ from pyspark.sql import SparkSession
 from streaming.local_kafka import LocalKafka
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kafka_kit import KafkaKit  # noqa: E402
+from kafka_kit import SUMMARY, KafkaKit  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -55,7 +55,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
         HERE / "log4j2.properties",
     )
     kafka.start()  # BrokerStartError (with the log's last lines) fails the run
-    print(f"\nKafka broker on {kafka.bootstrap}: started in {kafka.start_seconds:.1f} s")
+    SUMMARY.append(f"Kafka broker on {kafka.bootstrap}: started in {kafka.start_seconds:.1f} s")
     try:
         yield kafka
     finally:
@@ -79,3 +79,11 @@ def spark(kafka_spark: SparkSession, monkeypatch: pytest.MonkeyPatch) -> SparkSe
 @pytest.fixture(scope="session")
 def kafka(broker: LocalKafka) -> KafkaKit:
     return KafkaKit(broker)
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """The broker's start time and each judge workload's figures, also under ``-q``."""
+    if SUMMARY:
+        terminalreporter.section("kafka")
+        for line in SUMMARY:
+            terminalreporter.write_line(line)

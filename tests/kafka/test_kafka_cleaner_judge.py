@@ -30,7 +30,7 @@ import zlib
 from dataclasses import dataclass
 
 import pytest
-from kafka_kit import Produced, kafka_options, run_available, sink_records
+from kafka_kit import SUMMARY, Produced, kafka_options, run_available, sink_records
 
 from sinks import CleanerConfig, CompactedStateSink
 
@@ -132,7 +132,7 @@ def judge(label: str, kafka_kept, sink_kept, active: dict[int, int]) -> list[str
 @pytest.mark.parametrize("seed", SEEDS, ids=[f"seed{s}" for s in SEEDS])
 def test_a_pass_keeps_what_kafkas_log_cleaner_keeps(spark, kafka, tmp_path, clock, seed) -> None:
     w = Workload.of(seed)
-    print(f"\njudge workload seed={seed}: {w}")
+    SUMMARY.append(f"judge workload seed={seed}: {w}")
     rng = random.Random(seed + 1)
     source = kafka.create_topic(kafka.topic_name(f"judge{seed}-src"), w.partitions)
     compacted = kafka.create_topic(
@@ -179,7 +179,7 @@ def test_a_pass_keeps_what_kafkas_log_cleaner_keeps(spark, kafka, tmp_path, cloc
         differences = judge(label, kafka_kept, sink_kept, active)
         tombstones = {r for r in sink_kept if r.value is None}
         tombstones_by_round.append(tombstones)
-        print(
+        SUMMARY.append(
             f"{label}: produced {len(produced)} (tombstones "
             f"{sum(r.value is None for r in produced)}), kept by Kafka {len(kafka_kept)}, "
             f"kept by the sink {len(sink_kept)} (tombstones {len(tombstones)}); "
