@@ -123,6 +123,10 @@ class LogStatus:
     foreign_bytes: int = 0
     consumers: tuple[str, ...] = ()  # registered consumers: lag and tombstones held
     schema_changes: tuple[SchemaChange, ...] = ()  # the newest first, within SCHEMA_LOOKBACK
+    # (setting, value, source: log / override / default) per topic-level setting applied
+    config: tuple[tuple[str, str, str], ...] = ()
+    config_stored: bool = True  # False: a log created before topic configs were stored
+    checkpoint_notes: tuple[str, ...] = ()  # checkpoint rows found describing another history
 
     @property
     def size_bytes(self) -> int:
@@ -158,6 +162,9 @@ class LogStatus:
             "foreign_bytes": self.foreign_bytes,
             "consumers": list(self.consumers),
             "schema_changes": [asdict(c) for c in self.schema_changes],
+            "config": {k: {"value": v, "source": src} for k, v, src in self.config},
+            "config_stored": self.config_stored,
+            "checkpoint_notes": list(self.checkpoint_notes),
             "partitions": [asdict(p) for p in self.partitions],
         }
 
@@ -220,6 +227,8 @@ def log_status(
         consumers=tuple(
             c.line() for c in consumer_report(sink.path, sink.checkpoint_path, now=now)
         ),
+        config=tuple(sink.log_config.describe()),
+        config_stored=sink.log_config.recorded,
     )
 
 
