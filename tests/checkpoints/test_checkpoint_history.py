@@ -84,20 +84,29 @@ def test_an_older_copy_put_back_is_cleaned_again(spark, lake, tmp_path) -> None:
     assert not log_status(eager).checkpoint_notes
 
 
-def test_a_new_table_at_an_old_path_starts_from_its_own_log(spark, lake) -> None:
+def test_a_new_table_at_an_old_path_starts_from_its_own_log(spark, lake, caplog) -> None:
     path = str(lake / "users")
     first = CompactedStateSink(path, config=NO_INLINE_CLEANING)
     first(spark.createDataFrame([("a", "1"), ("a", "2")], SCHEMA), 0)
     first.clean(force=True)
     old_id = DeltaTable(path).metadata().id
 
-    shutil.rmtree(path)  # dropped and created again, with more commits than the first had
+    shutil.rmtree(path)  # dropped and created again
     second = CompactedStateSink(path, config=NO_INLINE_CLEANING)
-    for batch in range(4):
-        second(spark.createDataFrame([("b", str(batch))], SCHEMA), batch)
-    assert DeltaTable(path).metadata().id != old_id
+    second(spark.createDataFrame([("b", "0")], SCHEMA), 0)
+    new_id = DeltaTable(path).metadata().id
+    assert new_id != old_id
+    # Seen before any recovery (status reads only), then replaced by the sink's recovery.
+    (row,) = second.checkpoints.read(second.path).values()
+    second.checkpoints.write([row.with_changes(table_id=old_id, log_version=0)])
     (note,) = log_status(second).checkpoint_notes
-    assert "another table" in note
+    assert f"describes another table (Delta table id {old_id}" in note
+    with caplog.at_level("WARNING", logger="compacted_sink"):
+        for batch in range(1, 4):
+            second(spark.createDataFrame([("b", str(batch))], SCHEMA), batch)
+    assert any("another table" in r.getMessage() for r in caplog.records)
+    (row,) = second.checkpoints.read(second.path).values()
+    assert (row.table_id, row.first_dirty_offset) == (new_id, 0)
     stats = second.clean(force=True)
     assert stats is not None and second.log().count() == 1
 
