@@ -14,6 +14,7 @@ so that a process's explicit choice can be told from a default (`resolve`).
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -21,6 +22,8 @@ from typing import Any, ClassVar, Literal
 
 from checkpoints.cleaner_states import BACKOFF_BASE_MS
 from sinks.errors import ConfigError
+
+logger = logging.getLogger("compacted_sink")
 
 CleanupPolicy = Literal["compact", "delete", "compact,delete"]
 
@@ -342,7 +345,8 @@ class LogConfig:
     @classmethod
     def from_table_properties(cls, configuration: Mapping[str, str | None]) -> LogConfig:
         """The config in a log's Delta table properties. Raises `ConfigError` naming the
-        property when a stored value is unknown or invalid."""
+        property when a stored value is invalid; an unknown ``compacted.sink.topic.*`` key
+        is ignored with a warning."""
         stored: dict[str, str] = {}
         recorded = False
         for name, value in configuration.items():
@@ -351,10 +355,9 @@ class LogConfig:
             recorded = True
             key = name.removeprefix(TOPIC_CONFIG_PREFIX)
             if key not in TOPIC_PROPERTIES or key == FILE_DELETE_DELAY_MS:
-                raise ConfigError(
-                    f"table property {name}: {key!r} is not a topic config "
-                    f"({', '.join(TOPIC_PROPERTIES)})"
-                )
+                # A newer version's setting, or a hand-made typo: never a reason to stop.
+                logger.warning("table property %s is not a topic config here; ignored", name)
+                continue
             if value:
                 stored[key] = value
         window = configuration.get(DELETED_FILE_RETENTION_DURATION)
@@ -363,7 +366,7 @@ class LogConfig:
         try:
             parsed = CleanerConfig.from_properties(_as_properties(stored))
         except ConfigError as e:
-            raise ConfigError(f"the log's stored config: {e}") from None
+            raise ConfigError(f"the log's stored config ({TOPIC_CONFIG_PREFIX}*): {e}") from None
         return cls({key: str(getattr(parsed, _FIELD_OF[key])) for key in stored}, recorded)
 
     @property
