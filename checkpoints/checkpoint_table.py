@@ -211,7 +211,7 @@ def other_history(
     table created) and the version it describes: another id is a new table at the old
     path; a version above the log's latest is an older copy of the log put back (one taken
     before the commit the row describes). Either way the row's offsets mean nothing for
-    this log, which starts from its own Delta log.
+    this log, which starts from its own Delta log (design.md §30).
     """
     if row_table_id is not None and row_table_id != table_id:
         return f"describes another table (Delta table id {row_table_id}, the log is {table_id})"

@@ -12,7 +12,7 @@ window (``file.delete.delay.ms``) is stored once, as Delta's
 
 `opened_log_config` is what every process applies (`sinks.config.resolve`);
 `alter_log_config` changes what the log holds in one Delta commit, validated before
-anything is written.
+anything is written (design.md §29).
 """
 
 from __future__ import annotations
