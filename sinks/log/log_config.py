@@ -34,10 +34,12 @@ from sinks.config import (
     ResolvedConfig,
     resolve,
 )
-from sinks.errors import ConfigError
+from sinks.errors import CompactedSinkError, ConfigError
 from sinks.log.foreign_commits import COMMIT_INFO_KEY
 from sinks.log.history_window import DEFAULT_WINDOW_MS, table_properties
+from sinks.log.log_keys import KEY_COLUMNS_PROPERTY
 from sinks.log.log_table import LogSnapshot, LogTable
+from sinks.log.records import OFFSET, PARTITION, VALUE
 
 logger = logging.getLogger("compacted_sink")
 
@@ -104,6 +106,7 @@ def alter_log_config(
     snapshot = log.snapshot(verify=False)
     if snapshot is None:
         raise FileNotFoundError(f"no compacted log at {log.uri}")
+    _check_compacted_log(snapshot)
     for key in [*add, *delete]:
         _check_topic_key(key)
     both = sorted(set(add) & set(delete))
@@ -148,6 +151,19 @@ def alter_log_config(
     assert after is not None
     logger.info("altered the config of %s: %s", log.uri, changes)
     return ConfigChange(log.uri, changes, after.version)
+
+
+def _check_compacted_log(snapshot: LogSnapshot) -> None:
+    """Refuse another table: a config commit would change a table this sink does not own."""
+    configuration = snapshot.table.metadata().configuration
+    names = set(snapshot.spark_schema.names)
+    if KEY_COLUMNS_PROPERTY in configuration or {VALUE, PARTITION, OFFSET} <= names:
+        return
+    raise CompactedSinkError(
+        f"{snapshot.uri} is a Delta table but not a compacted log (no "
+        f"{KEY_COLUMNS_PROPERTY} property, columns {sorted(names)}); nothing committed: "
+        "configs changes only logs a compacted-state sink wrote"
+    )
 
 
 def _check_topic_key(key: str) -> None:

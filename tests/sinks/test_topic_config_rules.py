@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import pickle
 
+import pyarrow as pa
 import pytest
+from deltalake import DeltaTable, write_deltalake
 
 from sinks.config import CleanerConfig, LogConfig, resolve, topic_table_properties
-from sinks.errors import ConfigError
+from sinks.errors import CompactedSinkError, ConfigError
+from sinks.log.log_config import alter_log_config
+from sinks.log.log_table import LogTable
 from streaming.cli.configs import parse_add_config
 
 WEEK_MS = 604_800_000
@@ -78,6 +82,14 @@ def test_a_log_without_stored_config_takes_the_process_settings() -> None:
 def test_a_bad_stored_value_names_the_key() -> None:
     with pytest.raises(ConfigError, match="min.cleanable.dirty.ratio"):
         LogConfig.from_table_properties({"compacted.sink.topic.min.cleanable.dirty.ratio": "2"})
+
+
+def test_configs_refuses_a_table_that_is_not_a_compacted_log(tmp_path) -> None:
+    path = str(tmp_path / "plain")
+    write_deltalake(path, pa.table({"id": [1], "name": ["a"]}))
+    with pytest.raises(CompactedSinkError, match="not a compacted log"):
+        alter_log_config(LogTable(path), add={"delete.retention.ms": "1"})
+    assert DeltaTable(path).version() == 0  # nothing committed
 
 
 def test_add_config_takes_kafkas_brackets() -> None:
