@@ -101,8 +101,8 @@ class CleanerThread:
         return passes
 
     def idle_reasons(self) -> list[str]:
-        """A line per log saying why it was not cleaned: per partition, which of SPEC rule
-        4's triggers is missing (ratio against threshold, lag, tombstones not yet due), or
+        """A line per log saying why it was not cleaned: per partition, which of design.md
+        §4's triggers is missing (ratio against threshold, lag, tombstones not yet due), or
         that the log backs off after a failed pass. Reads Delta metadata only."""
         lines = []
         for ref in self.logs:
@@ -151,5 +151,5 @@ def _with_backoff(ref: LogRef, backoff_ms: int | None) -> LogRef:
     """``ref`` with its log's ``log.cleaner.backoff.ms`` set (the command's flag wins)."""
     if backoff_ms is None:
         return ref
-    config = replace(ref.spec.config, backoff_ms=backoff_ms)
+    config = ref.spec.config.with_settings(backoff_ms=backoff_ms)
     return replace(ref, spec=replace(ref.spec, config=config))

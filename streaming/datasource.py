@@ -17,7 +17,7 @@ no SparkSession, so the append task runs over Arrow, on the driver
 - it suits micro-batches that fit in the driver's memory; the ``foreachBatch``
   hook stays the path for large batches;
 - it appends and does not clean: run ``compacted-sink clean`` (or ``sink.clean()``)
-  beside the query, as a cleaner job beside a writer (SPEC rule 11).
+  beside the query, as a cleaner job beside a writer (design.md §11).
 
 Options: ``path`` (the log), ``key_columns`` (comma-separated, default ``key``),
 ``sequence_column``, ``checkpoint_table``, ``sink_id``, ``schema_evolution``
@@ -43,6 +43,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, Writ
 from sinks import CleanerConfig, CompactedStateSink
 from sinks.errors import ConfigError, SchemaMismatchError
 from sinks.log.append_batch import ArrowRecords, log_schema
+from sinks.log.ownership import check_log_location, is_own_data_path
 from sinks.log.schema_evolution import DEFAULT_SCHEMA_EVOLUTION, SchemaEvolution, check_mode
 from sinks.log.storage import arrow_filesystem, delete_files, join, normalize_uri
 from sinks.python_workers import check_python_workers
@@ -99,6 +100,7 @@ class CompactedStateDataSource(DataSource):
 
     def streamWriter(self, schema: T.StructType, overwrite: bool) -> CompactedStateStreamWriter:  # noqa: N802
         options = SinkOptions.parse(self.options)
+        check_log_location(options.path)  # refuse someone else's table or files at the start
         remove_stale_staged(options.path, older_than_ms=STALE_STAGED_MS)
         return CompactedStateStreamWriter(options, schema)
 
@@ -268,12 +270,17 @@ def staged_files(path: str) -> list[str]:
 
 
 def remove_stale_staged(path: str, *, older_than_ms: int) -> int:
-    """Delete staged files a killed query left behind; a query calls this when it starts."""
+    """Delete staged files a killed query left behind; a query calls this when it starts.
+
+    Only files named as this sink stages them (`sinks.log.ownership.is_own_data_path`):
+    anything else in ``_staging/`` is someone else's and stays."""
     fs, root = arrow_filesystem(normalize_uri(path))
     selector = pa.fs.FileSelector(join(root, STAGING), allow_not_found=True)
     cutoff = time.time() - older_than_ms / 1000
     removed = 0
     for info in fs.get_file_info(selector):
+        if not is_own_data_path(f"{STAGING}/{info.base_name}"):
+            continue
         if info.mtime is not None and info.mtime.timestamp() < cutoff:
             fs.delete_file(info.path)
             removed += 1
