@@ -283,8 +283,8 @@ def test_a_registered_consumer_stopped_past_delete_retention_sees_every_delete(
     read_after = sink.log_table.snapshot().log_end_offsets()
     billing = {"consumer.id": "billing"}
     read_available(spark, path, lake / "_chk_registered", lake / "seen_registered", **billing)
-    stats = sink.clean(force=True)
-    assert stats is not None and stats.tombstones_held == 0
+    stats = sink.clean(force=True)  # None when the append's own pass already dropped them
+    assert stats is None or stats.tombstones_held == 0
     assert sink.log().where("value is null").count() == 0
     consumers = ConsumerOffsets(str(lake / "_consumer-offsets")).consumers(path, now_ms=clock())
     assert [c.consumer_id for c in consumers] == ["billing"] and not consumers[0].expired
