@@ -143,8 +143,10 @@ def _replay(args: argparse.Namespace) -> int:
     if args.key_columns:
         keys = tuple(k.strip() for k in args.key_columns.split(","))
     target = LogTable(target_path).snapshot()
-    if target is None or not committed(target, RESTORE_APP_ID, args.batch_id):
-        check_target(target, keys, schema if mode == EXACT else None, allow_records=args.append)
+    if target is not None and committed(target, RESTORE_APP_ID, args.batch_id):
+        out(f"replay into {target_path}: batch {args.batch_id} already committed, skipped")
+        return _verify_replay(source_path, version, target_path, mode) if args.verify else 0
+    check_target(target, keys, schema if mode == EXACT else None, allow_records=args.append)
     spark = session("compacted-sink-replay", args)
     if source_snapshot is not None:
         source = RestoreSource.of_log(spark, source_path, version)
