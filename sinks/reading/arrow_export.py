@@ -28,6 +28,7 @@ import pyarrow as pa
 
 from sinks.log.log_table import AsOf, LogSnapshot, LogTable
 from sinks.log.records import VALUE
+from sinks.log.segment_writer import nullable_schema
 from sinks.log.storage import arrow_filesystem, normalize_uri
 from sinks.reading.arrow_state import StatePlan
 from sinks.reading.replay import (
@@ -155,7 +156,9 @@ def _snapshot(
 def _latest(snapshot: LogSnapshot, storage_options: Mapping[str, str] | None) -> Iterator[pa.Table]:
     """Each (partition, key)'s latest record, every column in the log's order."""
     plan = StatePlan.of(snapshot, dict(storage_options or {}))
-    schema = snapshot.arrow_schema
+    # As the files are written: a tombstone's null struct holds nulls in required fields,
+    # and a file from before a field was added reads it as null.
+    schema = nullable_schema(snapshot.arrow_schema)
     for table in plan.latest(schema):
         yield table.select(schema.names)
 
