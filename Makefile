@@ -2,7 +2,25 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench bench-quick bench-scale bench-cluster soak soak-quick soak-exit soak-faults clean
+# The Kafka tests (pytest marker `kafka`) run on a second venv: Spark's Kafka source is published
+# on Maven Central for pyspark 4.2.0 at the newest (none for 4.3). Same package, editable, dev extras.
+KAFKA_SPARK ?= 4.2.0
+KAFKA_VENV ?= .venv-spark4.2
+KAFKA_PY := $(KAFKA_VENV)/bin/python
+KAFKA_STAMP := $(KAFKA_VENV)/.installed
+
+# JVM jars, fetched once from Maven Central by `mvn` into .jars/<set>/ (git-ignored): one small
+# pom per set under jvm/<set>/, its runtime dependencies copied beside it; a stamp marks it done.
+JARS := .jars
+MVN ?= mvn
+DEPENDENCY_PLUGIN := org.apache.maven.plugins:maven-dependency-plugin:3.8.1
+# $(call fetch-jars,<pom>,<output dir>,<extra mvn flags>)
+fetch-jars = rm -rf $(2) && $(MVN) -q -B -f $(1) $(3) \
+	$(DEPENDENCY_PLUGIN):copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(CURDIR)/$(2)
+KAFKA_JARS := $(JARS)/kafka/.fetched
+SPARK_KAFKA_JARS := $(JARS)/spark-kafka-$(KAFKA_SPARK)/.fetched
+
+.PHONY: demo demo-kafka jars test test-kafka lint bench bench-quick bench-scale bench-cluster soak soak-quick soak-exit soak-faults clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -10,11 +28,41 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+$(KAFKA_STAMP): pyproject.toml
+	python3 -m venv $(KAFKA_VENV)
+	$(KAFKA_PY) -m pip install --quiet --upgrade pip
+	$(KAFKA_PY) -m pip install --quiet 'pyspark==$(KAFKA_SPARK)' -e '.[dev]'
+	touch $@
+
+# An Apache Kafka broker (kafka_2.13 and its dependencies, log4j2).
+$(KAFKA_JARS): jvm/kafka/pom.xml
+	$(call fetch-jars,jvm/kafka/pom.xml,$(@D))
+	touch $@
+
+# Spark's Kafka source at the Kafka venv's pyspark version.
+$(SPARK_KAFKA_JARS): jvm/spark-kafka/pom.xml
+	$(call fetch-jars,jvm/spark-kafka/pom.xml,$(@D),-Dspark.version=$(KAFKA_SPARK))
+	touch $@
+
+jars: $(KAFKA_JARS) $(SPARK_KAFKA_JARS)
+
 demo: $(STAMP)
 	$(VENV)/bin/compacted-sink demo --lake lake-demo
 
-test: $(STAMP)
-	$(PY) -m pytest -q --durations=15 tests
+# A local broker started and stopped by the demo itself (streaming/local_kafka.py).
+demo-kafka: $(KAFKA_STAMP) jars
+	$(KAFKA_PY) examples/kafka_demo.py --lake lake-demo-kafka
+
+# The main suite on $(VENV), then the Kafka tests on $(KAFKA_VENV); both always run, and the
+# target fails when either does.
+test: $(STAMP) $(KAFKA_STAMP) jars
+	@status=0; \
+	$(PY) -m pytest -q --durations=15 -m "not kafka" tests || status=1; \
+	$(MAKE) --no-print-directory test-kafka || status=1; \
+	exit $$status
+
+test-kafka: $(KAFKA_STAMP) jars
+	COMPACTED_SINK_KAFKA_TESTS=required $(KAFKA_PY) -m pytest -q --durations=10 -m kafka tests
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check sinks checkpoints streaming tests bench
@@ -52,4 +100,4 @@ soak-faults: $(STAMP)
 	FAULT_BATCHES=12 FAULT_RATE=0.05 $(PY) -m pytest -q -s tests/storage/test_object_store_faults.py
 
 clean:
-	rm -rf lake-demo .pytest_cache
+	rm -rf lake-demo lake-demo-kafka .pytest_cache

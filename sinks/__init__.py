@@ -13,6 +13,7 @@ from sinks.errors import (
     ForeignChangeError,
     LogCorruptedError,
     MissingDataFileError,
+    NotACompactedLogError,
     OffsetOutOfRangeError,
     SchemaMismatchError,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "KeyColumnsMismatchError",
     "LogCorruptedError",
     "MissingDataFileError",
+    "NotACompactedLogError",
     "OffsetOutOfRangeError",
     "QueryIdentityError",
     "SchemaMismatchError",

@@ -19,6 +19,7 @@ from sinks.errors import ConfigError
 from sinks.log.history_window import window_of
 from sinks.log.log_keys import log_keys
 from sinks.log.log_table import LogTable
+from sinks.log.ownership import check_new_log_location
 from sinks.log.records import VALUE
 from sinks.log.storage import normalize_uri
 from streaming.job import LogSpec, load_job
@@ -44,7 +45,8 @@ def discover_logs(
     """The logs named by path, by job file, or registered in a checkpoint table, deduplicated.
 
     Settings from a job file win; other logs get inferred settings. A log whose
-    table does not exist (yet) is skipped. Raises `ConfigError` when nothing is named.
+    table does not exist (yet) is skipped. Raises `ConfigError` when nothing is named, and
+    `NotACompactedLogError` for a path named here that is not a log (`sinks.log.ownership`).
     """
     specs: dict[str, LogRef] = {}
     for file in job_files:
@@ -59,11 +61,14 @@ def discover_logs(
                 ref = infer_log(log, checkpoint_table=normalize_uri(table))
                 if ref is not None:
                     specs[log] = ref
+    named = {normalize_uri(p) for p in paths}
     for path in candidates:
         if path not in specs:
             ref = infer_log(path)
             if ref is not None:
                 specs[path] = ref
+            elif path in named:
+                check_new_log_location(path)  # no table: someone else's files? say so
     if not specs and not (paths or job_files or checkpoint_tables):
         raise ConfigError("name at least one log path, --config job file or --checkpoint-table")
     return [specs[p] for p in sorted(specs)]

@@ -22,13 +22,14 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pyspark
 import pytest
 from pyspark.sql import SparkSession
 
+from streaming.local_kafka import spark_jars
 from streaming.session import local_session
 
 # testkit sits beside this file. pytest puts it on the path (pyproject's pythonpath), but a
@@ -53,8 +54,22 @@ SESSION_CONF = {
 }
 
 
+JARS = ROOT / ".jars"  # `make jars` fills it from Maven Central (git-ignored)
+SESSION_JAR_SETS = ("spark-kafka",)
+
+
+def session_jars(cache: Path = JARS, sets: Sequence[str] = SESSION_JAR_SETS) -> list[str]:
+    """Local jars for the classic session: each set's ``<cache>/<set>-<pyspark version>/``
+    that `make jars` fetched (none for a pyspark nothing was fetched for), less the
+    artifacts pyspark ships itself (its own versions stay)."""
+    return [j for name in sets for j in spark_jars(cache / f"{name}-{pyspark.__version__}")]
+
+
 def build_session() -> SparkSession:
     conf = {**SESSION_CONF, "spark.default.parallelism": "2", "spark.driver.memory": "2g"}
+    jars = session_jars()
+    if jars:  # local paths: nothing is downloaded when the session starts
+        conf["spark.jars"] = ",".join(jars)
     return local_session("compacted-sink-tests", "local[2]", conf=conf)
 
 

@@ -62,6 +62,7 @@ from sinks.log.log_table import (
     log_arrow_schema,
     now_ms,
 )
+from sinks.log.ownership import check_new_log_location
 from sinks.log.records import (
     TRANSIENT_COLUMNS,
     BatchReport,
@@ -233,6 +234,9 @@ class LogAppender:
         is None). Checks `committed` only after a conflict or a creation race: `append`
         checks it first.
         """
+        if snapshot is None:
+            # Never create a log over someone else's files (sinks.log.ownership).
+            check_new_log_location(self.log.uri, self.log.storage_options)
         for _attempt in range(APPEND_ATTEMPTS):
             end_offsets = snapshot.log_end_offsets() if snapshot is not None else {}
             target = self.evolved_schema(snapshot, schema) if snapshot is not None else schema

@@ -55,6 +55,7 @@ from sinks.log.foreign_commits import (
 )
 from sinks.log.history_window import check_reachable
 from sinks.log.landed_commits import COMMIT_TOKEN_KEY, check_removes, landed_version
+from sinks.log.ownership import LOG_DESCRIPTION
 from sinks.log.records import spark_at_or_above
 from sinks.log.segment import DataFile, ForeignFile, Segment, data_file
 from sinks.log.segment_writer import WrittenSegment
@@ -182,7 +183,7 @@ class LogTable:
                 raise_if_key_not_exists=False,  # the sink's own properties (sinks.log.log_keys)
                 storage_options=self.storage_options or None,
                 name=self.uri.rstrip("/").rsplit("/", 1)[-1],
-                description="compacted-state log",
+                description=LOG_DESCRIPTION,  # a mark of the sink's logs (sinks.log.ownership)
             )
         except Exception:
             # Another writer may have created it between our check and our create.
