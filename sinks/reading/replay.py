@@ -77,6 +77,7 @@ from sinks.log.log_table import (
     LogTable,
     log_arrow_schema,
 )
+from sinks.log.ownership import check_new_log_location
 from sinks.log.records import DELETE_HORIZON_MS, OFFSET, PARTITION, TIMESTAMP, VALUE
 from sinks.log.segment_writer import SegmentWriterTask, stats_columns
 from sinks.log.storage import arrow_filesystem, normalize_uri
@@ -574,6 +575,8 @@ def restore(
         source.config.key_columns,
         source.schema if mode == EXACT else None,
         allow_records=mode == NEW_OFFSETS and append,
+        uri=path,
+        storage_options=storage_options,
     )
     if snapshot is None and source.faithful:
         snapshot = log.create(source.schema, _creation_properties(source.config))
@@ -606,17 +609,23 @@ def check_target(
     schema: T.StructType | None,
     *,
     allow_records: bool = False,
+    uri: str | None = None,
+    storage_options: Mapping[str, str] | None = None,
 ) -> None:
     """Raise `RestoreTargetError` unless the target log is absent, or empty and alike.
 
+    Absent: no Delta table at ``uri``, and no file there the sink did not write
+    (`NotACompactedLogError` otherwise, as for a Delta table that is not a compacted log).
     Empty: no live file and no offset ever given out (a log whose records all went by
     retention still numbers from its log end). Alike: the source's key columns, and its
     columns and types when ``schema`` is given (an exact restore). With ``allow_records``
     (a lossy append) only the key columns count.
     """
     if snapshot is None:
+        if uri is not None:
+            check_new_log_location(uri, storage_options)  # someone else's files: refuse
         return
-    keys = log_keys(snapshot)
+    keys = log_keys(snapshot)  # refuses a Delta table that is not a compacted log
     if keys.recorded and keys.key_columns != tuple(key_columns):
         raise RestoreTargetError(
             f"--to {snapshot.uri} is a log keyed by {list(keys.key_columns)}, the source by "

@@ -146,7 +146,13 @@ def _replay(args: argparse.Namespace) -> int:
     if target is not None and committed(target, RESTORE_APP_ID, args.batch_id):
         out(f"replay into {target_path}: batch {args.batch_id} already committed, skipped")
         return _verify_replay(source_path, version, target_path, mode) if args.verify else 0
-    check_target(target, keys, schema if mode == EXACT else None, allow_records=args.append)
+    check_target(
+        target,
+        keys,
+        schema if mode == EXACT else None,
+        allow_records=args.append,
+        uri=target_path,
+    )
     spark = session("compacted-sink-replay", args)
     if source_snapshot is not None:
         source = RestoreSource.of_log(spark, source_path, version)

@@ -21,7 +21,7 @@ from pyspark.sql import types as T
 
 from sinks import CleanerConfig, CompactedStateSink
 from sinks.cleaner.rules import latest_records
-from sinks.errors import ConfigError
+from sinks.errors import ConfigError, NotACompactedLogError
 from sinks.log.log_table import LogTable
 from sinks.reading.arrow_export import (
     export_state_arrow,
@@ -304,6 +304,15 @@ def test_lossy_new_offsets_only_by_name(spark, lake, clock):
     )
     exact = verify_restore_arrow(str(lake / "export"), lossy)
     assert not exact.ok and exact.offset_differences  # what the lossy mode does not keep
+
+    # Someone else's files where the new log would go: refused, every byte left.
+    theirs = lake / "theirs" / "data.parquet"
+    theirs.parent.mkdir()
+    theirs.write_bytes(b"someone else's")
+    with pytest.raises(NotACompactedLogError):
+        restore(RestoreSource.of_export(spark, str(lake / "export")), str(lake / "theirs"))
+    assert sorted(p.name for p in (lake / "theirs").iterdir()) == ["data.parquet"]
+    assert theirs.read_bytes() == b"someone else's"
 
     # An export from before exports carried offsets restores only with new offsets.
     manifest_path = lake / "export" / "_manifest.json"
