@@ -2,10 +2,12 @@
 
 A cleaner-offset checkpoint table lists the logs it has cleaned (Kafka's
 ``cleaner-offset-checkpoint`` lists the partitions of a log dir), but not their
-key columns or cleaner settings. Those come from the job files that write the
-logs; a registered log no job file describes gets the default `CleanerConfig`
-and the key and sequence columns the log records (`sinks.log.log_keys`; read from
-its schema for a log older than those properties), and `LogRef.inferred` says so.
+key columns or cleaner settings. Both are stored on the log itself: a registered log
+no job file describes gets the key and sequence columns the log records
+(`sinks.log.log_keys`; read from its schema for a log older than those properties) and
+the topic config it stores (`sinks.log.log_config`; defaults for a log older than that),
+and `LogRef.inferred` says that no job file was given. A job file's cleaner settings
+override the log's, as a process's explicit settings do.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from dataclasses import dataclass
 from checkpoints import CleanerOffsetCheckpoint
 from sinks import CleanerConfig, CompactedStateSink
 from sinks.errors import ConfigError
-from sinks.log.history_window import window_of
 from sinks.log.log_keys import log_keys
 from sinks.log.log_table import LogTable
 from sinks.log.ownership import check_new_log_location
@@ -84,9 +85,8 @@ def infer_log(path: str, *, checkpoint_table: str | None = None) -> LogRef | Non
         path=normalize_uri(path),
         key_columns=keys.key_columns,
         sequence_column=keys.sequence_column,
-        # The history window is the table's own (its Delta property), never a default
-        # that would shorten or lengthen what the job that writes the log chose.
-        config=CleanerConfig(file_delete_delay_ms=window_of(snapshot.table)),
+        # Nothing set here: the sink applies the log's own config (`sinks.log.log_config`).
+        config=CleanerConfig(),
         checkpoint_table=checkpoint_table,
     )
     return LogRef(spec, inferred=True)

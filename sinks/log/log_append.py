@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from deltalake.exceptions import CommitFailedError
 from pyspark.sql import types as T
 
-from sinks.config import CleanerConfig
+from sinks.config import CleanerConfig, topic_table_properties
 from sinks.crash_points import (
     APPEND_BEFORE_COMMIT,
     DEAD_LETTER_BEFORE_APPEND,
@@ -253,6 +253,7 @@ class LogAppender:
                     {
                         **table_properties(self.config.file_delete_delay_ms),
                         **keys.to_properties(),
+                        **topic_table_properties(self.config),
                     },
                 )
                 try:

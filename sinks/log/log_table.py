@@ -243,6 +243,11 @@ class LogSnapshot:
         self._transactions: dict[str, int | None] = {}
 
     @cached_property
+    def table_id(self) -> str:
+        """The Delta table's id (``metaData.id``): new for every table created at any path."""
+        return str(self.table.metadata().id)
+
+    @cached_property
     def spark_schema(self) -> StructType:
         return StructType.fromJson(json.loads(self.table.schema().to_json()))
 

@@ -50,7 +50,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
-from checkpoints import CheckpointEntry, CleanerOffsetCheckpoint
+from checkpoints import CheckpointEntry, CleanerOffsetCheckpoint, split_histories
 from checkpoints.cleaner_states import live_claims
 from sinks.crash_points import RECOVERY_AFTER_ORPHAN_DELETED, RECOVERY_BEFORE_MARKER, crash_point
 from sinks.errors import LogCorruptedError
@@ -274,12 +274,43 @@ def reconcile_checkpoint(
     """Roll the checkpoint forward from the log, or reset it into range; returns the changes.
 
     Each row moves by compare-and-set, so a pass finishing meanwhile is not overwritten.
+    A row that describes another table or history (`checkpoints.split_histories`: a new
+    table at the path, an older copy put back) is replaced by one that starts from the
+    log's own record, or its log start offset.
     """
     changes: dict[int, tuple[int | None, int]] = {}
     for partition in snapshot.partitions:
         for _attempt in range(10):
             rows = checkpoints.read(snapshot.uri)
             entry = rows.get((snapshot.uri, partition))
+            _, other = split_histories(
+                {partition: entry} if entry else {},
+                table_id=snapshot.table_id,
+                version=snapshot.version,
+                latest_version=lambda: DeltaTable(
+                    snapshot.uri, storage_options=snapshot.storage_options or None
+                ).version(),
+            )
+            if entry is not None and other:
+                logger.warning(
+                    "log %s partition %s: checkpoint %s: ignored",
+                    snapshot.uri,
+                    partition,
+                    other[partition],
+                )
+                start = snapshot.cleaner_offset(partition)
+                target = start if start is not None else snapshot.log_start_offset(partition)
+                fresh = CheckpointEntry(
+                    log_path=snapshot.uri,
+                    partition=partition,
+                    first_dirty_offset=target,
+                    table_id=snapshot.table_id,
+                    log_version=snapshot.version,
+                )
+                if checkpoints.compare_and_set(entry, fresh):
+                    changes[partition] = (entry.first_dirty_offset, target)
+                    break
+                continue
             current = entry.first_dirty_offset if entry else None
             target = reconciled_dirty_offset(
                 log_cleaner_offset=snapshot.cleaner_offset(partition),
@@ -292,7 +323,9 @@ def reconcile_checkpoint(
             base = entry or CheckpointEntry(
                 log_path=snapshot.uri, partition=partition, first_dirty_offset=target
             )
-            new = base.with_changes(first_dirty_offset=target, log_version=snapshot.version)
+            new = base.with_changes(
+                first_dirty_offset=target, log_version=snapshot.version, table_id=snapshot.table_id
+            )
             if checkpoints.compare_and_set(entry, new):
                 changes[partition] = (current, target)
                 break
