@@ -35,10 +35,10 @@ from sinks.reading.replay import (
     EXACT,
     MANIFEST,
     SPARK_SCHEMA_METADATA,
+    CarriedConfig,
     Codec,
     Comparison,
     ExportReport,
-    LogConfig,
     LogImage,
     Progress,
     ReplayError,
@@ -87,7 +87,7 @@ def export_state_arrow(
     check_codec(codec)
     uri = normalize_uri(log_path)
     snapshot = _snapshot(uri, as_of, storage_options)
-    config = LogConfig.of(snapshot)
+    config = CarriedConfig.of(snapshot)
     spark_schema = snapshot.spark_schema
     schema = avro_schema(spark_schema)
     target = normalize_uri(directory)
@@ -181,7 +181,7 @@ def log_image(
         name=name or f"log {uri} (Delta v{snapshot.version})",
         columns=tuple(snapshot.spark_schema.names),
         records=records,
-        config=LogConfig.of(snapshot),
+        config=CarriedConfig.of(snapshot),
         partitions=partition_offsets(snapshot),
     )
 
@@ -192,9 +192,9 @@ def export_image(directory: str, *, name: str | None = None) -> LogImage:
     manifest = read_manifest(directory)
     columns = tuple(f["name"] for f in manifest["spark_schema"]["fields"])
     if is_faithful(manifest):
-        config = LogConfig.from_json(manifest["config"])
+        config = CarriedConfig.from_json(manifest["config"])
     else:
-        config = LogConfig(tuple(manifest["key_columns"]), None, {})
+        config = CarriedConfig(tuple(manifest["key_columns"]), None, {})
     return LogImage(
         name=name or f"export {normalize_uri(directory)}",
         columns=columns,

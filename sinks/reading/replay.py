@@ -8,7 +8,7 @@ key)'s latest record, tombstones included (a consumer behind them must still see
 delete), with every column the log stores (key columns, ``value``, ``partition``,
 ``offset``, ``timestamp``, payload columns such as Kafka's ``topic`` and ``headers``,
 and a tombstone's ``delete_horizon_ms``), plus what a record does not say: the log's
-config (`LogConfig`: key columns, sequence column, the properties stored on the log)
+config (`CarriedConfig`: key columns, sequence column, the properties stored on the log)
 and each partition's offsets (`PartitionOffsets`: log start, log end, where cleaning
 ended). The log end offset is carried on its own because the records do not give it:
 the last records of a partition may have been cleaned away, or Kafka's offsets end
@@ -183,7 +183,7 @@ def carried_properties(configuration: Mapping[str, str | None]) -> dict[str, str
 
 
 @dataclass(frozen=True)
-class LogConfig:
+class CarriedConfig:
     """A log's config as an export carries it: its keys and the properties stored on it."""
 
     key_columns: tuple[str, ...]
@@ -191,7 +191,7 @@ class LogConfig:
     properties: Mapping[str, str]
 
     @classmethod
-    def of(cls, snapshot: LogSnapshot) -> LogConfig:
+    def of(cls, snapshot: LogSnapshot) -> CarriedConfig:
         keys = log_keys(snapshot)
         properties = carried_properties(snapshot.table.metadata().configuration)
         if not keys.recorded:  # a log older than the key properties: record them now
@@ -199,7 +199,7 @@ class LogConfig:
         return cls(keys.key_columns, keys.sequence_column, properties)
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> LogConfig:
+    def from_json(cls, data: Mapping[str, Any]) -> CarriedConfig:
         return cls(
             tuple(data["key_columns"]), data.get("sequence_column"), dict(data["properties"])
         )
@@ -261,7 +261,7 @@ class ExportReport:
     avro_schema: dict
     records: int = 0
     tombstones: int = 0
-    config: LogConfig | None = None
+    config: CarriedConfig | None = None
     partitions: Mapping[int, PartitionOffsets] = field(default_factory=dict)
 
     def summary(self) -> str:
@@ -312,7 +312,7 @@ def export_state(
     if snapshot is None:
         raise ReplayError(f"no compacted log at {sink.path}")
     target = _new_export_directory(directory)
-    config = LogConfig.of(snapshot)
+    config = CarriedConfig.of(snapshot)
     spark = active_session()
     records = latest_log_records(spark, sink.log_table, snapshot, config)
     schema = avro_schema(snapshot.spark_schema)
@@ -349,7 +349,7 @@ def export_state(
 
 
 def latest_log_records(
-    spark: SparkSession, log: LogTable, snapshot: LogSnapshot, config: LogConfig
+    spark: SparkSession, log: LogTable, snapshot: LogSnapshot, config: CarriedConfig
 ) -> DataFrame:
     """Each (partition, key)'s latest record in ``snapshot``, tombstones included, every column
     in the log's order: what an export carries (a shuffle of ``log()`` by key)."""
@@ -448,7 +448,7 @@ class RestoreSource:
     name: str
     records: DataFrame
     schema: T.StructType
-    config: LogConfig
+    config: CarriedConfig
     partitions: Mapping[int, PartitionOffsets]
     faithful: bool = True
 
@@ -459,10 +459,10 @@ class RestoreSource:
         schema = T.StructType.fromJson(manifest["spark_schema"])
         faithful = is_faithful(manifest)
         if faithful:
-            config = LogConfig.from_json(manifest["config"])
+            config = CarriedConfig.from_json(manifest["config"])
         else:
             keys = LogKeys(key_columns=tuple(manifest["key_columns"]))
-            config = LogConfig(keys.key_columns, None, keys.to_properties())
+            config = CarriedConfig(keys.key_columns, None, keys.to_properties())
         return cls(
             name=(
                 f"export {normalize_uri(directory)} ({manifest.get('records', manifest['keys'])} "
@@ -488,7 +488,7 @@ class RestoreSource:
         snapshot = log.snapshot(as_of, repair=False)
         if snapshot is None:
             raise ReplayError(f"no compacted log at {path}")
-        config = LogConfig.of(snapshot)
+        config = CarriedConfig.of(snapshot)
         return cls(
             name=f"{log.uri} (Delta v{snapshot.version})",
             records=latest_log_records(spark, log, snapshot, config),
@@ -654,7 +654,7 @@ def _columns(schema: T.StructType) -> list[tuple[str, str]]:
     return [(f.name, f.dataType.simpleString()) for f in schema.fields]
 
 
-def _creation_properties(config: LogConfig) -> dict[str, str]:
+def _creation_properties(config: CarriedConfig) -> dict[str, str]:
     keys = LogKeys(key_columns=config.key_columns, sequence_column=config.sequence_column)
     return {
         **table_properties(CleanerConfig().file_delete_delay_ms),
@@ -739,7 +739,7 @@ def _append_new_offsets(log: LogTable, source: RestoreSource, batch_id: int) -> 
     return sum(w.num_records for w in info.written)
 
 
-def set_carried_properties(log: LogTable, config: LogConfig) -> bool:
+def set_carried_properties(log: LogTable, config: CarriedConfig) -> bool:
     """Set the carried properties on an existing log where they differ; True when committed."""
     snapshot = log.snapshot()
     if snapshot is None:
@@ -768,7 +768,7 @@ class LogImage:
     name: str
     columns: tuple[str, ...]
     records: Iterable[Mapping[str, Any]]
-    config: LogConfig
+    config: CarriedConfig
     partitions: Mapping[int, PartitionOffsets]
 
 
@@ -1114,7 +1114,7 @@ __all__ = [
     "NEW_OFFSETS",
     "Comparison",
     "ExportReport",
-    "LogConfig",
+    "CarriedConfig",
     "LogImage",
     "PartitionOffsets",
     "ReplayError",

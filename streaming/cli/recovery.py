@@ -106,7 +106,7 @@ def _replay(args: argparse.Namespace) -> int:
         EXACT,
         NEW_OFFSETS,
         RESTORE_APP_ID,
-        LogConfig,
+        CarriedConfig,
         RestoreSource,
         check_target,
         is_faithful,
@@ -161,7 +161,7 @@ def _replay(args: argparse.Namespace) -> int:
     if args.key_columns:
         carried = LogKeys(key_columns=keys).to_properties()
         properties = {**source.config.properties, **carried}
-        source = dataclasses.replace(source, config=LogConfig(keys, None, properties))
+        source = dataclasses.replace(source, config=CarriedConfig(keys, None, properties))
     with spark_progress(spark, "replay", out=err):
         report = restore(
             source,
