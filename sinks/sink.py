@@ -47,7 +47,7 @@ __all__ = ["AppendReport", "CompactedStateSink"]
 
 logger = logging.getLogger("compacted_sink")
 
-CHECKPOINT_TABLE_NAME = "_cleaner-offset-checkpoint"
+CHECKPOINT_TABLE_DIR = "_cleaner-offset-checkpoint"
 
 
 class CompactedStateSink:
@@ -84,7 +84,7 @@ class CompactedStateSink:
         # The log's topic config, unless this process overrides it (said in one line).
         self.log_config = opened_log_config(self.log_table, config)
         self.config: CleanerConfig = self.log_config.config
-        checkpoint_table = checkpoint_table or sibling(self.path, CHECKPOINT_TABLE_NAME)
+        checkpoint_table = checkpoint_table or sibling(self.path, CHECKPOINT_TABLE_DIR)
         self.checkpoint_path = normalize_uri(checkpoint_table)
         self.checkpoints = CleanerOffsetCheckpoint(self.checkpoint_path, self.storage_options)
         self.dead_letter_table = _uri(dead_letter_table)
