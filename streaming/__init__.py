@@ -1,6 +1,6 @@
 """What sits around a streaming query: input shapes, decoding, progress and the job entry points."""
 
-from streaming.avro import ConfluentAvroDecoder, DecodingHook, encode_confluent
+from streaming.avro import ConfluentAvroDecoder, DecodingHook
 from streaming.datasource import CompactedStateDataSource
 from streaming.job import JobConfig, JobConfigError, LogSpec, load_job
 from streaming.kafka import KAFKA_SCHEMA, TopicRouter, kafka_shaped_files, kafka_stream
@@ -24,7 +24,6 @@ __all__ = [
     "RegisteredLogsCleaner",
     "SchemaStore",
     "TopicRouter",
-    "encode_confluent",
     "kafka_shaped_files",
     "kafka_stream",
     "load_job",
