@@ -41,7 +41,6 @@ from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundErr
 from deltalake.transaction import CommitProperties, Transaction
 from deltalake.transaction import RemoveAction as _RemoveAction
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
 from sinks.errors import CompactedSinkError
@@ -60,6 +59,7 @@ from sinks.log.segment import DataFile, ForeignFile, Segment, data_file
 from sinks.log.segment_writer import WrittenSegment
 from sinks.log.stale_revert import RestoredFile, Undo, plan_undo
 from sinks.log.storage import is_local, join
+from sinks.spark_compat import utc_arrow_schema
 
 TXN_PREFIX = "compacted-sink/"
 LOG_END_OFFSET_TXN = TXN_PREFIX + "log-end-offset/{}"
@@ -414,5 +414,5 @@ class LogSnapshot:
 
 def log_arrow_schema(schema: StructType) -> pa.Schema:
     """The Arrow schema data files are written with: Delta's types, every field nullable."""
-    arrow = to_arrow_schema(schema, timezone="UTC")
+    arrow = utc_arrow_schema(schema)
     return pa.schema([f.with_nullable(True) for f in arrow])

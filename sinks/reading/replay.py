@@ -25,11 +25,11 @@ import fastavro
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
-from pyspark.sql.pandas.types import to_arrow_schema
 
 from sinks.errors import CompactedSinkError
 from sinks.log.log_table import AsOf, LogTable
 from sinks.log.storage import arrow_filesystem, normalize_uri
+from sinks.spark_compat import utc_arrow_schema
 from sinks.spark_session import active_session
 
 
@@ -375,9 +375,7 @@ class AvroFileReader:
     spark_schema_json: str
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        schema = to_arrow_schema(
-            T.StructType.fromJson(json.loads(self.spark_schema_json)), timezone="UTC"
-        )
+        schema = utc_arrow_schema(T.StructType.fromJson(json.loads(self.spark_schema_json)))
         fs, root = arrow_filesystem(self.directory)
         for batch in batches:
             for name in batch.column("file").to_pylist():
