@@ -17,12 +17,13 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pyspark
@@ -53,8 +54,41 @@ SESSION_CONF = {
 }
 
 
+JARS = ROOT / ".jars"  # `make jars` fills it from Maven Central (git-ignored)
+SESSION_JAR_SETS = ("delta",)
+# Spark's own Delta (delta-spark), on the classic session when its jars are there.
+DELTA_CONF = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+}
+
+
+def session_jars(cache: Path = JARS, sets: Sequence[str] = SESSION_JAR_SETS) -> list[str]:
+    """Local jars for the classic session: each set's ``<cache>/<set>-<pyspark version>/``
+    that `make jars` fetched (none for a pyspark nothing was fetched for), less the
+    artifacts pyspark ships itself (its own versions stay)."""
+    version = re.compile(r"^(.+)-\d+\.[\w.]*(?:-\d+)?\.jar$")
+
+    def artifact(path: Path) -> str:
+        found = version.match(path.name)
+        return found.group(1) if found else path.stem
+
+    shipped = {artifact(p) for p in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}
+    return [
+        str(jar)
+        for name in sets
+        for jar in sorted((cache / f"{name}-{pyspark.__version__}").glob("*.jar"))
+        if artifact(jar) not in shipped
+    ]
+
+
 def build_session() -> SparkSession:
     conf = {**SESSION_CONF, "spark.default.parallelism": "2", "spark.driver.memory": "2g"}
+    jars = session_jars()
+    if jars:  # local paths: nothing is downloaded when the session starts
+        conf["spark.jars"] = ",".join(jars)
+    if any(Path(j).name.startswith("delta-spark_") for j in jars):
+        conf.update(DELTA_CONF)
     return local_session("compacted-sink-tests", "local[2]", conf=conf)
 
 

@@ -66,6 +66,31 @@ ACCEPTED_VERSION_TXN = "compacted-sink/accepted-version"
 DELTA_LOG = "_delta_log"
 
 
+def commit_metadata(info: Mapping[str, Any]) -> dict[str, Any]:
+    """The commit-info entries of one of the sink's commits: ``info`` under `COMMIT_INFO_KEY`
+    (how the sink knows its own commits), and Delta's ``userMetadata``, the line other engines'
+    history shows (``DESCRIBE HISTORY``: every commit of delta-rs is a ``WRITE``)."""
+    return {COMMIT_INFO_KEY: dict(info), "userMetadata": history_line(info)}
+
+
+def history_line(info: Mapping[str, Any]) -> str:
+    """One line that tells a person what a commit of the sink did. Pure."""
+    operation = str(info.get("operation", "commit"))
+    if operation == "append":
+        return f"compacted-sink append: batch {info.get('batchId')} of {info.get('appId')}"
+    if operation == "clean":
+        ends = info.get("endOffsets") or {}
+        partitions = ", ".join(f"{p} to offset {e}" for p, e in sorted(ends.items()))
+        return (
+            f"compacted-sink clean: pass over partition(s) {partitions}; records "
+            f"{info.get('recordsRead')} read, {info.get('recordsWritten')} written "
+            "(dataChange=false)"
+        )
+    if operation == "schema":
+        return f"compacted-sink schema change: before batch {info.get('batchId')}"
+    return f"compacted-sink {operation}"
+
+
 @dataclass(frozen=True)
 class ForeignChange:
     """A commit another engine made that added or removed records (``dataChange=true``)."""

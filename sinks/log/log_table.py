@@ -49,8 +49,9 @@ from sinks.log.file_reader import read_files
 from sinks.log.foreign_commits import (
     ACCEPTED_VERSION_TXN,
     CHECKED_VERSION_TXN,
-    COMMIT_INFO_KEY,
+    COMMIT_INFO_KEY,  # noqa: F401 (status and recovery import it from here)
     CommitGuard,
+    commit_metadata,
 )
 from sinks.log.history_window import check_reachable
 from sinks.log.landed_commits import COMMIT_TOKEN_KEY, check_removes, landed_version
@@ -370,7 +371,7 @@ class LogSnapshot:
         token = uuid.uuid4().hex
         properties = CommitProperties(
             app_transactions=[Transaction(k, v, stamp) for k, v in transactions.items()],
-            custom_metadata={COMMIT_INFO_KEY: {**info, COMMIT_TOKEN_KEY: token}},
+            custom_metadata=commit_metadata({**info, COMMIT_TOKEN_KEY: token}),
             max_commit_retries=0 if removes else None,
         )
         if not removes:
