@@ -2,7 +2,19 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench bench-quick bench-scale bench-cluster soak soak-quick soak-exit soak-faults clean
+# Spark's own Delta (delta-spark 4.4: built for Spark 4.0-4.2, none for 4.3) runs on a second
+# venv at pyspark $(SPARK42), with its jars fetched once by mvn into .jars/delta-$(SPARK42)/.
+SPARK42 ?= 4.2.0
+SPARK42_VENV ?= .venv-spark4.2
+SPARK42_PY := $(SPARK42_VENV)/bin/python
+SPARK42_STAMP := $(SPARK42_VENV)/.installed
+MVN ?= mvn
+DEPENDENCY_PLUGIN := org.apache.maven.plugins:maven-dependency-plugin:3.8.1
+DELTA_JARS := .jars/delta-$(SPARK42)/.fetched
+# The pyspark releases `make smoke` checks, one venv each (.venv-spark<major.minor>).
+SMOKE_SPARKS ?= 4.0.1 4.1.4 4.2.0
+
+.PHONY: demo jars test test-delta-spark smoke lint bench bench-quick bench-scale bench-cluster soak soak-quick soak-exit soak-faults clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -10,11 +22,41 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+$(SPARK42_STAMP): pyproject.toml
+	python3 -m venv $(SPARK42_VENV)
+	$(SPARK42_PY) -m pip install --quiet --upgrade pip
+	$(SPARK42_PY) -m pip install --quiet 'pyspark==$(SPARK42)' -e '.[dev]'
+	touch $@
+
+$(DELTA_JARS): jvm/delta/pom.xml
+	rm -rf $(@D) && $(MVN) -q -B -f jvm/delta/pom.xml -Dspark.version=$(SPARK42) \
+		$(DEPENDENCY_PLUGIN):copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(CURDIR)/$(@D)
+	touch $@
+
+jars: $(DELTA_JARS)
+
 demo: $(STAMP)
 	$(VENV)/bin/compacted-sink demo --lake lake-demo
 
-test: $(STAMP)
-	$(PY) -m pytest -q --durations=15 tests
+test: $(STAMP) $(SPARK42_STAMP) jars
+	@status=0; \
+	$(PY) -m pytest -q --durations=15 -m "not delta_spark" tests || status=1; \
+	$(MAKE) --no-print-directory test-delta-spark || status=1; \
+	exit $$status
+
+test-delta-spark: $(SPARK42_STAMP) jars
+	COMPACTED_SINK_DELTA_TESTS=required $(SPARK42_PY) -m pytest -q --durations=10 -m delta_spark tests
+
+# Not part of `make test`: the smoke suite on each pyspark of $(SMOKE_SPARKS), one venv each.
+smoke:
+	@status=0; for v in $(SMOKE_SPARKS); do \
+	  venv=.venv-spark$${v%.*}; \
+	  if [ ! -f $$venv/.installed ]; then \
+	    python3 -m venv $$venv && $$venv/bin/python -m pip install --quiet --upgrade pip && \
+	    $$venv/bin/python -m pip install --quiet "pyspark==$$v" -e '.[dev]' && touch $$venv/.installed; \
+	  fi; \
+	  echo "== pyspark $$v"; $$venv/bin/python -m pytest -q -m smoke tests/smoke || status=1; \
+	done; exit $$status
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check sinks checkpoints streaming tests bench

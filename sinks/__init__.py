@@ -15,6 +15,7 @@ from sinks.errors import (
     MissingDataFileError,
     OffsetOutOfRangeError,
     SchemaMismatchError,
+    TableFeatureError,
 )
 from sinks.log.history_window import HistoryExpiredError, TimeTravelError
 from sinks.log.log_keys import KeyColumnsMismatchError
@@ -44,6 +45,7 @@ __all__ = [
     "QueryIdentityError",
     "SchemaMismatchError",
     "SparkVersionError",
+    "TableFeatureError",
     "TimeTravelError",
     "read_state",
     "read_state_batches",

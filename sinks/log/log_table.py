@@ -51,6 +51,8 @@ from sinks.log.foreign_commits import (
     CHECKED_VERSION_TXN,
     COMMIT_INFO_KEY,  # noqa: F401 (status and recovery import it from here)
     CommitGuard,
+    check_readable,
+    check_writable,
     commit_metadata,
 )
 from sinks.log.history_window import check_reachable
@@ -253,6 +255,7 @@ class LogSnapshot:
     @cached_property
     def _files(self) -> tuple[dict[int, list[Segment]], list[ForeignFile]]:
         rows = pa.table(self.table.get_add_actions(flatten=True)).to_pylist()
+        check_readable(self.uri, self.table)
         if self.seen_through is not None:
             hidden = self.seen_through.hidden
             rows = [r for r in rows if unquote(r["path"]) not in hidden]
@@ -360,6 +363,7 @@ class LogSnapshot:
                 f"log {self.uri}: version {self.version} is seen through an undo of stale "
                 "rewrites for reading; commit against a snapshot taken with repair=True"
             )
+        check_writable(self.uri, self.table, self.storage_options)
         stamp = now_ms()
         if self.verified:
             transactions = {CHECKED_VERSION_TXN: self.version, **transactions}
