@@ -19,6 +19,7 @@ from sinks import (
     CleanerConfig,
     CompactedSinkError,
     CompactedStateSink,
+    SchemaMismatchError,
     TableFeatureError,
     read_state,
 )
@@ -39,6 +40,7 @@ class Feed:
         self.rng = random.Random(11)
         self.oracle = Oracle()
         self.batch_id = 0
+        self.extra: str | None = None  # a nullable string column the batches carry as null
 
     def append(self, n: int = 30) -> None:
         rows = []
@@ -46,10 +48,14 @@ class Feed:
             key = f"k{self.rng.randrange(40)}"
             value = None if self.rng.random() < 0.15 else f"v{self.batch_id}-{self.rng.random()}"
             rows.append((key, value, int(key[1:]) % PARTITIONS))
-        frame = self.spark.createDataFrame(rows, "key string, value string, partition int")
+        schema = "key string, value string, partition int"
+        if self.extra:
+            rows = [(*row, None) for row in rows]
+            schema += f", {self.extra} string"
+        frame = self.spark.createDataFrame(rows, schema)
         self.sink(frame, self.batch_id)
         self.batch_id += 1
-        self.oracle.apply((k, v) for k, v, _ in rows)
+        self.oracle.apply((row[0], row[1]) for row in rows)
         self.clock.advance(400)
 
 
@@ -124,7 +130,7 @@ OPERATIONS: dict[str, tuple[Callable, str]] = {
     "MERGE, deletion vectors": (_with_dv(_merge), "MERGE"),
     "ADD COLUMNS": (
         lambda s, p: sql(s, p)("ALTER TABLE LOG ADD COLUMNS (note string)"),
-        "absorbed",
+        "absorbed, batches need note",
     ),
     "deletion vectors on": (_dv, "absorbed"),
     "column mapping by name": (
@@ -183,6 +189,13 @@ def test_a_delta_spark_operation_is_absorbed_or_refused_by_name(
 
     operation(spark, path)
 
+    if expected == "absorbed, batches need note":
+        # The log's schema is the producer's contract: a batch without the new column is a
+        # dropped column, refused by name before anything is written; one with it appends.
+        with pytest.raises(SchemaMismatchError, match="'note'"):
+            feed.append()
+        feed.extra = "note"
+        expected = "absorbed"
     if expected == "absorbed":
         feed.append()
         clock.advance(2_000)
