@@ -2,19 +2,30 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-# Spark's own Delta (delta-spark 4.4: built for Spark 4.0-4.2, none for 4.3) runs on a second
-# venv at pyspark $(SPARK42), with its jars fetched once by mvn into .jars/delta-$(SPARK42)/.
-SPARK42 ?= 4.2.0
-SPARK42_VENV ?= .venv-spark4.2
-SPARK42_PY := $(SPARK42_VENV)/bin/python
-SPARK42_STAMP := $(SPARK42_VENV)/.installed
+# The Kafka tests (pytest marker `kafka`) run on a second venv: Spark's Kafka source is published
+# on Maven Central for pyspark 4.2.0 at the newest (none for 4.3). Same package, editable, dev extras.
+KAFKA_SPARK ?= 4.2.0
+KAFKA_VENV ?= .venv-spark4.2
+KAFKA_PY := $(KAFKA_VENV)/bin/python
+KAFKA_STAMP := $(KAFKA_VENV)/.installed
+
+# JVM jars, fetched once from Maven Central by `mvn` into .jars/<set>/ (git-ignored): one small
+# pom per set under jvm/<set>/, its runtime dependencies copied beside it; a stamp marks it done.
+JARS := .jars
 MVN ?= mvn
 DEPENDENCY_PLUGIN := org.apache.maven.plugins:maven-dependency-plugin:3.8.1
-DELTA_JARS := .jars/delta-$(SPARK42)/.fetched
+# $(call fetch-jars,<pom>,<output dir>,<extra mvn flags>)
+fetch-jars = rm -rf $(2) && $(MVN) -q -B -f $(1) $(3) \
+	$(DEPENDENCY_PLUGIN):copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(CURDIR)/$(2)
+KAFKA_JARS := $(JARS)/kafka/.fetched
+SPARK_KAFKA_JARS := $(JARS)/spark-kafka-$(KAFKA_SPARK)/.fetched
+# Spark's own Delta (delta-spark 4.4: built for Spark 4.0-4.2, none for 4.3), for the tests
+# marked `delta_spark`; they run on the same venv as the Kafka tests.
+DELTA_JARS := $(JARS)/delta-$(KAFKA_SPARK)/.fetched
 # The pyspark releases `make smoke` checks, one venv each (.venv-spark<major.minor>).
 SMOKE_SPARKS ?= 4.0.1 4.1.4 4.2.0
 
-.PHONY: demo jars test test-delta-spark smoke lint bench bench-quick bench-scale bench-cluster soak soak-quick soak-exit soak-faults clean
+.PHONY: demo demo-kafka jars test test-kafka test-delta-spark smoke lint bench bench-quick bench-scale bench-cluster soak soak-quick soak-exit soak-faults clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -22,30 +33,50 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-$(SPARK42_STAMP): pyproject.toml
-	python3 -m venv $(SPARK42_VENV)
-	$(SPARK42_PY) -m pip install --quiet --upgrade pip
-	$(SPARK42_PY) -m pip install --quiet 'pyspark==$(SPARK42)' -e '.[dev]'
+$(KAFKA_STAMP): pyproject.toml
+	python3 -m venv $(KAFKA_VENV)
+	$(KAFKA_PY) -m pip install --quiet --upgrade pip
+	$(KAFKA_PY) -m pip install --quiet 'pyspark==$(KAFKA_SPARK)' -e '.[dev]'
 	touch $@
 
+# An Apache Kafka broker (kafka_2.13 and its dependencies, log4j2).
+$(KAFKA_JARS): jvm/kafka/pom.xml
+	$(call fetch-jars,jvm/kafka/pom.xml,$(@D))
+	touch $@
+
+# Spark's Kafka source at the Kafka venv's pyspark version.
+$(SPARK_KAFKA_JARS): jvm/spark-kafka/pom.xml
+	$(call fetch-jars,jvm/spark-kafka/pom.xml,$(@D),-Dspark.version=$(KAFKA_SPARK))
+	touch $@
+
+# delta-spark and its runtime dependencies, for the Kafka venv's pyspark.
 $(DELTA_JARS): jvm/delta/pom.xml
-	rm -rf $(@D) && $(MVN) -q -B -f jvm/delta/pom.xml -Dspark.version=$(SPARK42) \
-		$(DEPENDENCY_PLUGIN):copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(CURDIR)/$(@D)
+	$(call fetch-jars,jvm/delta/pom.xml,$(@D),-Dspark.version=$(KAFKA_SPARK))
 	touch $@
 
-jars: $(DELTA_JARS)
+jars: $(KAFKA_JARS) $(SPARK_KAFKA_JARS) $(DELTA_JARS)
 
 demo: $(STAMP)
 	$(VENV)/bin/compacted-sink demo --lake lake-demo
 
-test: $(STAMP) $(SPARK42_STAMP) jars
+# A local broker started and stopped by the demo itself (streaming/local_kafka.py).
+demo-kafka: $(KAFKA_STAMP) jars
+	$(KAFKA_PY) examples/kafka_demo.py --lake lake-demo-kafka
+
+# The main suite on $(VENV), then the Kafka and the delta-spark tests on $(KAFKA_VENV); all
+# always run, and the target fails when any does.
+test: $(STAMP) $(KAFKA_STAMP) jars
 	@status=0; \
-	$(PY) -m pytest -q --durations=15 -m "not delta_spark" tests || status=1; \
+	$(PY) -m pytest -q --durations=15 -m "not kafka and not delta_spark" tests || status=1; \
+	$(MAKE) --no-print-directory test-kafka || status=1; \
 	$(MAKE) --no-print-directory test-delta-spark || status=1; \
 	exit $$status
 
-test-delta-spark: $(SPARK42_STAMP) jars
-	COMPACTED_SINK_DELTA_TESTS=required $(SPARK42_PY) -m pytest -q --durations=10 -m delta_spark tests
+test-kafka: $(KAFKA_STAMP) jars
+	COMPACTED_SINK_KAFKA_TESTS=required $(KAFKA_PY) -m pytest -q --durations=10 -m kafka tests
+
+test-delta-spark: $(KAFKA_STAMP) jars
+	COMPACTED_SINK_DELTA_TESTS=required $(KAFKA_PY) -m pytest -q --durations=10 -m delta_spark tests
 
 # Not part of `make test`: the smoke suite on each pyspark of $(SMOKE_SPARKS), one venv each.
 smoke:
@@ -94,4 +125,4 @@ soak-faults: $(STAMP)
 	FAULT_BATCHES=12 FAULT_RATE=0.05 $(PY) -m pytest -q -s tests/storage/test_object_store_faults.py
 
 clean:
-	rm -rf lake-demo .pytest_cache
+	rm -rf lake-demo lake-demo-kafka .pytest_cache

@@ -1,6 +1,6 @@
 """Crash points: a test-only switch that kills the process at a named place, for real.
 
-The crash tests of SPEC rule 10 need a process that dies *exactly* between two
+The crash tests of design.md §10 need a process that dies *exactly* between two
 steps (files written, commit not yet made; commit made, checkpoint not yet
 written). Setting the environment variable ``COMPACTED_SINK_CRASH_AT`` to a
 point's name makes the process send itself ``SIGKILL`` when it reaches that

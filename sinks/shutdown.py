@@ -19,7 +19,7 @@ off by either fails half-way. The hook runs where ``concurrent.futures`` joins i
 pools (``threading._register_atexit``, at the start of ``Py_FinalizeEx``, before
 ``atexit``), falling back to ``atexit`` on interpreters without it. A thread still busy
 after `EXIT_TIMEOUT_S` is left as a crash would leave it: the log recovers on the next
-open (SPEC rule 10).
+open (design.md §10).
 """
 
 from __future__ import annotations

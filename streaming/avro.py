@@ -15,7 +15,7 @@ default. The batch's Spark type is the reader schema's (`streaming.avro_types`).
 Invariants: a null value (a tombstone) stays null and is not an error; a value
 that cannot be decoded becomes null *and* gets a reason in the ``_decode_error``
 column (the column the sink's dead-letter path reads), so it is never mistaken
-for a tombstone. `DecodingHook` applies SPEC rule 12: it fails the batch saying
+for a tombstone. `DecodingHook` applies design.md §12: it fails the batch saying
 how many rows and why, or, when the sink quarantines, lets the sink send them to
 its dead-letter table. With ``keep_raw`` the original bytes stay in ``value_raw``.
 """
@@ -241,7 +241,7 @@ def _arrow_value(value: Any) -> Any:
 
 
 class DecodingHook:
-    """A foreachBatch hook: decode the batch, apply SPEC rule 12, then hand it to ``hook``.
+    """A foreachBatch hook: decode the batch, apply design.md §12, then hand it to ``hook``.
 
     When rows are undecodable and ``quarantine`` is False the batch fails with
     `BadInputError` saying how many and why, and nothing is written; with

@@ -101,8 +101,8 @@ class CleanerThread:
         return passes
 
     def idle_reasons(self) -> list[str]:
-        """A line per log saying why it was not cleaned: per partition, which of SPEC rule
-        4's triggers is missing (ratio against threshold, lag, tombstones not yet due), or
+        """A line per log saying why it was not cleaned: per partition, which of design.md
+        §4's triggers is missing (ratio against threshold, lag, tombstones not yet due), or
         that the log backs off after a failed pass. Reads Delta metadata only."""
         lines = []
         for ref in self.logs:

@@ -17,7 +17,7 @@ no SparkSession, so the append task runs over Arrow, on the driver
 - it suits micro-batches that fit in the driver's memory; the ``foreachBatch``
   hook stays the path for large batches;
 - it appends and does not clean: run ``compacted-sink clean`` (or ``sink.clean()``)
-  beside the query, as a cleaner job beside a writer (SPEC rule 11).
+  beside the query, as a cleaner job beside a writer (design.md §11).
 
 Options: ``path`` (the log), ``key_columns`` (comma-separated, default ``key``),
 ``sequence_column``, ``checkpoint_table``, ``sink_id``, ``schema_evolution``

@@ -89,7 +89,7 @@ class SchemaChange:
     changes: tuple[str, ...]
 
 
-def schema_changes(snapshot: LogSnapshot, *, lookback: int = SCHEMA_LOOKBACK) -> list[SchemaChange]:
+def schema_history(snapshot: LogSnapshot, *, lookback: int = SCHEMA_LOOKBACK) -> list[SchemaChange]:
     """The schema changes among the newest ``lookback`` commits of ``snapshot``, newest first."""
     found = []
     for commit in snapshot.table.history(limit=lookback):
@@ -216,7 +216,7 @@ def log_status(
         cleaner_budget=budget_summary(config),
         foreign_files=len(snapshot.foreign_files),
         foreign_bytes=sum(f.size_bytes for f in snapshot.foreign_files),
-        schema_changes=tuple(schema_changes(snapshot)),
+        schema_changes=tuple(schema_history(snapshot)),
         consumers=tuple(
             c.line() for c in consumer_report(sink.path, sink.checkpoint_path, now=now)
         ),

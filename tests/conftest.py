@@ -17,7 +17,6 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -30,6 +29,7 @@ import pyspark
 import pytest
 from pyspark.sql import SparkSession
 
+from streaming.local_kafka import spark_jars
 from streaming.session import local_session
 
 # testkit sits beside this file. pytest puts it on the path (pyproject's pythonpath), but a
@@ -55,7 +55,7 @@ SESSION_CONF = {
 
 
 JARS = ROOT / ".jars"  # `make jars` fills it from Maven Central (git-ignored)
-SESSION_JAR_SETS = ("delta",)
+SESSION_JAR_SETS = ("spark-kafka", "delta")
 # Spark's own Delta (delta-spark), on the classic session when its jars are there.
 DELTA_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
@@ -67,19 +67,7 @@ def session_jars(cache: Path = JARS, sets: Sequence[str] = SESSION_JAR_SETS) -> 
     """Local jars for the classic session: each set's ``<cache>/<set>-<pyspark version>/``
     that `make jars` fetched (none for a pyspark nothing was fetched for), less the
     artifacts pyspark ships itself (its own versions stay)."""
-    version = re.compile(r"^(.+)-\d+\.[\w.]*(?:-\d+)?\.jar$")
-
-    def artifact(path: Path) -> str:
-        found = version.match(path.name)
-        return found.group(1) if found else path.stem
-
-    shipped = {artifact(p) for p in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}
-    return [
-        str(jar)
-        for name in sets
-        for jar in sorted((cache / f"{name}-{pyspark.__version__}").glob("*.jar"))
-        if artifact(jar) not in shipped
-    ]
+    return [j for name in sets for j in spark_jars(cache / f"{name}-{pyspark.__version__}")]
 
 
 def build_session() -> SparkSession:

@@ -1,9 +1,9 @@
 """The library's layers: no module imports one from a layer above its own.
 
 From the bottom (issue #19, point 5): ``checkpoints``, ``sinks.errors``,
-``sinks.crash_points``, ``sinks.shutdown`` and ``sinks.spark_compat``; ``sinks.config``; ``sinks.log`` and
-``sinks.spark_session``; ``sinks.maintenance``; ``sinks.cleaner``; ``sinks.reading``;
-``sinks.sink``; ``streaming``. Every import counts, also one inside a function (a lazy import that
+``sinks.crash_points``, ``sinks.shutdown`` and ``sinks.spark_compat``; ``sinks.config``;
+``sinks.log`` and ``sinks.spark_session``; ``sinks.maintenance``; ``sinks.cleaner``;
+``sinks.reading``; ``sinks.sink``; ``streaming``. Every import counts, also one inside a function (a lazy import that
 hides a cycle is still an upward import). Pure: parses the source, imports nothing.
 """
 

@@ -32,7 +32,7 @@ logger = logging.getLogger("compacted_sink")
 def filthiest_cleanable(
     candidates: Sequence[LogToClean], config: CleanerConfig, *, now_ms: int, force: bool = False
 ) -> list[LogToClean]:
-    """The cleanable partitions of ``candidates`` (SPEC rule 4; ``force``: any cleanable
+    """The cleanable partitions of ``candidates`` (design.md §4; ``force``: any cleanable
     bytes or expired tombstone), dirtiest first. Pure."""
     return [
         log

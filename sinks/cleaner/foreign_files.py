@@ -1,7 +1,7 @@
 """Files another engine wrote into a log, rewritten into segments before a pass.
 
 Another engine's OPTIMIZE, Z-order or auto compaction leaves files that are not one
-partition's offset-ordered run (SPEC rule 14). A pass plans over segments only, so
+partition's offset-ordered run (design.md §14). A pass plans over segments only, so
 the cleaner first rewrites them (`sinks.maintenance.rearrangement.absorb`), holding
 the claim on every partition of the log meanwhile.
 """

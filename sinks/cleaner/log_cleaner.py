@@ -5,7 +5,7 @@ A `LogCleaner` builds and owns the log's `Cleaner` (one pass), its `CleanerManag
 ``LogCleanerManager``), retention (``cleanup.policy`` with ``delete``), the
 `SegmentDeleter` and the `Throttler`. Its round (`maintain`) is what Kafka's log
 manager and cleaner threads do between them: retention, then one pass over the
-cleanable partitions (dirtiest first, SPEC rule 4), claimed in the checkpoint table
+cleanable partitions (dirtiest first, design.md §4), claimed in the checkpoint table
 and checkpointed where it ended; then, at most every
 ``log.retention.check.interval.ms``, the deletion of files out of the log longer than
 the history window.
@@ -152,7 +152,7 @@ class LogCleaner:
 
     def has_work(self, plan: CleaningPlan | None, *, force: bool = False) -> bool:
         """Whether a round now could do anything: retention, deletion of expired files, a
-        checkpoint to reset, or a cleanable partition (SPEC rule 4, time triggers
+        checkpoint to reset, or a cleanable partition (design.md §4, time triggers
         included; ``force``: any cleanable bytes). No Spark job.
 
         A batch asks this before handing the log over, so the many batches that leave
@@ -267,7 +267,7 @@ class LogCleaner:
         The pass runs at most ``max_tasks`` Spark tasks at once (None: every core), each
         niced by ``niceness`` (`sinks.cleaner.cpu_priority`).
 
-        Without ``force`` a partition qualifies by SPEC rule 4 (ratio, max lag, or an
+        Without ``force`` a partition qualifies by design.md §4 (ratio, max lag, or an
         expired tombstone); with it, any cleanable bytes or expired tombstone will do.
         Waits for a pass of this cleaner's worker to end first. Raises `CleanerError`
         when the pass fails; the log is then unchanged.

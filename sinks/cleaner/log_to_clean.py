@@ -113,7 +113,7 @@ class LogToClean:
         max_compaction_lag_ms: int,
         force: bool = False,
     ) -> bool:
-        """SPEC rule 4: past the ratio, past the max lag, or holding an expired tombstone.
+        """design.md §4: past the ratio, past the max lag, or holding an expired tombstone.
 
         With ``force``, any cleanable bytes or expired tombstone will do.
         """
@@ -133,7 +133,7 @@ class LogToClean:
         max_compaction_lag_ms: int,
         force: bool = False,
     ) -> str | None:
-        """Which clause of SPEC rule 4 makes the partition cleanable now; None when none does."""
+        """Which clause of design.md §4 makes the partition cleanable now; None when none does."""
         if self.has_expired_tombstones(now_ms):
             return "expired tombstones"
         if self.cleanable_bytes == 0:
@@ -214,7 +214,7 @@ def within_budget(
     """Cut a pass to about ``max_bytes`` of input (``log.cleaner.max.bytes.per.pass``). Pure.
 
     ``logs`` come dirtiest first and are taken in that order. A partition's pass must
-    read its whole clean section (rule 6: below the end, one record per key), so the
+    read its whole clean section (design.md §6: below the end, one record per key), so the
     cut falls in the dirty section: a partition's first uncleanable offset is lowered
     to the base of its first dirty segment that would pass the budget. The first
     partition always gets its clean section and one dirty segment, so every pass

@@ -1,4 +1,4 @@
-"""Why a partition is not cleanable now: SPEC rule 4's three triggers, each said in numbers.
+"""Why a partition is not cleanable now: design.md §4's three triggers, each said in numbers.
 
 Kafka's cleaner says nothing when it skips a log; an operator who runs ``clean
 --once`` and sees nothing cleaned wants to know which trigger is missing: the
@@ -22,7 +22,7 @@ from sinks.config import (
 
 
 def why_not_cleanable(log: LogToClean, config: CleanerConfig, *, now_ms: int) -> str:
-    """One clause for partition ``log``: why none of rule 4's triggers holds (``p0: ...``).
+    """One clause for partition ``log``: why none of design.md §4's triggers holds (``p0: ...``).
 
     Meant for a partition `LogToClean.is_cleanable` refused without ``force``.
     """

@@ -1,4 +1,4 @@
-"""Dead letters: bad rows of a batch quarantined to a Delta table, with the reason (SPEC rule 12).
+"""Dead letters: bad rows of a batch quarantined to a Delta table, with the reason (design.md §12).
 
 Kafka refuses a record without a key on a compacted topic and a record over
 ``message.max.bytes``; a producer then routes it to a dead-letter topic. Here the

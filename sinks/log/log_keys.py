@@ -2,7 +2,7 @@
 
 Kafka's compacted topic keys every record by its message key; here a log's key is
 one or more columns, and "latest" may follow a ``sequence_column`` instead of the
-offset (SPEC rule 13). Both are written as Delta table properties when the log is
+offset (design.md §13). Both are written as Delta table properties when the log is
 created, so that anyone holding only the path reads the state the sink keeps
 (`sinks.reading.arrow_state`, other engines, the CLI):
 

@@ -239,7 +239,7 @@ def drop_below_log_end(batch: pa.RecordBatch, log_end_offsets: Mapping[int, int]
 def at_or_above(records: RecordsT, floors: Mapping[int, int]) -> RecordsT:
     """The rows whose offset is at or above their partition's floor (0 where none is given).
 
-    The log start offset's rule (SPEC: records below it are gone) on Arrow;
+    The log start offset's rule (design.md §22: records below it are gone) on Arrow;
     `spark_at_or_above` is the same rule on Spark, and the redelivery filter
     (`drop_below_log_end`) uses it with the log end offsets as floors.
     """

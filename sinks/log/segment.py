@@ -62,7 +62,7 @@ def split_clean(
 ) -> tuple[list[Segment], list[Segment]]:
     """One partition's segments split at ``end``: (clean, dirty), each by base offset. Pure.
 
-    The one rule for which segments are clean (SPEC rule 6): a segment is clean
+    The one rule for which segments are clean (design.md §6): a segment is clean
     when it lies wholly below ``end`` (its last offset < ``end``), and dirty when
     it straddles ``end`` or lies above it; with no ``end`` (a partition never
     cleaned) every segment is dirty. Who asks chooses ``end``: the reader the

@@ -2,7 +2,7 @@
 rewrote its files. Pure.
 
 delta-rs's conflict check does not see a concurrent remove marked ``dataChange=false``
-(NOTES.md, "Concurrency"). So an OPTIMIZE or a Z-order that read the log at version r,
+(design.md §34). So an OPTIMIZE or a Z-order that read the log at version r,
 before one of this sink's passes or absorbs committed at p > r, still commits after it,
 at s > p: it removes files p had already removed, and adds files that hold their
 records again beside p's output. Those records are values p cleaned away, and older

@@ -134,7 +134,7 @@ def _clean_below_cleaner_offset(
     latest_offsets: LatestOffsets,
 ) -> DataFrame:
     """``records`` (foreign) without those below their partition's cleaner offset that a
-    newer record of their key below it beats: SPEC rule 6 for the segments written.
+    newer record of their key below it beats: design.md §6 for the segments written.
 
     A rearranged record below the cleaner offset came from a clean segment and has no
     rival there; a record a pass had dropped and another engine's OPTIMIZE brought back

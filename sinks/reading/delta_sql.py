@@ -5,7 +5,7 @@ plain Delta table: every stored record, several per key until a pass runs,
 tombstones included. The state is the latest record per (partition, key) with the
 tombstones dropped. Offsets only grow within a partition and cleaning never
 rewrites them, so the highest offset over every live file is the latest record,
-whichever files are clean (SPEC rules 1 and 3); with a sequence column, the
+whichever files are clean (design.md §1 and §3); with a sequence column, the
 highest (sequence, offset), as `sinks.cleaner.rules` orders.
 
 What SQL over the raw table cannot see: the log start offsets that

@@ -7,7 +7,7 @@ every record of the log by key:
 
     state = (clean ▷ keys(dirty)) ∪ latest(dirty), tombstones dropped
 
-The invariant it rests on (SPEC rule 6, kept by `sinks.cleaner.cleaner`): a pass that
+The invariant it rests on (design.md §6, kept by `sinks.cleaner.cleaner`): a pass that
 ends at E reads *every* live segment of the partition wholly below E and
 replaces them with at most one record per key, and commits E in the log
 (``compacted-sink/cleaner-offset/<p>``) in the same commit. Nothing else ever
@@ -25,7 +25,7 @@ compete by offset with the rest of the tail, which is exact whatever it holds.
 
 "Latest" is the highest offset, or with a ``sequence_column`` the highest
 (sequence, offset), within a partition. A key is expected to stay in one
-partition (SPEC, Input); then the result equals grouping the whole log by key,
+partition (design.md §15); then the result equals grouping the whole log by key,
 which is what `sinks.cleaner.rules.latest_records` does. A key found in several
 partitions keeps one row per partition, its latest there, as the cleaner keeps
 one record per (partition, key): making the partitions agree would mean

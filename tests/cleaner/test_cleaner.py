@@ -1,4 +1,4 @@
-"""Cleaning passes end to end: Kafka's LogCleanerTest and SPEC rules 3 and 5–9."""
+"""Cleaning passes end to end: Kafka's LogCleanerTest and design.md §3 and §5–§9."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def live_paths(sink):
 
 @pytest.mark.both_sessions
 def test_clean_segments_keeps_latest_per_key_in_one_quiet_commit(spark, lake, clock, delta_commits):
-    """testCleanSegments, plus rules 3 (state), 6 (retained), 8 (checkpoint), 9 (atomic)."""
+    """testCleanSegments, plus design.md §3 (state), §6 (retained), §8 (checkpoint), §9."""
     sink = CompactedStateSink(str(lake / "log"), config=NO_CLEAN, clock=clock)
     sink(batch(spark, [("a", "a1"), ("b", "b1"), ("c", "c1")]), 0)
     sink(batch(spark, [("a", "a2"), ("b", "b2")]), 1)
@@ -56,10 +56,10 @@ def test_clean_segments_keeps_latest_per_key_in_one_quiet_commit(spark, lake, cl
         (6, "d", "d1"),
     ]
     assert_df_equality(sink.state(), before, ignore_row_order=True)
-    # rule 6: below E every key has at most one record
+    # design.md §6: below E every key has at most one record
     below = sink.log().filter(F.col("offset") < 7).groupBy("key").count()
     assert below.filter("count > 1").count() == 0
-    # rule 9: one commit removes every file read and adds the new ones, dataChange=false
+    # design.md §9: one commit removes every file read and adds the new ones, dataChange=false
     actions = delta_commits(sink.path)[-1]
     removes = [a["remove"] for a in actions if "remove" in a]
     adds = [a["add"] for a in actions if "add" in a]
@@ -73,13 +73,13 @@ def test_clean_segments_keeps_latest_per_key_in_one_quiet_commit(spark, lake, cl
         CHECKED_VERSION_TXN: len(delta_commits(sink.path)) - 2,
     }
     assert all(json_stats(a)["numRecords"] >= 1 for a in adds)
-    # rule 8: the checkpoint row holds E and the pass's figures
+    # design.md §8: the checkpoint row holds E and the pass's figures
     row = CleanerOffsetCheckpoint(sink.checkpoint_path).read(sink.path)[(sink.path, 0)]
     assert row.first_dirty_offset == 7
     assert (row.records_read, row.records_written) == (7, 4)
     assert row.bytes_read == stats.bytes_read > 0 and row.bytes_written == stats.bytes_written > 0
     assert row.last_clean_ms == clock.now and row.last_pass_duration_ms >= 0
-    # offsets keep counting after the pass (rule 1)
+    # offsets keep counting after the pass (design.md §1)
     sink(batch(spark, [("e", "e1")]), 3)
     assert log_rows(sink, "offset")[-1] == (7,)
 
@@ -92,7 +92,7 @@ def json_stats(add):
 
 @pytest.mark.both_sessions
 def test_cleaning_with_deletes_and_the_delete_horizon(spark, lake, clock):
-    """testCleaningWithDeletes and testCleanTombstone (KIP-534), rule 4's expired tombstone."""
+    """testCleaningWithDeletes and testCleanTombstone (KIP-534), and design.md §4's expiry."""
     retention = 1_000
     config = CleanerConfig(min_cleanable_dirty_ratio=1.0, delete_retention_ms=retention)
     sink = CompactedStateSink(str(lake / "log"), config=config, clock=clock)
@@ -137,7 +137,7 @@ def test_offsets_continue_after_every_file_is_gone(spark, lake, clock, delta_com
 
 
 def test_cleaning_with_uncleanable_section(spark, lake, clock):
-    """testCleaningWithUncleanableSection / testPartialSegmentClean: rule 5's range."""
+    """testCleaningWithUncleanableSection / testPartialSegmentClean: design.md §5's range."""
     config = CleanerConfig(min_cleanable_dirty_ratio=1.0, min_compaction_lag_ms=60_000)
     sink = CompactedStateSink(str(lake / "log"), config=config, clock=clock)
     sink(batch(spark, [("a", "a1"), ("b", "b1")]), 0)

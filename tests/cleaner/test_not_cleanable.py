@@ -1,4 +1,4 @@
-"""`why_not_cleanable`: SPEC rule 4's missing trigger, in numbers (pure, no Spark)."""
+"""`why_not_cleanable`: design.md §4's missing trigger, in numbers (pure, no Spark)."""
 
 from __future__ import annotations
 

@@ -137,6 +137,15 @@ def test_kafka_runs_in_kraft_mode_with_the_compacted_topic(services):
     assert env(kafka)["KAFKA_ADVERTISED_LISTENERS"] == "PLAINTEXT://kafka:9092"
 
 
+def test_kafka_runs_the_major_version_of_the_broker_the_kafka_tests_run(services):
+    """The tests' broker is jvm/kafka/pom.xml's kafka_2.13 (tests/kafka): the same major."""
+    tested = re.search(r"<kafka\.version>(\d+)\.", (ROOT / "jvm" / "kafka" / "pom.xml").read_text())
+    assert tested, "jvm/kafka/pom.xml must declare <kafka.version>"
+    for name in ("kafka", "create-topic"):
+        image = services[name]["image"]
+        assert image.split(":")[1].split(".")[0] == tested.group(1), (name, image)
+
+
 def test_the_job_command_is_accepted_by_the_cli_and_its_file_by_the_job_parser(services):
     job = services["job"]
     cmd = command(job)

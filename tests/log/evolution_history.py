@@ -203,7 +203,7 @@ REFUSED = [
 
 
 class Replay:
-    """The state as a dict: each key's latest record, unless a tombstone (SPEC rule 3)."""
+    """The state as a dict: each key's latest record, unless a tombstone (design.md §3)."""
 
     def __init__(self) -> None:
         self.values: dict[str, Any] = {}

@@ -1,7 +1,7 @@
 """The append in one Spark job: checks, numbering and writing in one task pass (issue #6).
 
 A bad batch is found after its files were written; the files are deleted and
-nothing is committed, so SPEC rule 12 (never half-written) still holds. Kafka input
+nothing is committed, so design.md §12 (never half-written) still holds. Kafka input
 is not shuffled; a bad Kafka batch is checked again through the shuffle (a second job).
 """
 

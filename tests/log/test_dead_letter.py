@@ -1,4 +1,4 @@
-"""SPEC rule 12: bad input fails the batch whole, or goes to the dead-letter table with a reason."""
+"""design.md §12: bad input fails a whole batch, or goes to the dead-letter table with a reason."""
 
 from __future__ import annotations
 

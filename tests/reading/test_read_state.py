@@ -1,7 +1,7 @@
 """`sinks.read_state` (no Spark, no JVM) against `CompactedStateSink.state` on every kind of log.
 
 Each test builds a log through the sink (real Spark, real Delta), then asks both
-readers: the rows must be the same (compared sorted), as must the columns SPEC
+readers: the rows must be the same (compared sorted), as must the columns `read_state`
 promises (key columns, value, payload). Logs: never cleaned, cleaned with a
 dirty tail, a partial pass, several partitions, composite keys with payload and
 struct values, a sequence column across the clean/dirty split, ``delete_records``

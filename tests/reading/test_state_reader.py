@@ -1,4 +1,4 @@
-"""`read_state` against today's rule: every record of the log grouped by key (SPEC rule 3).
+"""`read_state` against today's rule: every record of the log grouped by key (design.md §3).
 
 The reference is `latest_records` over the whole log, then `drop_tombstones`,
 computed here; `read_state` must give the same rows, types and nullability on

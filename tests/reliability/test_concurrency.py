@@ -1,4 +1,4 @@
-"""SPEC rule 11: a cleaner process beside a streaming query, racing cleaners, racing appends."""
+"""design.md §11: a cleaner process beside a streaming query, racing cleaners, racing appends."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SPEC rule 10: processes killed with SIGKILL at the dangerous places, then restarted.
+"""design.md §10: processes killed with SIGKILL at the dangerous places, then restarted.
 
 Each kill point runs in its own process (``driver.py``), started together so their
 Spark sessions start in parallel. The restart is a new sink object on the same

@@ -1,4 +1,4 @@
-"""Other engines on the log (SPEC rule 14): their rearrangements absorbed, their data changes
+"""Other engines on the log (design.md §14): their rearrangements absorbed, their data changes
 stopped.
 
 delta-rs stands in for the other engine: its OPTIMIZE (bin-packing across partitions)

@@ -2,11 +2,11 @@
 
 After every step the log is checked against a plain model of everything appended:
 ``state()`` equals the dict oracle over the records at or above each log start
-offset; offsets are unique, increasing and continue from the log end (rule 1);
-records at or above a pass's end are untouched (rule 5); below it each key has
-at most one record, its latest below the end (rule 6); a tombstone kept below it
+offset; offsets are unique, increasing and continue from the log end (design.md §1);
+records at or above a pass's end are untouched (design.md §5); below it each key has
+at most one record, its latest below the end (design.md §6); a tombstone kept below it
 carries the horizon of the pass that first kept it and has not outlived a later
-pass (rule 7). Figures: ``max_examples=5`` histories of one append plus 8 to 12 steps each,
+pass (design.md §7). Figures: ``max_examples=5`` histories of one append plus 8 to 12 steps each,
 derandomized (the same histories on every run), deadline None.
 """
 

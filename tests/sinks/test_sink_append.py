@@ -1,4 +1,4 @@
-"""The foreachBatch hook: offsets (rule 1), exactly once (rule 2), input shapes and bad input."""
+"""The foreachBatch hook: offsets (design.md §1), exactly once (§2), input shapes and bad input."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Confluent Avro values decoded on executors; tombstones stay tombstones; SPEC rule 12."""
+"""Confluent Avro values decoded on executors; tombstones stay tombstones; design.md §12."""
 
 from __future__ import annotations
 

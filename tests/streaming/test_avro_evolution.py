@@ -2,7 +2,7 @@
 
 Real Spark, real Delta: values in Confluent's wire format written by fastavro
 (`encode_confluent`), decoded by `ConfluentAvroDecoder` on the executors, appended
-by `CompactedStateSink` with its additive schema evolution (SPEC "Schema evolution").
+by `CompactedStateSink` with its additive schema evolution (design.md §17).
 The last test uses confluent-kafka's `AvroSerializer` and its in-process mock registry
 (served over HTTP to `SchemaStore`) when confluent-kafka is installed, and skips otherwise.
 """
