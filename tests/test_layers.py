@@ -4,7 +4,8 @@ From the bottom (issue #19, point 5): ``checkpoints``, ``sinks.errors``,
 ``sinks.crash_points``, ``sinks.shutdown`` and ``sinks.spark_compat``; ``sinks.config``;
 ``sinks.log`` and ``sinks.spark_session``; ``sinks.maintenance``; ``sinks.cleaner``;
 ``sinks.reading``; ``sinks.sink``; ``streaming``. Every import counts, also one inside a
-function (a lazy import that hides a cycle is still an upward import). Pure: parses the source, imports nothing.
+function (a lazy import that hides a cycle is still an upward import). Pure: parses the
+source, imports nothing.
 """
 
 from __future__ import annotations
