@@ -363,12 +363,23 @@ def _added_by(
     return found
 
 
-def check_readable(uri: str, table: DeltaTable) -> None:
+def check_readable(uri: str, table: DeltaTable, paths: Iterable[str] = ()) -> None:
     """Raise `TableFeatureError` when the log holds what the sink's readers, which read each
     Parquet file whole and by column name, would read wrong: a file with a deletion vector
     (rows another engine deleted in place), or a column stored under another physical name
     (column mapping). Reads deletion vectors only when the protocol allows them."""
     version = table.version()
+    outside = next((p for p in paths if "://" in p or p.startswith(("/", "file:"))), None)
+    if outside is not None:
+        raise TableFeatureError(
+            f"log {uri}: at Delta version {version} the log names data files outside its own "
+            f"directory (e.g. {outside}), as a SHALLOW CLONE does: the sink reads, cleans and "
+            "deletes only files under the log. To restore a log elsewhere, replay it into a new "
+            f"log (`compacted-sink replay <source log> --as-of <version> --to {uri}-copy`), "
+            'which copies the records. See docs/operations.md, "Spark\'s own Delta on the log".',
+            log_path=uri,
+            version=version,
+        )
     renamed = _physical_names(json.loads(table.schema().to_json()))
     if renamed:
         logical, physical = renamed[0]

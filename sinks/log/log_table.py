@@ -255,7 +255,7 @@ class LogSnapshot:
     @cached_property
     def _files(self) -> tuple[dict[int, list[Segment]], list[ForeignFile]]:
         rows = pa.table(self.table.get_add_actions(flatten=True)).to_pylist()
-        check_readable(self.uri, self.table)
+        check_readable(self.uri, self.table, [r["path"] for r in rows])
         if self.seen_through is not None:
             hidden = self.seen_through.hidden
             rows = [r for r in rows if unquote(r["path"]) not in hidden]

@@ -290,3 +290,50 @@ def test_deletion_vectors_accepted_are_refused_until_reorg_purge_then_absorbed(
     clock.advance(2_000)
     sink.clean(force=True)
     assert_exact(spark, path, feed)
+
+
+@pytest.mark.parametrize("kind", ["SHALLOW"])  # DEEP CLONE is not in open-source Delta
+def test_a_clone_of_an_older_version_restores_the_log_elsewhere(
+    delta_spark, lake, clock, kind
+) -> None:
+    spark, path, copy = delta_spark, str(lake / "users"), str(lake / "restored")
+    sink = CompactedStateSink(path, config=CONFIG, clock=clock, cleaning="inline")
+    feed = Feed(spark, sink, clock)
+    for _ in range(3):
+        feed.append()
+    clock.advance(2_000)
+    sink.clean(force=True)
+    version = spark.sql(f"DESCRIBE HISTORY delta.`{path}` LIMIT 1").first().version
+    expected = dict(feed.oracle.state)
+    feed.append()  # after the version the clone restores
+
+    spark.sql(f"CREATE TABLE delta.`{copy}` {kind} CLONE delta.`{path}` VERSION AS OF {version}")
+
+    try:
+        restored = CompactedStateSink(copy, config=CONFIG, clock=clock, cleaning="inline")
+        state = {r.key: r.value for r in restored.state().collect()}
+    except CompactedSinkError as refused:
+        assert kind == "SHALLOW" and "SHALLOW CLONE" in str(refused), str(refused)
+        assert "outside its own directory" in str(refused) and "compacted-sink replay" in str(
+            refused
+        )
+        return
+    assert state == expected
+    arrow = read_state(copy)
+    assert dict(zip(arrow["key"].to_pylist(), arrow["value"].to_pylist(), strict=True)) == (
+        expected
+    )
+    offsets = {(r.partition, r.offset) for r in sink.log(as_of=version).collect()}
+    assert {(r.partition, r.offset) for r in restored.log().collect()} == offsets
+    clone_feed = Feed(spark, restored, clock)
+    clone_feed.oracle.state = dict(expected)
+    clone_feed.batch_id = 100
+    clone_feed.append()
+    clock.advance(2_000)
+    restored.clean(force=True)
+    assert {r.key: r.value for r in restored.state().collect()} == clone_feed.oracle.state
+    new = {(r.partition, r.offset) for r in restored.log().collect()} - offsets
+    ends = {}
+    for p, o in offsets:
+        ends[p] = max(ends.get(p, -1), o)
+    assert all(o > ends.get(p, -1) for p, o in new)  # offsets continue after the clone's
