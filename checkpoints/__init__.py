@@ -5,6 +5,15 @@ from checkpoints.checkpoint_table import (
     CheckpointEntry,
     CleanerOffsetCheckpoint,
     CleanerState,
+    other_history,
+    split_histories,
 )
 
-__all__ = ["CHECKPOINT_SCHEMA", "CheckpointEntry", "CleanerOffsetCheckpoint", "CleanerState"]
+__all__ = [
+    "CHECKPOINT_SCHEMA",
+    "CheckpointEntry",
+    "CleanerOffsetCheckpoint",
+    "CleanerState",
+    "other_history",
+    "split_histories",
+]

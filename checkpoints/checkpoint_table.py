@@ -1,24 +1,27 @@
 """The cleaner-offset checkpoint table: Kafka's ``cleaner-offset-checkpoint``, as a Delta table.
 
-One row per (log, partition): the first dirty offset (where the last pass ended),
-the cleaner's state for that partition, and the last pass's figures. Many logs
-share one table. Rows are upserted with a Delta MERGE, so a reader sees either
-the old row or the new one. It has one writer, `CleanerOffsetCheckpoint`, with two
-moves: `write` (an upsert, retried) and `compare_and_set` (the cleaner states'
-transitions, see `checkpoints.cleaner_states`); the table is created in one place
-with its properties (`checkpoints.keyed_table`). Every pass merges into it, so it is
-compacted every 50 versions, and its removed files and old commits are deleted by
-the segment deleter (``sinks.maintenance.segment_deleter``). The log itself also
-records each pass's end offset (see `sinks.log.log_table`), so a crash between
-a pass's commit and its checkpoint row is repaired by rolling the checkpoint forward from the log.
+One row per (log, partition): the first dirty offset (where the last pass ended), the
+cleaner's state for that partition, and the last pass's figures. Many logs share one
+table. Rows are upserted with a Delta MERGE, so a reader sees either the old row or the
+new one. It has one writer, `CleanerOffsetCheckpoint`, with two moves: `write` (an
+upsert, retried) and `compare_and_set` (the cleaner states' transitions, see
+`checkpoints.cleaner_states`); the table is created in one place with its properties
+(`checkpoints.keyed_table`). Every pass merges into it, so it is compacted every 50
+versions, and its removed files and old commits are deleted by the segment deleter
+(``sinks.maintenance.segment_deleter``). Each row names the Delta table (its id) and the
+version it describes, so a row left by another table at the same path, or by a later
+history of a copy put back, is told apart (`other_history`) and ignored. The log itself
+also records each pass's end offset (see `sinks.log.log_table`), so a crash between a
+pass's commit and its checkpoint row is repaired by rolling the checkpoint forward from
+the log.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Literal
+from typing import Literal, TypeVar
 
 import pyarrow as pa
 from deltalake import DeltaTable
@@ -26,6 +29,7 @@ from deltalake import DeltaTable
 from checkpoints.keyed_table import KeyedTable
 
 CleanerState = Literal["idle", "in_progress", "paused", "uncleanable"]
+K = TypeVar("K", bound=Hashable)
 
 CHECKPOINT_SCHEMA = pa.schema(
     [
@@ -48,6 +52,7 @@ CHECKPOINT_SCHEMA = pa.schema(
         ("max_dirty_ratio", pa.float64()),
         ("log_version", pa.int64()),
         ("updated_ms", pa.int64()),
+        ("table_id", pa.string()),
     ]
 )
 # Kept small: no one time-travels this table. The segment deleter trims it further.
@@ -96,9 +101,15 @@ class CheckpointEntry:
     max_dirty_ratio: float | None = None
     log_version: int | None = None
     updated_ms: int | None = None
+    table_id: str | None = None
 
     def with_changes(self, **changes: object) -> CheckpointEntry:
         return replace(self, **changes)  # type: ignore[arg-type]
+
+    def other_history(self, *, table_id: str, version: int) -> str | None:
+        """Why this row describes another history than the log's (`other_history`); None
+        when it describes the log's, or cannot tell."""
+        return other_history(self.table_id, self.log_version, table_id=table_id, version=version)
 
 
 _FIELD_NAMES = [f.name for f in fields(CheckpointEntry)]
@@ -126,7 +137,8 @@ class CleanerOffsetCheckpoint:
         if table is None:
             return {}
         rows = table.to_pyarrow_table().to_pylist()
-        entries = (CheckpointEntry(**{k: r[k] for k in _FIELD_NAMES}) for r in rows)
+        # A column a row's table predates (``table_id``) reads as None: unknown.
+        entries = (CheckpointEntry(**{k: r.get(k) for k in _FIELD_NAMES}) for r in rows)
         return {
             (e.log_path, e.partition): e
             for e in entries
@@ -185,6 +197,57 @@ class CleanerOffsetCheckpoint:
     def open_or_create(self) -> DeltaTable:
         """The table, created with its properties if it does not exist yet."""
         return self._keyed.open_or_create()
+
+
+def other_history(
+    row_table_id: str | None, row_version: int | None, *, table_id: str, version: int
+) -> str | None:
+    """Why a row naming Delta table ``row_table_id`` at ``row_version`` describes another
+    history than a log that is table ``table_id`` at ``version``; None when it describes
+    this one, or cannot tell (a row written before rows named their table). Pure.
+
+    Kafka keys its cleaner checkpoints by topic id, so a topic recreated under the same
+    name starts clean. Here a row names the Delta table id (``metaData.id``, new for every
+    table created) and the version it describes: another id is a new table at the old
+    path; a version above the log's latest is an older copy of the log put back (one taken
+    before the commit the row describes). Either way the row's offsets mean nothing for
+    this log, which starts from its own Delta log (design.md §30).
+    """
+    if row_table_id is not None and row_table_id != table_id:
+        return f"describes another table (Delta table id {row_table_id}, the log is {table_id})"
+    if row_version is not None and row_version > version:
+        return (
+            f"describes version {row_version}, the log is at version {version}: an older "
+            "copy of the log was put back"
+        )
+    return None
+
+
+def split_histories(
+    entries: Mapping[K, CheckpointEntry],
+    *,
+    table_id: str,
+    version: int,
+    latest_version: Callable[[], int],
+) -> tuple[dict[K, CheckpointEntry], dict[K, str]]:
+    """``entries`` split into the rows that describe the log's history and the others, with
+    why (`other_history`). ``version`` is the snapshot the caller plans from; a row of a
+    later version is judged against ``latest_version()`` (called at most once), so a pass
+    committed since the snapshot is not taken for another history."""
+    kept: dict[K, CheckpointEntry] = {}
+    others: dict[K, str] = {}
+    latest: int | None = None
+    for key, entry in entries.items():
+        at = version
+        if entry.log_version is not None and entry.log_version > version:
+            latest = latest_version() if latest is None else latest
+            at = latest
+        why = entry.other_history(table_id=table_id, version=at)
+        if why is None:
+            kept[key] = entry
+        else:
+            others[key] = why
+    return kept, others
 
 
 def _unchanged(entry: CheckpointEntry) -> str:

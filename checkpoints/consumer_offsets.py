@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 import pyarrow as pa
 from deltalake import DeltaTable
 
-from checkpoints.checkpoint_table import HANDS_OFF_PROPERTIES
+from checkpoints.checkpoint_table import HANDS_OFF_PROPERTIES, other_history
 from checkpoints.keyed_table import KeyedTable
 
 CONSUMER_OFFSETS_TABLE_NAME = "_consumer-offsets"
@@ -38,6 +38,8 @@ CONSUMER_OFFSETS_SCHEMA = pa.schema(
         ("committed_offset", pa.int64()),
         ("committed_ms", pa.int64()),
         ("expiration_ms", pa.int64()),
+        ("table_id", pa.string()),
+        ("table_version", pa.int64()),
     ]
 )
 # Kept small: no one time-travels this table; each micro-batch of each consumer merges once.
@@ -60,10 +62,17 @@ class CommittedOffset:
     committed_offset: int
     committed_ms: int
     expiration_ms: int = DEFAULT_CONSUMER_EXPIRATION_MS
+    table_id: str | None = None  # the Delta table the offsets are of (None: not recorded)
+    table_version: int | None = None  # the log's version when they were committed
 
     def expired(self, now_ms: int) -> bool:
         """True when the consumer has not committed for longer than its expiration time."""
         return now_ms - self.committed_ms > self.expiration_ms
+
+    def other_history(self, *, table_id: str, version: int) -> str | None:
+        """Why these offsets are of another table or history than the log's (None: they are
+        of this one, or cannot tell); see `checkpoints.checkpoint_table.other_history`."""
+        return other_history(self.table_id, self.table_version, table_id=table_id, version=version)
 
 
 @dataclass(frozen=True)
@@ -116,7 +125,11 @@ class ConsumerOffsets:
         if table is None:
             return []
         rows = table.to_pyarrow_table().to_pylist()
-        return [CommittedOffset(**r) for r in rows if log_path is None or r["log_path"] == log_path]
+        return [
+            CommittedOffset(**{k: r.get(k) for k in CONSUMER_OFFSETS_SCHEMA.names})
+            for r in rows
+            if log_path is None or r["log_path"] == log_path
+        ]
 
     def consumers(self, log_path: str, *, now_ms: int) -> list[ConsumerState]:
         """The consumers of ``log_path``, sorted by id."""
@@ -147,10 +160,20 @@ class ConsumerOffsets:
         }
 
     def held_below(
-        self, log_path: str, partitions: Iterable[int], *, now_ms: int
+        self,
+        log_path: str,
+        partitions: Iterable[int],
+        *,
+        now_ms: int,
+        table_id: str | None = None,
+        version: int | None = None,
     ) -> dict[int, int]:
-        """`held_below` over this table's rows for ``log_path``."""
-        return held_below(self.read(log_path), partitions, now_ms=now_ms)
+        """`held_below` over this table's rows for ``log_path``; with ``table_id`` and
+        ``version`` (the log's), rows of another table or history hold nothing."""
+        rows = self.read(log_path)
+        if table_id is not None and version is not None:
+            rows = [r for r in rows if r.other_history(table_id=table_id, version=version) is None]
+        return held_below(rows, partitions, now_ms=now_ms)
 
     def commit(
         self,
@@ -160,8 +183,12 @@ class ConsumerOffsets:
         *,
         expiration_ms: int = DEFAULT_CONSUMER_EXPIRATION_MS,
         clock: Callable[[], int] | None = None,
+        table_id: str | None = None,
+        table_version: int | None = None,
     ) -> None:
         """Upsert a consumer's committed offsets in one commit; retried on conflicts.
+        ``table_id`` and ``table_version`` name the log's Delta table and the version the
+        offsets were read at, so offsets of another table at the path are told apart.
 
         Idempotent: committing the same offsets again only moves ``committed_ms``.
         """
@@ -175,6 +202,8 @@ class ConsumerOffsets:
                     committed_offset=int(o),
                     committed_ms=stamp,
                     expiration_ms=expiration_ms,
+                    table_id=table_id,
+                    table_version=table_version,
                 )
             )
             for p, o in sorted(offsets.items())

@@ -6,7 +6,8 @@ processes. Each upsert is one MERGE on the key columns, retried when a concurren
 wins; a compare-and-set is one MERGE that applies only while the rows are as read, and is
 not retried (the caller reads again and decides). After either, every ``COMPACT_EVERY``
 versions the table's small files are compacted (and, for a table no one else vacuums,
-its removed files deleted).
+its removed files deleted). A table created by an earlier version with fewer columns
+gains the new ones (nullable) on its next write.
 
 A commit whose answer the store lost counts once. An object store may store the
 commit's conditional PUT and lose the answer (a reset, a 500 after the write): the
@@ -29,6 +30,7 @@ from collections.abc import Mapping, Sequence
 import pyarrow as pa
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
+from deltalake.schema import Field
 
 COMPACT_EVERY = 50  # versions between compactions of the table's small files
 RETRIES = 10
@@ -67,7 +69,7 @@ class KeyedTable:
         """The table, created with its properties if it does not exist yet."""
         table = self.table()
         if table is not None:
-            return table
+            return self._evolved(table)
         try:
             DeltaTable.create(
                 self.uri,
@@ -83,6 +85,19 @@ class KeyedTable:
         created = self.table()
         assert created is not None
         return created
+
+    def _evolved(self, table: DeltaTable) -> DeltaTable:
+        """``table`` with the columns of ``schema`` it lacks added (nullable; older rows read
+        them as null, unknown): a table written by an earlier version keeps working."""
+        have = set(table.schema().to_arrow().names)
+        missing = [f for f in self.schema if f.name not in have]
+        if not missing:
+            return table
+        try:
+            table.alter.add_columns([Field.from_arrow(f.with_nullable(True)) for f in missing])
+        except (DeltaError, OSError):
+            pass  # a concurrent writer added them first (or will: the merge retries)
+        return DeltaTable(self.uri, storage_options=self.storage_options or None)
 
     def upsert(self, rows: pa.Table) -> None:
         """Insert or replace ``rows`` by key in one commit; retried on conflicts."""

@@ -23,7 +23,8 @@ import pyspark
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sinks import CleanerConfig, CompactedStateSink  # noqa: E402
+from sinks import CleanerConfig, CompactedStateSink, NotACompactedLogError  # noqa: E402
+from streaming.demo import prepare_lake  # noqa: E402
 from streaming.local_kafka import LocalKafka, spark_jars  # noqa: E402
 from streaming.progress import ProgressHook  # noqa: E402
 from streaming.session import local_session  # noqa: E402
@@ -46,7 +47,11 @@ def main() -> int:
             "run `make demo-kafka` (it fetches the jars and uses the pyspark 4.2 venv)"
         )
         return 2
-    shutil.rmtree(args.lake, ignore_errors=True)
+    try:
+        prepare_lake(Path(args.lake))  # wipes only an earlier demo's lake (streaming.demo)
+    except NotACompactedLogError as e:
+        print(f"kafka_demo: {e}")
+        return 2
     work = Path(tempfile.mkdtemp(prefix="kafka-demo-"))
     broker = LocalKafka(
         ROOT / ".jars" / "kafka",

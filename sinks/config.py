@@ -4,17 +4,26 @@ Ports `CleanerConfig` / `LogConfig` from Kafka: an immutable value with Kafka's
 dotted property names as constants and their defaults. `from_properties` reads
 the dotted names (as a job's TOML or a topic's config would carry them) and
 every error names the offending key.
+
+The topic-level settings (`TOPIC_PROPERTIES`: Kafka's topic configs) live on the log
+itself, as Delta table properties (`LogConfig`, ``compacted.sink.topic.<name>``); the
+others (``log.cleaner.*``, ``log.retention.check.interval.ms``) are the process's, as a
+broker's are. A config remembers which settings its maker named (`CleanerConfig.explicit`),
+so that a process's explicit choice can be told from a default (`resolve`).
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from checkpoints.cleaner_states import BACKOFF_BASE_MS
 from sinks.errors import ConfigError
+
+logger = logging.getLogger("compacted_sink")
 
 CleanupPolicy = Literal["compact", "delete", "compact,delete"]
 
@@ -54,6 +63,28 @@ _UNITS_MS = {
     "millisecond": 1,
 }
 _INTERVAL = re.compile(r"^(?:interval\s+)?(\d+)\s*([a-z]+?)s?$")
+
+
+TOPIC_CONFIG_PREFIX = "compacted.sink.topic."
+"""Where a log stores a topic-level setting: ``compacted.sink.topic.delete.retention.ms``."""
+
+TOPIC_PROPERTIES = (
+    CLEANUP_POLICY,
+    MIN_CLEANABLE_DIRTY_RATIO,
+    DELETE_RETENTION_MS,
+    MIN_COMPACTION_LAG_MS,
+    MAX_COMPACTION_LAG_MS,
+    SEGMENT_BYTES,
+    RETENTION_MS,
+    RETENTION_BYTES,
+    MESSAGE_MAX_BYTES,
+    FILE_DELETE_DELAY_MS,
+)
+"""Kafka's topic-level settings: stored on the log, obeyed by every process that opens it.
+``file.delete.delay.ms`` is stored as Delta's own ``delta.deletedFileRetentionDuration``
+(`sinks.log.history_window`), so that other engines' VACUUM keeps the same window."""
+
+ConfigSource = Literal["log", "override", "default"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -122,6 +153,16 @@ class CleanerConfig:
     backoff_ms: int = BACKOFF_BASE_MS
     dedupe_buffer_size: int = 512 * 1024 * 1024
 
+    _explicit: ClassVar[frozenset[str]]
+
+    def __new__(cls, **settings: Any) -> CleanerConfig:
+        # The settings named at construction, kept beside the fields (not one of them: two
+        # configs with equal values are equal). `dataclasses.replace` names every field, so
+        # its result counts every setting as explicit: use `with_settings`.
+        config = super().__new__(cls)
+        object.__setattr__(config, "_explicit", frozenset(settings))
+        return config
+
     def __post_init__(self) -> None:
         _check_policy(CLEANUP_POLICY, self.cleanup_policy)
         ratio = self.min_cleanable_dirty_ratio
@@ -165,6 +206,22 @@ class CleanerConfig:
         """True when the policy applies time and size retention."""
         return "delete" in self.cleanup_policy
 
+    @property
+    def explicit(self) -> frozenset[str]:
+        """The settings (Kafka's dotted names) this config was built with, not left to defaults."""
+        named = self.__dict__.get("_explicit", frozenset())
+        return frozenset(key for key, field in _FIELD_OF.items() if field in named)
+
+    def with_settings(self, **changes: Any) -> CleanerConfig:
+        """This config with ``changes`` (snake_case fields); what was explicit stays explicit."""
+        named = set(self.__dict__.get("_explicit", frozenset())) | set(changes)
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return type(self)(**{k: v for k, v in {**values, **changes}.items() if k in named})
+
+    def topic_properties(self) -> dict[str, str]:
+        """The topic-level settings (`TOPIC_PROPERTIES`) as Kafka's dotted names and text."""
+        return {key: str(getattr(self, _FIELD_OF[key])) for key in TOPIC_PROPERTIES}
+
     @classmethod
     def from_properties(cls, properties: Mapping[str, Any]) -> CleanerConfig:
         """Build a config from Kafka's dotted names; values may be strings, as in a properties file.
@@ -207,6 +264,8 @@ _FIELD_OF = {
 # Other names for the same field: the history window under its Delta table property name.
 _ALIASES = {DELETED_FILE_RETENTION_DURATION: "file_delete_delay_ms"}
 _TYPE_OF = {f.name: f.type for f in fields(CleanerConfig)}
+PROPERTY_NAMES = frozenset([*_FIELD_OF, *_ALIASES])
+"""Every dotted name `CleanerConfig.from_properties` accepts."""
 
 
 def _parse(key: str, raw: Any, type_name: Any) -> Any:
@@ -264,3 +323,162 @@ def parse_interval_ms(text: str, *, key: str = DELETED_FILE_RETENTION_DURATION) 
             f"(units: {', '.join(_UNITS_MS)}), got {text!r}"
         )
     return int(match.group(1)) * _UNITS_MS[unit]
+
+
+# -- the topic's config, stored on the log (Kafka's LogConfig) ----------------------------------
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    """The topic-level settings a log stores (Kafka's ``LogConfig`` overrides of a topic).
+
+    ``properties`` maps Kafka's dotted names to the text the log holds; a setting the log
+    does not hold is absent. ``recorded`` is False for a log created before topic configs
+    were stored (it holds no ``compacted.sink.topic.*`` property): defaults apply there,
+    or what the process passes. A deleted setting is held as an empty value (delta-rs
+    cannot remove a table property) and reads as absent.
+    """
+
+    properties: Mapping[str, str]
+    recorded: bool = True
+
+    @classmethod
+    def from_table_properties(cls, configuration: Mapping[str, str | None]) -> LogConfig:
+        """The config in a log's Delta table properties. Raises `ConfigError` naming the
+        property when a stored value is invalid; an unknown ``compacted.sink.topic.*`` key
+        is ignored with a warning."""
+        stored: dict[str, str] = {}
+        recorded = False
+        for name, value in configuration.items():
+            if not name.startswith(TOPIC_CONFIG_PREFIX):
+                continue
+            recorded = True
+            key = name.removeprefix(TOPIC_CONFIG_PREFIX)
+            if key not in TOPIC_PROPERTIES or key == FILE_DELETE_DELAY_MS:
+                # A newer version's setting, or a hand-made typo: never a reason to stop.
+                logger.warning("table property %s is not a topic config here; ignored", name)
+                continue
+            if value:
+                stored[key] = value
+        window = configuration.get(DELETED_FILE_RETENTION_DURATION)
+        if window:
+            stored[FILE_DELETE_DELAY_MS] = window
+        try:
+            parsed = CleanerConfig.from_properties(_as_properties(stored))
+        except ConfigError as e:
+            raise ConfigError(f"the log's stored config ({TOPIC_CONFIG_PREFIX}*): {e}") from None
+        return cls({key: str(getattr(parsed, _FIELD_OF[key])) for key in stored}, recorded)
+
+    @property
+    def config(self) -> CleanerConfig:
+        """The log's settings; defaults for what it does not hold."""
+        return CleanerConfig.from_properties(self.properties)
+
+
+def topic_table_properties(config: CleanerConfig) -> dict[str, str]:
+    """The Delta table properties a new log stores ``config``'s topic-level settings in
+    (``file.delete.delay.ms`` goes in as Delta's window, `sinks.log.history_window`)."""
+    return {
+        TOPIC_CONFIG_PREFIX + key: value
+        for key, value in config.topic_properties().items()
+        if key != FILE_DELETE_DELAY_MS
+    }
+
+
+@dataclass(frozen=True)
+class ResolvedConfig:
+    """The settings a process applies to one log, and where each topic-level one comes from.
+
+    ``sources``: per topic-level setting, ``"log"`` (the log holds it), ``"override"``
+    (this process set it explicitly, to another value than the log's, or on a log that
+    holds none) or ``"default"``. ``overrides``: (setting, the log's value, this
+    process's) for every explicit setting that differs from what the log holds.
+    """
+
+    config: CleanerConfig
+    sources: Mapping[str, ConfigSource]
+    overrides: tuple[tuple[str, str, str], ...] = ()
+    recorded: bool = True
+
+    def override_line(self, log_path: str) -> str | None:
+        """The one line that says this process overrides the log's config; None when not."""
+        if not self.overrides:
+            return None
+        changes = ", ".join(f"{key} {theirs} -> {mine}" for key, theirs, mine in self.overrides)
+        return (
+            f"log {log_path}: this process overrides the log's config ({changes}); the log's "
+            f"values stay for every other process (compacted-sink configs --path {log_path} "
+            "--alter changes them)"
+        )
+
+    def describe(self) -> list[tuple[str, str, ConfigSource]]:
+        """(setting, value, source) for every topic-level setting, in `TOPIC_PROPERTIES` order."""
+        values = self.config.topic_properties()
+        return [(key, values[key], self.sources[key]) for key in TOPIC_PROPERTIES]
+
+
+def resolve(log: LogConfig | None, process: CleanerConfig, *, log_path: str) -> ResolvedConfig:
+    """The settings ``process`` applies to a log that stores ``log`` (None: no log yet).
+
+    Kafka's rule: a topic's own config beats the broker's defaults, and an explicit
+    override beats the topic's. Here the log's stored settings beat this process's
+    defaults; a setting the process named (`CleanerConfig.explicit`) beats the log's,
+    and `ResolvedConfig.override_line` says so. Process settings (``log.cleaner.*``)
+    are always the process's own.
+
+    One exception: a process may never shorten the log's ``delete.retention.ms``. A
+    shorter delete horizon loses data where no one looks: a consumer that lags between
+    the two values misses the delete and keeps the key forever, and nothing in the log
+    shows it. So it is refused with `ConfigError`, naming both values and the command
+    that changes the log's config for every process, instead of being kept quietly (the
+    process's settings would then lie about what it does) or applied with a warning
+    that a scheduled job's logs bury. Every other override is reversible or visible in
+    the log itself (retention removes records from every reader at once) and is applied.
+    """
+    if log is None:
+        sources = {k: "override" if k in process.explicit else "default" for k in TOPIC_PROPERTIES}
+        return ResolvedConfig(process, sources)  # type: ignore[arg-type]
+    stored = log.config
+    values = {f.name: getattr(process, f.name) for f in fields(CleanerConfig)}
+    sources: dict[str, ConfigSource] = {}
+    overrides = []
+    for key in TOPIC_PROPERTIES:
+        field = _FIELD_OF[key]
+        held = key in log.properties
+        mine, theirs = getattr(process, field), getattr(stored, field)
+        if key in process.explicit:
+            values[field] = mine
+            sources[key] = "log" if held and mine == theirs else "override"
+            if (held or log.recorded) and mine != theirs:  # what every other process applies
+                overrides.append((key, str(theirs), str(mine)))
+        elif held:
+            values[field] = theirs
+            sources[key] = "log"
+        else:
+            sources[key] = "default"
+    shorter = next((o for o in overrides if o[0] == DELETE_RETENTION_MS), None)
+    if shorter is not None and int(shorter[2]) < int(shorter[1]):
+        _, theirs, mine = shorter
+        raise ConfigError(
+            f"log {log_path}: this process sets {DELETE_RETENTION_MS}={mine} "
+            f"({_human_ms(int(mine))}), shorter than the log's {theirs} ({_human_ms(int(theirs))}):"
+            f" a consumer lagging between the two would miss deletes. Leave "
+            f"{DELETE_RETENTION_MS} out of this process's settings to use the log's, or change "
+            f"the log's for every process: compacted-sink configs --path {log_path} --alter "
+            f"--add-config {DELETE_RETENTION_MS}={mine}"
+        )
+    config = CleanerConfig(**values)
+    object.__setattr__(config, "_explicit", process.__dict__.get("_explicit", frozenset()))
+    return ResolvedConfig(config, sources, tuple(overrides), log.recorded)
+
+
+def _as_properties(stored: Mapping[str, str]) -> dict[str, str]:
+    # The window is held in Delta's interval text under Delta's name.
+    return {
+        (DELETED_FILE_RETENTION_DURATION if key == FILE_DELETE_DELAY_MS else key): value
+        for key, value in stored.items()
+    }
+
+
+def _human_ms(ms: int) -> str:
+    return format_interval(ms).removeprefix("interval ")

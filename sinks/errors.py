@@ -31,6 +31,16 @@ class SchemaMismatchError(BadInputError):
         self.field_path = field_path
 
 
+class NotACompactedLogError(CompactedSinkError, ValueError):
+    """Raised when a path holds something other than a compacted log: a non-empty directory
+    that is not a Delta table, or a Delta table this package did not create as a log. Says
+    what was found and what to do; nothing is written to the path."""
+
+    def __init__(self, message: str, *, path: str) -> None:
+        super().__init__(message)
+        self.path = path
+
+
 class CommitConflictError(CompactedSinkError):
     """Raised when a Delta commit kept conflicting with concurrent writers after all retries."""
 

@@ -28,6 +28,7 @@ from sinks.config import CleanerConfig
 from sinks.log.append_batch import SparkRecords
 from sinks.log.dead_letter import DeadLetterTable
 from sinks.log.log_append import LogAppender
+from sinks.log.log_config import opened_log_config
 from sinks.log.log_keys import opened_log_keys
 from sinks.log.log_table import AsOf, LogSnapshot, LogTable, now_ms
 from sinks.log.schema_evolution import DEFAULT_SCHEMA_EVOLUTION, SchemaEvolution
@@ -80,7 +81,9 @@ class CompactedStateSink:
         self.log_table = LogTable(self.path, self.storage_options)
         keys = opened_log_keys(self.log_table, key_columns, sequence_column)
         self.key_columns, self.sequence_column = keys.key_columns, keys.sequence_column
-        self.config = config or CleanerConfig()
+        # The log's topic config, unless this process overrides it (said in one line).
+        self.log_config = opened_log_config(self.log_table, config)
+        self.config: CleanerConfig = self.log_config.config
         checkpoint_table = checkpoint_table or sibling(self.path, CHECKPOINT_TABLE_NAME)
         self.checkpoint_path = normalize_uri(checkpoint_table)
         self.checkpoints = CleanerOffsetCheckpoint(self.checkpoint_path, self.storage_options)

@@ -151,5 +151,5 @@ def _with_backoff(ref: LogRef, backoff_ms: int | None) -> LogRef:
     """``ref`` with its log's ``log.cleaner.backoff.ms`` set (the command's flag wins)."""
     if backoff_ms is None:
         return ref
-    config = replace(ref.spec.config, backoff_ms=backoff_ms)
+    config = ref.spec.config.with_settings(backoff_ms=backoff_ms)
     return replace(ref, spec=replace(ref.spec, config=config))

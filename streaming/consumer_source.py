@@ -207,11 +207,14 @@ class ConsumerStreamReader(DataSourceStreamReader):
             if last == positions and now - at < heartbeat_s:
                 return
         self._committed = (dict(positions), now)
+        snapshot = self._planned.get(_key(to_offset(positions))) or self.log_snapshot_or_none()
         self.options.consumer_offsets().commit(
             self.options.path,
             self.options.consumer_id,
             positions,
             expiration_ms=self.options.consumer_expiration_ms,
+            table_id=snapshot.table_id if snapshot is not None else None,
+            table_version=snapshot.version if snapshot is not None else None,
         )
 
 

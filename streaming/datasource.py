@@ -48,6 +48,7 @@ except ImportError:  # pyspark 4.0: the writer is refused by name (`spark_compat
 from sinks import CleanerConfig, CompactedStateSink
 from sinks.errors import ConfigError, SchemaMismatchError
 from sinks.log.append_batch import ArrowRecords, log_schema
+from sinks.log.ownership import check_log_location, is_own_data_path
 from sinks.log.schema_evolution import DEFAULT_SCHEMA_EVOLUTION, SchemaEvolution, check_mode
 from sinks.log.storage import arrow_filesystem, delete_files, join, normalize_uri
 from sinks.spark_compat import STREAM_READER, STREAM_WRITER, require
@@ -101,6 +102,7 @@ class CompactedStateDataSource(DataSource):
     def streamWriter(self, schema: T.StructType, overwrite: bool) -> CompactedStateStreamWriter:  # noqa: N802
         require(STREAM_WRITER, "Write with writeStream.foreachBatch(CompactedStateSink(...)).")
         options = SinkOptions.parse(self.options)
+        check_log_location(options.path)  # refuse someone else's table or files at the start
         remove_stale_staged(options.path, older_than_ms=STALE_STAGED_MS)
         return CompactedStateStreamWriter(options, schema)
 
@@ -270,12 +272,17 @@ def staged_files(path: str) -> list[str]:
 
 
 def remove_stale_staged(path: str, *, older_than_ms: int) -> int:
-    """Delete staged files a killed query left behind; a query calls this when it starts."""
+    """Delete staged files a killed query left behind; a query calls this when it starts.
+
+    Only files named as this sink stages them (`sinks.log.ownership.is_own_data_path`):
+    anything else in ``_staging/`` is someone else's and stays."""
     fs, root = arrow_filesystem(normalize_uri(path))
     selector = pa.fs.FileSelector(join(root, STAGING), allow_not_found=True)
     cutoff = time.time() - older_than_ms / 1000
     removed = 0
     for info in fs.get_file_info(selector):
+        if not is_own_data_path(f"{STAGING}/{info.base_name}"):
+            continue
         if info.mtime is not None and info.mtime.timestamp() < cutoff:
             fs.delete_file(info.path)
             removed += 1

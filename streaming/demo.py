@@ -5,11 +5,20 @@ update of key ``user-(n * 7919 mod keys)`` in partition ``key mod partitions``,
 and every ``tombstone_every``-th row deletes its key instead. Each micro-batch
 prints what was appended, the dirty ratio and any cleaning pass; at the end the
 sink's ``state()`` is checked against a plain replay of everything fed in.
+
+The demo starts from an empty lake, so it wipes its lake first, and only its own:
+the lake must be missing, empty, or an earlier demo's lake (`prepare_lake`). An earlier
+demo's lake is recognised by the marker file the demo writes in it
+(``compacted-sink-demo.json``), never by its layout alone: ``users``, ``_chk`` and
+``_cleaner-offset-checkpoint`` are also what a user following the README creates.
+Even then, a file the demo did not write anywhere in the lake makes it refuse.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import re
 import shutil
 import threading
 import time
@@ -19,9 +28,23 @@ from pathlib import Path
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from sinks import CleanerConfig, CompactedStateSink
+from sinks import CleanerConfig, CompactedStateSink, NotACompactedLogError
+from sinks.log.ownership import (
+    DELTA_LOG_DIR,
+    foreign_entries,
+    is_delta_rs_data_path,
+)
 
 _MULTIPLIER = 7919  # a prime: successive rows touch keys spread over the key space
+
+DEMO_MARKER = "compacted-sink-demo.json"
+"""The file that makes a directory an earlier demo's lake (written when the demo starts)."""
+LOG_DIR, CHECKPOINT_DIR, QUERY_CHECKPOINT_DIR = "users", "_cleaner-offset-checkpoint", "_chk"
+_SPARK_CHECKPOINT_FILE = re.compile(
+    r"users/(?:\.?metadata(?:\.crc)?"
+    r"|(?:offsets|commits|sources/\d+)/\.?\d+(?:\.compact)?(?:\.crc)?(?:\.[0-9a-f-]+\.tmp)?)"
+)
+_SPARK_CHECKPOINT_DIR = re.compile(r"users|users/(?:offsets|commits|sources|sources/\d+)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,10 +100,95 @@ def replay(settings: DemoSettings, fed: int) -> dict[str, bytes]:
     return state
 
 
+def demo_strangers(entries: list[tuple[str, bool]]) -> list[str]:
+    """Of a lake's ``(relative path, is directory)`` entries, those an earlier demo did not
+    write (sorted): anything beside its log, its checkpoint table, its query's checkpoint
+    and its marker, or inside them anything not in their own layout and naming. Pure."""
+    inside: dict[str, list[tuple[str, bool]]] = {}
+    strangers = []
+    for path, is_dir in entries:
+        top, _, rest = path.strip("/").partition("/")
+        if not rest and (
+            (is_dir and top in (LOG_DIR, CHECKPOINT_DIR, QUERY_CHECKPOINT_DIR))
+            or (not is_dir and top == DEMO_MARKER)
+        ):
+            continue
+        if rest and top in (LOG_DIR, CHECKPOINT_DIR, QUERY_CHECKPOINT_DIR):
+            inside.setdefault(top, []).append((rest, is_dir))
+        else:
+            strangers.append(path + ("/" if is_dir else ""))
+    log_entries = [(p, d) for p, d in inside.get(LOG_DIR, []) if not _in_delta_log(p)]
+    strangers += [f"{LOG_DIR}/{p}" for p in foreign_entries(log_entries)]
+    for path, is_dir in inside.get(CHECKPOINT_DIR, []):
+        if not (_in_delta_log(path) or (not is_dir and is_delta_rs_data_path(path))):
+            strangers.append(f"{CHECKPOINT_DIR}/{path}" + ("/" if is_dir else ""))
+    for path, is_dir in inside.get(QUERY_CHECKPOINT_DIR, []):
+        pattern = _SPARK_CHECKPOINT_DIR if is_dir else _SPARK_CHECKPOINT_FILE
+        if pattern.fullmatch(path) is None:
+            strangers.append(f"{QUERY_CHECKPOINT_DIR}/{path}" + ("/" if is_dir else ""))
+    return sorted(strangers)
+
+
+def _in_delta_log(path: str) -> bool:
+    return path == DELTA_LOG_DIR or path.startswith(DELTA_LOG_DIR + "/")
+
+
+def prepare_lake(lake: Path) -> None:
+    """Make ``lake`` an empty demo lake: create it, or wipe an earlier demo's lake.
+
+    Raises `NotACompactedLogError` (nothing deleted) as `check_lake` does.
+    """
+    check_lake(lake)
+    for name in (LOG_DIR, CHECKPOINT_DIR, QUERY_CHECKPOINT_DIR):
+        shutil.rmtree(lake / name, ignore_errors=True)
+    lake.mkdir(parents=True, exist_ok=True)
+    (lake / DEMO_MARKER).write_text(
+        json.dumps({"written_by": "compacted-sink demo", "written_ms": int(time.time() * 1000)})
+    )
+
+
+def check_lake(lake: Path) -> None:
+    """Raise `NotACompactedLogError` unless ``lake`` is missing, empty, or an earlier demo's
+    lake holding only what the demo wrote: a file, a non-empty directory without the
+    demo's marker, an earlier demo's lake with a file it did not write. Reads only."""
+    if lake.exists() and not lake.is_dir():
+        raise NotACompactedLogError(
+            f"--lake {lake}: a file, not a directory; choose another --lake", path=str(lake)
+        )
+    entries = (
+        [
+            (str(p.relative_to(lake)), p.is_dir() and not p.is_symlink())
+            for p in sorted(lake.rglob("*"))
+        ]
+        if lake.exists()
+        else []
+    )
+    if entries and not (lake / DEMO_MARKER).is_file():
+        shown = ", ".join([p for p, _ in entries if "/" not in p][:5])
+        raise NotACompactedLogError(
+            f"--lake {lake} is not empty ({shown}) and is not an earlier demo's lake (it has "
+            f"no {DEMO_MARKER}). The demo wipes its lake before it runs, so it runs only in "
+            "a missing or empty directory or in a lake an earlier demo created. Nothing was "
+            "deleted; choose another --lake (the default is lake-demo)",
+            path=str(lake),
+        )
+    strangers = demo_strangers(entries)
+    if strangers:
+        shown = ", ".join(strangers[:5]) + (" ..." if len(strangers) > 5 else "")
+        raise NotACompactedLogError(
+            f"--lake {lake} is an earlier demo's lake, but holds {len(strangers)} file(s) or "
+            f"folder(s) the demo did not write ({shown}). Nothing was deleted; move them "
+            "away, or choose another --lake",
+            path=str(lake),
+        )
+
+
 def run(spark: SparkSession, settings: DemoSettings, *, out=print) -> bool:
-    """Run the demo; returns True when ``state()`` matches the replay."""
+    """Run the demo; returns True when ``state()`` matches the replay.
+
+    Refuses a lake that is not empty and not an earlier demo's (`prepare_lake`)."""
     lake = Path(settings.lake)
-    shutil.rmtree(lake, ignore_errors=True)
+    prepare_lake(lake)
     config = CleanerConfig(
         min_cleanable_dirty_ratio=settings.min_cleanable_dirty_ratio,
         delete_retention_ms=0,

@@ -2,10 +2,12 @@
 
 A cleaner-offset checkpoint table lists the logs it has cleaned (Kafka's
 ``cleaner-offset-checkpoint`` lists the partitions of a log dir), but not their
-key columns or cleaner settings. Those come from the job files that write the
-logs; a registered log no job file describes gets the default `CleanerConfig`
-and the key and sequence columns the log records (`sinks.log.log_keys`; read from
-its schema for a log older than those properties), and `LogRef.inferred` says so.
+key columns or cleaner settings. Both are stored on the log itself: a registered log
+no job file describes gets the key and sequence columns the log records
+(`sinks.log.log_keys`; read from its schema for a log older than those properties) and
+the topic config it stores (`sinks.log.log_config`; defaults for a log older than that),
+and `LogRef.inferred` says that no job file was given. A job file's cleaner settings
+override the log's, as a process's explicit settings do.
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ from dataclasses import dataclass
 from checkpoints import CleanerOffsetCheckpoint
 from sinks import CleanerConfig, CompactedStateSink
 from sinks.errors import ConfigError
-from sinks.log.history_window import window_of
 from sinks.log.log_keys import log_keys
 from sinks.log.log_table import LogTable
+from sinks.log.ownership import check_new_log_location
 from sinks.log.records import VALUE
 from sinks.log.storage import normalize_uri
 from streaming.job import LogSpec, load_job
@@ -44,7 +46,8 @@ def discover_logs(
     """The logs named by path, by job file, or registered in a checkpoint table, deduplicated.
 
     Settings from a job file win; other logs get inferred settings. A log whose
-    table does not exist (yet) is skipped. Raises `ConfigError` when nothing is named.
+    table does not exist (yet) is skipped. Raises `ConfigError` when nothing is named, and
+    `NotACompactedLogError` for a path named here that is not a log (`sinks.log.ownership`).
     """
     specs: dict[str, LogRef] = {}
     for file in job_files:
@@ -59,11 +62,14 @@ def discover_logs(
                 ref = infer_log(log, checkpoint_table=normalize_uri(table))
                 if ref is not None:
                     specs[log] = ref
+    named = {normalize_uri(p) for p in paths}
     for path in candidates:
         if path not in specs:
             ref = infer_log(path)
             if ref is not None:
                 specs[path] = ref
+            elif path in named:
+                check_new_log_location(path)  # no table: someone else's files? say so
     if not specs and not (paths or job_files or checkpoint_tables):
         raise ConfigError("name at least one log path, --config job file or --checkpoint-table")
     return [specs[p] for p in sorted(specs)]
@@ -79,9 +85,8 @@ def infer_log(path: str, *, checkpoint_table: str | None = None) -> LogRef | Non
         path=normalize_uri(path),
         key_columns=keys.key_columns,
         sequence_column=keys.sequence_column,
-        # The history window is the table's own (its Delta property), never a default
-        # that would shorten or lengthen what the job that writes the log chose.
-        config=CleanerConfig(file_delete_delay_ms=window_of(snapshot.table)),
+        # Nothing set here: the sink applies the log's own config (`sinks.log.log_config`).
+        config=CleanerConfig(),
         checkpoint_table=checkpoint_table,
     )
     return LogRef(spec, inferred=True)

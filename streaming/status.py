@@ -22,6 +22,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
+from checkpoints import split_histories
+from checkpoints.consumer_offsets import ConsumerOffsets, consumer_offsets_uri
 from sinks import CompactedStateSink
 from sinks.cleaner.throttler import budget_summary
 from sinks.log.history_window import oldest_reachable_version, window_of
@@ -123,6 +125,10 @@ class LogStatus:
     foreign_bytes: int = 0
     consumers: tuple[str, ...] = ()  # registered consumers: lag and tombstones held
     schema_changes: tuple[SchemaChange, ...] = ()  # the newest first, within SCHEMA_LOOKBACK
+    # (setting, value, source: log / override / default) per topic-level setting applied
+    config: tuple[tuple[str, str, str], ...] = ()
+    config_stored: bool = True  # False: a log created before topic configs were stored
+    checkpoint_notes: tuple[str, ...] = ()  # checkpoint rows found describing another history
 
     @property
     def size_bytes(self) -> int:
@@ -158,6 +164,9 @@ class LogStatus:
             "foreign_bytes": self.foreign_bytes,
             "consumers": list(self.consumers),
             "schema_changes": [asdict(c) for c in self.schema_changes],
+            "config": {k: {"value": v, "source": src} for k, v, src in self.config},
+            "config_stored": self.config_stored,
+            "checkpoint_notes": list(self.checkpoint_notes),
             "partitions": [asdict(p) for p in self.partitions],
         }
 
@@ -166,12 +175,29 @@ def log_status(
     sink: CompactedStateSink, *, now: int | None = None, settings_inferred: bool = False
 ) -> LogStatus | None:
     """The gauges of ``sink``'s log now; None when the log does not exist yet. Read-only."""
-    snapshot = sink.log_table.snapshot()
+    snapshot = sink.log_table.snapshot(repair=False)  # status only reads (design.md §28)
     if snapshot is None:
         return None
     now = now_ms() if now is None else now
     config = sink.config
-    entries = sink.checkpoints.read(sink.path)
+    entries, others = split_histories(
+        sink.checkpoints.read(sink.path),
+        table_id=snapshot.table_id,
+        version=snapshot.version,
+        latest_version=lambda: sink.log_table.snapshot(verify=False).version,  # type: ignore[union-attr]
+    )
+    notes = [
+        f"p{p}: checkpoint {why}: ignored; the next pass starts from the log's own record"
+        for (_, p), why in sorted(others.items())
+    ]
+    notes += [
+        f"consumer {o.consumer_id} p{o.partition}: committed offset {o.committed_offset} "
+        f"{why}: ignored (it holds nothing)"
+        for o in ConsumerOffsets(
+            consumer_offsets_uri(sink.checkpoint_path), sink.storage_options
+        ).read(sink.path)
+        if (why := o.other_history(table_id=snapshot.table_id, version=snapshot.version))
+    ]
     partitions = []
     for log in sink.logs_to_clean(snapshot):
         segments = snapshot.segments.get(log.partition, [])
@@ -220,6 +246,9 @@ def log_status(
         consumers=tuple(
             c.line() for c in consumer_report(sink.path, sink.checkpoint_path, now=now)
         ),
+        config=tuple(sink.log_config.describe()),
+        config_stored=sink.log_config.recorded,
+        checkpoint_notes=tuple(notes),
     )
 
 

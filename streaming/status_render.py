@@ -37,6 +37,13 @@ def render_storage(storage: StorageStatus) -> str:
     )
 
 
+def render_config(status: LogStatus) -> str:
+    """One line: every topic-level setting applied, and where it comes from."""
+    where = "stored on the log" if status.config_stored else "not stored on the log"
+    settings = ", ".join(f"{k}={v} ({source})" for k, v, source in status.config)
+    return f"  config ({where}): {settings}"
+
+
 _COLUMNS = (
     ("part", ">"),
     ("start", ">"),
@@ -73,7 +80,7 @@ def _heading(status: LogStatus) -> str:
         f"uncleanable: {len(status.uncleanable)})"
     )
     if status.settings_inferred:
-        heading += "  [settings inferred: no job file given]"
+        heading += "  [no job file given: the log's settings]"
     if status.cleaner_budget:
         heading += f"\n  cleaner limits: {status.cleaner_budget}"
     return heading
@@ -114,7 +121,7 @@ def _partition_row(p: PartitionStatus) -> list[str]:
 
 def _notes(status: LogStatus) -> list[str]:
     """The lines below the table: storage, foreign files, consumers, schema changes, reasons."""
-    lines = []
+    lines = [render_config(status), *(f"  {note}" for note in status.checkpoint_notes)]
     if status.storage is not None:
         lines.append(render_storage(status.storage))
     if status.foreign_files:

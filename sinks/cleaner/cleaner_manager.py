@@ -138,19 +138,31 @@ class CleanerManager:
         ]
         return min(times) if times else None
 
-    def reset_checkpoints(self, reset: Sequence[LogToClean]) -> None:
-        """Rewrite checkpoints found out of range, as Kafka does even when nothing is cleaned."""
+    def reset_checkpoints(
+        self,
+        reset: Sequence[LogToClean],
+        *,
+        table_id: str | None = None,
+        version: int | None = None,
+    ) -> None:
+        """Rewrite checkpoints found out of range, as Kafka does even when nothing is cleaned;
+        the rows name the table (``table_id``) and ``version`` they were measured at."""
         rows = self.entries()
         self.checkpoints.write(
             self._base(rows.get(log.partition), log.partition).with_changes(
                 first_dirty_offset=log.first_dirty_offset,
                 first_uncleanable_offset=log.first_uncleanable_offset,
+                table_id=table_id,
+                log_version=version,
             )
             for log in reset
         )
 
-    def checkpoint_pass(self, cleaned: Sequence[LogToClean], stats: CleanerStats) -> None:
-        """Record a committed pass: each partition's end offset and figures, then release it."""
+    def checkpoint_pass(
+        self, cleaned: Sequence[LogToClean], stats: CleanerStats, *, table_id: str | None = None
+    ) -> None:
+        """Record a committed pass: each partition's end offset and figures, then release it.
+        The rows name the Delta table (``table_id``) and the version after the pass."""
         self.done_cleaning(
             CheckpointEntry(
                 log_path=self.log_path,
@@ -165,6 +177,7 @@ class CleanerManager:
                 records_written=stats.records_written,
                 max_dirty_ratio=log.cleanable_ratio,
                 log_version=stats.delta_version,
+                table_id=table_id,
             )
             for log in cleaned
         )

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from checkpoints import CleanerOffsetCheckpoint
+from checkpoints import CleanerOffsetCheckpoint, split_histories
 from sinks.cleaner.consumer_holds import consumer_holds, without_held_tombstones
 from sinks.cleaner.log_to_clean import LogToClean, cleanable_offsets, log_to_clean
 from sinks.config import CleanerConfig
@@ -68,7 +68,7 @@ class LogPlanner:
         recorded = {p: snapshot.cleaner_offset(p) for p in snapshot.partitions}
         fresh = True
         if any(offset is None for offset in recorded.values()):
-            checkpointed, fresh = self._checkpointed_offsets(fresh=fresh_checkpoints)
+            checkpointed, fresh = self._checkpointed_offsets(snapshot, fresh=fresh_checkpoints)
             for p, offset in checkpointed.items():
                 if recorded.get(p, 0) is None:
                     recorded[p] = offset
@@ -106,13 +106,24 @@ class LogPlanner:
             snapshot.partitions,
             now_ms=now_ms,
             storage_options=self.checkpoints.storage_options,
+            table_id=snapshot.table_id,
+            version=snapshot.version,
         )
 
-    def _checkpointed_offsets(self, *, fresh: bool) -> tuple[dict[int, int], bool]:
-        """This log's checkpointed first dirty offsets, and whether they were read now."""
+    def _checkpointed_offsets(
+        self, snapshot: LogSnapshot, *, fresh: bool
+    ) -> tuple[dict[int, int], bool]:
+        """This log's checkpointed first dirty offsets, and whether they were read now.
+        Rows that describe another table or history are left out (`split_histories`):
+        the partition starts from what the log itself records."""
         read_at, offsets = self._checkpoint_cache
         if fresh or offsets is None or time.monotonic() - read_at > self.config.backoff_ms / 1000:
-            rows = self.checkpoints.read(self.log.uri)
+            rows, _ = split_histories(
+                self.checkpoints.read(self.log.uri),
+                table_id=snapshot.table_id,
+                version=snapshot.version,
+                latest_version=lambda: self.log.snapshot(verify=False).version,  # type: ignore[union-attr]
+            )
             offsets = {p: entry.first_dirty_offset for (_, p), entry in rows.items()}
             self._checkpoint_cache = (time.monotonic(), offsets)
             return offsets, True

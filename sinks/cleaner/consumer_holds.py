@@ -40,10 +40,16 @@ def consumer_holds(
     *,
     now_ms: int,
     storage_options: Mapping[str, str] | None = None,
+    table_id: str | None = None,
+    version: int | None = None,
 ) -> dict[int, int]:
-    """Per partition, the offset below which expired tombstones may go (empty: no consumer)."""
+    """Per partition, the offset below which expired tombstones may go (empty: no consumer).
+    Offsets committed for another table or history of the log (``table_id``, ``version``)
+    hold nothing."""
     offsets = ConsumerOffsets(consumer_offsets_uri(checkpoint_table_uri), storage_options)
-    return offsets.held_below(log_path, partitions, now_ms=now_ms)
+    return offsets.held_below(
+        log_path, partitions, now_ms=now_ms, table_id=table_id, version=version
+    )
 
 
 def without_held_tombstones(

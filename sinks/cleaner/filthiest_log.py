@@ -82,7 +82,7 @@ def grab_filthiest_compacted_log(
     chosen = filthiest_cleanable(plan.logs, config, now_ms=now_ms, force=force)
     reset = [p for p in plan.logs if p.force_checkpoint and p not in chosen]
     if reset:
-        manager.reset_checkpoints(reset)
+        manager.reset_checkpoints(reset, table_id=snapshot.table_id, version=snapshot.version)
     if not chosen:
         return None
     claimed = set(manager.start_cleaning([p.partition for p in chosen]))

@@ -368,7 +368,7 @@ class LogCleaner:
             work_left = claim.work_left or stats.work_left
             stats = replace(stats, budget_bytes=budget, work_left=work_left)
         crash_point(CLEAN_BEFORE_CHECKPOINT)
-        self.manager.checkpoint_pass(claim.logs, stats)
+        self.manager.checkpoint_pass(claim.logs, stats, table_id=claim.snapshot.table_id)
         logger.info("%s", stats.summary())
         return stats
 

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from deltalake.exceptions import CommitFailedError
 from pyspark.sql import types as T
 
-from sinks.config import CleanerConfig
+from sinks.config import CleanerConfig, topic_table_properties
 from sinks.crash_points import (
     APPEND_BEFORE_COMMIT,
     DEAD_LETTER_BEFORE_APPEND,
@@ -62,6 +62,7 @@ from sinks.log.log_table import (
     log_arrow_schema,
     now_ms,
 )
+from sinks.log.ownership import check_new_log_location
 from sinks.log.records import (
     TRANSIENT_COLUMNS,
     BatchReport,
@@ -233,6 +234,9 @@ class LogAppender:
         is None). Checks `committed` only after a conflict or a creation race: `append`
         checks it first.
         """
+        if snapshot is None:
+            # Never create a log over someone else's files (sinks.log.ownership).
+            check_new_log_location(self.log.uri, self.log.storage_options)
         for _attempt in range(APPEND_ATTEMPTS):
             end_offsets = snapshot.log_end_offsets() if snapshot is not None else {}
             target = self.evolved_schema(snapshot, schema) if snapshot is not None else schema
@@ -249,6 +253,7 @@ class LogAppender:
                     {
                         **table_properties(self.config.file_delete_delay_ms),
                         **keys.to_properties(),
+                        **topic_table_properties(self.config),
                     },
                 )
                 try:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sinks.errors import ConfigError
+from sinks.log.ownership import check_compacted_log, check_new_log_location
 
 if TYPE_CHECKING:
     from sinks.log.log_table import LogSnapshot, LogTable
@@ -115,7 +116,11 @@ class LogKeys:
 
 
 def log_keys(snapshot: LogSnapshot) -> LogKeys:
-    """The keys ``snapshot``'s log records (as of that version). Reads no data file."""
+    """The keys ``snapshot``'s log records (as of that version). Reads no data file.
+
+    Raises `NotACompactedLogError` when the table is not a compacted log (`sinks.log.ownership`).
+    """
+    check_compacted_log(snapshot.uri, snapshot.table)
     return LogKeys.from_properties(
         snapshot.table.metadata().configuration, snapshot.spark_schema.names
     )
@@ -127,13 +132,16 @@ def opened_log_keys(
     """The keys a sink opened on ``log`` uses: the log's when it exists (see `LogKeys.resolve`),
     else the sink's own, ``("key",)`` when it names none. A single column may be named by
     itself; an empty sequence is a `ValueError`. Opening never stops at another engine's
-    change (`sinks.log.foreign_commits`): the sink's reads and writes do."""
+    change (`sinks.log.foreign_commits`): the sink's reads and writes do. Opening refuses,
+    with `NotACompactedLogError`, a Delta table that is not a compacted log and a directory
+    without one that holds files the sink did not write (`sinks.log.ownership`)."""
     if isinstance(key_columns, str):
         key_columns = (key_columns,)
     if key_columns is not None and not key_columns:
         raise ValueError("key_columns must name at least one column")
     snapshot = log.snapshot(verify=False)
     if snapshot is None:
+        check_new_log_location(log.uri, log.storage_options)
         keys = DEFAULT_KEY_COLUMNS if key_columns is None else tuple(key_columns)
         return LogKeys(key_columns=keys, sequence_column=sequence_column)
     return log_keys(snapshot).resolve(key_columns, sequence_column, log_path=log.uri)

@@ -57,6 +57,7 @@ from sinks.log.foreign_commits import (
 )
 from sinks.log.history_window import check_reachable
 from sinks.log.landed_commits import COMMIT_TOKEN_KEY, check_removes, landed_version
+from sinks.log.ownership import LOG_DESCRIPTION
 from sinks.log.records import spark_at_or_above
 from sinks.log.segment import DataFile, ForeignFile, Segment, data_file
 from sinks.log.segment_writer import WrittenSegment
@@ -185,7 +186,7 @@ class LogTable:
                 raise_if_key_not_exists=False,  # the sink's own properties (sinks.log.log_keys)
                 storage_options=self.storage_options or None,
                 name=self.uri.rstrip("/").rsplit("/", 1)[-1],
-                description="compacted-state log",
+                description=LOG_DESCRIPTION,  # a mark of the sink's logs (sinks.log.ownership)
             )
         except Exception:
             # Another writer may have created it between our check and our create.
@@ -243,6 +244,11 @@ class LogSnapshot:
         self.verified = False  # every commit up to this version checked for foreign changes
         self.seen_through = seen_through  # files as an undo of stale rewrites leaves them
         self._transactions: dict[str, int | None] = {}
+
+    @cached_property
+    def table_id(self) -> str:
+        """The Delta table's id (``metaData.id``): new for every table created at any path."""
+        return str(self.table.metadata().id)
 
     @cached_property
     def spark_schema(self) -> StructType:

@@ -9,8 +9,10 @@ after it, never every commit ever made. Each file on disk is then
 - **live**: named by an add action of the current snapshot;
 - **removed**: named by a tombstone; it leaves storage ``window`` after its removal;
 - **untracked**: named by no action still in the log (an orphan of a killed writer,
-  or a removed file whose tombstone already expired); it leaves storage once its
-  modification time is ``window`` old.
+  or a removed file whose tombstone already expired) and named as the sink names its
+  files (`sinks.log.ownership.is_own_data_path`); it leaves storage once its
+  modification time is ``window`` old;
+- **not ours**: any other file, someone else's: it never leaves storage by the sink's hand.
 
 Nothing here deletes; `segment_deleter` does, and ``status`` reports these figures.
 """
@@ -27,6 +29,7 @@ import pyarrow.parquet as pq
 
 from sinks.log.history_window import DELTA_LOG, DeltaLogListing, list_delta_log
 from sinks.log.log_table import LogSnapshot, LogTable
+from sinks.log.ownership import foreign_files, is_own_data_path
 from sinks.log.storage import arrow_filesystem
 
 
@@ -72,9 +75,17 @@ class FileInventory:
             if f.path in self.live:
                 continue
             tombstone = self.tombstones.get(f.path)
+            if tombstone is None and not is_own_data_path(f.path):
+                continue  # not ours: left alone
             since = tombstone.deletion_ms if tombstone is not None else f.mtime_ms
             waiting.append((f, since + window_ms))
         return waiting
+
+    def not_ours(self) -> list[DataFile]:
+        """Files on disk no action names and not named as the sink names its files."""
+        named = set(self.live) | set(self.tombstones)
+        others = set(foreign_files((f.path for f in self.on_disk), named))
+        return [f for f in self.on_disk if f.path in others]
 
 
 def take_inventory(log: LogTable, snapshot: LogSnapshot) -> FileInventory:

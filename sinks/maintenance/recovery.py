@@ -8,7 +8,10 @@ marker says there is no need. Here:
 1. **Orphans.** A killed append or pass leaves Parquet files that no commit
    names. Every data file the snapshot neither uses nor holds a tombstone for
    (read from the last Delta checkpoint and the commits after it, not from every
-   commit ever made) and older than ``file.delete.delay.ms`` is deleted.
+   commit ever made), named as the sink names the files it writes
+   (`sinks.log.ownership.is_own_data_path`) and older than ``file.delete.delay.ms``
+   is deleted. Any other file no commit names is someone else's: it is left in
+   place, whatever its age, and reported (``not ours, left alone``; design.md §26).
    The grace period protects a writer that is between writing its files and
    committing them; partitions whose pass is live in the checkpoint table are
    skipped whatever the age. Files only removed by a commit stay: they serve time travel.
@@ -47,11 +50,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
-from checkpoints import CheckpointEntry, CleanerOffsetCheckpoint
+from checkpoints import CheckpointEntry, CleanerOffsetCheckpoint, split_histories
 from checkpoints.cleaner_states import live_claims
 from sinks.crash_points import RECOVERY_AFTER_ORPHAN_DELETED, RECOVERY_BEFORE_MARKER, crash_point
 from sinks.errors import LogCorruptedError
 from sinks.log.log_table import LogSnapshot, LogTable
+from sinks.log.ownership import foreign_files, is_own_data_path
 from sinks.log.segment import Segment
 from sinks.log.storage import arrow_filesystem
 from sinks.maintenance.file_inventory import DataFile, list_data_files, referenced_paths
@@ -70,6 +74,7 @@ class RecoveryReport:
     version: int | None
     orphans_removed: tuple[str, ...] = ()
     orphans_kept_young: tuple[str, ...] = ()
+    not_ours: tuple[str, ...] = ()
     checkpoint_changes: Mapping[int, tuple[int | None, int]] = field(default_factory=dict)
     files_checked: int = 0
     full: bool = False
@@ -78,7 +83,8 @@ class RecoveryReport:
     def summary(self) -> str:
         return (
             f"recovered at version {self.version}: {len(self.orphans_removed)} orphan file(s) "
-            f"removed ({len(self.orphans_kept_young)} too young), checkpoint changes "
+            f"removed ({len(self.orphans_kept_young)} too young), "
+            f"{len(self.not_ours)} file(s) not ours left alone, checkpoint changes "
             f"{dict(self.checkpoint_changes)}, {self.files_checked} file(s) "
             f"{'fully ' if self.full else ''}checked in {self.duration_ms} ms"
         )
@@ -95,15 +101,20 @@ def find_orphans(
     file_delete_delay_ms: int,
     protected_partitions: Iterable[int] = (),
 ) -> tuple[list[str], list[str]]:
-    """Data files no commit references: (old enough to delete, too young to delete yet).
+    """The sink's own data files no commit references: (old enough to delete, too young to
+    delete yet).
 
-    A file of a ``protected_partitions`` directory (``partition-<p>/``) is never
-    returned: a live pass there may be about to commit it.
+    A file not named as the sink names its files (`is_own_data_path`) is never returned,
+    whatever its age: it is someone else's. A file of a ``protected_partitions``
+    directory (``partition-<p>/``) is never returned: a live pass there may be about to
+    commit it.
     """
     protected = {f"partition-{p}/" for p in protected_partitions}
     old, young = [], []
     for f in sorted(files, key=lambda f: f.path):
         if f.path in referenced or any(f.path.startswith(d) for d in protected):
+            continue
+        if not is_own_data_path(f.path):
             continue
         (old if now_ms - f.mtime_ms >= file_delete_delay_ms else young).append(f.path)
     return old, young
@@ -183,7 +194,7 @@ def recover_log(
     now = int(time.time() * 1000) if now_ms is None else now_ms
     if busy_partitions is None:
         busy_partitions = live_claims(checkpoints.read(log.uri).values(), now_ms=now)
-    removed, young = remove_orphans(
+    removed, young, not_ours = remove_orphans(
         log,
         snapshot,
         file_delete_delay_ms=file_delete_delay_ms,
@@ -205,12 +216,21 @@ def recover_log(
         version=snapshot.version,
         orphans_removed=tuple(removed),
         orphans_kept_young=tuple(young),
+        not_ours=tuple(not_ours),
         checkpoint_changes=changes,
         files_checked=len(to_check),
         full=verified is None,
         duration_ms=int((time.monotonic() - started) * 1000),
     )
     logger.info("%s: %s", log.uri, report.summary())
+    if not_ours:
+        logger.warning(
+            "%s: %d file(s) inside the log that it did not write and no commit names, not "
+            "ours, left alone: %s",
+            log.uri,
+            len(not_ours),
+            ", ".join(not_ours[:5]) + (" ..." if len(not_ours) > 5 else ""),
+        )
     return report
 
 
@@ -221,12 +241,12 @@ def remove_orphans(
     file_delete_delay_ms: int,
     now_ms: int,
     protected_partitions: Iterable[int] = (),
-) -> tuple[list[str], list[str]]:
-    """Delete data files no commit references and older than the grace period.
+) -> tuple[list[str], list[str], list[str]]:
+    """Delete the sink's own data files no commit references and older than the grace period.
 
-    Returns (deleted, kept because too young). Lists the directory *before*
-    reading which files the log references, so a file committed meanwhile is
-    seen as referenced.
+    Returns (deleted, kept because too young, someone else's: left alone). Lists the
+    directory *before* reading which files the log references, so a file committed
+    meanwhile is seen as referenced.
     """
     files = list_data_files(log)
     referenced = referenced_paths(log, snapshot)
@@ -237,6 +257,7 @@ def remove_orphans(
         file_delete_delay_ms=file_delete_delay_ms,
         protected_partitions=protected_partitions,
     )
+    not_ours = foreign_files((f.path for f in files), referenced)
     fs, root = arrow_filesystem(log.uri, log.storage_options)
     for path in old:
         try:
@@ -244,7 +265,7 @@ def remove_orphans(
         except FileNotFoundError:
             pass  # another recovery got there first
         crash_point(RECOVERY_AFTER_ORPHAN_DELETED)
-    return old, young
+    return old, young, not_ours
 
 
 def reconcile_checkpoint(
@@ -253,12 +274,43 @@ def reconcile_checkpoint(
     """Roll the checkpoint forward from the log, or reset it into range; returns the changes.
 
     Each row moves by compare-and-set, so a pass finishing meanwhile is not overwritten.
+    A row that describes another table or history (`checkpoints.split_histories`: a new
+    table at the path, an older copy put back) is replaced by one that starts from the
+    log's own record, or its log start offset.
     """
     changes: dict[int, tuple[int | None, int]] = {}
     for partition in snapshot.partitions:
         for _attempt in range(10):
             rows = checkpoints.read(snapshot.uri)
             entry = rows.get((snapshot.uri, partition))
+            _, other = split_histories(
+                {partition: entry} if entry else {},
+                table_id=snapshot.table_id,
+                version=snapshot.version,
+                latest_version=lambda: DeltaTable(
+                    snapshot.uri, storage_options=snapshot.storage_options or None
+                ).version(),
+            )
+            if entry is not None and other:
+                logger.warning(
+                    "log %s partition %s: checkpoint %s: ignored",
+                    snapshot.uri,
+                    partition,
+                    other[partition],
+                )
+                start = snapshot.cleaner_offset(partition)
+                target = start if start is not None else snapshot.log_start_offset(partition)
+                fresh = CheckpointEntry(
+                    log_path=snapshot.uri,
+                    partition=partition,
+                    first_dirty_offset=target,
+                    table_id=snapshot.table_id,
+                    log_version=snapshot.version,
+                )
+                if checkpoints.compare_and_set(entry, fresh):
+                    changes[partition] = (entry.first_dirty_offset, target)
+                    break
+                continue
             current = entry.first_dirty_offset if entry else None
             target = reconciled_dirty_offset(
                 log_cleaner_offset=snapshot.cleaner_offset(partition),
@@ -271,7 +323,9 @@ def reconcile_checkpoint(
             base = entry or CheckpointEntry(
                 log_path=snapshot.uri, partition=partition, first_dirty_offset=target
             )
-            new = base.with_changes(first_dirty_offset=target, log_version=snapshot.version)
+            new = base.with_changes(
+                first_dirty_offset=target, log_version=snapshot.version, table_id=snapshot.table_id
+            )
             if checkpoints.compare_and_set(entry, new):
                 changes[partition] = (current, target)
                 break

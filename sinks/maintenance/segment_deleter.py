@@ -12,17 +12,24 @@ commits from delta-rs's post-commit hook).
 
 What to delete is planned by delta-rs, ``DeltaTable.vacuum(dry_run=True,
 full=True)``, which knows the tombstones of the snapshot and lists storage for
-untracked files, so another Delta engine's VACUUM would choose the same files.
+untracked files, so another Delta engine's VACUUM would choose the same files, and
+then narrowed to files the table owns (`sinks.log.ownership`): those its commits name
+(delta-rs's ``full=False`` candidates, from the tombstones) and untracked files named
+as the sink names its own (a log's segments and staged files; delta-rs's ``part-…``
+files for the checkpoint table, which only delta-rs writes). A stranger's file inside
+the directory is never deleted, whatever its age (design.md §26): a VACUUM in ``full``
+mode would.
 The deletion itself is done here, not by ``vacuum(dry_run=False)``: measured,
 the latter deletes every candidate in one call (unbounded after a long pause)
 and commits two extra versions (``VACUUM START``/``END``) per call, each of which
 makes concurrent appends retry. Here a call deletes at most ``max_files`` files
-and commits nothing unless the table's properties must change.
+and commits nothing unless the table's properties must change, and changes them only
+on a table this package created (a compacted log, or its checkpoint table).
 
-Invariant: a file the current snapshot uses, or that any version inside the
-window uses, is never deleted (delta-rs keeps live files and tombstones younger
-than the window). Files under the directory of a partition whose pass is live
-are left for the next call, whatever their age.
+Invariant: a file the table does not own is never deleted; a file the current
+snapshot uses, or that any version inside the window uses, is never deleted
+(delta-rs keeps live files and tombstones younger than the window). Files under the
+directory of a partition whose pass is live are left for the next call, whatever their age.
 
 Idempotent and crash-safe: deleting is the only effect, a file already gone is
 not an error, and a deleter killed half-way leaves files the next call deletes.
@@ -35,6 +42,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 from deltalake import DeltaTable
 
@@ -46,9 +54,17 @@ from sinks.log.history_window import (
     parse_interval_ms,
     table_properties,
 )
+from sinks.log.ownership import (
+    CHECKPOINT_TABLE_NAME,
+    check_compacted_log,
+    is_delta_rs_data_path,
+    is_own_data_path,
+)
 from sinks.log.storage import arrow_filesystem
 
 logger = logging.getLogger("compacted_sink")
+
+TableKind = Literal["log", "checkpoint"]
 
 DEFAULT_MAX_FILES = 1_000
 """Files one call deletes at most: a few seconds of DELETE calls on an object store."""
@@ -90,23 +106,33 @@ def delete_expired_files(
     max_files: int = DEFAULT_MAX_FILES,
     protected_partitions: Iterable[int] = (),
     trim_log: bool = True,
+    kind: TableKind = "log",
 ) -> DeletionReport:
     """Delete up to ``max_files`` files of the table at ``uri`` that left it more than
-    ``window_ms`` ago (or that no commit names and are that old), then trim its Delta log.
+    ``window_ms`` ago (or that no commit names, are the table's own and are that old), then
+    trim its Delta log.
 
+    ``kind`` says whose naming makes an untracked file the table's own: a compacted log's
+    (``"log"``; raises `NotACompactedLogError` on any other table, before anything is
+    committed or deleted) or the cleaner-offset checkpoint table's (``"checkpoint"``).
     Sets the window's table properties first when they differ (one metadata commit).
     Files of ``protected_partitions`` (``partition-<p>/``) are kept for now.
     """
     started = time.monotonic()
     options = dict(storage_options or {})
     table = DeltaTable(uri, storage_options=options or None)
+    if kind == "log":
+        check_compacted_log(uri, table)
+    owned = is_own_data_path if kind == "log" else is_delta_rs_data_path
     changed = align_table_properties(table, window_ms)
     if changed:
         table = DeltaTable(uri, storage_options=options or None)
     before = list_delta_log(uri, options).files
+    listed = table.vacuum(dry_run=True, full=True, enforce_retention_duration=False)
+    named = set(table.vacuum(dry_run=True, full=False, enforce_retention_duration=False))
     # Sorted: delta-rs returns candidates unordered, and a fixed order makes a bounded
     # call's leftovers the next call's first files.
-    candidates = sorted(table.vacuum(dry_run=True, full=True, enforce_retention_duration=False))
+    candidates = sorted(p for p in listed if p in named or owned(p))
     protected = tuple(f"partition-{p}/" for p in protected_partitions)
     allowed = [p for p in candidates if not p.startswith(protected)] if protected else candidates
     chosen = allowed[:max_files]
@@ -158,13 +184,25 @@ def delete_expired_checkpoint_files(
         table = DeltaTable(uri, storage_options=dict(storage_options or {}) or None)
     except Exception:  # noqa: BLE001 - not created yet
         return None
+    if table.metadata().name != CHECKPOINT_TABLE_NAME:
+        logger.warning(
+            "%s: not the cleaner-offset checkpoint table this package creates (its name is "
+            "%r): nothing of it is deleted or changed",
+            uri,
+            table.metadata().name,
+        )
+        return None
     window = checkpoint_table_window(log_window_ms)
     current = table.metadata().configuration.get(DELETED_FILE_RETENTION_DURATION)
     keys_missing = any(k not in table.metadata().configuration for k in table_properties(window))
     if current is not None and not keys_missing:
         window = min(window, parse_interval_ms(current))
     return delete_expired_files(
-        uri, window_ms=window, storage_options=storage_options, max_files=max_files
+        uri,
+        window_ms=window,
+        storage_options=storage_options,
+        max_files=max_files,
+        kind="checkpoint",
     )
 
 

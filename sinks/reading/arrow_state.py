@@ -46,6 +46,7 @@ from sinks.cleaner.rules import arrow_latest_offsets
 from sinks.log.file_reader import ParquetReaderTask
 from sinks.log.log_keys import LogKeys, log_keys
 from sinks.log.log_table import AsOf, LogSnapshot, LogTable
+from sinks.log.ownership import check_new_log_location
 from sinks.log.records import (
     DELETE_HORIZON_MS,
     METADATA_COLUMNS,
@@ -95,6 +96,7 @@ def read_state_batches(
     uri = normalize_uri(path)
     snapshot = LogTable(uri, storage_options).snapshot(as_of, repair=False)
     if snapshot is None:
+        check_new_log_location(uri, storage_options)  # someone else's files: say so
         raise FileNotFoundError(f"no compacted log at {path}")
     plan = StatePlan.of(snapshot, dict(storage_options or {}))
     return pa.RecordBatchReader.from_batches(plan.schema, plan.batches(batch_rows))

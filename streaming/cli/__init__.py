@@ -16,7 +16,8 @@ delta-rs and pyarrow (`sinks.read_state`).
 Each sub-command lives in a module of this package that adds its parser and
 handles it: ``run`` and ``demo`` in `query`, ``clean`` and ``vacuum`` in
 `cleaning`, ``accept``, ``restore`` and ``consumers`` in `log_admin`, ``status`` in
-`status`, ``export`` and ``replay`` in `recovery`; what they share is in `common`.
+`status`, ``configs`` in `configs`, ``export`` and ``replay`` in `recovery`; what they
+share is in `common`.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import traceback
 from collections.abc import Callable, Sequence
 
 from sinks.errors import CompactedSinkError, ConfigError
-from streaming.cli import cleaning, log_admin, query, recovery, status
+from streaming.cli import cleaning, configs, log_admin, query, recovery, status
 from streaming.cli.common import EXIT_CONFIG, EXIT_FAILED
 
 _SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
@@ -39,6 +40,7 @@ _SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     log_admin.add_restore,
     log_admin.add_consumers,
     status.add_status,
+    configs.add_configs,
     recovery.add_export,
     recovery.add_replay,
     query.add_demo,

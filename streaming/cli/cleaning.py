@@ -45,15 +45,18 @@ def _clean(args: argparse.Namespace) -> int:
     from streaming.cleaner_thread import CleanerThread
 
     selected = refs(args)
-    for ref in selected:
-        if ref.inferred:
-            err(
-                f"clean: {ref.spec.path}: no job file given; key columns "
-                f"{list(ref.spec.key_columns)} as the log records them, default cleaner settings"
-            )
     thread = CleanerThread(
         selected, force=args.force, vacuum=args.vacuum, backoff_ms=args.backoff_ms, out=out
     )
+    for ref in selected:
+        if ref.inferred:
+            stored = thread.sinks[ref.spec.path].log_config.recorded
+            settings = "the log's" if stored else "defaults (not stored on the log)"
+            err(
+                f"clean: {ref.spec.path}: no job file given; key columns "
+                f"{list(ref.spec.key_columns)} as the log records them, cleaner settings: "
+                f"{settings}"
+            )
     if args.once and thread.grab_filthiest() is None:
         # Measuring needs Delta metadata only: no Spark session for a round with no pass.
         thread.delete_expired_files()

@@ -24,7 +24,12 @@ def add_run(commands: argparse._SubParsersAction) -> None:
 
 def add_demo(commands: argparse._SubParsersAction) -> None:
     demo = commands.add_parser("demo", help="stream keyed updates into a local compacted log")
-    demo.add_argument("--lake", default="lake-demo", help="lake directory (wiped first)")
+    demo.add_argument(
+        "--lake",
+        default="lake-demo",
+        help="lake directory: missing, empty, or an earlier demo's lake (wiped first); "
+        "any other directory is refused",
+    )
     demo.add_argument("--batches", type=int, default=30)
     demo.add_argument("--rows-per-batch", type=int, default=1_000)
     demo.add_argument("--keys", type=int, default=2_000)
@@ -83,7 +88,9 @@ def _quiet_query_failures(spark) -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from streaming.demo import DemoSettings, run
+    from pathlib import Path
+
+    from streaming.demo import DemoSettings, check_lake, run
 
     if remote_url(args):
         raise ConfigError(
@@ -92,6 +99,7 @@ def _demo(args: argparse.Namespace) -> int:
             "describe the query in a job file and use: compacted-sink run JOB.toml --remote URL"
         )
 
+    check_lake(Path(args.lake))  # refuse someone else's directory before Spark starts
     settings = DemoSettings(
         lake=args.lake,
         batches=args.batches,

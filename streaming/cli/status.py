@@ -2,7 +2,8 @@
 
 Reads Delta metadata and the checkpoint table only: no Spark session. The gauges
 are measured by `streaming.status` and `streaming.status_history`, and drawn by
-`streaming.status_render`.
+`streaming.status_render`. Each log is measured under its own topic config (a job
+file's settings override it), and the report says where each value comes from.
 """
 
 from __future__ import annotations
@@ -27,15 +28,16 @@ def _status(args: argparse.Namespace) -> int:
     from streaming.status_render import plot_history, render_json, render_table
 
     selected = refs(args)
+    sinks = [ref.sink() for ref in selected]  # each applies its log's topic config
     statuses = []
-    for ref in selected:
-        status = log_status(ref.sink(), settings_inferred=ref.inferred)
+    for ref, sink in zip(selected, sinks, strict=True):
+        status = log_status(sink, settings_inferred=ref.inferred)
         if status is not None:
             statuses.append(status)
     out(render_json(statuses) if args.json else render_table(statuses))
     if args.plot:
-        series = {ref.spec.path: history(ref.sink()) for ref in selected}
-        ratios = {ref.spec.config.min_cleanable_dirty_ratio for ref in selected}
+        series = {sink.path: history(sink) for sink in sinks}
+        ratios = {sink.config.min_cleanable_dirty_ratio for sink in sinks}
         plot_history(series, args.plot, threshold=ratios.pop() if len(ratios) == 1 else None)
         err(f"status: plot written to {args.plot}")
     return 0

@@ -35,20 +35,21 @@ HOUR_MS = 3_600_000
 
 
 def test_find_orphans_respects_references_grace_and_live_passes():
+    a, b, c = (segment_path(0, base, uuid.uuid4().hex) for base in (0, 10, 20))
     files = [
-        DataFile("partition-0/a.parquet", 1, 0),
-        DataFile("partition-0/b.parquet", 1, 0),
-        DataFile("partition-0/c.parquet", 1, 9_500),
-        DataFile("partition-1/d.parquet", 1, 0),
+        DataFile(a, 1, 0),
+        DataFile(b, 1, 0),
+        DataFile(c, 1, 9_500),
+        DataFile(segment_path(1, 0, uuid.uuid4().hex), 1, 0),
     ]
     old, young = find_orphans(
         files,
-        {"partition-0/a.parquet"},
+        {a},
         now_ms=10_000,
         file_delete_delay_ms=1_000,
         protected_partitions=[1],
     )
-    assert (old, young) == (["partition-0/b.parquet"], ["partition-0/c.parquet"])
+    assert (old, young) == ([b], [c])
 
 
 @pytest.mark.parametrize(
@@ -104,8 +105,8 @@ def test_recovery_removes_old_orphans_keeps_young_ones_and_time_travel_files(spa
     sink(kv_frame(spark, [("a", "1"), ("b", "1")]), 0)
     sink(kv_frame(spark, [("a", "2"), ("c", "1")]), 1)
     sink.clean(force=True)  # the two appended files are removed, still on disk for time travel
-    old = _plant_orphan(path, "00000000000000000000-killed-append.parquet", age_ms=HOUR_MS)
-    young = _plant_orphan(path, "00000000000000000000-in-flight.parquet", age_ms=0)
+    old = _plant_orphan(path, f"{0:020d}-{'a' * 32}.parquet", age_ms=HOUR_MS)  # killed append
+    young = _plant_orphan(path, f"{0:020d}-{'b' * 32}.parquet", age_ms=0)  # in flight
     assert unreferenced_files(path) == sorted([old, young])
 
     report = recover_log(sink.log_table, sink.checkpoints, file_delete_delay_ms=60_000)

@@ -24,6 +24,7 @@ from sinks.log.history_window import (
     oldest_reachable_version,
     table_properties,
 )
+from sinks.log.ownership import LOG_DESCRIPTION
 from sinks.maintenance.file_inventory import take_inventory
 from sinks.maintenance.segment_deleter import checkpoint_table_window, delete_expired_files
 from streaming.status import log_status
@@ -152,7 +153,9 @@ def test_deletion_keeps_what_the_window_references_and_time_travel_fails_clearly
 def test_deletion_is_bounded_per_call_and_trims_the_delta_log(tmp_path):
     path = str(tmp_path / "table")
     schema = pa.schema([("k", pa.int64())])
-    DeltaTable.create(path, schema, configuration=table_properties(60_000))
+    DeltaTable.create(
+        path, schema, configuration=table_properties(60_000), description=LOG_DESCRIPTION
+    )
     table = DeltaTable(path)
     previous = None
     os.makedirs(f"{path}/partition-0")

@@ -149,9 +149,14 @@ def test_long_work_reports_progress_lines(spark) -> None:
 def test_a_starting_query_removes_staged_files_a_killed_one_left(tmp_path) -> None:
     staging = tmp_path / "log" / "_staging"
     staging.mkdir(parents=True)
-    (staging / "old.parquet").write_bytes(b"x")
-    (staging / "new.parquet").write_bytes(b"y")
+    old, new = f"{'a' * 32}.parquet", f"{'b' * 32}.parquet"
+    (staging / old).write_bytes(b"x")
+    (staging / new).write_bytes(b"y")
+    (staging / "theirs.parquet").write_bytes(b"z")  # not named as the sink stages: not ours
     hours_ago = time.time() - 7200
-    os.utime(staging / "old.parquet", (hours_ago, hours_ago))
+    for name in (old, "theirs.parquet"):
+        os.utime(staging / name, (hours_ago, hours_ago))
     assert remove_stale_staged(str(tmp_path / "log"), older_than_ms=3_600_000) == 1
-    assert staged_files(str(tmp_path / "log")) == [str(staging / "new.parquet")]
+    assert sorted(staged_files(str(tmp_path / "log"))) == sorted(
+        [str(staging / new), str(staging / "theirs.parquet")]
+    )
