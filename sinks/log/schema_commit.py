@@ -24,7 +24,6 @@ from deltalake import write_deltalake
 from deltalake.transaction import CommitProperties
 from pyspark.sql.types import StructType
 
-from sinks.errors import ConfigError
 from sinks.log.foreign_commits import check_writable, commit_metadata
 from sinks.log.log_table import LogSnapshot, log_arrow_schema
 
@@ -42,24 +41,12 @@ def commit_schema(snapshot: LogSnapshot, schema: StructType, *, info: Mapping[st
     if schema == snapshot.spark_schema:
         return False
     check_writable(snapshot.uri, snapshot.table, snapshot.storage_options)
-    predicate: str | None = NO_RECORD
-    if "offset" not in snapshot.spark_schema.names:
-        # A table another engine created (CREATE TABLE ... USING delta): adopted while it
-        # holds no file, as its first schema change; refused once it holds records.
-        if snapshot.table.file_uris():
-            raise ConfigError(
-                f"{snapshot.uri} is a Delta table with records but no 'offset' column: not a "
-                "compacted log. Point the sink at a new location (it creates the log), or "
-                "create the table empty with the log's columns: the key column(s), value, "
-                "partition int, offset bigint, timestamp timestamp, delete_horizon_ms bigint."
-            )
-        predicate = None  # nothing to overwrite
     write_deltalake(
         snapshot.table,
         log_arrow_schema(schema).empty_table(),
         mode="overwrite",
         schema_mode="overwrite",
-        predicate=predicate,
+        predicate=NO_RECORD,
         commit_properties=CommitProperties(custom_metadata=commit_metadata(info)),
     )
     return True

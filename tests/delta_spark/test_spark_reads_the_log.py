@@ -4,7 +4,8 @@
 ``TIMESTAMP AS OF``, folded to the latest record per key, give ``state(as_of=...)``;
 ``DESCRIBE HISTORY`` tells appends, passes and schema changes apart (``userMetadata``).
 A table delta-spark created (``CREATE TABLE ... USING delta``, also with deletion vectors
-and column mapping by name, as Databricks creates them) is adopted or refused by name.
+and column mapping by name, as Databricks creates them) is refused as not a compacted log;
+a column delta-spark stores under another physical name is refused by every reader.
 """
 
 from __future__ import annotations
@@ -14,7 +15,13 @@ from chispa import assert_df_equality
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from sinks import CleanerConfig, CompactedSinkError, CompactedStateSink, read_state
+from sinks import (
+    CleanerConfig,
+    CompactedStateSink,
+    NotACompactedLogError,
+    TableFeatureError,
+    read_state,
+)
 
 pytestmark = pytest.mark.delta_spark
 
@@ -86,15 +93,12 @@ def test_spark_delta_reads_log_state_as_of_and_history(delta_spark, lake) -> Non
 CREATED_BY_SPARK = {
     "plain": "",
     "deletion vectors": "TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')",
-    "column mapping by name": (
-        "TBLPROPERTIES ('delta.columnMapping.mode' = 'name', "
-        "'delta.minReaderVersion' = '2', 'delta.minWriterVersion' = '5')"
-    ),
+    "column mapping by name": "TBLPROPERTIES ('delta.columnMapping.mode' = 'name')",
 }
 
 
 @pytest.mark.parametrize("features", list(CREATED_BY_SPARK))
-def test_a_table_delta_spark_created_is_adopted_or_refused_by_name(
+def test_a_table_delta_spark_created_is_refused_saying_what_to_do(
     delta_spark, lake, features
 ) -> None:
     spark, path = delta_spark, str(lake / "log")
@@ -102,24 +106,33 @@ def test_a_table_delta_spark_created_is_adopted_or_refused_by_name(
         f"CREATE TABLE delta.`{path}` (key string, value string, partition int) USING delta "
         + CREATED_BY_SPARK[features]
     )
-    try:
-        sink = CompactedStateSink(path)
-        sink(spark.createDataFrame([("a", "1", 0), ("b", "2", 0), ("a", "3", 0)], SCHEMA), 0)
-    except CompactedSinkError as refused:
-        # Columns stored as col-<uuid>: the sink reads and writes Parquet columns by name.
-        assert features == "column mapping by name", str(refused)
-        assert "columnMapping" in str(refused) and "stored as 'col-" in str(refused)
-        return
-    assert features != "column mapping by name", "a column-mapped table was not refused"
-    expected = {"a": "3", "b": "2"}
-    assert {r.key: r.value for r in sink.state().collect()} == expected
-    arrow = read_state(path)
-    assert dict(zip(arrow["key"].to_pylist(), arrow["value"].to_pylist(), strict=True)) == (
-        expected
-    )
-    assert_df_equality(
-        spark.read.format("delta").load(path).select("key", "value", "partition"),
-        sink.log().select("key", "value", "partition"),
-        ignore_row_order=True,
-        ignore_nullable=True,
-    )
+    # A table without the marks the sink leaves on its logs is someone else's: refused
+    # before anything is written, saying what it is and what to do.
+    with pytest.raises(NotACompactedLogError, match="is not a compacted log") as refused:
+        CompactedStateSink(path)(spark.createDataFrame([("a", "1", 0)], SCHEMA), 0)
+    assert "Nothing was written" in str(refused.value)
+    assert spark.sql(f"DESCRIBE HISTORY delta.`{path}`").count() == 1
+    with pytest.raises(NotACompactedLogError):
+        read_state(path)
+
+
+def test_a_column_delta_spark_stores_under_another_name_is_refused_by_every_reader(
+    delta_spark, lake
+) -> None:
+    """Column mapping by name turned on for a log, then a column added by delta-spark: it is
+    stored as ``col-<uuid>``, which the sink's by-name Parquet reads would read as nulls."""
+    spark, path = delta_spark, str(lake / "log")
+    sink = CompactedStateSink(path)
+    sink(spark.createDataFrame([("a", "1", 0), ("b", "2", 0), ("a", "3", 0)], SCHEMA), 0)
+    alter = f"ALTER TABLE delta.`{path}`"
+    spark.sql(f"{alter} SET TBLPROPERTIES ('delta.columnMapping.mode' = 'name')")
+    assert {r.key: r.value for r in sink.state().collect()} == {"a": "3", "b": "2"}
+    spark.sql(f"{alter} ADD COLUMNS (note string)")
+    for attempt in (
+        lambda: sink.state().collect(),
+        lambda: read_state(path),
+        lambda: sink(spark.createDataFrame([("c", "4", 0, None)], f"{SCHEMA}, note string"), 1),
+    ):
+        with pytest.raises(TableFeatureError, match="columnMapping") as refused:
+            attempt()
+        assert "column 'note' is stored as 'col-" in str(refused.value)
