@@ -8,11 +8,19 @@ unset, and the workers then run the system Python, which has neither this packag
 nor pyarrow: the first batch failed with ``ModuleNotFoundError: No module named
 'sinks'`` under a few hundred lines of traceback.
 
+The consumers' source (``spark.readStream.format("compacted-state")``) runs in the
+same workers: its ``register`` makes the same check, before the format is registered
+with the context's interpreter.
+
 `check_python_workers` runs one one-task probe job per SparkContext that imports
-the package on a worker. When it fails on a local master (the workers run on this
-machine), the context is pointed at this process's interpreter (the driver's), and
-the probe runs again; elsewhere, or when that fails too, it raises `ConfigError`
-with one line saying what to set. Under Spark Connect the workers belong to the
+the package on a worker; the import is tried inside the task, so a failed probe is
+an answer rather than a failed task and Spark logs nothing about it. The session's
+log level is never changed: a level set and put back loses a shell's or notebook's
+console threshold (WARN), and Spark's INFO lines then flood it. When the probe fails
+on a local master (the workers run on this machine), the context is pointed at this
+process's interpreter (the driver's), and the probe runs again; elsewhere, or when
+that fails too, it raises `ConfigError` with one line saying what to set. Under
+Spark Connect the workers belong to the
 server and nothing is checked here.
 """
 
@@ -29,16 +37,20 @@ from sinks.errors import ConfigError
 logger = logging.getLogger("compacted_sink")
 
 PACKAGE = "sinks"
-_checked: set[int] = set()  # ids of SparkContexts whose workers import the package
+_checked: set[tuple[int, tuple[str, ...]]] = set()  # (SparkContext id, packages) known good
 _lock = threading.Lock()
 
 
-def check_python_workers(spark: SparkSession) -> None:
-    """Make sure Spark's Python workers import this package; once per SparkContext.
+def check_python_workers(spark: SparkSession, packages: tuple[str, ...] = (PACKAGE,)) -> None:
+    """Make sure Spark's Python workers import ``packages``; once per SparkContext.
 
+    The sink calls it before its first batch, and ``streaming.datasource.register``
+    before it registers the ``compacted-state`` format (whose readers run in the
+    workers too, with the interpreter the context names at registration).
     Idempotent. On a local master it may set the context's Python to this
     process's interpreter (logged once). Raises `ConfigError` naming
-    ``PYSPARK_PYTHON`` when the workers cannot import the package.
+    ``PYSPARK_PYTHON`` when the workers cannot import the packages. Leaves the
+    session's logging as it found it.
     """
     from sinks.spark_session import is_connect
 
@@ -46,9 +58,9 @@ def check_python_workers(spark: SparkSession) -> None:
         return
     context = spark.sparkContext
     with _lock:
-        if id(context) in _checked:
+        if (id(context), packages) in _checked:
             return
-        failure = _probe(context)
+        failure = _probe(context, packages)
         if (
             failure is not None
             and _is_local(context.master)
@@ -56,20 +68,20 @@ def check_python_workers(spark: SparkSession) -> None:
         ):
             tried = context.pythonExec
             context.pythonExec = sys.executable
-            failure = _probe(context)
+            failure = _probe(context, packages)
             if failure is None:
                 logger.warning(
                     "Spark's Python workers ran %s, which cannot import %r; this local "
                     "session now runs them with %s (set PYSPARK_PYTHON to it to silence this)",
                     tried,
-                    PACKAGE,
+                    packages[0],
                     sys.executable,
                 )
             else:
                 context.pythonExec = tried
         if failure is not None:
             raise ConfigError(workers_message(context.pythonExec, failure))
-        _checked.add(id(context))
+        _checked.add((id(context), packages))
 
 
 def workers_message(python: str, failure: str) -> str:
@@ -91,29 +103,27 @@ def worker_failure(text: str) -> str:
     return lines[0] if lines else "the probe job failed"
 
 
-def _probe(context) -> str | None:
-    """Import the package in one Python worker task; None when it works, else why not."""
-    package = PACKAGE
-    level = _log_level(context)
-    if level is not None:
-        context.setLogLevel("OFF")  # a failed probe is expected: no executor trace on stderr
-    try:
-        # A lambda is pickled by value: the worker must import the package itself.
-        context.parallelize([0], 1).map(lambda _: __import__(package).__name__).collect()
-    except Exception as e:  # noqa: BLE001 - Py4JJavaError, PythonException, ...
-        return worker_failure(str(e))
-    finally:
-        if level is not None:
-            context.setLogLevel(level)
-    return None
+def _probe(context, packages: tuple[str, ...]) -> str | None:
+    """Import ``packages`` in one Python worker task; None when it works, else why not.
 
+    The import is tried inside the task, so a missing package is the task's answer,
+    not a failed task: no executor error reaches the JVM's log, and the session's
+    logging (levels, the shell's console threshold) is never touched.
+    """
 
-def _log_level(context) -> str | None:
-    """The JVM's root log level (log4j 2), or None when it cannot be read."""
-    try:
-        return str(context._jvm.org.apache.logging.log4j.LogManager.getRootLogger().getLevel())
-    except Exception:  # noqa: BLE001 - no gateway or another logging backend: leave it alone
+    def imports(_):
+        # A nested function is pickled by value: the worker must import the packages itself.
+        try:
+            for package in packages:
+                __import__(package)
+        except Exception as e:  # noqa: BLE001 - ImportError and whatever a package raises
+            return f"{type(e).__name__}: {e}"
         return None
+
+    try:
+        return context.parallelize([0], 1).map(imports).collect()[0]
+    except Exception as e:  # noqa: BLE001 - the worker did not start: Py4JJavaError, ...
+        return worker_failure(str(e))
 
 
 def _is_local(master: str) -> bool:

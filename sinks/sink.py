@@ -176,8 +176,12 @@ class CompactedStateSink:
         return self.log_cleaner.logs_to_clean(snapshot)
 
     def dirty_ratio(self) -> float:
-        """Cleanable bytes over clean plus cleanable bytes, over all partitions."""
-        return self.log_cleaner.dirty_ratio()
+        """Cleanable bytes over clean plus cleanable bytes, over all partitions.
+
+        Raises `FileNotFoundError` when no log exists at the path yet, as `state()` and
+        `log()` do: a missing log has no ratio, and a mistyped path must not read as clean.
+        """
+        return self.log_cleaner.dirty_ratio(self._existing())
 
     @finished_before_exit
     def clean(self, force: bool = False) -> CleanerStats | None:
@@ -280,7 +284,9 @@ class CompactedStateSink:
     def _existing(self, as_of: AsOf | None = None, *, verify: bool = True) -> LogSnapshot:
         snapshot = self.log_table.snapshot(as_of, verify=verify)
         if snapshot is None:
-            raise FileNotFoundError(f"no compacted log at {self.path}")
+            raise FileNotFoundError(
+                f"no compacted log at {self.path} (no batch appended there yet, or another path)"
+            )
         return snapshot
 
     def _partitions(self, partitions: Sequence[int] | None) -> list[int]:

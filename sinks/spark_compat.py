@@ -71,8 +71,16 @@ def utc_arrow_schema(schema: T.StructType) -> pa.Schema:
 
 
 try:
-    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+    from pyspark.sql.streaming.datasource import (
+        ReadAllAvailable,
+        ReadLimit,
+        ReadMaxRows,
+        SupportsTriggerAvailableNow,
+    )
 except ImportError:  # pyspark < 4.2: the stream reader is refused by name (`STREAM_READER`)
+
+    class SupportsTriggerAvailableNow:  # type: ignore[no-redef]
+        """Stands in for pyspark 4.2's ``SupportsTriggerAvailableNow`` (a mixin)."""
 
     class ReadLimit:  # type: ignore[no-redef]
         """Stands in for pyspark 4.2's ``ReadLimit`` so the reader's module imports."""

@@ -54,7 +54,12 @@ from sinks.errors import ConfigError
 from sinks.log.log_table import LogSnapshot, LogTable, log_arrow_schema
 from sinks.log.records import DELETE_HORIZON_MS
 from sinks.log.storage import normalize_uri
-from sinks.spark_compat import ReadAllAvailable, ReadLimit, ReadMaxRows
+from sinks.spark_compat import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
 from streaming.consumer_position import (
     Positions,
     fetch_ranges,
@@ -130,7 +135,7 @@ class _LogReading:
         return plan_partitions(files_by_partition(snapshot), ranges)
 
 
-class ConsumerStreamReader(DataSourceStreamReader):
+class ConsumerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """The micro-batch reader: positions in, one Delta version's records out per batch."""
 
     def __init__(self, options: SourceOptions, schema: T.StructType) -> None:
@@ -138,6 +143,18 @@ class ConsumerStreamReader(DataSourceStreamReader):
         self.options = options
         self._planned: dict[str, LogSnapshot] = {}  # end offset -> the snapshot that saw it
         self._committed: tuple[Positions, float] | None = None  # last commit, monotonic time
+        self._available_now: Positions | None = None  # Trigger.AvailableNow's target
+
+    def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802
+        """``Trigger.AvailableNow``: read up to the log end offsets of now, and no further.
+
+        Spark then plans every batch through `latestOffset`, the last time from the end
+        of the last batch, where a registered consumer commits what it has read: a
+        consumer that read everything has nothing left (lag 0), as a Kafka consumer
+        that committed after its last poll. (Without this, Spark fixes the target
+        itself and never tells the source that the last batch was done.)
+        """
+        self._available_now = self.reading.snapshot().log_end_offsets()
 
     def initialOffset(self) -> dict:  # noqa: N802
         """The starting positions; a registered consumer's committed offsets come first."""
@@ -167,10 +184,14 @@ class ConsumerStreamReader(DataSourceStreamReader):
             self._commit(from_offset(start), only_if_stale=True)
         snapshot = self.reading.snapshot()
         bounds = LogPositions.of(snapshot)
+        ends = bounds.ends
+        if self._available_now is not None:
+            target = self._available_now
+            ends = {p: min(o, target[p]) for p, o in ends.items() if p in target}
         budget = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         end = to_offset(
             next_positions(
-                from_offset(start), bounds.ends, max_offsets=budget, log_start_offsets=bounds.starts
+                from_offset(start), ends, max_offsets=budget, log_start_offsets=bounds.starts
             )
         )
         self._planned = {_key(end): snapshot}

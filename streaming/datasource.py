@@ -51,12 +51,14 @@ from sinks.log.append_batch import ArrowRecords, log_schema
 from sinks.log.ownership import check_log_location, is_own_data_path
 from sinks.log.schema_evolution import DEFAULT_SCHEMA_EVOLUTION, SchemaEvolution, check_mode
 from sinks.log.storage import arrow_filesystem, delete_files, join, normalize_uri
+from sinks.python_workers import check_python_workers
 from sinks.spark_compat import STREAM_READER, STREAM_WRITER, require
 from sinks.spark_session import checkpoint_query_id
 from streaming import consumer_source
 from streaming.source_options import SourceOptions
 
 FORMAT = "compacted-state"
+PACKAGES = ("sinks", "streaming")  # what the format's readers and writer import in a worker
 STAGING = "_staging"
 _SINK_OPTIONS = {
     "path",
@@ -71,7 +73,15 @@ STALE_STAGED_MS = 3_600_000  # staged files this old belong to no live commit (a
 
 
 def register(spark: SparkSession) -> None:
-    """Make ``format("compacted-state")`` available in this session."""
+    """Make ``format("compacted-state")`` available in this session.
+
+    Spark runs the format's readers and writer in its Python workers, with the
+    interpreter the session names when the format is registered: the sink's check
+    (`sinks.python_workers.check_python_workers`) runs first, so a local session
+    whose ``PYSPARK_PYTHON`` cannot import this project is pointed at this process's
+    Python, and a cluster's fails in one line, exactly as the sink's first batch does.
+    """
+    check_python_workers(spark, PACKAGES)
     spark.dataSource.register(CompactedStateDataSource)
 
 

@@ -5,7 +5,7 @@ Sink settings use Kafka's dotted property names, as a topic's config would::
     [source]
     format = "files"              # "files", "rate" or "kafka"
     path = "input/"               # files: Parquet (or JSON lines) with the Kafka source's columns
-    file_format = "parquet"
+    file_format = "parquet"       # or "json"; unset: read from the files already there
 
     [sink]
     path = "lake/users"
@@ -23,6 +23,12 @@ Sink settings use Kafka's dotted property names, as a topic's config would::
 Several topics go to several logs with ``[topics.<name>]`` tables instead of
 ``[sink]`` (each takes the keys of ``[sink]`` and an optional ``[topics.<name>.cleaner]``).
 Every error raised while reading the file is a `JobConfigError` naming the file and the key.
+
+The ``files`` source reads Parquet files with the Kafka source's schema (`KAFKA_SCHEMA`:
+``key`` and ``value`` binary, ``topic``, ``partition``, ``offset``, ``timestamp``,
+``timestampType``) or JSON lines with ``key`` and ``value`` as text. ``file_format``
+says which; without it the format is taken from the files in ``path`` when the job
+starts (Parquet's magic bytes, or a JSON object), Parquet when there are none yet.
 """
 
 from __future__ import annotations
@@ -31,13 +37,15 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from sinks import CleanerConfig, CompactedStateSink
 from sinks.errors import ConfigError
 from sinks.log.schema_evolution import DEFAULT_SCHEMA_EVOLUTION, SchemaEvolution, check_mode
 
 SOURCE_FORMATS = ("files", "rate", "kafka")
+FILE_FORMATS = ("parquet", "json")
+FileFormat = Literal["parquet", "json"]
 _SOURCE_KEYS = {
     "format",
     "path",
@@ -140,7 +148,7 @@ def parse_job(document: Mapping[str, Any], file: Path) -> JobConfig:
         where.fail("source.format", f"must be one of {', '.join(SOURCE_FORMATS)}, got {fmt!r}")
     if fmt == "files":
         source["path"] = where.path(source, "source.path", required=True)
-        if source.get("file_format", "parquet") not in ("parquet", "json"):
+        if source.get("file_format", "parquet") not in FILE_FORMATS:
             where.fail(
                 "source.file_format", f"must be parquet or json, got {source['file_format']!r}"
             )

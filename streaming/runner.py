@@ -11,15 +11,17 @@ beside the (first) log.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from pyarrow.fs import FileSelector
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from sinks import CompactedStateSink
-from sinks.log.storage import join, sibling
-from streaming.job import JobConfig
+from sinks.log.storage import arrow_filesystem, join, normalize_uri, sibling
+from streaming.job import FILE_FORMATS, FileFormat, JobConfig, JobConfigError
 from streaming.kafka import TopicRouter, kafka_shaped_files, kafka_stream
 from streaming.progress import ProgressHook, stderr_line
 
@@ -30,10 +32,11 @@ def build_source(spark: SparkSession, job: JobConfig) -> DataFrame:
     """The job's input stream, in the Kafka source's shape."""
     source = job.source
     if source["format"] == "files":
+        file_format = source.get("file_format") or infer_file_format(source["path"], job)
         return kafka_shaped_files(
             spark,
             source["path"],
-            file_format=source.get("file_format", "parquet"),
+            file_format=file_format,
             max_files_per_trigger=source.get("max_files_per_trigger"),
         )
     if source["format"] == "kafka":
@@ -46,6 +49,47 @@ def build_source(spark: SparkSession, job: JobConfig) -> DataFrame:
         rows_per_batch=int(source.get("rows_per_batch", 1_000)),
     )
     return keyed_updates(spark, settings)
+
+
+PARQUET_MAGIC = b"PAR1"
+_SIDE_FILES = ("_", ".")  # _SUCCESS, _spark_metadata, .crc files: not input
+
+
+def infer_file_format(path: str, job: JobConfig | None = None) -> FileFormat:
+    """``parquet`` or ``json`` (JSON lines), from the files already at ``path``.
+
+    A file is Parquet when it starts with Parquet's magic bytes ``PAR1``, JSON lines
+    when its first non-blank byte opens an object. An empty or missing directory
+    reads as Parquet (the default). Raises `JobConfigError` when the files are of
+    both kinds or neither, naming one of each and the key that settles it
+    (``source.file_format``).
+    """
+    fs, root = arrow_filesystem(normalize_uri(path))
+    try:
+        infos = fs.get_file_info(FileSelector(root, recursive=True, allow_not_found=True))
+    except OSError:
+        return "parquet"
+    kinds: dict[str, str] = {}
+    for info in sorted(infos, key=lambda i: i.path):
+        name = info.path.rsplit("/", 1)[-1]
+        if info.type.name != "File" or name.startswith(_SIDE_FILES) or not info.size:
+            continue
+        with fs.open_input_stream(info.path) as f:
+            head = f.read(64)
+        kind = "parquet" if head.startswith(PARQUET_MAGIC) else None
+        if kind is None and head.lstrip()[:1] == b"{":
+            kind = "json"
+        kinds.setdefault(kind or "neither Parquet nor JSON lines", info.path)
+        if len(kinds) > 1:
+            break
+    where = f"{job.file}: source.file_format" if job is not None else "source.file_format"
+    if len(kinds) > 1 or any(kind not in FILE_FORMATS for kind in kinds):
+        found = "; ".join(f"{file} is {kind}" for kind, file in kinds.items())
+        raise JobConfigError(
+            f"{where}: the files at {path} are not all Parquet or all JSON lines ({found}); "
+            "keep one format in the source directory, or set file_format"
+        )
+    return next(iter(kinds), "parquet")  # type: ignore[return-value]
 
 
 def build_hook(
@@ -100,11 +144,71 @@ def checkpoint_location(job: JobConfig) -> str:
     return join(sibling(first, "_chk"), first.rstrip("/").rsplit("/", 1)[-1])
 
 
+class BatchRefused(RuntimeError):
+    """Raised when a micro-batch reaches the hook after `InFlightHook.refuse_new` (a stop)."""
+
+
+class InFlightHook:
+    """The query's hook, knowing whether a micro-batch is inside it, and able to refuse more.
+
+    ``compacted-sink run`` stops a query on Ctrl-C between two batches: ``stop()``
+    cancels the Spark jobs of a batch inside the hook, which then fails with a long
+    error that Spark's streaming engine cannot even parse (a StackOverflowError on
+    stderr). After `refuse_new` a batch that reaches the hook fails at once, before
+    it writes anything, with one short line; it runs again on the next start (the
+    query did not commit it), exactly once as every batch. Pickled without its state
+    (under Spark Connect the hook runs in the server's foreachBatch worker, and the
+    client stops at once, as before).
+    """
+
+    def __init__(self, hook: Hook) -> None:
+        self.hook = hook
+        self._inside = 0
+        self._lock = threading.Lock()
+        self._refusing = threading.Event()
+
+    def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
+        with self._lock:
+            if self._refusing.is_set():
+                raise BatchRefused(f"batch {batch_id} not started: the query is stopping")
+            self._inside += 1
+        try:
+            self.hook(batch_df, batch_id)
+        finally:
+            with self._lock:
+                self._inside -= 1
+
+    def refuse_new(self) -> None:
+        """From now on a micro-batch that reaches the hook fails before it writes anything."""
+        self._refusing.set()
+
+    @property
+    def busy(self) -> bool:
+        """True while a micro-batch runs inside the hook (in this process)."""
+        with self._lock:
+            return self._inside > 0
+
+    def __getstate__(self) -> dict:
+        return {"hook": self.hook}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["hook"])
+
+
 def start(
-    spark: SparkSession, job: JobConfig, *, out: Callable[[str], None] = stderr_line
+    spark: SparkSession,
+    job: JobConfig,
+    *,
+    out: Callable[[str], None] = stderr_line,
+    wrap: Callable[[Hook], Hook] | None = None,
 ) -> tuple[StreamingQuery, list[CompactedStateSink]]:
-    """Start the job's query (not waiting for it); returns it with the sinks it writes."""
+    """Start the job's query (not waiting for it); returns it with the sinks it writes.
+
+    ``wrap`` wraps the query's hook (``run`` uses `InFlightHook` to stop between batches).
+    """
     hook, sinks = build_hook(job, out=out)
+    if wrap is not None:
+        hook = wrap(hook)
     writer = (
         build_source(spark, job)
         .writeStream.foreachBatch(hook)

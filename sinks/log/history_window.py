@@ -187,6 +187,16 @@ def check_reachable(
     )
     reachable = _reachable_range(listing, oldest, newest)
     requested_ms = _epoch_ms(requested)
+    created_ms = _first_commit_ms(listing, current)
+    if (
+        requested_ms is not None
+        and created_ms is not None
+        and requested_ms < created_ms - _BEFORE_FIRST_COMMIT_SLACK_MS
+    ):
+        raise TimeTravelError(
+            f"{uri}: as_of={requested!r} is before the log's first version: the log did not "
+            f"exist yet (its first commit was at {_utc(created_ms)}); {reachable}"
+        ) from cause
     if version is not None and version >= oldest:
         loaded_at = listing.commit_ms.get(version)
         if (
@@ -213,6 +223,18 @@ def check_reachable(
         f"(file.delete.delay.ms / {DELETED_FILE_RETENTION_DURATION} = {format_interval(window)}); "
         f"{reachable}"
     ) from cause
+
+
+def _first_commit_ms(listing: DeltaLogListing, current: DeltaTable) -> int | None:
+    """When the log was created: its version 0's commit time, else (version 0 trimmed from
+    the Delta log) the creation time its metadata records; None when neither is known."""
+    if listing.commit_ms.get(0):
+        return listing.commit_ms[0]
+    try:
+        created = current.metadata().created_time
+    except Exception:  # noqa: BLE001 - metadata without a creation time: nothing to name
+        return None
+    return int(created) if created else None
 
 
 def _reachable_range(listing: DeltaLogListing, oldest: int, newest: int) -> str:

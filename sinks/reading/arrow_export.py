@@ -1,52 +1,70 @@
-"""Export and verification without Spark: a state snapshot to Avro, on the driver alone.
+"""Export and verification without Spark: a log's latest records to Avro, on the driver alone.
 
-The same files as `sinks.reading.replay.export_state` writes (Avro object
-container files with the schema in every header, ``_manifest.json`` naming the
-files, the key count, the log and its version, and the Spark schema that
-`read_export` and ``replay`` read back), written from `read_state_batches`
-instead of Spark tasks: no session to start, so a small log exports in about a
-second instead of Spark's start-up. One file per export; records stream through
-batch by batch, so memory is bounded as for `read_state_batches`.
+The same files as `sinks.reading.replay.export_state` writes (Avro object container
+files with the schema in every header, and ``_manifest.json`` naming the files, the
+counts, the log's config and each partition's offsets), written from the state
+reader's plan (`sinks.reading.arrow_state.StatePlan.latest`) instead of Spark tasks:
+no session to start, so a small log exports in about a second instead of Spark's
+start-up. One file per export; records stream through batch by batch, so memory is
+bounded as for `read_state_batches`.
 
-An export holds what ``state()`` holds: the key columns and ``value``.
-`verify_export_arrow` compares an export with `read_state` at the version it was
-taken from, row for row (as a multiset of records); it holds both in memory.
+An export holds each (partition, key)'s latest record, tombstones included, with
+every column of the log (`sinks.reading.replay` says why). `verify_export_arrow`
+compares an export with the log at the version it was taken from, and
+`verify_restore_arrow` a restored log with its source (an export, or a log at a
+version), both through `compare_images`: every record and column, the config and the
+offsets. Both hold the compared side in memory.
 """
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
-from collections import Counter
-from collections.abc import Iterable, Mapping
-from dataclasses import asdict
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import fastavro
 import pyarrow as pa
-from pyspark.sql import types as T
 
-from sinks.log.log_keys import log_keys
-from sinks.log.log_table import AsOf, LogTable
+from sinks.log.log_table import AsOf, LogSnapshot, LogTable
 from sinks.log.records import VALUE
+from sinks.log.segment_writer import nullable_schema
 from sinks.log.storage import arrow_filesystem, normalize_uri
-from sinks.reading.arrow_state import read_state_batches
+from sinks.reading.arrow_state import StatePlan
 from sinks.reading.replay import (
+    EXACT,
     MANIFEST,
     SPARK_SCHEMA_METADATA,
+    CarriedConfig,
     Codec,
+    Comparison,
     ExportReport,
+    LogImage,
     Progress,
     ReplayError,
-    Verification,
+    RestoreMode,
     avro_schema,
     avro_value,
+    canonical,
     check_codec,
+    compare_images,
+    is_faithful,
+    offsets_from_json,
+    partition_offsets,
     read_manifest,
+    write_manifest,
 )
 
 PROGRESS_EVERY_S = 2.0
+__all__ = [
+    "canonical",
+    "export_state_arrow",
+    "log_image",
+    "export_image",
+    "read_export_records",
+    "verify_export_arrow",
+    "verify_restore_arrow",
+]
 
 
 def export_state_arrow(
@@ -58,32 +76,28 @@ def export_state_arrow(
     storage_options: Mapping[str, str] | None = None,
     progress: Progress | None = None,
 ) -> ExportReport:
-    """Write the state of the log at ``log_path`` (``as_of``, default now, pinned) to Avro.
+    """Write the latest record per (partition, key) of the log at ``log_path`` to Avro.
 
-    ``directory`` must not hold an export already. Not idempotent: a second call into
-    another directory writes another copy. Raises `ReplayError` for a type Avro
-    cannot carry, an unknown codec, or no log at ``log_path``.
+    At ``as_of`` (default now, pinned). ``directory`` must not hold an export already.
+    Not idempotent: a second call into another directory writes another copy. Raises
+    `ReplayError` for a type Avro cannot carry, an unknown codec, or no log at ``log_path``.
     """
     say = progress or (lambda _line: None)
     started = time.monotonic()
     check_codec(codec)
     uri = normalize_uri(log_path)
-    snapshot = LogTable(uri, storage_options).snapshot(as_of, repair=False)
-    if snapshot is None:
-        raise ReplayError(f"no compacted log at {log_path}")
-    keys = log_keys(snapshot).key_columns
-    spark_schema = state_spark_schema(snapshot.spark_schema, keys)
+    snapshot = _snapshot(uri, as_of, storage_options)
+    config = CarriedConfig.of(snapshot)
+    spark_schema = snapshot.spark_schema
     schema = avro_schema(spark_schema)
     target = normalize_uri(directory)
     fs, root = arrow_filesystem(target)
     if fs.get_file_info(f"{root}/{MANIFEST}").type != pa.fs.FileType.NotFound:
         raise ReplayError(f"{target} already holds an export ({MANIFEST} exists)")
     fs.create_dir(root, recursive=True)
-    say(f"export: state of {uri} at Delta v{snapshot.version} -> {target} ({codec})")
-    columns = spark_schema.names
-    batches = read_state_batches(uri, snapshot.version, storage_options)
+    say(f"export: {uri} at Delta v{snapshot.version} -> {target} ({codec})")
     name = f"part-{uuid.uuid4().hex}.avro"
-    records = 0
+    records = tombstones = 0
     shown = time.monotonic()
     with fs.open_output_stream(f"{root}/{name}") as out:
         writer = fastavro.write.Writer(
@@ -96,13 +110,14 @@ def export_state_arrow(
                 "compacted.sink.version": str(snapshot.version),
             },
         )
-        for batch in batches:
-            for row in batch.select(columns).to_pylist():
+        for table in _latest(snapshot, storage_options):
+            for row in table.to_pylist():
                 writer.write(avro_value(row))
-            records += batch.num_rows
+            records += table.num_rows
+            tombstones += table.column(VALUE).null_count
             if time.monotonic() - shown >= PROGRESS_EVERY_S:
                 shown = time.monotonic()
-                say(f"export: {records} keys written, {shown - started:.0f} s")
+                say(f"export: {records} records written, {shown - started:.0f} s")
         writer.flush()
     files: tuple[str, ...] = (name,)
     size = fs.get_file_info(f"{root}/{name}").size or 0
@@ -113,45 +128,128 @@ def export_state_arrow(
         directory=target,
         log_path=uri,
         log_version=snapshot.version,
-        key_columns=keys,
+        key_columns=config.key_columns,
         codec=codec,
         files=files,
-        keys=records,
+        keys=records - tombstones,
         bytes=size,
         duration_ms=int((time.monotonic() - started) * 1000),
         avro_schema=schema,
+        records=records,
+        tombstones=tombstones,
+        config=config,
+        partitions=partition_offsets(snapshot),
     )
-    manifest = {**asdict(report), "spark_schema": json.loads(spark_schema.json())}
-    with fs.open_output_stream(f"{root}/{MANIFEST}") as out:
-        out.write(json.dumps(manifest, indent=2).encode())
+    write_manifest(target, report.manifest(spark_schema))
     return report
 
 
-def state_spark_schema(log_schema: T.StructType, key_columns: Iterable[str]) -> T.StructType:
-    """The schema of ``state()``: the key columns and ``value`` as the log types them. Pure."""
-    fields = {f.name: f for f in log_schema.fields}
-    return T.StructType([*(fields[k] for k in key_columns), fields[VALUE]])
+def _snapshot(
+    uri: str, as_of: AsOf | None, storage_options: Mapping[str, str] | None
+) -> LogSnapshot:
+    snapshot = LogTable(uri, storage_options).snapshot(as_of, repair=False)
+    if snapshot is None:
+        raise ReplayError(f"no compacted log at {uri}")
+    return snapshot
+
+
+def _latest(snapshot: LogSnapshot, storage_options: Mapping[str, str] | None) -> Iterator[pa.Table]:
+    """Each (partition, key)'s latest record, every column in the log's order."""
+    plan = StatePlan.of(snapshot, dict(storage_options or {}))
+    # As the files are written: a tombstone's null struct holds nulls in required fields,
+    # and a file from before a field was added reads it as null.
+    schema = nullable_schema(snapshot.arrow_schema)
+    for table in plan.latest(schema):
+        yield table.select(schema.names)
+
+
+# -- verification ----------------------------------------------------------------------------
+
+
+def log_image(
+    path: str,
+    as_of: AsOf | None = None,
+    *,
+    storage_options: Mapping[str, str] | None = None,
+    name: str | None = None,
+) -> LogImage:
+    """The log at ``path`` (at ``as_of``) as a verification sees it: latest records and all."""
+    uri = normalize_uri(path)
+    snapshot = _snapshot(uri, as_of, storage_options)
+    records = (row for table in _latest(snapshot, storage_options) for row in table.to_pylist())
+    return LogImage(
+        name=name or f"log {uri} (Delta v{snapshot.version})",
+        columns=tuple(snapshot.spark_schema.names),
+        records=records,
+        config=CarriedConfig.of(snapshot),
+        partitions=partition_offsets(snapshot),
+    )
+
+
+def export_image(directory: str, *, name: str | None = None) -> LogImage:
+    """A complete export as a verification sees it. An export written before exports carried
+    partitions and offsets (format 1) has its key columns and ``value`` only."""
+    manifest = read_manifest(directory)
+    columns = tuple(f["name"] for f in manifest["spark_schema"]["fields"])
+    if is_faithful(manifest):
+        config = CarriedConfig.from_json(manifest["config"])
+    else:
+        config = CarriedConfig(tuple(manifest["key_columns"]), None, {})
+    return LogImage(
+        name=name or f"export {normalize_uri(directory)}",
+        columns=columns,
+        records=read_export_records(directory),
+        config=config,
+        partitions=offsets_from_json(manifest.get("partitions") or {}),
+    )
 
 
 def verify_export_arrow(
-    log_path: str, directory: str, *, storage_options: Mapping[str, str] | None = None
-) -> Verification:
-    """Compare an export with `read_state` at the version it was taken from, row for row."""
+    log_path: str,
+    directory: str,
+    *,
+    storage_options: Mapping[str, str] | None = None,
+    max_examples: int = 10,
+) -> Comparison:
+    """Compare an export with the log at the version it was taken from: every record and
+    column, the config, each partition's log start and end offsets (`compare_images`)."""
     manifest = read_manifest(directory)
-    columns = [f["name"] for f in manifest["spark_schema"]["fields"]]
-    state = read_state_batches(log_path, manifest["log_version"], storage_options)
-    in_state = Counter(
-        canonical({c: row[c] for c in columns})
-        for batch in state
-        for row in batch.select(columns).to_pylist()
-    )
-    exported = Counter(canonical(r) for r in read_export_records(directory))
-    return Verification(
-        keys_exported=manifest["keys"],
-        keys_in_state=sum(in_state.values()),
-        missing_from_export=sum((in_state - exported).values()),
-        not_in_state=sum((exported - in_state).values()),
-    )
+    if not is_faithful(manifest):
+        raise ReplayError(
+            f"{directory} was written by an older export (key columns and value of live "
+            "keys only); export the log again to verify it"
+        )
+    log = log_image(log_path, manifest["log_version"], storage_options=storage_options)
+    exported = export_image(directory)
+    return compare_images(log, exported, mode=EXACT, max_examples=max_examples)
+
+
+def verify_restore_arrow(
+    source: str,
+    target: str,
+    *,
+    as_of: AsOf | None = None,
+    mode: RestoreMode = EXACT,
+    storage_options: Mapping[str, str] | None = None,
+    max_examples: int = 10,
+) -> Comparison:
+    """Compare a restored log with its source: an export directory, or a log (at ``as_of``).
+
+    ``mode`` is the restore's: new-offsets compares only what that mode keeps, and says so.
+    """
+    is_log = LogTable(normalize_uri(source), storage_options).snapshot(repair=False) is not None
+    if is_log:
+        image = log_image(source, as_of, storage_options=storage_options)
+    else:
+        image = export_image(source)
+        if mode == EXACT and not is_faithful(read_manifest(source)):
+            raise ReplayError(f"{source} is an older export: verify it in new-offsets mode")
+    restored = log_image(target, storage_options=storage_options)
+    if not is_log and not is_faithful(read_manifest(source)):
+        restored = LogImage(
+            restored.name, image.columns, restored.records, image.config, restored.partitions
+        )
+    return compare_images(image, restored, mode=mode, max_examples=max_examples)
 
 
 def read_export_records(directory: str) -> Iterable[dict[str, Any]]:
@@ -161,8 +259,3 @@ def read_export_records(directory: str) -> Iterable[dict[str, Any]]:
     for name in manifest["files"]:
         with fs.open_input_stream(f"{root}/{name}") as f:
             yield from fastavro.reader(f)
-
-
-def canonical(record: Mapping[str, Any]) -> str:
-    """A record as comparable text: Arrow's and Avro's Python values alike (maps as dicts)."""
-    return json.dumps(avro_value(dict(record)), sort_keys=True, default=str)

@@ -190,6 +190,14 @@ class StatePlan:
     def batches(self, batch_rows: int) -> Iterator[pa.RecordBatch]:
         """Every live key's row once: the clean section filtered, then the tail's winners."""
         columns = _subschema(self.snapshot.arrow_schema, [*self.schema.names, PARTITION, OFFSET])
+        for records in self.latest(columns):
+            live = records.filter(pc.is_valid(records.column(VALUE)))
+            yield from live.select(self.schema.names).cast(self.schema).to_batches(batch_rows)
+
+    def latest(self, columns: pa.Schema) -> Iterator[pa.Table]:
+        """Each (partition, key)'s latest record once, tombstones included, with ``columns``
+        (which must hold ``partition``, ``offset`` and the key columns): what an export
+        carries (`sinks.reading.arrow_export`)."""
         group = [PARTITION, *_own_keys(self.keys)]
         beaten = self.tail_keys.num_rows > 0
         with_sequence = self.keys.sequence_column is not None
@@ -203,15 +211,11 @@ class StatePlan:
                         )
                         kept = np.union1d(kept, won)
                     records = records.take(kept)
-                yield from self._live(records, batch_rows)
+                yield records
         for segment in self.sections.dirty:
             for records in self.reader.read(segment, columns):
                 won = _matching_rows(records, self.winners, [PARTITION, OFFSET], "left semi")
-                yield from self._live(records.take(won), batch_rows)
-
-    def _live(self, records: pa.Table, batch_rows: int) -> Iterator[pa.RecordBatch]:
-        live = records.filter(pc.is_valid(records.column(VALUE)))
-        yield from live.select(self.schema.names).cast(self.schema).to_batches(batch_rows)
+                yield records.take(won)
 
 
 def _matching_rows(

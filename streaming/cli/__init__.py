@@ -5,7 +5,8 @@ subcommand and its options as parameters): inside a cluster the active
 SparkSession is used; with ``--remote sc://…`` (or ``SPARK_REMOTE``) a Spark
 Connect session (Databricks Connect too); elsewhere a local one is started. Results go to stdout,
 progress lines to stderr. Exit codes: 0 done, 1 failed (or a verification did
-not match), 2 bad configuration (the message names the key and the file). A
+not match), 2 bad configuration (the message names the key and the file), 130
+interrupted (Ctrl-C). A
 failing command prints one line, ``compacted-sink <command>: <what went wrong>``;
 ``--verbose`` adds the traceback.
 
@@ -30,7 +31,7 @@ from collections.abc import Callable, Sequence
 
 from sinks.errors import CompactedSinkError, ConfigError
 from streaming.cli import cleaning, configs, log_admin, query, recovery, status
-from streaming.cli.common import EXIT_CONFIG, EXIT_FAILED
+from streaming.cli.common import EXIT_CONFIG, EXIT_FAILED, EXIT_INTERRUPTED
 
 _SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     query.add_run,
@@ -55,7 +56,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.handler(args)
     except KeyboardInterrupt:
-        return EXIT_FAILED
+        print(f"compacted-sink {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except Exception as e:  # noqa: BLE001 - every failure ends as one line (and an exit code)
         print(f"compacted-sink {args.command}: {failure_message(e)}", file=sys.stderr)
         if args.verbose:

@@ -15,6 +15,7 @@ from sinks.errors import ConfigError
 
 EXIT_FAILED = 1
 EXIT_CONFIG = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process Ctrl-C ended
 
 
 def out(line: str) -> None:

@@ -1,7 +1,9 @@
 """``run`` and ``demo``: the sub-commands that start a streaming query and wait for it.
 
 ``run`` starts the query a job file describes (`streaming.runner.start`) and, when it
-ends, closes each sink so its background cleaner finishes the pass in flight. ``demo``
+ends, closes each sink so its background cleaner finishes the pass in flight. Ctrl-C
+(SIGINT) stops the query in order and exits 130 (128 + SIGINT, the shell's convention)
+with one line; a second Ctrl-C exits at once. ``demo``
 streams keyed updates into a local lake on an embedded session; it refuses
 ``--remote``.
 """
@@ -10,9 +12,23 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from sinks.errors import ConfigError
-from streaming.cli.common import EXIT_FAILED, add_remote, err, out, remote_url, session
+from streaming.cli.common import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    add_remote,
+    err,
+    out,
+    remote_url,
+    session,
+)
 
 
 def add_run(commands: argparse._SubParsersAction) -> None:
@@ -40,7 +56,7 @@ def add_demo(commands: argparse._SubParsersAction) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from streaming.job import load_job
-    from streaming.runner import start
+    from streaming.runner import InFlightHook, start
 
     job = load_job(args.job)
     spark = session(f"compacted-sink-run-{job.file.stem}", args)
@@ -53,26 +69,133 @@ def _run(args: argparse.Namespace) -> int:
 
     if not args.verbose:
         _quiet_query_failures(spark)
-    query, sinks = start(spark, job, out=err)
+    tracked: list[InFlightHook] = []
+
+    def track(hook):
+        tracked.append(InFlightHook(hook))
+        return tracked[-1]
+
+    query, sinks = start(spark, job, out=err, wrap=track)
     err(f"run: query {query.name} started ({len(sinks)} log(s)); {args.job}")
     # Under Spark Connect the hook prints in the server's foreachBatch worker; Spark's
     # progress of each micro-batch is printed here instead.
     follow = query_progress(query, out=err) if is_connect(spark) else nullcontext()
-    with follow:
+    with follow, _interruptible() as interrupted:
         try:
-            query.awaitTermination()
-        except KeyboardInterrupt:
-            query.stop()
+            while not interrupted.is_set() and not query.awaitTermination(_WAIT_S):
+                pass
+        except Exception as e:  # noqa: BLE001 - a failed query: its root cause, in one line
+            cause = root_cause(str(e))
+            if cause is None:
+                raise
+            raise QueryFailedError(f"query {query.name} failed: {cause}") from e
+        if interrupted.is_set():
+            _stop_between_batches(query, tracked[0])
     for sink in sinks:
         sink.close()  # the background cleaner finishes its pass in flight
-        out(f"{sink.path}: dirty ratio {sink.dirty_ratio():.2f}")
+        out(f"{sink.path}: {_dirty(sink)}")
+    if interrupted.is_set():
+        err(f"run: interrupted (Ctrl-C); query {query.name} stopped between batches, sinks closed")
+        return EXIT_INTERRUPTED
     return 0
+
+
+_BATCH_GRACE_S = 60.0  # how long a stop waits for the micro-batch in flight to end
+
+
+def _stop_between_batches(query, hook) -> None:
+    """Stop the query once no micro-batch is inside its hook (or after a grace period).
+
+    ``stop()`` cancels the Spark jobs of a batch inside the sink's ``foreachBatch``
+    call, and the failed call's long error overflows Spark's stack on stderr. So the
+    hook refuses new batches (one short error, nothing written, the batch runs again
+    on the next start), the batch in flight ends, and then the query stops.
+    """
+    hook.refuse_new()
+    deadline = time.monotonic() + _BATCH_GRACE_S
+    while hook.busy and query.isActive and time.monotonic() < deadline:
+        time.sleep(0.01)
+    query.stop()
+
+
+class QueryFailedError(RuntimeError):
+    """Raised when the job's query failed outside the sink (its source, Spark): the root cause."""
+
+
+def root_cause(text: str) -> str | None:
+    """The innermost cause a Spark error's text names (``Caused by: …``), without its class;
+    None when the failure is the sink's own (its message already says what), or names no
+    cause. Pure.
+
+    A source that cannot read its files fails the query with ~60 lines (a streaming
+    error around a task failure around the reader's exception); the last ``Caused by``
+    line holds what went wrong, e.g. ``file:/in/part-0.json is not a Parquet file``.
+    """
+    from streaming.cli import _SINK_ERRORS
+
+    if any(f"{name}: " in text for name in _SINK_ERRORS):
+        return None
+    causes = [line.strip() for line in text.splitlines() if line.strip().startswith("Caused by: ")]
+    if not causes:
+        return None
+    cause = causes[-1].removeprefix("Caused by: ")
+    head, _, message = cause.partition(": ")
+    if message and " " not in head:  # drop the exception's class name
+        cause = message
+    return cause
+
+
+_WAIT_S = 1  # the main thread waits on the query in steps, so that Ctrl-C is seen between them
+
+
+@contextmanager
+def _interruptible() -> Iterator[threading.Event]:
+    """Ctrl-C (SIGINT) sets the event instead of raising `KeyboardInterrupt`.
+
+    pyspark's own handler cancels every job through the py4j connection the main thread
+    is blocked on, and raises inside that call: py4j then logs its broken connection
+    (three tracebacks) and the query is left half-stopped. Here the wait sees the event
+    between two steps and stops the query in order. A second Ctrl-C exits at once
+    (the log stays consistent: a killed append or pass is recovered on the next open).
+    """
+    interrupted = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield interrupted  # signal handlers belong to the main thread
+        return
+
+    def on_sigint(signum, frame) -> None:
+        if interrupted.is_set():
+            err(f"run: interrupted twice; exiting now (exit {EXIT_INTERRUPTED})")
+            os._exit(EXIT_INTERRUPTED)
+        interrupted.set()
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield interrupted
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _dirty(sink) -> str:
+    """The log's dirty ratio, or that no log exists yet (the query appended no batch)."""
+    try:
+        return f"dirty ratio {sink.dirty_ratio():.2f}"
+    except FileNotFoundError:
+        return "no log yet (no batch was appended)"
+
+
+_FAILURE_LOGGERS = (
+    "org.apache.spark.sql.execution.streaming",  # the query's failure, stack and all
+    "org.apache.spark.executor.Executor",  # "Exception in task", with the reader's stack
+    "org.apache.spark.scheduler.TaskSetManager",  # "Lost task", "aborting job"
+)
 
 
 def _quiet_query_failures(spark) -> None:
     """Leave a failed query's report to `main`'s one line: py4j and Spark's streaming
     engine each log the whole Python traceback and JVM stack (about 200 lines, the
-    useful one repeated) when a foreachBatch function raises; ``--verbose`` keeps them."""
+    useful one repeated) when a foreachBatch function raises, and a task that fails to
+    read the source logs its stack twice more; ``--verbose`` keeps them."""
     logging.getLogger("py4j").setLevel(logging.CRITICAL)
     from sinks.spark_session import is_connect
 
@@ -80,9 +203,8 @@ def _quiet_query_failures(spark) -> None:
         return
     try:
         log4j = spark.sparkContext._jvm.org.apache.logging.log4j
-        log4j.core.config.Configurator.setLevel(
-            "org.apache.spark.sql.execution.streaming", log4j.Level.OFF
-        )
+        for logger in _FAILURE_LOGGERS:
+            log4j.core.config.Configurator.setLevel(logger, log4j.Level.OFF)
     except Exception:  # noqa: BLE001 - another logging backend: its lines stay
         pass
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from streaming.cli.common import add_log_selection, add_remote, err, out, refs
+from streaming.cli.common import EXIT_FAILED, add_log_selection, add_remote, err, out, refs
 
 
 def add_status(commands: argparse._SubParsersAction) -> None:
@@ -23,18 +23,28 @@ def add_status(commands: argparse._SubParsersAction) -> None:
 
 
 def _status(args: argparse.Namespace) -> int:
+    from sinks.log.storage import normalize_uri
     from streaming.status import log_status
     from streaming.status_history import history
     from streaming.status_render import plot_history, render_json, render_table
 
     selected = refs(args)
+    found = {normalize_uri(ref.spec.path) for ref in selected}
+    missing = [path for path in args.logs if normalize_uri(path) not in found]
     sinks = [ref.sink() for ref in selected]  # each applies its log's topic config
     statuses = []
     for ref, sink in zip(selected, sinks, strict=True):
         status = log_status(sink, settings_inferred=ref.inferred)
         if status is not None:
             statuses.append(status)
+        else:
+            missing.append(ref.spec.path)
+    if missing and not statuses:
+        raise FileNotFoundError(f"no compacted log at {', '.join(missing)}")
     out(render_json(statuses) if args.json else render_table(statuses))
+    if missing:
+        err(f"status: no compacted log at {', '.join(missing)}")
+        return EXIT_FAILED
     if args.plot:
         series = {sink.path: history(sink) for sink in sinks}
         ratios = {sink.config.min_cleanable_dirty_ratio for sink in sinks}

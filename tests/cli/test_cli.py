@@ -3,8 +3,8 @@
 One test walks an operator's day in order (each Spark-starting subprocess costs
 ~20 s): a bad job file is refused, the job runs, ``status`` shows the gauges
 (table, JSON, PNG), ``clean`` empties the dirty section, ``export`` writes and
-verifies an Avro snapshot, ``replay`` rebuilds the state in a new log (compared row for row in
-``tests/streaming/test_replay.py``; here by its key count).
+verifies an Avro snapshot, ``replay`` restores it into a new log at the same offsets (compared
+column for column in ``tests/streaming/test_replay.py``; here by its counts and offsets).
 """
 
 from __future__ import annotations
@@ -127,12 +127,16 @@ def test_run_status_clean_export_replay(tmp_path: Path) -> None:
     export = cli("export", "lake/users", "--to", "export", "--verify", cwd=tmp_path)
     assert export.returncode == 0, export.stderr
     assert f"exported {len(expected)} keys" in export.stdout
-    assert "export matches state()" in export.stdout
-    assert json.loads((tmp_path / "export" / "_manifest.json").read_text())["keys"] == len(expected)
+    assert " matches log " in export.stdout and "0 missing, 0 unexpected" in export.stdout
+    manifest = json.loads((tmp_path / "export" / "_manifest.json").read_text())
+    assert manifest["keys"] == len(expected)
+    assert manifest["records"] == len(expected) + manifest["tombstones"]
 
     replay = cli("replay", "export", "--to", "lake/restored", cwd=tmp_path)
     assert replay.returncode == 0, replay.stderr
-    assert f"restored {len(expected)} keys" in replay.stdout
+    assert f"restored {manifest['records']} records" in replay.stdout
     restored = cli("status", "lake/restored", "--json", cwd=tmp_path)
     (log,) = json.loads(restored.stdout)["logs"]
-    assert sum(p["records"] for p in log["partitions"]) == len(expected)  # one record per key
+    # One record per key (tombstones within delete.retention.ms too), offsets kept.
+    assert sum(p["records"] for p in log["partitions"]) == manifest["records"]
+    assert [p["log_end_offset"] for p in log["partitions"]] == [300, 300]

@@ -78,7 +78,7 @@ def test_run_and_export_through_a_connect_server(connect_server, tmp_path: Path)
     export = cli("export", "lake/users", "--to", "export", "--verify", cwd=tmp_path,
                  remote=connect_server.url)  # fmt: skip
     assert export.returncode == 0, export.stderr[-3000:]
-    assert f"exported {keys} keys" in export.stdout and "export matches state()" in export.stdout
+    assert f"exported {keys} keys" in export.stdout and " matches log " in export.stdout
 
     again = cli("run", "job.toml", "--remote", connect_server.url, cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]  # the checkpoint has it all: nothing twice

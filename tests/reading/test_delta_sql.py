@@ -1,7 +1,7 @@
-"""The README's SQL over the raw Delta table (DuckDB's delta extension) gives `read_state`'s rows.
+"""The documented SQL over the raw Delta table (DuckDB's delta extension) gives `read_state`'s rows.
 
 DuckDB reads the log with delta-kernel-rs, a reader independent of the sink: the
-query in README.md (between the ``state-sql`` marker and the end of its block)
+query in docs/api.md (between the ``state-sql`` marker and the end of its block)
 runs against a log that is partially cleaned, has tombstones in both sections and
 several partitions; `state_query` is checked against the same log with composite
 keys and a sequence column. DuckDB also queries `read_state`'s Arrow table.
@@ -21,13 +21,13 @@ from sinks.reading.delta_sql import state_query
 duckdb = pytest.importorskip("duckdb")
 
 NO_CLEAN = CleanerConfig(min_cleanable_dirty_ratio=1.0)
-README = Path(__file__).resolve().parents[2] / "README.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 
 
 def readme_query(path: str) -> str:
-    text = README.read_text()
+    text = DOC.read_text()
     block = re.search(r"<!-- state-sql -->\n```sql\n(.*?)```", text, re.S)
-    assert block, "README.md lost its state-sql block"
+    assert block, "docs/api.md lost its state-sql block"
     return block.group(1).replace("lake/users", path)
 
 

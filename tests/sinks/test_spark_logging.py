@@ -1,0 +1,105 @@
+"""The sink leaves the session's logging as it found it: no Spark INFO line after a batch.
+
+Spark's default console threshold in a script or a notebook is WARN, kept by a
+filter on the console appender while the root logger stays at INFO. The sink's
+check of Spark's Python workers (`sinks.python_workers`) used to set the root level
+to OFF and back to what it read (INFO), which drops that threshold: every INFO line
+of every later job reached the console (70 lines in a ten-row script, 156 here;
+897 in the README's quick start in a Jupyter kernel, 194 here).
+
+Both tests run where the check has something to fix: ``PYSPARK_PYTHON`` unset, so
+the workers start the ``python3`` on the PATH, which cannot import the package.
+The notebook test runs the README's quick start, as written, in a real Jupyter
+kernel (nbclient, ipykernel), whose outputs receive what the JVM writes to stderr.
+The kernel's environment carries ``PYTHONPATH`` set to this checkout, so that the
+kernel imports the code under test even where the venv's editable install points
+at another checkout; ``PYSPARK_PYTHON`` and ``PYSPARK_DRIVER_PYTHON`` are removed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+
+SCRIPT = """
+import sys
+from pyspark.sql import SparkSession
+from sinks import CompactedStateSink
+spark = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false").getOrCreate()
+sink = CompactedStateSink(sys.argv[1])
+sink(spark.createDataFrame([(f"k{i}", str(i)) for i in range(10)], "key string, value string"), 0)
+print("state", sink.state().count(), "dirty ratio", sink.dirty_ratio())
+"""
+
+
+def spark_info_lines(text: str) -> list[str]:
+    """Lines in log4j's console layout at INFO (``26/11/24 18:36:50 INFO DAGScheduler: …``)."""
+    return [line for line in text.splitlines() if re.search(r"\d\d:\d\d:\d\d INFO \S+:", line)]
+
+
+def environment_without_pyspark_python() -> dict[str, str]:
+    # ipykernel forwards what the JVM writes to its stderr only outside pytest: it looks
+    # for PYTEST_CURRENT_TEST, which the kernel must not inherit.
+    dropped = ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_REMOTE", "PYTEST_CURRENT_TEST")
+    env = {k: v for k, v in os.environ.items() if k not in dropped}
+    env["PYTHONPATH"] = str(ROOT)
+    return env
+
+
+def readme_quick_start() -> str:
+    block = re.search(r"<!-- quick-start -->\n```python\n(.*?)```", README.read_text(), re.S)
+    assert block, "README.md lost its quick-start block"
+    return block.group(1)
+
+
+def test_a_script_prints_no_info_line_after_the_first_batch(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(tmp_path / "users")],
+        env=environment_without_pyspark_python(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "state 10 dirty ratio" in done.stdout
+    assert spark_info_lines(done.stderr) == []
+    assert "Setting default log level" in done.stderr  # the JVM's stderr is what was read
+
+
+def test_the_readme_quick_start_in_a_jupyter_kernel_prints_no_info_line(tmp_path):
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel")
+    code = readme_quick_start()
+    notebook = nbformat.v4.new_notebook(
+        cells=[
+            nbformat.v4.new_code_cell(code),
+            nbformat.v4.new_code_cell("print('live keys', sink.state().count())"),
+        ]
+    )
+    client = nbclient.NotebookClient(
+        notebook,
+        timeout=900,
+        kernel_name="python3",  # jupyter_client runs it with this interpreter (sys.executable)
+        resources={"metadata": {"path": str(tmp_path)}},  # the kernel's working directory
+    )
+    client.execute(env=environment_without_pyspark_python())
+
+    outputs = [o for cell in notebook.cells for o in cell.outputs]
+    assert not [o for o in outputs if o.output_type == "error"], outputs
+    stdout = "".join(o.get("text", "") for o in outputs if o.get("name") == "stdout")
+    stderr = "".join(o.get("text", "") for o in outputs if o.get("name") == "stderr")
+    assert "live keys 100" in stdout
+    assert spark_info_lines(stdout + stderr) == []
+    # The kernel forwards the JVM's stderr (its WARN lines, the stage progress bar): an
+    # INFO line would have been seen.
+    assert "WARN" in stderr or "[Stage" in stderr, stderr[:2000]
+    assert (tmp_path / "lake" / "users" / "_delta_log").is_dir()
