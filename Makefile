@@ -19,8 +19,13 @@ fetch-jars = rm -rf $(2) && $(MVN) -q -B -f $(1) $(3) \
 	$(DEPENDENCY_PLUGIN):copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(CURDIR)/$(2)
 KAFKA_JARS := $(JARS)/kafka/.fetched
 SPARK_KAFKA_JARS := $(JARS)/spark-kafka-$(KAFKA_SPARK)/.fetched
+# Spark's own Delta (delta-spark 4.4: built for Spark 4.0-4.2, none for 4.3), for the tests
+# marked `delta_spark`; they run on the same venv as the Kafka tests.
+DELTA_JARS := $(JARS)/delta-$(KAFKA_SPARK)/.fetched
+# The pyspark releases `make smoke` checks, one venv each (.venv-spark<major.minor>).
+SMOKE_SPARKS ?= 4.0.1 4.1.4 4.2.0
 
-.PHONY: demo demo-kafka jars test test-kafka lint bench bench-quick bench-scale bench-cluster soak soak-quick soak-exit soak-faults clean
+.PHONY: demo demo-kafka jars test test-kafka test-delta-spark smoke lint bench bench-quick bench-scale bench-cluster soak soak-quick soak-exit soak-faults clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -44,7 +49,12 @@ $(SPARK_KAFKA_JARS): jvm/spark-kafka/pom.xml
 	$(call fetch-jars,jvm/spark-kafka/pom.xml,$(@D),-Dspark.version=$(KAFKA_SPARK))
 	touch $@
 
-jars: $(KAFKA_JARS) $(SPARK_KAFKA_JARS)
+# delta-spark and its runtime dependencies, for the Kafka venv's pyspark.
+$(DELTA_JARS): jvm/delta/pom.xml
+	$(call fetch-jars,jvm/delta/pom.xml,$(@D),-Dspark.version=$(KAFKA_SPARK))
+	touch $@
+
+jars: $(KAFKA_JARS) $(SPARK_KAFKA_JARS) $(DELTA_JARS)
 
 demo: $(STAMP)
 	$(VENV)/bin/compacted-sink demo --lake lake-demo
@@ -53,16 +63,31 @@ demo: $(STAMP)
 demo-kafka: $(KAFKA_STAMP) jars
 	$(KAFKA_PY) examples/kafka_demo.py --lake lake-demo-kafka
 
-# The main suite on $(VENV), then the Kafka tests on $(KAFKA_VENV); both always run, and the
-# target fails when either does.
+# The main suite on $(VENV), then the Kafka and the delta-spark tests on $(KAFKA_VENV); all
+# always run, and the target fails when any does.
 test: $(STAMP) $(KAFKA_STAMP) jars
 	@status=0; \
-	$(PY) -m pytest -q --durations=15 -m "not kafka" tests || status=1; \
+	$(PY) -m pytest -q --durations=15 -m "not kafka and not delta_spark" tests || status=1; \
 	$(MAKE) --no-print-directory test-kafka || status=1; \
+	$(MAKE) --no-print-directory test-delta-spark || status=1; \
 	exit $$status
 
 test-kafka: $(KAFKA_STAMP) jars
 	COMPACTED_SINK_KAFKA_TESTS=required $(KAFKA_PY) -m pytest -q --durations=10 -m kafka tests
+
+test-delta-spark: $(KAFKA_STAMP) jars
+	COMPACTED_SINK_DELTA_TESTS=required $(KAFKA_PY) -m pytest -q --durations=10 -m delta_spark tests
+
+# Not part of `make test`: the smoke suite on each pyspark of $(SMOKE_SPARKS), one venv each.
+smoke:
+	@status=0; for v in $(SMOKE_SPARKS); do \
+	  venv=.venv-spark$${v%.*}; \
+	  if [ ! -f $$venv/.installed ]; then \
+	    python3 -m venv $$venv && $$venv/bin/python -m pip install --quiet --upgrade pip && \
+	    $$venv/bin/python -m pip install --quiet "pyspark==$$v" -e '.[dev]' && touch $$venv/.installed; \
+	  fi; \
+	  echo "== pyspark $$v"; $$venv/bin/python -m pytest -q -m smoke tests/smoke || status=1; \
+	done; exit $$status
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check sinks checkpoints streaming tests bench

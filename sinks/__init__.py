@@ -16,11 +16,13 @@ from sinks.errors import (
     NotACompactedLogError,
     OffsetOutOfRangeError,
     SchemaMismatchError,
+    TableFeatureError,
 )
 from sinks.log.history_window import HistoryExpiredError, TimeTravelError
 from sinks.log.log_keys import KeyColumnsMismatchError
 from sinks.reading.arrow_state import read_state, read_state_batches
 from sinks.sink import AppendReport, CompactedStateSink
+from sinks.spark_compat import SparkVersionError
 from sinks.spark_session import QueryIdentityError
 
 __all__ = [
@@ -44,6 +46,8 @@ __all__ = [
     "OffsetOutOfRangeError",
     "QueryIdentityError",
     "SchemaMismatchError",
+    "SparkVersionError",
+    "TableFeatureError",
     "TimeTravelError",
     "read_state",
     "read_state_batches",

@@ -72,6 +72,12 @@ class ForeignChangeError(CompactedSinkError):
         self.version = version
 
 
+class TableFeatureError(ForeignChangeError):
+    """Raised when another engine gave a log a Delta table feature the sink cannot commit to
+    (row tracking, clustering) or read exactly (deletion vectors, column mapping); names the
+    feature, the version, and the way on."""
+
+
 class DataFileError(CompactedSinkError):
     """Raised when a live data file of a log cannot be read as its add action describes it;
     names the file, the version that added it and the current version."""

@@ -35,10 +35,10 @@ from fastavro.read import SchemaResolutionError
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
-from pyspark.sql.pandas.types import to_arrow_schema
 
 from sinks.errors import BadInputError
 from sinks.log.records import DECODE_ERROR
+from sinks.spark_compat import utc_arrow_schema
 from streaming.avro_types import avro_to_spark
 from streaming.schema_registry import SchemaStore, as_schema
 
@@ -163,9 +163,7 @@ class _DecodeTask:
         writers = {
             int(k): fastavro.parse_schema(v) for k, v in json.loads(self.writer_schemas).items()
         }
-        out_schema = to_arrow_schema(
-            T.StructType.fromJson(json.loads(self.output_schema)), timezone="UTC"
-        )
+        out_schema = utc_arrow_schema(T.StructType.fromJson(json.loads(self.output_schema)))
         value_type = out_schema.field(self.column).type
         for batch in batches:
             decoded, errors = [], []

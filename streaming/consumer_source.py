@@ -49,17 +49,17 @@ from dataclasses import dataclass
 import pyarrow as pa
 from pyspark.sql import types as T
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import (
-    ReadAllAvailable,
-    ReadLimit,
-    ReadMaxRows,
-    SupportsTriggerAvailableNow,
-)
 
 from sinks.errors import ConfigError
 from sinks.log.log_table import LogSnapshot, LogTable, log_arrow_schema
 from sinks.log.records import DELETE_HORIZON_MS
 from sinks.log.storage import normalize_uri
+from sinks.spark_compat import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
 from streaming.consumer_position import (
     Positions,
     fetch_ranges,

@@ -38,7 +38,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
-from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
+from pyspark.sql.datasource import DataSource, WriterCommitMessage
+
+try:
+    from pyspark.sql.datasource import DataSourceStreamArrowWriter
+except ImportError:  # pyspark 4.0: the writer is refused by name (`spark_compat.STREAM_WRITER`)
+    from pyspark.sql.datasource import DataSourceStreamWriter as DataSourceStreamArrowWriter
 
 from sinks import CleanerConfig, CompactedStateSink
 from sinks.errors import ConfigError, SchemaMismatchError
@@ -47,6 +52,7 @@ from sinks.log.ownership import check_log_location, is_own_data_path
 from sinks.log.schema_evolution import DEFAULT_SCHEMA_EVOLUTION, SchemaEvolution, check_mode
 from sinks.log.storage import arrow_filesystem, delete_files, join, normalize_uri
 from sinks.python_workers import check_python_workers
+from sinks.spark_compat import STREAM_READER, STREAM_WRITER, require
 from sinks.spark_session import checkpoint_query_id
 from streaming import consumer_source
 from streaming.source_options import SourceOptions
@@ -91,6 +97,11 @@ class CompactedStateDataSource(DataSource):
         return consumer_source.source_schema(SourceOptions.parse(self.options).path)
 
     def streamReader(self, schema: T.StructType) -> consumer_source.ConsumerStreamReader:  # noqa: N802
+        require(
+            STREAM_READER,
+            "Read the log with spark.read.format('compacted-state') (a batch read), "
+            "sink.log() or read_state().",
+        )
         options = SourceOptions.parse(self.options)
         return consumer_source.ConsumerStreamReader(options, schema)
 
@@ -99,6 +110,7 @@ class CompactedStateDataSource(DataSource):
         return consumer_source.ConsumerBatchReader(options, schema)
 
     def streamWriter(self, schema: T.StructType, overwrite: bool) -> CompactedStateStreamWriter:  # noqa: N802
+        require(STREAM_WRITER, "Write with writeStream.foreachBatch(CompactedStateSink(...)).")
         options = SinkOptions.parse(self.options)
         check_log_location(options.path)  # refuse someone else's table or files at the start
         remove_stale_staged(options.path, older_than_ms=STALE_STAGED_MS)

@@ -55,7 +55,12 @@ SESSION_CONF = {
 
 
 JARS = ROOT / ".jars"  # `make jars` fills it from Maven Central (git-ignored)
-SESSION_JAR_SETS = ("spark-kafka",)
+SESSION_JAR_SETS = ("spark-kafka", "delta")
+# Spark's own Delta (delta-spark), on the classic session when its jars are there.
+DELTA_CONF = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+}
 
 
 def session_jars(cache: Path = JARS, sets: Sequence[str] = SESSION_JAR_SETS) -> list[str]:
@@ -70,6 +75,8 @@ def build_session() -> SparkSession:
     jars = session_jars()
     if jars:  # local paths: nothing is downloaded when the session starts
         conf["spark.jars"] = ",".join(jars)
+    if any(Path(j).name.startswith("delta-spark_") for j in jars):
+        conf.update(DELTA_CONF)
     return local_session("compacted-sink-tests", "local[2]", conf=conf)
 
 

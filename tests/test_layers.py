@@ -1,10 +1,11 @@
 """The library's layers: no module imports one from a layer above its own.
 
 From the bottom (issue #19, point 5): ``checkpoints``, ``sinks.errors``,
-``sinks.crash_points`` and ``sinks.shutdown``; ``sinks.config``; ``sinks.log`` and
-``sinks.spark_session``; ``sinks.maintenance``; ``sinks.cleaner``; ``sinks.reading``;
-``sinks.sink``; ``streaming``. Every import counts, also one inside a function (a lazy import that
-hides a cycle is still an upward import). Pure: parses the source, imports nothing.
+``sinks.crash_points``, ``sinks.shutdown`` and ``sinks.spark_compat``; ``sinks.config``;
+``sinks.log`` and ``sinks.spark_session``; ``sinks.maintenance``; ``sinks.cleaner``;
+``sinks.reading``; ``sinks.sink``; ``streaming``. Every import counts, also one inside a
+function (a lazy import that hides a cycle is still an upward import). Pure: parses the
+source, imports nothing.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("checkpoints", "sinks", "streaming")
 
 LAYERS: list[tuple[str, ...]] = [
-    ("checkpoints", "sinks.errors", "sinks.crash_points", "sinks.shutdown"),
+    ("checkpoints", "sinks.errors", "sinks.crash_points", "sinks.shutdown", "sinks.spark_compat"),
     ("sinks.config",),
     ("sinks.log", "sinks.spark_session", "sinks.python_workers"),
     ("sinks.maintenance",),

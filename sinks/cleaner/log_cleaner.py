@@ -42,7 +42,7 @@ from sinks.cleaner.log_to_clean import LogToClean, dirty_ratio
 from sinks.cleaner.throttler import Throttler
 from sinks.config import LONG_MAX, CleanerConfig
 from sinks.crash_points import CLEAN_BEFORE_CHECKPOINT, crash_point
-from sinks.errors import CleanerError, CommitConflictError
+from sinks.errors import CleanerError, CommitConflictError, TableFeatureError
 from sinks.log.log_table import LogSnapshot, LogTable
 from sinks.maintenance import retention
 from sinks.maintenance.retention import RetentionPlan
@@ -350,6 +350,11 @@ class LogCleaner:
                 log_path=self.log.uri,
                 partition=claim.logs[0].partition,
             ) from e
+        except TableFeatureError:
+            # Not this partition's failure: no commit to the log can succeed until the
+            # feature goes, and the error says how.
+            self.manager.abort_cleaning(claim.partitions)
+            raise
         except Exception as e:
             self.manager.mark_uncleanable(claim.partitions, e)
             raise CleanerError(

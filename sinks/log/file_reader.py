@@ -18,12 +18,12 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
 from sinks.log.records import RecordsT
 from sinks.log.segment_writer import nullable_schema
 from sinks.log.storage import arrow_filesystem, normalize_uri
+from sinks.spark_compat import utc_arrow_schema
 
 _PATH = "path"
 _BATCH_ROWS = 65_536
@@ -46,7 +46,7 @@ def read_files(
     """
     if not paths:
         return spark.createDataFrame([], schema)
-    arrow_schema = nullable_schema(to_arrow_schema(schema, timezone="UTC"))
+    arrow_schema = nullable_schema(utc_arrow_schema(schema))
     task = ParquetReaderTask(
         table_uri=normalize_uri(table_uri),  # here: executors resolve against their own cwd
         schema=arrow_schema,

@@ -47,7 +47,7 @@ from urllib.parse import unquote
 import pyarrow as pa
 from deltalake import DeltaTable
 
-from sinks.errors import ForeignChangeError
+from sinks.errors import ForeignChangeError, TableFeatureError
 from sinks.log.stale_rewrites import (
     UNDO_OPERATION,
     WINDOW_MAX,
@@ -64,6 +64,31 @@ COMMIT_INFO_KEY = "compactedSink"
 CHECKED_VERSION_TXN = "compacted-sink/checked-version"
 ACCEPTED_VERSION_TXN = "compacted-sink/accepted-version"
 DELTA_LOG = "_delta_log"
+
+
+def commit_metadata(info: Mapping[str, Any]) -> dict[str, Any]:
+    """The commit-info entries of one of the sink's commits: ``info`` under `COMMIT_INFO_KEY`
+    (how the sink knows its own commits), and Delta's ``userMetadata``, the line other engines'
+    history shows (``DESCRIBE HISTORY``: every commit of delta-rs is a ``WRITE``)."""
+    return {COMMIT_INFO_KEY: dict(info), "userMetadata": history_line(info)}
+
+
+def history_line(info: Mapping[str, Any]) -> str:
+    """One line that tells a person what a commit of the sink did. Pure."""
+    operation = str(info.get("operation", "commit"))
+    if operation == "append":
+        return f"compacted-sink append: batch {info.get('batchId')} of {info.get('appId')}"
+    if operation == "clean":
+        ends = info.get("endOffsets") or {}
+        partitions = ", ".join(f"{p} to offset {e}" for p, e in sorted(ends.items()))
+        return (
+            f"compacted-sink clean: pass over partition(s) {partitions}; records "
+            f"{info.get('recordsRead')} read, {info.get('recordsWritten')} written "
+            "(dataChange=false)"
+        )
+    if operation == "schema":
+        return f"compacted-sink schema change: before batch {info.get('batchId')}"
+    return f"compacted-sink {operation}"
 
 
 @dataclass(frozen=True)
@@ -278,3 +303,120 @@ class CommitGuard:
 
 def _newest(*versions: int | None) -> int | None:
     return max((v for v in versions if v is not None), default=None)
+
+
+# Writer features delta-rs 1.6, the sink's committer, refuses to write ("Unsupported table
+# features required"): a log another engine upgraded with one stays readable, not writable.
+UNWRITABLE_FEATURES = (  # the one a user turned on first, the one it depends on last
+    "clustering",
+    "rowTracking",
+    "typeWidening",
+    "identityColumns",
+    "inCommitTimestamp",
+    "domainMetadata",
+)
+
+
+def check_writable(
+    uri: str, table: DeltaTable, storage_options: Mapping[str, str] | None = None
+) -> None:
+    """Raise `TableFeatureError` when the log's protocol names a writer feature the
+    sink cannot commit to; names the feature and the version and operation that added it."""
+    present = set(table.protocol().writer_features or ())
+    found = [f for f in UNWRITABLE_FEATURES if f in present]
+    if not found:
+        return
+    feature = found[0]
+    version, operation, engine = _added_by(uri, feature, table.version(), storage_options)
+    raise TableFeatureError(
+        f"log {uri}: Delta version {version} ({operation}, by {engine}) added the table "
+        f"feature {feature!r}{' (and ' + ', '.join(found[1:]) + ')' if found[1:] else ''}, "
+        "which delta-rs, the sink's committer, cannot write. Reading the log (state(), "
+        "log(), read_state, consumers) still works; appends and passes are refused. To go on, "
+        f"drop the feature with delta-spark where Delta can (ALTER TABLE delta.`{uri}` DROP "
+        f"FEATURE {feature}; "
+        "for clustering, ALTER TABLE ... CLUSTER BY NONE first), or restore the log to the "
+        f"version before it (sink.restore({version - 1}), or `compacted-sink restore {uri} "
+        f'--to-version {version - 1}`). See docs/operations.md, "Spark\'s own Delta on the log".',
+        log_path=uri,
+        version=version,
+    )
+
+
+def _added_by(
+    uri: str, feature: str, current: int, storage_options: Mapping[str, str] | None
+) -> tuple[int, str, str]:
+    """The version whose protocol action first named ``feature``, its operation and engine
+    (walking back from ``current``; the oldest commit still in the Delta log when older)."""
+    found = (current, "unknown operation", "an unknown engine")
+    for version in range(current, -1, -1):
+        actions = read_commit(uri, version, storage_options)
+        if actions is None:
+            break
+        protocols = [a["protocol"] for a in actions if "protocol" in a]
+        if protocols and feature not in (protocols[-1].get("writerFeatures") or ()):
+            break
+        if protocols:
+            info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {}) or {}
+            engine = info.get("engineInfo") or info.get("clientVersion") or "an unknown engine"
+            found = (version, str(info.get("operation", "unknown operation")), engine)
+    return found
+
+
+def check_readable(uri: str, table: DeltaTable, paths: Iterable[str] = ()) -> None:
+    """Raise `TableFeatureError` when the log holds what the sink's readers, which read each
+    Parquet file whole and by column name, would read wrong: a file with a deletion vector
+    (rows another engine deleted in place), or a column stored under another physical name
+    (column mapping). Reads deletion vectors only when the protocol allows them."""
+    version = table.version()
+    outside = next((p for p in paths if "://" in p or p.startswith(("/", "file:"))), None)
+    if outside is not None:
+        raise TableFeatureError(
+            f"log {uri}: at Delta version {version} the log names data files outside its own "
+            f"directory (e.g. {outside}), as a SHALLOW CLONE does: the sink reads, cleans and "
+            "deletes only files under the log. To restore a log elsewhere, replay it into a new "
+            f"log (`compacted-sink replay <source log> --as-of <version> --to {uri}-copy`), "
+            'which copies the records. See docs/operations.md, "Spark\'s own Delta on the log".',
+            log_path=uri,
+            version=version,
+        )
+    renamed = _physical_names(json.loads(table.schema().to_json()))
+    if renamed:
+        logical, physical = renamed[0]
+        raise TableFeatureError(
+            f"log {uri}: at Delta version {version} column {logical!r} is stored as "
+            f"{physical!r} (the table feature 'columnMapping', by name or id, as Databricks "
+            "creates tables): the sink reads and writes Parquet columns by their names, so it "
+            "refuses this log rather than read nulls. Let the sink create the log (a new "
+            "location), or copy the records into a table without column mapping. See "
+            'docs/operations.md, "Spark\'s own Delta on the log".',
+            log_path=uri,
+            version=version,
+        )
+    with_dv: list[str] = []
+    if "deletionVectors" in (table.protocol().reader_features or ()):
+        vectors = pa.table(table.deletion_vectors())
+        with_dv = [str(p) for p in vectors.column(0).to_pylist()] if vectors.num_rows else []
+    if with_dv:
+        raise TableFeatureError(
+            f"log {uri}: at Delta version {version}, {len(with_dv)} live file(s) carry a "
+            f"deletion vector (the table feature 'deletionVectors'; e.g. {with_dv[0]}): rows "
+            "another engine deleted in place, which the sink's readers would bring back. To "
+            f"go on, purge them with delta-spark (REORG TABLE delta.`{uri}` APPLY (PURGE), "
+            "which the sink absorbs), or restore the log to a version before them. See "
+            'docs/operations.md, "Spark\'s own Delta on the log".',
+            log_path=uri,
+            version=version,
+        )
+
+
+def _physical_names(schema: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(logical, physical) of every field, at any depth, stored under another name."""
+    found = []
+    for field in schema.get("fields", ()):
+        physical = (field.get("metadata") or {}).get("delta.columnMapping.physicalName")
+        if physical and physical != field["name"]:
+            found.append((field["name"], physical))
+        if isinstance(field.get("type"), Mapping):
+            found += _physical_names(field["type"])
+    return found

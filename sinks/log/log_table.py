@@ -41,7 +41,6 @@ from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundErr
 from deltalake.transaction import CommitProperties, Transaction
 from deltalake.transaction import RemoveAction as _RemoveAction
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
 from sinks.errors import CompactedSinkError
@@ -50,8 +49,11 @@ from sinks.log.file_reader import read_files
 from sinks.log.foreign_commits import (
     ACCEPTED_VERSION_TXN,
     CHECKED_VERSION_TXN,
-    COMMIT_INFO_KEY,
+    COMMIT_INFO_KEY,  # noqa: F401 (status and recovery import it from here)
     CommitGuard,
+    check_readable,
+    check_writable,
+    commit_metadata,
 )
 from sinks.log.history_window import check_reachable
 from sinks.log.landed_commits import COMMIT_TOKEN_KEY, check_removes, landed_version
@@ -61,6 +63,7 @@ from sinks.log.segment import DataFile, ForeignFile, Segment, data_file
 from sinks.log.segment_writer import WrittenSegment
 from sinks.log.stale_revert import RestoredFile, Undo, plan_undo
 from sinks.log.storage import is_local, join
+from sinks.spark_compat import utc_arrow_schema
 
 TXN_PREFIX = "compacted-sink/"
 LOG_END_OFFSET_TXN = TXN_PREFIX + "log-end-offset/{}"
@@ -258,6 +261,7 @@ class LogSnapshot:
     @cached_property
     def _files(self) -> tuple[dict[int, list[Segment]], list[ForeignFile]]:
         rows = pa.table(self.table.get_add_actions(flatten=True)).to_pylist()
+        check_readable(self.uri, self.table, [r["path"] for r in rows])
         if self.seen_through is not None:
             hidden = self.seen_through.hidden
             rows = [r for r in rows if unquote(r["path"]) not in hidden]
@@ -365,6 +369,7 @@ class LogSnapshot:
                 f"log {self.uri}: version {self.version} is seen through an undo of stale "
                 "rewrites for reading; commit against a snapshot taken with repair=True"
             )
+        check_writable(self.uri, self.table, self.storage_options)
         stamp = now_ms()
         if self.verified:
             transactions = {CHECKED_VERSION_TXN: self.version, **transactions}
@@ -376,7 +381,7 @@ class LogSnapshot:
         token = uuid.uuid4().hex
         properties = CommitProperties(
             app_transactions=[Transaction(k, v, stamp) for k, v in transactions.items()],
-            custom_metadata={COMMIT_INFO_KEY: {**info, COMMIT_TOKEN_KEY: token}},
+            custom_metadata=commit_metadata({**info, COMMIT_TOKEN_KEY: token}),
             max_commit_retries=0 if removes else None,
         )
         if not removes:
@@ -420,5 +425,5 @@ class LogSnapshot:
 
 def log_arrow_schema(schema: StructType) -> pa.Schema:
     """The Arrow schema data files are written with: Delta's types, every field nullable."""
-    arrow = to_arrow_schema(schema, timezone="UTC")
+    arrow = utc_arrow_schema(schema)
     return pa.schema([f.with_nullable(True) for f in arrow])

@@ -24,7 +24,8 @@ from deltalake import write_deltalake
 from deltalake.transaction import CommitProperties
 from pyspark.sql.types import StructType
 
-from sinks.log.log_table import COMMIT_INFO_KEY, LogSnapshot, log_arrow_schema
+from sinks.log.foreign_commits import check_writable, commit_metadata
+from sinks.log.log_table import LogSnapshot, log_arrow_schema
 
 NO_RECORD = '"offset" < 0'
 """A predicate no record of a log matches: offsets start at 0."""
@@ -39,12 +40,13 @@ def commit_schema(snapshot: LogSnapshot, schema: StructType, *, info: Mapping[st
     """
     if schema == snapshot.spark_schema:
         return False
+    check_writable(snapshot.uri, snapshot.table, snapshot.storage_options)
     write_deltalake(
         snapshot.table,
         log_arrow_schema(schema).empty_table(),
         mode="overwrite",
         schema_mode="overwrite",
         predicate=NO_RECORD,
-        commit_properties=CommitProperties(custom_metadata={COMMIT_INFO_KEY: dict(info)}),
+        commit_properties=CommitProperties(custom_metadata=commit_metadata(info)),
     )
     return True

@@ -50,7 +50,6 @@ from deltalake.transaction import CommitProperties
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
-from pyspark.sql.pandas.types import to_arrow_schema
 
 from sinks.cleaner.rules import latest_records
 from sinks.config import CleanerConfig
@@ -81,6 +80,7 @@ from sinks.log.ownership import check_new_log_location
 from sinks.log.records import DELETE_HORIZON_MS, OFFSET, PARTITION, TIMESTAMP, VALUE
 from sinks.log.segment_writer import SegmentWriterTask, stats_columns
 from sinks.log.storage import arrow_filesystem, normalize_uri
+from sinks.spark_compat import utc_arrow_schema
 from sinks.spark_session import active_session
 
 
@@ -1080,9 +1080,7 @@ class AvroFileReader:
     spark_schema_json: str
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        schema = to_arrow_schema(
-            T.StructType.fromJson(json.loads(self.spark_schema_json)), timezone="UTC"
-        )
+        schema = utc_arrow_schema(T.StructType.fromJson(json.loads(self.spark_schema_json)))
         fs, root = arrow_filesystem(self.directory)
         for batch in batches:
             for name in batch.column("file").to_pylist():
