@@ -33,7 +33,7 @@ from sinks import CleanerConfig, CompactedStateSink
 from sinks.log.history_window import list_delta_log
 from sinks.log.storage import normalize_uri
 from sinks.maintenance.file_inventory import list_data_files, take_inventory
-from streaming.demo import DemoSettings, keyed_updates, replay
+from streaming.demo import DemoSettings, expected_state, keyed_updates
 
 TOMBSTONE_EVERY = 50
 
@@ -83,7 +83,7 @@ def source_settings(s: SoakSettings) -> DemoSettings:
 
 def expected_keys(s: SoakSettings, fed: int) -> int:
     """How many keys are live after ``fed`` rows (a replay of the same rows)."""
-    return len(replay(source_settings(s), fed))
+    return len(expected_state(source_settings(s), fed))
 
 
 def run(spark: SparkSession, s: SoakSettings, *, out=_say) -> dict:

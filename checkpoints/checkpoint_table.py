@@ -65,7 +65,7 @@ HANDS_OFF_PROPERTIES = {
 }
 """Table properties that tell engines which honour them not to rearrange a table's files."""
 
-TABLE_PROPERTIES = {
+CHECKPOINT_TABLE_PROPERTIES = {
     **HANDS_OFF_PROPERTIES,
     "delta.deletedFileRetentionDuration": "interval 1 hour",
     "delta.logRetentionDuration": "interval 1 hour",
@@ -127,7 +127,7 @@ class CleanerOffsetCheckpoint:
             CHECKPOINT_SCHEMA,
             ("log_path", "partition"),
             name="cleaner-offset-checkpoint",
-            properties=TABLE_PROPERTIES,
+            properties=CHECKPOINT_TABLE_PROPERTIES,
             storage_options=self.storage_options,
         )
 

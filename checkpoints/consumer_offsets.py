@@ -43,7 +43,7 @@ CONSUMER_OFFSETS_SCHEMA = pa.schema(
     ]
 )
 # Kept small: no one time-travels this table; each micro-batch of each consumer merges once.
-TABLE_PROPERTIES = {
+CONSUMER_OFFSETS_PROPERTIES = {
     **HANDS_OFF_PROPERTIES,
     "delta.deletedFileRetentionDuration": "interval 1 hour",
     "delta.logRetentionDuration": "interval 1 hour",
@@ -114,7 +114,7 @@ class ConsumerOffsets:
             CONSUMER_OFFSETS_SCHEMA,
             ("log_path", "consumer_id", "partition"),
             name="consumer-offsets",
-            properties=TABLE_PROPERTIES,
+            properties=CONSUMER_OFFSETS_PROPERTIES,
             storage_options=self.storage_options,
             vacuum_hours=1,  # no segment deleter looks after this table
         )

@@ -20,6 +20,10 @@ pools (``threading._register_atexit``, at the start of ``Py_FinalizeEx``, before
 ``atexit``), falling back to ``atexit`` on interpreters without it. A thread still busy
 after `EXIT_TIMEOUT_S` is left as a crash would leave it: the log recovers on the next
 open (design.md §10).
+
+This is the process's one exit registry. A thread registered after that hook ran (a
+worker started by a call still in flight when the wait for calls timed out) is stopped
+by an ``atexit`` handler over the same registry.
 """
 
 from __future__ import annotations
@@ -137,6 +141,10 @@ def stop_all(timeout_s: float = EXIT_TIMEOUT_S) -> int:
     deadline = time.monotonic() + timeout_s
     if not _calls.drain(timeout_s):
         logger.warning("sink calls still running at exit after %.0f s", timeout_s)
+    return _stop_registered(deadline)
+
+
+def _stop_registered(deadline: float) -> int:
     with _lock:
         pending = list(_registered)
         _registered.clear()
@@ -148,6 +156,11 @@ def stop_all(timeout_s: float = EXIT_TIMEOUT_S) -> int:
     return len(pending)
 
 
+def _stop_latecomers() -> None:
+    """At ``atexit``: stop what was registered after `stop_all` ran (nothing, usually)."""
+    _stop_registered(time.monotonic() + EXIT_TIMEOUT_S)
+
+
 def _hook() -> None:
     global _hooked
     with _lock:
@@ -157,6 +170,7 @@ def _hook() -> None:
 
 def _install(hook: Callable[[], object]) -> bool:
     """Run ``hook`` at interpreter exit before ``atexit`` handlers when possible."""
+    atexit.register(_stop_latecomers)  # registered first, so it runs after ``hook``
     register = getattr(threading, "_register_atexit", None)
     if register is not None:
         try:

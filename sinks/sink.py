@@ -38,7 +38,7 @@ from sinks.maintenance.recovery import RecoveryReport, recover_log, write_clean_
 from sinks.maintenance.retention import RetentionPlan
 from sinks.maintenance.segment_deleter import DeletionReport
 from sinks.python_workers import check_python_workers
-from sinks.reading.state_reader import read_state
+from sinks.reading.state_reader import spark_state
 from sinks.shutdown import finished_before_exit
 from sinks.spark_session import active_session
 from sinks.transactional_id import TransactionalId
@@ -47,7 +47,7 @@ __all__ = ["AppendReport", "CompactedStateSink"]
 
 logger = logging.getLogger("compacted_sink")
 
-CHECKPOINT_TABLE_NAME = "_cleaner-offset-checkpoint"
+CHECKPOINT_TABLE_DIR = "_cleaner-offset-checkpoint"
 
 
 class CompactedStateSink:
@@ -84,7 +84,7 @@ class CompactedStateSink:
         # The log's topic config, unless this process overrides it (said in one line).
         self.log_config = opened_log_config(self.log_table, config)
         self.config: CleanerConfig = self.log_config.config
-        checkpoint_table = checkpoint_table or sibling(self.path, CHECKPOINT_TABLE_NAME)
+        checkpoint_table = checkpoint_table or sibling(self.path, CHECKPOINT_TABLE_DIR)
         self.checkpoint_path = normalize_uri(checkpoint_table)
         self.checkpoints = CleanerOffsetCheckpoint(self.checkpoint_path, self.storage_options)
         self.dead_letter_table = _uri(dead_letter_table)
@@ -257,7 +257,7 @@ class CompactedStateSink:
         """Bring the log back to Delta ``version``, cleaning paused meanwhile; the new version."""
         snapshot = self._existing(verify=False)
         with self.manager.paused(snapshot.partitions):
-            restored = foreign_changes.restore(self.log_table, version)
+            restored = foreign_changes.restore_version(self.log_table, version)
         self.recover()
         return restored
 
@@ -270,7 +270,7 @@ class CompactedStateSink:
     def state(self, as_of: AsOf | None = None) -> DataFrame:
         """One row per live key (key columns + ``value``), as of now or ``as_of``."""
         snapshot = self._existing(as_of)
-        return read_state(
+        return spark_state(
             active_session(),
             self.log_table,
             snapshot,

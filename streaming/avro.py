@@ -48,13 +48,6 @@ _HEADER = struct.Struct(">bI")
 _DETAIL_CHARS = 160
 
 
-def encode_confluent(schema_id: int, schema: Any, record: Any) -> bytes:
-    """One value in Confluent's wire format (for producers, tests and examples)."""
-    body = io.BytesIO()
-    fastavro.schemaless_writer(body, fastavro.parse_schema(schema), record)
-    return _HEADER.pack(MAGIC_BYTE, schema_id) + body.getvalue()
-
-
 class ConfluentAvroDecoder:
     """Decodes the ``column`` of a DataFrame from Confluent Avro into the reader schema's type.
 

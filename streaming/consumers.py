@@ -24,7 +24,7 @@ from sinks.log.log_table import LogSnapshot, LogTable, now_ms
 from sinks.log.records import DELETE_HORIZON_MS, OFFSET, PARTITION
 from sinks.log.storage import arrow_filesystem, normalize_uri, sibling
 from streaming.consumer_position import lag, parse_starting_offsets, starting_positions
-from streaming.source_options import CHECKPOINT_TABLE_NAME
+from streaming.source_options import CHECKPOINT_TABLE_DIR
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class ConsumerLag:
 
 def consumer_offsets(log_path: str, checkpoint_table: str | None = None) -> ConsumerOffsets:
     path = normalize_uri(log_path)
-    checkpoint = normalize_uri(checkpoint_table or sibling(path, CHECKPOINT_TABLE_NAME))
+    checkpoint = normalize_uri(checkpoint_table or sibling(path, CHECKPOINT_TABLE_DIR))
     return ConsumerOffsets(consumer_offsets_uri(checkpoint))
 
 

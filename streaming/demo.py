@@ -88,7 +88,7 @@ def _value(n: Column, value_bytes: int | None) -> Column:
     return F.substring(F.concat(*[digest] * (value_bytes // 64 + 1)), 1, value_bytes)
 
 
-def replay(settings: DemoSettings, fed: int) -> dict[str, bytes]:
+def expected_state(settings: DemoSettings, fed: int) -> dict[str, bytes]:
     """What the state must be after ``fed`` rows: a dict replay of the same rows."""
     state: dict[str, bytes] = {}
     for n in range(fed):
@@ -229,7 +229,7 @@ def run(spark: SparkSession, settings: DemoSettings, *, out=print) -> bool:
 
     started = time.monotonic()
     fed = settings.batches * settings.rows_per_batch
-    expected = replay(settings, fed)
+    expected = expected_state(settings, fed)
     state = {r["key"]: bytes(r["value"]) for r in sink.state().collect()}
     stored = sink.log().count()
     matches = state == expected

@@ -12,7 +12,7 @@ override the log's, as a process's explicit settings do.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from checkpoints import CleanerOffsetCheckpoint
@@ -21,7 +21,6 @@ from sinks.errors import ConfigError
 from sinks.log.log_keys import log_keys
 from sinks.log.log_table import LogTable
 from sinks.log.ownership import check_new_log_location
-from sinks.log.records import VALUE
 from sinks.log.storage import normalize_uri
 from streaming.job import LogSpec, load_job
 
@@ -90,11 +89,3 @@ def infer_log(path: str, *, checkpoint_table: str | None = None) -> LogRef | Non
         checkpoint_table=checkpoint_table,
     )
     return LogRef(spec, inferred=True)
-
-
-def key_columns_of(columns: Iterable[str]) -> tuple[str, ...]:
-    """The key columns of a log's schema: every column before ``value``."""
-    names = list(columns)
-    if VALUE not in names or names.index(VALUE) == 0:
-        raise ConfigError(f"cannot tell the key columns of a log with columns {names}")
-    return tuple(names[: names.index(VALUE)])

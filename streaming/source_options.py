@@ -18,7 +18,7 @@ from checkpoints.consumer_offsets import (
 )
 from sinks.errors import ConfigError
 from sinks.log.storage import normalize_uri, sibling
-from sinks.sink import CHECKPOINT_TABLE_NAME
+from sinks.sink import CHECKPOINT_TABLE_DIR
 from streaming.consumer_position import Positions, parse_starting_offsets
 
 
@@ -56,7 +56,7 @@ class SourceOptions:
             consumer_expiration_ms=_int(options, "consumer.expiration.ms", minimum=1)
             or DEFAULT_CONSUMER_EXPIRATION_MS,
             checkpoint_table=normalize_uri(
-                options.get("checkpoint_table") or sibling(path, CHECKPOINT_TABLE_NAME)
+                options.get("checkpoint_table") or sibling(path, CHECKPOINT_TABLE_DIR)
             ),
         )
 

@@ -1,14 +1,20 @@
-"""Helpers of the tests: a replay oracle, checks on a log's files and offsets, batch frames."""
+"""Helpers of the tests: a replay oracle, checks on a log's files and offsets, batch frames,
+Confluent Avro values."""
 
 from __future__ import annotations
 
+import io
+import struct
 from collections.abc import Iterable
+from typing import Any
 
+import fastavro
 from deltalake import DeltaTable
 
 from sinks.log.log_table import LogTable
 from sinks.log.segment import Segment
 from sinks.maintenance.recovery import list_data_files, referenced_paths
+from streaming.avro import MAGIC_BYTE
 
 
 class Oracle:
@@ -133,3 +139,14 @@ def segment(
         max_timestamp_ms=max_ts,
         min_delete_horizon_ms=horizon,
     )
+
+
+def encode_confluent(schema_id: int, schema: Any, record: Any) -> bytes:
+    """One value in Confluent's wire format: magic byte, 4-byte big-endian schema id, Avro body.
+
+    Written here, apart from `streaming.avro`'s decoder, so the tests encode the format
+    as the producers do rather than with the decoder's own header.
+    """
+    body = io.BytesIO()
+    fastavro.schemaless_writer(body, fastavro.parse_schema(schema), record)
+    return struct.pack(">bI", MAGIC_BYTE, schema_id) + body.getvalue()

@@ -22,11 +22,9 @@ Two drivers run the loop:
 
 from __future__ import annotations
 
-import atexit
 import logging
 import threading
 import time
-import weakref
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -35,7 +33,7 @@ from pyspark.sql import SparkSession
 
 from sinks.cleaner.filthiest_log import filthiest_cleanable
 from sinks.cleaner.log_to_clean import LogToClean
-from sinks.shutdown import stop_at_exit
+from sinks.shutdown import forget, stop_at_exit
 
 if TYPE_CHECKING:  # the log cleaner starts its worker from here: no import cycle at run time
     from sinks.cleaner.log_cleaner import LogCleaner, RoundReport
@@ -261,7 +259,6 @@ class WorkerSlot:
                 return
             worker = CleanerWorker(self.cleaner, spark)
             self._worker = worker
-            running.add(self.cleaner)
             stop_at_exit(self.cleaner)  # joined before the interpreter finalizes (sinks.shutdown)
             worker.start()
             worker.request_round()
@@ -278,19 +275,7 @@ class WorkerSlot:
     def shutdown(self, timeout_s: float | None) -> None:
         with self._lock:
             worker, self._worker = self._worker, None
-        running.discard(self.cleaner)
+        forget(self.cleaner)
         if worker is not None:
             worker.stop()
             worker.join(timeout_s)
-
-
-running: weakref.WeakSet[LogCleaner] = weakref.WeakSet()
-"""The log cleaners whose worker runs in this process."""
-
-
-@atexit.register
-def _shutdown_all() -> None:
-    # A pass in flight at exit finishes, within a bounded wait; past it (or if Spark
-    # stopped first and the pass fails) the log is left as a crash would leave it.
-    for cleaner in list(running):
-        cleaner.shutdown(timeout_s=30)

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
+from sinks.log.records import RecordsT
 from sinks.log.segment_writer import nullable_schema
 from sinks.log.storage import arrow_filesystem, normalize_uri
 from sinks.spark_compat import utc_arrow_schema
@@ -73,9 +73,6 @@ class ParquetReaderTask:
                     present = [n for n in self.schema.names if n in parquet.schema_arrow.names]
                     for rows in parquet.iter_batches(batch_size=_BATCH_ROWS, columns=present):
                         yield conform(rows, self.schema)
-
-
-RecordsT = TypeVar("RecordsT", pa.Table, pa.RecordBatch)
 
 
 def conform(records: RecordsT, schema: pa.Schema) -> RecordsT:

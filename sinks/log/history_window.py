@@ -36,6 +36,7 @@ from deltalake import DeltaTable
 from checkpoints.checkpoint_table import HANDS_OFF_PROPERTIES
 from sinks.config import DELETED_FILE_RETENTION_DURATION, format_interval, parse_interval_ms
 from sinks.errors import CompactedSinkError
+from sinks.log.ownership import DELTA_LOG_DIR
 
 LOG_RETENTION_DURATION = "delta.logRetentionDuration"
 CHECKPOINT_INTERVAL = "delta.checkpointInterval"
@@ -43,7 +44,6 @@ ENABLE_EXPIRED_LOG_CLEANUP = "delta.enableExpiredLogCleanup"
 
 DEFAULT_WINDOW_MS = 7 * 24 * 3_600_000  # Delta's default deletedFileRetentionDuration
 DEFAULT_CHECKPOINT_INTERVAL = 100  # delta-rs's default, made explicit on the table
-DELTA_LOG = "_delta_log"
 
 
 class TimeTravelError(CompactedSinkError, ValueError):
@@ -126,7 +126,7 @@ def list_delta_log(uri: str, storage_options: Mapping[str, str] | None = None) -
     from sinks.log.storage import arrow_filesystem
 
     fs, root = arrow_filesystem(uri, storage_options)
-    infos = fs.get_file_info(pafs.FileSelector(f"{root}/{DELTA_LOG}", allow_not_found=True))
+    infos = fs.get_file_info(pafs.FileSelector(f"{root}/{DELTA_LOG_DIR}", allow_not_found=True))
     commits: dict[int, int] = {}
     checkpoints: set[int] = set()
     files = size = 0

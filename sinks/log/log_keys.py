@@ -26,15 +26,18 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sinks.errors import ConfigError
-from sinks.log.ownership import check_compacted_log, check_new_log_location
+from sinks.log.ownership import (
+    KEY_COLUMNS_PROPERTY,
+    check_compacted_log,
+    check_new_log_location,
+)
+from sinks.log.records import VALUE
 
 if TYPE_CHECKING:
     from sinks.log.log_table import LogSnapshot, LogTable
 
-KEY_COLUMNS_PROPERTY = "compacted.sink.key.columns"
 SEQUENCE_COLUMN_PROPERTY = "compacted.sink.sequence.column"
 DEFAULT_KEY_COLUMNS = ("key",)
-VALUE = "value"
 
 
 class KeyColumnsMismatchError(ConfigError):

@@ -50,7 +50,8 @@ if TYPE_CHECKING:
 
 LOG_DESCRIPTION = "compacted-state log"
 """The Delta table description `LogTable.create` gives every log."""
-KEY_COLUMNS_PROPERTY = "compacted.sink.key.columns"  # the same as sinks.log.log_keys
+KEY_COLUMNS_PROPERTY = "compacted.sink.key.columns"
+"""The table property a log records its key columns in (`sinks.log.log_keys`)."""
 PARTITIONS_TXN = "compacted-sink/partitions"  # the same as sinks.log.log_table
 CHECKPOINT_TABLE_NAME = "cleaner-offset-checkpoint"  # the name checkpoints/ creates it with
 

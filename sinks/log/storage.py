@@ -6,7 +6,6 @@ The sink names a table by one *canonical* URI and translates it for each reader:
   against their own working directory, which is not the driver's;
 - ``s3a://`` and ``s3n://`` (Hadoop's names) become ``s3://``, the name delta-rs
   and pyarrow use, so one table has one URI and one default ``sink_id``;
-  `spark_uri` turns it back into ``s3a://`` for a Spark that has hadoop-aws;
 - ``gs://``, ``abfs://`` and ``abfss://`` (and delta-rs's ``az://``) pass through.
 
 Credentials and endpoints come from storage options in delta-rs's spelling
@@ -60,7 +59,6 @@ _STORES: dict[str, Store] = {
     "adl": "azure",
 }
 _CANONICAL_SCHEME = {"s3a": "s3", "s3n": "s3", "gcs": "gs"}
-_SPARK_SCHEME = {"s3": "s3a"}
 # delta-rs options that already decide how S3 commits are made safe.
 _S3_COMMIT_SAFETY = ("conditional_put", "s3_locking_provider", "s3_allow_unsafe_rename")
 _S3_ENDPOINT_ENV = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT")
@@ -98,15 +96,6 @@ def normalize_uri(path: str | os.PathLike[str]) -> str:
     scheme = parsed.scheme.lower()
     rest = text[len(parsed.scheme) :]
     return (_CANONICAL_SCHEME.get(scheme, scheme) + rest).rstrip("/")
-
-
-def spark_uri(uri: str) -> str:
-    """The URI as Spark's Hadoop file systems name it (``s3://`` becomes ``s3a://``)."""
-    canonical = normalize_uri(uri)
-    scheme = _scheme(canonical)
-    if scheme in _SPARK_SCHEME:
-        return _SPARK_SCHEME[scheme] + canonical[len(scheme) :]
-    return canonical
 
 
 def is_local(uri: str) -> bool:

@@ -27,14 +27,14 @@ from urllib.parse import unquote
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from sinks.log.history_window import DELTA_LOG, DeltaLogListing, list_delta_log
+from sinks.log.history_window import DeltaLogListing, list_delta_log
 from sinks.log.log_table import LogSnapshot, LogTable
-from sinks.log.ownership import foreign_files, is_own_data_path
+from sinks.log.ownership import DELTA_LOG_DIR, foreign_files, is_own_data_path
 from sinks.log.storage import arrow_filesystem
 
 
 @dataclass(frozen=True)
-class DataFile:
+class FileOnDisk:
     """A data file found in the table's directory, relative to the table root."""
 
     path: str
@@ -57,7 +57,7 @@ class FileInventory:
 
     live: Mapping[str, int]
     tombstones: Mapping[str, Tombstone]
-    on_disk: tuple[DataFile, ...]
+    on_disk: tuple[FileOnDisk, ...]
     delta_log: DeltaLogListing
 
     @property
@@ -68,7 +68,7 @@ class FileInventory:
     def disk_bytes(self) -> int:
         return sum(f.size_bytes for f in self.on_disk)
 
-    def awaiting_deletion(self, window_ms: int) -> list[tuple[DataFile, int]]:
+    def awaiting_deletion(self, window_ms: int) -> list[tuple[FileOnDisk, int]]:
         """Files on disk the snapshot does not use, each with when it may leave storage."""
         waiting = []
         for f in self.on_disk:
@@ -81,7 +81,7 @@ class FileInventory:
             waiting.append((f, since + window_ms))
         return waiting
 
-    def not_ours(self) -> list[DataFile]:
+    def not_ours(self) -> list[FileOnDisk]:
         """Files on disk no action names and not named as the sink names its files."""
         named = set(self.live) | set(self.tombstones)
         others = set(foreign_files((f.path for f in self.on_disk), named))
@@ -97,7 +97,7 @@ def take_inventory(log: LogTable, snapshot: LogSnapshot) -> FileInventory:
     return FileInventory(live, tombstones, on_disk, listing)
 
 
-def list_data_files(log: LogTable) -> list[DataFile]:
+def list_data_files(log: LogTable) -> list[FileOnDisk]:
     """Every Parquet file under the table root outside ``_``- and ``.``-prefixed directories."""
     fs, root = arrow_filesystem(log.uri, log.storage_options)
     infos = fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
@@ -109,7 +109,7 @@ def list_data_files(log: LogTable) -> list[DataFile]:
         if any(part.startswith(("_", ".")) for part in relative.split("/")):
             continue
         mtime = info.mtime.timestamp() * 1000 if info.mtime is not None else 0
-        found.append(DataFile(relative, info.size or 0, int(mtime)))
+        found.append(FileOnDisk(relative, info.size or 0, int(mtime)))
     return found
 
 
@@ -130,7 +130,7 @@ def read_tombstones(log: LogTable, version: int) -> dict[str, Tombstone]:
                     _add_tombstone(tombstones, remove)
     for v in range((base or -1) + 1, version + 1):
         try:
-            with fs.open_input_stream(f"{root}/{DELTA_LOG}/{v:020d}.json") as stream:
+            with fs.open_input_stream(f"{root}/{DELTA_LOG_DIR}/{v:020d}.json") as stream:
                 lines = stream.read().decode().splitlines()
         except (FileNotFoundError, OSError):
             continue  # cleaned up: the checkpoint already holds what it said
@@ -159,13 +159,13 @@ def _add_tombstone(tombstones: dict[str, Tombstone], remove: Mapping) -> None:
 def _last_checkpoint(fs: pafs.FileSystem, root: str, version: int) -> int | None:
     """The newest checkpoint version at or below ``version`` (None: read from version 0)."""
     try:
-        with fs.open_input_stream(f"{root}/{DELTA_LOG}/_last_checkpoint") as stream:
+        with fs.open_input_stream(f"{root}/{DELTA_LOG_DIR}/_last_checkpoint") as stream:
             hinted = int(json.loads(stream.read().decode())["version"])
         if hinted <= version and _checkpoint_parts(fs, root, hinted):
             return hinted
     except (FileNotFoundError, OSError, ValueError, KeyError):
         pass
-    infos = fs.get_file_info(pafs.FileSelector(f"{root}/{DELTA_LOG}", allow_not_found=True))
+    infos = fs.get_file_info(pafs.FileSelector(f"{root}/{DELTA_LOG_DIR}", allow_not_found=True))
     found = [
         int(i.base_name[:20])
         for i in infos
@@ -176,15 +176,15 @@ def _last_checkpoint(fs: pafs.FileSystem, root: str, version: int) -> int | None
 
 
 def _checkpoint_parts(fs: pafs.FileSystem, root: str, version: int) -> list[str]:
-    single = f"{root}/{DELTA_LOG}/{version:020d}.checkpoint.parquet"
+    single = f"{root}/{DELTA_LOG_DIR}/{version:020d}.checkpoint.parquet"
     if fs.get_file_info(single).type == pafs.FileType.File:
         return [single]
-    infos = fs.get_file_info(pafs.FileSelector(f"{root}/{DELTA_LOG}", allow_not_found=True))
+    infos = fs.get_file_info(pafs.FileSelector(f"{root}/{DELTA_LOG_DIR}", allow_not_found=True))
     prefix = f"{version:020d}.checkpoint."
     return sorted(
         i.path for i in infos if i.base_name.startswith(prefix) and i.base_name.endswith(".parquet")
     )
 
 
-def total_bytes(files: Iterable[DataFile]) -> int:
+def total_bytes(files: Iterable[FileOnDisk]) -> int:
     return sum(f.size_bytes for f in files)

@@ -8,7 +8,7 @@ operator then chooses:
   version in the log (``compacted-sink/accepted-version``) and checks only later
   commits. Files the other engine wrote are rewritten into segments by the next
   pass; what it deleted stays deleted.
-- `restore`: the log goes back to a version before the change (Delta's RESTORE,
+- `restore_version`: the log goes back to a version before the change (Delta's RESTORE,
   made by the sink so it is its own commit), inside the history window. The
   sink's offsets are set as they were then, except the log end offset, which keeps
   counting (offsets never repeat). Everything after that version is undone,
@@ -45,7 +45,7 @@ def accept(log: LogTable, through_version: int | None = None) -> int:
     return version
 
 
-def restore(log: LogTable, version: int) -> int:
+def restore_version(log: LogTable, version: int) -> int:
     """Restore the log to ``version`` in one commit of the sink's own; returns the new version.
 
     Raises `HistoryExpiredError` when ``version`` lies before the history window, and

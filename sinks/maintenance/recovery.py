@@ -55,16 +55,14 @@ from checkpoints.cleaner_states import live_claims
 from sinks.crash_points import RECOVERY_AFTER_ORPHAN_DELETED, RECOVERY_BEFORE_MARKER, crash_point
 from sinks.errors import LogCorruptedError
 from sinks.log.log_table import LogSnapshot, LogTable
-from sinks.log.ownership import foreign_files, is_own_data_path
+from sinks.log.ownership import MARKER_DIR, foreign_files, is_own_data_path
 from sinks.log.segment import Segment
 from sinks.log.storage import arrow_filesystem
-from sinks.maintenance.file_inventory import DataFile, list_data_files, referenced_paths
+from sinks.maintenance.file_inventory import FileOnDisk, list_data_files, referenced_paths
 
 logger = logging.getLogger("compacted_sink")
 
-MARKER_DIR = "_compacted_sink"
 CLEAN_SHUTDOWN_MARKER = f"{MARKER_DIR}/clean-shutdown.json"
-_DELTA_LOG = "_delta_log"
 
 
 @dataclass(frozen=True)
@@ -94,7 +92,7 @@ class RecoveryReport:
 
 
 def find_orphans(
-    files: Iterable[DataFile],
+    files: Iterable[FileOnDisk],
     referenced: set[str],
     *,
     now_ms: int,

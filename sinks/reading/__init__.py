@@ -5,17 +5,17 @@ from sinks.reading.replay import (
     ReplayError,
     RestoreSource,
     export_state,
-    restore,
+    replay,
     verify_export,
 )
-from sinks.reading.state_reader import read_state
+from sinks.reading.state_reader import spark_state
 
 __all__ = [
     "ExportReport",
     "ReplayError",
     "RestoreSource",
     "export_state",
-    "read_state",
-    "restore",
+    "replay",
+    "spark_state",
     "verify_export",
 ]

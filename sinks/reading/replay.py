@@ -19,7 +19,7 @@ in a gap.
   chose); the driver then writes ``_manifest.json`` (`MANIFEST`): the files, the
   counts, the config and the offsets. An export without a manifest is incomplete.
   `sinks.reading.arrow_export` writes the same files without Spark.
-- `restore` writes a `RestoreSource` (an export, or another log at a version) into
+- `replay` writes a `RestoreSource` (an export, or another log at a version) into
   a log that holds nothing yet, in one Delta commit that carries the records at
   their own partitions and offsets and each partition's log start and end offsets,
   so the next append continues after the source's log end. The new log is created
@@ -529,7 +529,7 @@ class RestoreReport:
         )
 
 
-def restore(
+def replay(
     source: RestoreSource,
     target: str | StateLog,
     *,
@@ -1123,6 +1123,6 @@ __all__ = [
     "export_state",
     "read_export",
     "read_manifest",
-    "restore",
+    "replay",
     "verify_export",
 ]

@@ -117,7 +117,7 @@ def broadcast_bytes(rows: int, fields: Sequence[T.DataType]) -> int:
     return rows * (2 * row + 16)
 
 
-def read_state(
+def spark_state(
     spark: SparkSession,
     log_table: LogTable,
     snapshot: LogSnapshot,

@@ -1,7 +1,7 @@
 """``clean`` and ``vacuum``: Kafka's ``CleanerThread`` and its segment deletion, run by hand.
 
-``clean`` runs `streaming.cleaner_thread.CleanerThread` over the selected logs: clean
-the filthiest, then back off. ``clean --once`` starts no Spark session when no log is
+``clean`` runs `streaming.registered_logs_cleaner.RegisteredLogsCleaner` over the selected
+logs: clean the filthiest, then back off. ``clean --once`` starts no Spark session when no log is
 cleanable (measuring reads Delta metadata only). ``vacuum`` deletes every file out of
 the log longer than ``file.delete.delay.ms`` now, call by call until none is left.
 """
@@ -42,10 +42,10 @@ def add_vacuum(commands: argparse._SubParsersAction) -> None:
 
 
 def _clean(args: argparse.Namespace) -> int:
-    from streaming.cleaner_thread import CleanerThread
+    from streaming.registered_logs_cleaner import RegisteredLogsCleaner
 
     selected = refs(args)
-    thread = CleanerThread(
+    thread = RegisteredLogsCleaner(
         selected, force=args.force, vacuum=args.vacuum, backoff_ms=args.backoff_ms, out=out
     )
     for ref in selected:

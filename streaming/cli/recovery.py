@@ -111,7 +111,7 @@ def _replay(args: argparse.Namespace) -> int:
         check_target,
         is_faithful,
         read_manifest,
-        restore,
+        replay,
     )
     from streaming.progress import spark_progress
 
@@ -163,7 +163,7 @@ def _replay(args: argparse.Namespace) -> int:
         properties = {**source.config.properties, **carried}
         source = dataclasses.replace(source, config=CarriedConfig(keys, None, properties))
     with spark_progress(spark, "replay", out=err):
-        report = restore(
+        report = replay(
             source,
             target_path,
             mode=mode,

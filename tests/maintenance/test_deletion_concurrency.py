@@ -16,7 +16,7 @@ from pyspark.sql import DataFrame
 
 from sinks import CleanerConfig, CleanerError, CommitConflictError, CompactedStateSink
 from sinks.maintenance.file_inventory import list_data_files
-from streaming.demo import DemoSettings, keyed_updates, replay
+from streaming.demo import DemoSettings, expected_state, keyed_updates
 
 BATCHES = 10
 CONFIG = CleanerConfig(
@@ -79,7 +79,7 @@ def test_deletion_beside_a_streaming_query_and_a_concurrent_cleaner(spark, lake)
     assert errors == []
     fed = BATCHES * settings.rows_per_batch
     state = {r["key"]: bytes(r["value"]) for r in other.state().collect()}
-    assert state == replay(settings, fed)
+    assert state == expected_state(settings, fed)
     live = {s.path for s in other.log_table.snapshot().all_segments()}
     on_disk = {f.path for f in list_data_files(other.log_table)}
     assert live <= on_disk

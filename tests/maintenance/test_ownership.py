@@ -33,7 +33,7 @@ from sinks.log.ownership import (
 )
 from sinks.log.segment import segment_path
 from sinks.maintenance.file_inventory import take_inventory
-from sinks.maintenance.recovery import DataFile, find_orphans
+from sinks.maintenance.recovery import FileOnDisk, find_orphans
 from sinks.maintenance.segment_deleter import delete_expired_files
 
 EIGHT_DAYS_S = 8 * 86_400
@@ -111,9 +111,9 @@ def test_a_compacted_log_is_known_by_any_of_its_marks():
 def test_orphans_are_only_the_sinks_own_files_whatever_the_age():
     own = segment_path(0, 5, UUID)
     files = [
-        DataFile(own, 1, 0),
-        DataFile("partition-0/theirs.parquet", 1, 0),
-        DataFile("events/part-1.parquet", 1, 0),
+        FileOnDisk(own, 1, 0),
+        FileOnDisk("partition-0/theirs.parquet", 1, 0),
+        FileOnDisk("events/part-1.parquet", 1, 0),
     ]
     old, young = find_orphans(files, set(), now_ms=10**13, file_delete_delay_ms=0)
     assert (old, young) == ([own], [])

@@ -19,7 +19,7 @@ from sinks.log.log_table import COMMIT_INFO_KEY, LogTable
 from sinks.log.segment import segment_path
 from sinks.maintenance.recovery import (
     CLEAN_SHUTDOWN_MARKER,
-    DataFile,
+    FileOnDisk,
     find_orphans,
     offset_problems,
     read_clean_shutdown_marker,
@@ -37,10 +37,10 @@ HOUR_MS = 3_600_000
 def test_find_orphans_respects_references_grace_and_live_passes():
     a, b, c = (segment_path(0, base, uuid.uuid4().hex) for base in (0, 10, 20))
     files = [
-        DataFile(a, 1, 0),
-        DataFile(b, 1, 0),
-        DataFile(c, 1, 9_500),
-        DataFile(segment_path(1, 0, uuid.uuid4().hex), 1, 0),
+        FileOnDisk(a, 1, 0),
+        FileOnDisk(b, 1, 0),
+        FileOnDisk(c, 1, 9_500),
+        FileOnDisk(segment_path(1, 0, uuid.uuid4().hex), 1, 0),
     ]
     old, young = find_orphans(
         files,

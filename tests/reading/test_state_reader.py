@@ -1,7 +1,7 @@
-"""`read_state` against today's rule: every record of the log grouped by key (design.md §3).
+"""`spark_state` against today's rule: every record of the log grouped by key (design.md §3).
 
 The reference is `latest_records` over the whole log, then `drop_tombstones`,
-computed here; `read_state` must give the same rows, types and nullability on
+computed here; `spark_state` must give the same rows, types and nullability on
 every shape of log: never cleaned, cleaned with a dirty tail, a partial pass,
 several partitions, composite keys, a sequence column, ``delete_records`` and
 time travel. A hypothesis test runs random append / clean histories.
@@ -25,7 +25,7 @@ from sinks.cleaner.rules import drop_tombstones, latest_records
 from sinks.reading.state_reader import (
     LogSections,
     broadcast_bytes,
-    read_state,
+    spark_state,
     split_at_cleaner_offset,
 )
 
@@ -58,7 +58,7 @@ def sections(sink, as_of=None) -> LogSections:
 
 def read(spark, sink, as_of=None, **options):
     snapshot = sink.log_table.snapshot(as_of)
-    return read_state(
+    return spark_state(
         spark, sink.log_table, snapshot, sink.key_columns, sink.sequence_column, **options
     )
 

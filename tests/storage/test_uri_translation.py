@@ -17,7 +17,6 @@ from sinks.log.storage import (
     join,
     normalize_uri,
     sibling,
-    spark_uri,
     store_of,
 )
 
@@ -59,6 +58,12 @@ def test_local_paths_become_absolute_against_this_process_cwd(tmp_path, monkeypa
     assert normalize_uri(f"file://{tmp_path}/lake") == str(tmp_path / "lake")
     assert normalize_uri(tmp_path / "lake") == str(tmp_path / "lake")
     assert is_local(normalize_uri("lake")) and is_local(f"file://{tmp_path}")
+
+
+def spark_uri(uri: str) -> str:
+    """The URI as Spark's Hadoop file systems name it (``s3://`` becomes ``s3a://``)."""
+    canonical = normalize_uri(uri)
+    return "s3a" + canonical[len("s3") :] if canonical.startswith("s3://") else canonical
 
 
 def test_spark_names_s3_with_hadoops_s3a_and_leaves_others():

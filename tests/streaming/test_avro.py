@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 from pyspark.sql import types as T
+from testkit import encode_confluent
 
 from sinks import BadInputError, CompactedStateSink
-from streaming.avro import DECODE_ERROR, ConfluentAvroDecoder, DecodingHook, encode_confluent
+from streaming.avro import DECODE_ERROR, ConfluentAvroDecoder, DecodingHook
 from streaming.avro_types import avro_to_spark
 from streaming.job import load_job
 from streaming.runner import build_hook

@@ -16,9 +16,10 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 from deltalake import DeltaTable
 from pyspark.sql import types as T
+from testkit import encode_confluent
 
 from sinks import BadInputError, CompactedStateSink
-from streaming.avro import DECODE_ERROR, ConfluentAvroDecoder, DecodingHook, encode_confluent
+from streaming.avro import DECODE_ERROR, ConfluentAvroDecoder, DecodingHook
 from streaming.schema_registry import SchemaNotFoundError, SchemaStore
 
 SUBJECT = "users-value"

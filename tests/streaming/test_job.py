@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
 
+from sinks.errors import ConfigError
+from sinks.log.records import VALUE
 from streaming.job import JobConfigError, load_job
-from streaming.registry import key_columns_of
 
 GOOD = """
 [source]
@@ -106,6 +108,14 @@ def test_unreadable_files_are_named(tmp_path: Path) -> None:
         load_job(tmp_path / "missing.toml")
     with pytest.raises(JobConfigError, match="not valid TOML"):
         load_job(write(tmp_path, "[source\n"))
+
+
+def key_columns_of(columns: Iterable[str]) -> tuple[str, ...]:
+    """The key columns of a log's schema: every column before ``value``."""
+    names = list(columns)
+    if VALUE not in names or names.index(VALUE) == 0:
+        raise ConfigError(f"cannot tell the key columns of a log with columns {names}")
+    return tuple(names[: names.index(VALUE)])
 
 
 def test_key_columns_are_the_columns_before_value() -> None:

@@ -34,7 +34,7 @@ from sinks.reading.replay import (
     RestoreTargetError,
     export_state,
     read_export,
-    restore,
+    replay,
     verify_export,
 )
 
@@ -212,8 +212,8 @@ def test_round_trip_keeps_partitions_offsets_every_column_and_the_config(spark, 
 
     # Restore into a new path: the live records' log() is the source's, every column.
     restored_path = str(lake / "restored")
-    done = restore(RestoreSource.of_export(spark, str(lake / "export")), restored_path)
-    again = restore(RestoreSource.of_export(spark, str(lake / "export")), restored_path)
+    done = replay(RestoreSource.of_export(spark, str(lake / "export")), restored_path)
+    again = replay(RestoreSource.of_export(spark, str(lake / "export")), restored_path)
     assert done.records == 7 and not done.skipped and again.skipped  # exactly once
     restored = CompactedStateSink(restored_path, clock=clock)
     assert restored.key_columns == ("key",)
@@ -233,7 +233,7 @@ def test_round_trip_keeps_partitions_offsets_every_column_and_the_config(spark, 
 
     # A restore into a log that holds records is refused, whatever the batch id.
     with pytest.raises(RestoreTargetError, match="already holds a log"):
-        restore(RestoreSource.of_export(spark, str(lake / "export")), restored_path, batch_id=1)
+        replay(RestoreSource.of_export(spark, str(lake / "export")), restored_path, batch_id=1)
 
     # Offsets continue after the source's log end, where its last records were cleaned away.
     appended = spark.createDataFrame(kafka_rows(4, [("j", 2, 0, "Jo")]), KAFKA_SCHEMA)
@@ -250,7 +250,7 @@ def test_round_trip_keeps_partitions_offsets_every_column_and_the_config(spark, 
 
     # From a log directly: log -> new log at another path.
     copy = str(lake / "copy")
-    restore(RestoreSource.of_log(spark, source.path), copy)
+    replay(RestoreSource.of_log(spark, source.path), copy)
     assert_df_equality(CompactedStateSink(copy).log(), expected_latest, ignore_row_order=True)
     assert verify_restore_arrow(source.path, copy).ok
 
@@ -285,10 +285,10 @@ def test_lossy_new_offsets_only_by_name(spark, lake, clock):
     source = kafka_log(spark, str(lake / "users"), clock)
     export_state_arrow(source.path, str(lake / "export"))
     with pytest.raises(ConfigError, match="'exact' or 'new-offsets'"):
-        restore(RestoreSource.of_export(spark, str(lake / "export")), str(lake / "x"), mode="lossy")  # type: ignore[arg-type]
+        replay(RestoreSource.of_export(spark, str(lake / "export")), str(lake / "x"), mode="lossy")  # type: ignore[arg-type]
 
     lossy = str(lake / "lossy")
-    done = restore(RestoreSource.of_export(spark, str(lake / "export")), lossy, mode="new-offsets")
+    done = replay(RestoreSource.of_export(spark, str(lake / "export")), lossy, mode="new-offsets")
     assert done.records == 5 and "NEW offsets in partition 0" in done.summary()
     target = CompactedStateSink(lossy)
     assert_df_equality(target.state(), source.state(), ignore_row_order=True)
@@ -310,7 +310,7 @@ def test_lossy_new_offsets_only_by_name(spark, lake, clock):
     theirs.parent.mkdir()
     theirs.write_bytes(b"someone else's")
     with pytest.raises(NotACompactedLogError):
-        restore(RestoreSource.of_export(spark, str(lake / "export")), str(lake / "theirs"))
+        replay(RestoreSource.of_export(spark, str(lake / "export")), str(lake / "theirs"))
     assert sorted(p.name for p in (lake / "theirs").iterdir()) == ["data.parquet"]
     assert theirs.read_bytes() == b"someone else's"
 
@@ -320,7 +320,7 @@ def test_lossy_new_offsets_only_by_name(spark, lake, clock):
     del manifest["format"]
     manifest_path.write_text(json.dumps(manifest))
     with pytest.raises(ReplayError, match="older export"):
-        restore(RestoreSource.of_export(spark, str(lake / "export")), str(lake / "old"))
+        replay(RestoreSource.of_export(spark, str(lake / "export")), str(lake / "old"))
     assert LogTable(str(lake / "old")).snapshot() is None  # refused before anything was written
 
 
@@ -352,7 +352,7 @@ def test_export_verify_and_restore_give_the_same_log(spark, lake, clock) -> None
     assert verify_export(sink, str(lake / "export")).ok
 
     restored_path = str(lake / "restored")
-    done = restore(RestoreSource.of_export(spark, str(lake / "export")), restored_path)
+    done = replay(RestoreSource.of_export(spark, str(lake / "export")), restored_path)
     assert done.records == 3
     restored = CompactedStateSink(restored_path)
     assert_df_equality(restored.state(), sink.state(), ignore_row_order=True, ignore_nullable=True)
@@ -362,7 +362,7 @@ def test_export_verify_and_restore_give_the_same_log(spark, lake, clock) -> None
 
     # Time travel: the log before batch 1, restored into another log.
     before = str(lake / "before")
-    restore(RestoreSource.of_log(spark, sink.path, as_of=after_first), before)
+    replay(RestoreSource.of_log(spark, sink.path, as_of=after_first), before)
     assert sorted(r["id"] for r in CompactedStateSink(before).state().collect()) == ["a", "b", "c"]
 
     with pytest.raises(ReplayError, match="already holds an export"):

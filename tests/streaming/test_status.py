@@ -5,8 +5,8 @@ from __future__ import annotations
 from pyspark.sql import types as T
 
 from sinks import CleanerConfig, CompactedStateSink
-from streaming.cleaner_thread import CleanerThread
 from streaming.job import LogSpec
+from streaming.registered_logs_cleaner import RegisteredLogsCleaner
 from streaming.registry import LogRef, discover_logs
 from streaming.status import log_status
 from streaming.status_history import history
@@ -45,7 +45,7 @@ def test_status_history_plot_and_the_cleaner_loop(spark, lake, tmp_path) -> None
         LogRef(LogSpec(path=s.path, key_columns=("key",), config=CONFIG)) for s in (users, orders)
     ]
     lines: list[str] = []
-    loop = CleanerThread(refs, force=True, out=lines.append)
+    loop = RegisteredLogsCleaner(refs, force=True, out=lines.append)
     assert loop.grab_filthiest().ref.spec.path == users.path  # users is the dirtier
     assert loop.run_once() == 2
     cleaned = [line.split()[1] for line in lines if line.startswith("cleaned ")]

@@ -1,4 +1,4 @@
-"""The ``clean`` command's cleaner loop: the library's `CleanerThread` over many logs.
+"""The ``clean`` command's loop over every registered log: the library's `CleanerThread`.
 
 The loop itself is `sinks.cleaner.cleaner_thread.CleanerThread`, the one the sink's
 worker runs too: each round gives every log's segment deleter its turn (``vacuum``:
@@ -16,8 +16,7 @@ import threading
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 
-from sinks.cleaner.cleaner_thread import Candidate as LoopCandidate
-from sinks.cleaner.cleaner_thread import CleanerThread as Loop
+from sinks.cleaner.cleaner_thread import Candidate, CleanerThread
 from sinks.cleaner.log_cleaner import LogCleaner, RoundReport
 from sinks.cleaner.log_to_clean import LogToClean
 from sinks.cleaner.not_cleanable import nothing_cleanable_line
@@ -26,14 +25,14 @@ from streaming.registry import LogRef
 
 
 @dataclass(frozen=True)
-class Candidate:
-    """A log with at least one cleanable partition, ordered by its dirtiest one."""
+class FilthiestRegisteredLog:
+    """A registered log with at least one cleanable partition, ordered by its dirtiest one."""
 
     ref: LogRef
     filthiest: LogToClean
 
 
-class CleanerThread:
+class RegisteredLogsCleaner:
     """Cleans the filthiest of ``logs`` again and again; `run_once` for a single round.
 
     ``force`` cleans any partition with cleanable bytes, ignoring the ratio.
@@ -55,7 +54,7 @@ class CleanerThread:
         self.refs = {id(self.sinks[ref.spec.path].log_cleaner): ref for ref in self.logs}
         self.out = out
         self.vacuum = vacuum
-        self.loop = Loop(
+        self.loop = CleanerThread(
             [sink.log_cleaner for sink in self.sinks.values()],
             force=force,
             before_round=self._announce,
@@ -71,13 +70,13 @@ class CleanerThread:
     def passes(self) -> int:
         return self.loop.passes
 
-    def grab_filthiest(self, exclude: Collection[str] = ()) -> Candidate | None:
+    def grab_filthiest(self, exclude: Collection[str] = ()) -> FilthiestRegisteredLog | None:
         """The log whose dirtiest cleanable partition is dirtiest, among logs not backing off."""
         skipped = [c for c in self.loop.cleaners if c.log.uri in exclude]
         found = self.loop.grab_filthiest(skipped, cleanable_only=True)
         if found is None or found.filthiest is None:
             return None
-        return Candidate(self.refs[id(found.cleaner)], found.filthiest)
+        return FilthiestRegisteredLog(self.refs[id(found.cleaner)], found.filthiest)
 
     def delete_expired_files(self) -> int:
         """Give each log's segment deleter its turn (``vacuum``: now, else when due);
@@ -128,7 +127,7 @@ class CleanerThread:
             if self.loop.run_once(spark) == 0:
                 stop.wait(self.backoff_ms / 1000)
 
-    def _announce(self, candidate: LoopCandidate) -> None:
+    def _announce(self, candidate: Candidate) -> None:
         log = candidate.filthiest
         if log is not None:
             self.out(

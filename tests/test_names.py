@@ -1,0 +1,179 @@
+"""One name per thing (issue #31, point 4), as tests. Pure: parses the source, imports nothing.
+
+- No public name (a class, function or module constant not starting with ``_``) is defined
+  at the top level of two library modules: a reader who meets ``read_state`` or
+  ``CleanerThread`` knows which one it is. A package's ``__init__`` re-exporting a name
+  defines nothing; every module's own ``logger`` is the one exception by convention.
+- One exit registry: only `sinks.shutdown` hooks the interpreter's exit.
+- No library function or class is there for the tests alone: what only ``tests/`` uses
+  lives in ``tests/`` (``testkit.py`` or the test module), unless the documentation offers
+  it to users (``docs/``, the README).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LIBRARY = ("checkpoints", "sinks", "streaming")
+ALSO_USING = ("bench", "examples")  # code outside the library that uses it, not tests
+EXIT_REGISTRY = "sinks/shutdown.py"
+
+PER_MODULE = {"logger"}
+
+KNOWN_DUPLICATES: dict[str, str] = {
+    "PARTITIONS_TXN": "sinks/log/log_table.py should import it from sinks/log/ownership.py "
+    "(log_table imports ownership, so not the other way); log_table.py is being rewritten "
+    "on another branch",
+}
+
+KEPT_FOR_TESTS: dict[str, str] = {
+    "armed": "arms a named crash point in this process: it writes sinks.crash_points' own "
+    "table of armed points, which crash_point reads, so it stays beside crash_point",
+    "drop_tombstones": "the Spark half of a rule pair in sinks.cleaner.rules: the reference "
+    "a pass and the readers are held to, kept beside its Arrow half",
+    "retain_latest": "the Spark half of a rule pair in sinks.cleaner.rules, as above",
+    "staged_files": "streaming/datasource.py is being rewritten on another branch",
+}
+
+
+def library_modules() -> list[Path]:
+    return sorted(p for package in LIBRARY for p in (ROOT / package).rglob("*.py"))
+
+
+def python_files(tops: tuple[str, ...]) -> list[Path]:
+    return sorted(p for top in tops if (ROOT / top).exists() for p in (ROOT / top).rglob("*.py"))
+
+
+def top_level_names(tree: ast.Module) -> list[tuple[str, str]]:
+    """(name, kind) of every public class, function and constant ``tree`` defines at its top
+    level, also inside a top-level ``if`` or ``try``; kind is ``def``, ``class`` or ``=``."""
+    found = []
+    pending: list[ast.stmt] = list(tree.body)
+    while pending:
+        node = pending.pop(0)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            found.append((node.name, "def"))
+        elif isinstance(node, ast.ClassDef):
+            found.append((node.name, "class"))
+        elif isinstance(node, ast.Assign):
+            found.extend((t.id, "=") for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            found.append((node.target.id, "="))
+        elif isinstance(node, ast.If | ast.Try):
+            pending.extend(node.body + node.orelse)
+            pending.extend(s for h in getattr(node, "handlers", ()) for s in h.body)
+    return [(n, k) for n, k in found if not n.startswith("_")]
+
+
+def definitions() -> dict[str, list[tuple[str, str]]]:
+    """Each public name -> the library modules (relative paths) defining it, with its kind."""
+    found: dict[str, list[tuple[str, str]]] = defaultdict(list)
+    for path in library_modules():
+        for name, kind in top_level_names(ast.parse(path.read_text(), filename=str(path))):
+            found[name].append((str(path.relative_to(ROOT)), kind))
+    return found
+
+
+def names_used(path: Path) -> set[str]:
+    """Every name ``path`` refers to: names, attributes and imported names. A package's
+    ``__init__`` only re-exports, so its imports are not uses."""
+    used = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Name):
+            used.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            used.add(node.attr)
+        elif isinstance(node, ast.ImportFrom) and path.name != "__init__.py":
+            used.update(alias.name for alias in node.names)
+    return used
+
+
+def defined_twice() -> list[str]:
+    return [
+        f"{name}: {', '.join(m for m, _ in modules)}"
+        for name, modules in sorted(definitions().items())
+        if len(modules) > 1 and name not in PER_MODULE and name not in KNOWN_DUPLICATES
+    ]
+
+
+def used_only_by_tests() -> list[str]:
+    """Library functions and classes that no library, bench or example code uses, but tests
+    do, and that the documentation does not offer to users."""
+    outside_tests: set[str] = set()
+    for path in python_files(LIBRARY + ALSO_USING):
+        outside_tests |= names_used(path)
+    in_tests: set[str] = set()
+    for path in python_files(("tests",)):
+        in_tests |= names_used(path)
+    documented = " ".join(
+        p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    )
+    found = []
+    for name, modules in sorted(definitions().items()):
+        if any(kind == "=" for _, kind in modules) or name in KEPT_FOR_TESTS:
+            continue
+        if name in outside_tests or name not in in_tests:
+            continue
+        if re.search(rf"\b{re.escape(name)}\b", documented):
+            continue
+        found.append(f"{name} ({modules[0][0]})")
+    return found
+
+
+def exit_hooks() -> list[str]:
+    """Library modules other than `sinks.shutdown` that hook the interpreter's exit."""
+    found = []
+    for path in library_modules():
+        relative = str(path.relative_to(ROOT))
+        if relative == EXIT_REGISTRY:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            hooks = (
+                (isinstance(node, ast.Import) and any(a.name == "atexit" for a in node.names))
+                or (isinstance(node, ast.ImportFrom) and node.module == "atexit")
+                or (isinstance(node, ast.Attribute) and node.attr == "_register_atexit")
+            )
+            if hooks:
+                found.append(f"{relative}:{node.lineno}")
+    return found
+
+
+def test_no_public_name_is_defined_in_two_library_modules():
+    assert defined_twice() == []
+
+
+def test_known_duplicates_are_still_duplicates():
+    """A duplicate fixed leaves `KNOWN_DUPLICATES`, so the list only shrinks."""
+    found = definitions()
+    assert [n for n in KNOWN_DUPLICATES if len(found.get(n, ())) < 2] == []
+
+
+def test_no_library_function_is_there_for_the_tests_alone():
+    assert used_only_by_tests() == []
+
+
+def test_what_is_kept_for_the_tests_still_exists_in_the_library():
+    found = definitions()
+    assert [n for n in KEPT_FOR_TESTS if n not in found] == []
+
+
+def test_one_exit_registry():
+    assert exit_hooks() == []
+
+
+def test_the_checks_see_what_they_look_for():
+    source = (
+        "X = 1\n_Y = 2\nlogger = None\n"
+        "if True:\n    def f(): pass\n"
+        "class C:\n    def method(self): pass\n"
+    )
+    assert top_level_names(ast.parse(source)) == [
+        ("X", "="),
+        ("logger", "="),
+        ("C", "class"),
+        ("f", "def"),
+    ]
