@@ -24,6 +24,8 @@ SPARK_KAFKA_JARS := $(JARS)/spark-kafka-$(KAFKA_SPARK)/.fetched
 DELTA_JARS := $(JARS)/delta-$(KAFKA_SPARK)/.fetched
 # The pyspark releases `make smoke` checks, one venv each (.venv-spark<major.minor>).
 SMOKE_SPARKS ?= 4.0.1 4.1.4 4.2.0
+# The ones `make test` checks too: 4.2 runs the kafka and delta_spark tests, 4.3 the whole suite.
+TEST_SMOKE_SPARKS ?= 4.0.1 4.1.4
 
 .PHONY: demo demo-kafka jars test test-kafka test-delta-spark smoke lint bench bench-quick bench-scale bench-cluster soak soak-quick soak-exit soak-faults clean
 
@@ -70,6 +72,7 @@ test: $(STAMP) $(KAFKA_STAMP) jars
 	$(PY) -m pytest -q --durations=15 -m "not kafka and not delta_spark" tests || status=1; \
 	$(MAKE) --no-print-directory test-kafka || status=1; \
 	$(MAKE) --no-print-directory test-delta-spark || status=1; \
+	$(MAKE) --no-print-directory smoke SMOKE_SPARKS="$(TEST_SMOKE_SPARKS)" || status=1; \
 	exit $$status
 
 test-kafka: $(KAFKA_STAMP) jars
@@ -78,7 +81,8 @@ test-kafka: $(KAFKA_STAMP) jars
 test-delta-spark: $(KAFKA_STAMP) jars
 	COMPACTED_SINK_DELTA_TESTS=required $(KAFKA_PY) -m pytest -q --durations=10 -m delta_spark tests
 
-# Not part of `make test`: the smoke suite on each pyspark of $(SMOKE_SPARKS), one venv each.
+# The smoke suite on each pyspark of $(SMOKE_SPARKS), one venv each; `make test` runs it on
+# $(TEST_SMOKE_SPARKS).
 smoke:
 	@status=0; for v in $(SMOKE_SPARKS); do \
 	  venv=.venv-spark$${v%.*}; \

@@ -24,11 +24,7 @@ EXIT_REGISTRY = "sinks/shutdown.py"
 
 PER_MODULE = {"logger"}
 
-KNOWN_DUPLICATES: dict[str, str] = {
-    "PARTITIONS_TXN": "sinks/log/log_table.py should import it from sinks/log/ownership.py "
-    "(log_table imports ownership, so not the other way); log_table.py is being rewritten "
-    "on another branch",
-}
+KNOWN_DUPLICATES: dict[str, str] = {}
 
 KEPT_FOR_TESTS: dict[str, str] = {
     "armed": "arms a named crash point in this process: it writes sinks.crash_points' own "

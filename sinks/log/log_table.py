@@ -57,7 +57,7 @@ from sinks.log.foreign_commits import (
 )
 from sinks.log.history_window import check_reachable
 from sinks.log.landed_commits import COMMIT_TOKEN_KEY, check_removes, landed_version
-from sinks.log.ownership import LOG_DESCRIPTION
+from sinks.log.ownership import LOG_DESCRIPTION, PARTITIONS_TXN
 from sinks.log.records import spark_at_or_above
 from sinks.log.segment import DataFile, ForeignFile, Segment, data_file
 from sinks.log.segment_writer import WrittenSegment
@@ -69,7 +69,6 @@ TXN_PREFIX = "compacted-sink/"
 LOG_END_OFFSET_TXN = TXN_PREFIX + "log-end-offset/{}"
 LOG_START_OFFSET_TXN = TXN_PREFIX + "log-start-offset/{}"
 CLEANER_OFFSET_TXN = TXN_PREFIX + "cleaner-offset/{}"
-PARTITIONS_TXN = TXN_PREFIX + "partitions"
 
 AsOf = int | str | datetime
 

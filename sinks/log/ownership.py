@@ -52,7 +52,7 @@ LOG_DESCRIPTION = "compacted-state log"
 """The Delta table description `LogTable.create` gives every log."""
 KEY_COLUMNS_PROPERTY = "compacted.sink.key.columns"
 """The table property a log records its key columns in (`sinks.log.log_keys`)."""
-PARTITIONS_TXN = "compacted-sink/partitions"  # the same as sinks.log.log_table
+PARTITIONS_TXN = "compacted-sink/partitions"  # committed with every append (sinks.log.log_commit)
 CHECKPOINT_TABLE_NAME = "cleaner-offset-checkpoint"  # the name checkpoints/ creates it with
 
 DELTA_LOG_DIR = "_delta_log"
