@@ -8,7 +8,15 @@ materialized, nothing written):
 - ``parquet``: ``spark.read.parquet(<the log's live files>)``, the floor of any reader;
 - ``batch``: ``spark.read.format("compacted-state").load(path)`` (earliest to latest);
 - ``stream``: ``readStream.format("compacted-state")`` from earliest, ``availableNow``
-  (the bootstrap micro-batch, plus the query's start and its offset log).
+  (the bootstrap micro-batch, plus the query's start and its offset log);
+- ``file_stream``: Spark's own Parquet file stream over a copy of the same files,
+  ``availableNow``: the floor of any streaming bootstrap (a query's start, its offset and
+  commit logs), which a batch read does not pay.
+
+For each streaming read, ``*_trigger_s`` is the micro-batch as the query's progress
+reports it (``triggerExecution``); the rest of its time is the query's start and stop,
+for the consumers' source mostly Spark starting the Python process that runs the
+source's driver side (``prepareForTriggerAvailableNow``, ``latestOffset``, ...).
 
 Speed is records per second; the ratio is parquet's time over the reader's (1.0: as
 fast as Spark's Parquet scan). Run: ``python -m bench.consumer_read`` (``--help``).
@@ -81,28 +89,53 @@ def main() -> None:
                 "overwrite"
             ).save()
 
+        copies = base / "files"
+        copies.mkdir()
+        for number, file in enumerate(files):
+            shutil.copy(file, copies / f"part-{number}.parquet")
+        schema = spark.read.parquet(str(copies)).schema
         runs = [0]
+        triggers: dict[str, list[float]] = {"stream": [], "file_stream": []}
 
-        def stream() -> None:
+        def run_query(name: str, reader) -> None:
             runs[0] += 1
             query = (
-                spark.readStream.format("compacted-state")
-                .option("startingOffsets", "earliest")
-                .load(path)
-                .writeStream.format("noop")
+                reader.writeStream.format("noop")
                 .option("checkpointLocation", str(base / f"chk-{runs[0]}"))
                 .trigger(availableNow=True)
                 .start()
             )
             query.awaitTermination()
+            ms = sum(p["durationMs"].get("triggerExecution", 0) for p in query.recentProgress)
+            triggers[name].append(ms / 1000)
+
+        def stream() -> None:
+            run_query(
+                "stream",
+                spark.readStream.format("compacted-state")
+                .option("startingOffsets", "earliest")
+                .load(path),
+            )
+
+        def file_stream() -> None:
+            run_query("file_stream", spark.readStream.schema(schema).parquet(str(copies)))
 
         assert spark.read.format("compacted-state").load(path).count() == rows
         figures = {"records": rows, "files": len(files), "bytes": size}
-        for name, action in (("parquet", parquet), ("batch", batch), ("stream", stream)):
+        actions = (
+            ("parquet", parquet),
+            ("batch", batch),
+            ("stream", stream),
+            ("file_stream", file_stream),
+        )
+        for name, action in actions:
             action()  # warm up: JIT, Python workers
             figures[f"{name}_s"] = min(timed(action) for _ in range(args.repeat))
-        for name in ("batch", "stream"):
+        for name, seconds in triggers.items():
+            figures[f"{name}_trigger_s"] = min(seconds[1:])  # the warm-up left out
+        for name in ("batch", "stream", "file_stream"):
             figures[f"{name}_speed_ratio"] = figures["parquet_s"] / figures[f"{name}_s"]
+        figures["stream_to_file_stream_ratio"] = figures["file_stream_s"] / figures["stream_s"]
         print(json.dumps(figures, indent=2))
         if args.out:
             Path(args.out).write_text(json.dumps(figures, indent=2) + "\n")
