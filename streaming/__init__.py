@@ -42,7 +42,27 @@ _MODULE_OF = {
     "log_status": "streaming.status",
 }
 
-__all__ = sorted(_MODULE_OF)
+__all__ = [
+    "KAFKA_SCHEMA",
+    "CompactedStateDataSource",
+    "ConfluentAvroDecoder",
+    "DecodingHook",
+    "JobConfig",
+    "JobConfigError",
+    "LogSpec",
+    "LogStatus",
+    "PartitionStatus",
+    "ProgressHook",
+    "ProgressListener",
+    "RegisteredLogsCleaner",
+    "SchemaStore",
+    "TopicRouter",
+    "kafka_shaped_files",
+    "kafka_stream",
+    "load_job",
+    "log_status",
+    "spark_progress",
+]
 
 
 def __getattr__(name: str) -> object:

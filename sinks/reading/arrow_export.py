@@ -1,6 +1,6 @@
 """Export and verification without Spark: a log's latest records to Avro, on the driver alone.
 
-The same files as `sinks.reading.replay.export_state` writes (Avro object container
+The same files as `sinks.reading.export.export_state` writes (Avro object container
 files with the schema in every header, and ``_manifest.json`` naming the files, the
 counts, the log's config and each partition's offsets), written from the state
 reader's plan (`sinks.reading.arrow_state.StatePlan.latest`) instead of Spark tasks:
@@ -9,7 +9,7 @@ start-up. One file per export; records stream through batch by batch, so memory 
 bounded as for `read_state_batches`.
 
 An export holds each (partition, key)'s latest record, tombstones included, with
-every column of the log (`sinks.reading.replay` says why). `verify_export_arrow`
+every column of the log (`sinks.reading.export_format` says why). `verify_export_arrow`
 compares an export with the log at the version it was taken from, and
 `verify_restore_arrow` a restored log with its source (an export, or a log at a
 version), both through `compare_images`: every record and column, the config and the
@@ -31,28 +31,32 @@ from sinks.log.records import VALUE
 from sinks.log.segment_writer import nullable_schema
 from sinks.log.storage import arrow_filesystem, normalize_uri
 from sinks.reading.arrow_state import StatePlan
-from sinks.reading.replay import (
+from sinks.reading.export import (
+    ExportReport,
+)
+from sinks.reading.export_format import (
     EXACT,
     MANIFEST,
     SPARK_SCHEMA_METADATA,
     CarriedConfig,
     Codec,
-    Comparison,
-    ExportReport,
-    LogImage,
     Progress,
     ReplayError,
     RestoreMode,
     avro_schema,
     avro_value,
-    canonical,
     check_codec,
-    compare_images,
     is_faithful,
     offsets_from_json,
     partition_offsets,
     read_manifest,
     write_manifest,
+)
+from sinks.reading.log_image import (
+    Comparison,
+    LogImage,
+    canonical,
+    compare_images,
 )
 
 PROGRESS_EVERY_S = 2.0

@@ -1,59 +1,31 @@
-"""Replay for disaster recovery: a log's latest records out to Avro, and back into a new log.
+"""Replay for disaster recovery: an export, or another log, written back into a new log.
 
-Kafka's answer to losing a cluster is a mirror of the topic: the same records at the
-same partitions and offsets, with the topic's configs, so that every consumer's
-committed offset still means the same record. The compacted log *is* the state, so
-an export here is the log as a full cleaning pass would leave it: each (partition,
-key)'s latest record, tombstones included (a consumer behind them must still see the
-delete), with every column the log stores (key columns, ``value``, ``partition``,
-``offset``, ``timestamp``, payload columns such as Kafka's ``topic`` and ``headers``,
-and a tombstone's ``delete_horizon_ms``), plus what a record does not say: the log's
-config (`CarriedConfig`: key columns, sequence column, the properties stored on the log)
-and each partition's offsets (`PartitionOffsets`: log start, log end, where cleaning
-ended). The log end offset is carried on its own because the records do not give it:
-the last records of a partition may have been cleaned away, or Kafka's offsets end
-in a gap.
-
-- `export_state` pins one Delta version and has the executors write Avro object
-  container files with fastavro (the schema in every header, the codec the caller
-  chose); the driver then writes ``_manifest.json`` (`MANIFEST`): the files, the
-  counts, the config and the offsets. An export without a manifest is incomplete.
-  `sinks.reading.arrow_export` writes the same files without Spark.
-- `replay` writes a `RestoreSource` (an export, or another log at a version) into
-  a log that holds nothing yet, in one Delta commit that carries the records at
-  their own partitions and offsets and each partition's log start and end offsets,
-  so the next append continues after the source's log end. The new log is created
-  with the source's schema and carried properties. Exactly once per batch id; a log
-  that already holds records is refused (`RestoreTargetError`). ``mode="new-offsets"``
-  (`NEW_OFFSETS`), the lossy restore, appends the live records through the produce
-  path instead: one partition, offsets numbered from the target's log end, tombstones
-  left out; only when asked for by that name.
-- `compare_images` is the verification both ways use, pure: two `LogImage`s (records
-  with their config and offsets) compared column by column, each difference named
-  (`Comparison`).
+`replay` writes a `RestoreSource` (an export, or another log at a version) into a log
+that holds nothing yet, in one Delta commit that carries the records at their own
+partitions and offsets and each partition's log start and end offsets, so the next
+append continues after the source's log end (Kafka's mirror: every consumer's committed
+offset keeps its meaning). The new log is created with the source's schema and carried
+properties. Exactly once per batch id; a log that already holds records is refused
+(`RestoreTargetError`). ``mode="new-offsets"`` (`NEW_OFFSETS`), the lossy restore,
+appends the live records through the produce path instead: one partition, offsets
+numbered from the target's log end, tombstones left out; only when asked for by that
+name.
 """
 
 from __future__ import annotations
 
-import io
-import json
 import time
-import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal, Protocol
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
-import fastavro
-import pyarrow as pa
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import CommitProperties
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from sinks.cleaner.rules import latest_records
 from sinks.config import CleanerConfig
-from sinks.errors import CompactedSinkError, ConfigError
+from sinks.errors import ConfigError
 from sinks.log.append_batch import SparkRecords
 from sinks.log.append_task import APPEND_TASK_DDL, AppendTask, read_task_output
 from sinks.log.foreign_commits import COMMIT_INFO_KEY
@@ -61,8 +33,6 @@ from sinks.log.history_window import table_properties
 from sinks.log.log_append import LogAppender, committed
 from sinks.log.log_commit import discard
 from sinks.log.log_keys import (
-    KEY_COLUMNS_PROPERTY,
-    SEQUENCE_COLUMN_PROPERTY,
     LogKeys,
     log_keys,
 )
@@ -77,364 +47,37 @@ from sinks.log.log_table import (
     log_arrow_schema,
 )
 from sinks.log.ownership import check_new_log_location
-from sinks.log.records import DELETE_HORIZON_MS, OFFSET, PARTITION, TIMESTAMP, VALUE
+from sinks.log.records import OFFSET, PARTITION, TIMESTAMP, VALUE
 from sinks.log.segment_writer import SegmentWriterTask, stats_columns
-from sinks.log.storage import arrow_filesystem, normalize_uri
-from sinks.spark_compat import utc_arrow_schema
-from sinks.spark_session import active_session
-
-
-class StateLog(Protocol):
-    """What export and verification need of a log: `CompactedStateSink` is one.
-
-    A protocol, so this module stays below the sink that calls it (reading sits under
-    the front in the layers).
-    """
-
-    path: str
-    key_columns: tuple[str, ...]
-    log_table: LogTable
-
-    def state(self, as_of: AsOf | None = None) -> DataFrame: ...
-
-
-Codec = Literal["null", "deflate", "snappy", "zstandard", "bzip2", "xz", "lz4"]
-RestoreMode = Literal["exact", "new-offsets"]
-EXACT: RestoreMode = "exact"
-NEW_OFFSETS: RestoreMode = "new-offsets"
-"""The lossy restore: live records only, one partition, offsets numbered anew."""
-
-MANIFEST = "_manifest.json"
-EXPORT_FORMAT = 2
-"""Version 2 carries every column, tombstones, the config and the offsets; version 1
-(no ``format`` key) carried the key columns and ``value`` of live keys only."""
-SPARK_SCHEMA_METADATA = "compacted.sink.spark.schema"
-RESTORE_APP_ID = "compacted-sink/replay"
-"""The ``txn`` app id a restore commits its batch id under (exactly once per target)."""
-_WRITTEN_DDL = "path string, records long, tombstones long, bytes long"
-_RECORD_NAME = "CompactedState"
-_NOT_CARRIED = (DELETE_HORIZON_MS,)
-
-CARRIED_PREFIX = "compacted.sink."
-KAFKA_TOPIC_CONFIGS = frozenset(
-    {
-        "cleanup.policy",
-        "compression.type",
-        "delete.retention.ms",
-        "file.delete.delay.ms",
-        "flush.messages",
-        "flush.ms",
-        "index.interval.bytes",
-        "local.retention.bytes",
-        "local.retention.ms",
-        "max.compaction.lag.ms",
-        "max.message.bytes",
-        "message.timestamp.after.max.ms",
-        "message.timestamp.before.max.ms",
-        "message.timestamp.difference.max.ms",
-        "message.timestamp.type",
-        "min.cleanable.dirty.ratio",
-        "min.compaction.lag.ms",
-        "min.insync.replicas",
-        "preallocate",
-        "remote.storage.enable",
-        "retention.bytes",
-        "retention.ms",
-        "segment.bytes",
-        "segment.index.bytes",
-        "segment.jitter.ms",
-        "segment.ms",
-        "unclean.leader.election.enable",
-        "message.max.bytes",
-    }
+from sinks.log.storage import normalize_uri
+from sinks.reading.export import (
+    StateLog,
+    latest_log_records,
+    read_export,
 )
-"""Kafka's topic-level config names: a table property named by one (alone or as the tail of
-a dotted name) is topic config stored on the log, and travels with it."""
+from sinks.reading.export_format import (
+    EXACT,
+    NEW_OFFSETS,
+    NOT_CARRIED,
+    CarriedConfig,
+    PartitionOffsets,
+    Progress,
+    ReplayError,
+    RestoreMode,
+    is_faithful,
+    offsets_from_json,
+    partition_offsets,
+    read_manifest,
+)
 
-Progress = Callable[[str], None]
+RESTORE_APP_ID = "compacted-sink/replay"
 
 
-class ReplayError(CompactedSinkError):
-    """Raised when an export cannot be written, read or verified, or a restore cannot start."""
+"""The ``txn`` app id a restore commits its batch id under (exactly once per target)."""
 
 
 class RestoreTargetError(ReplayError, ConfigError):
     """Raised when a restore's target already holds records, or another log than the source's."""
-
-
-# -- what travels beside the records -------------------------------------------------------
-
-
-def carried_properties(configuration: Mapping[str, str | None]) -> dict[str, str]:
-    """The table properties an export carries: the sink's own (``compacted.sink.*``), topic
-    configs by Kafka's names, and the history window the sink sets (``delta.*``). Pure."""
-    history = set(table_properties(0))
-    carried = {}
-    for name, value in configuration.items():
-        if value is None:
-            continue
-        kafka = name in KAFKA_TOPIC_CONFIGS or (
-            not name.startswith("delta.")
-            and any(name.endswith("." + c) for c in KAFKA_TOPIC_CONFIGS)
-        )
-        if name.startswith(CARRIED_PREFIX) or kafka or name in history:
-            carried[name] = value
-    return dict(sorted(carried.items()))
-
-
-@dataclass(frozen=True)
-class CarriedConfig:
-    """A log's config as an export carries it: its keys and the properties stored on it."""
-
-    key_columns: tuple[str, ...]
-    sequence_column: str | None
-    properties: Mapping[str, str]
-
-    @classmethod
-    def of(cls, snapshot: LogSnapshot) -> CarriedConfig:
-        keys = log_keys(snapshot)
-        properties = carried_properties(snapshot.table.metadata().configuration)
-        if not keys.recorded:  # a log older than the key properties: record them now
-            properties = {**properties, **keys.to_properties()}
-        return cls(keys.key_columns, keys.sequence_column, properties)
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> CarriedConfig:
-        return cls(
-            tuple(data["key_columns"]), data.get("sequence_column"), dict(data["properties"])
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "key_columns": list(self.key_columns),
-            "sequence_column": self.sequence_column,
-            "properties": dict(self.properties),
-        }
-
-
-@dataclass(frozen=True)
-class PartitionOffsets:
-    """One partition's offsets: records lie in [log start, log end); cleaned below ``cleaned``."""
-
-    log_start_offset: int
-    log_end_offset: int
-    cleaner_offset: int | None = None
-
-
-def partition_offsets(snapshot: LogSnapshot) -> dict[int, PartitionOffsets]:
-    """Every partition the log has written, with its offsets (no data file read)."""
-    return {
-        p: PartitionOffsets(
-            snapshot.log_start_offset(p), snapshot.log_end_offset(p), snapshot.cleaner_offset(p)
-        )
-        for p in snapshot.partitions
-    }
-
-
-def offsets_from_json(data: Mapping[str, Mapping[str, Any]]) -> dict[int, PartitionOffsets]:
-    return {int(p): PartitionOffsets(**o) for p, o in data.items()}
-
-
-def offsets_to_json(offsets: Mapping[int, PartitionOffsets]) -> dict[str, dict[str, Any]]:
-    return {str(p): asdict(o) for p, o in sorted(offsets.items())}
-
-
-# -- export --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ExportReport:
-    """What an export wrote: files, counts, and the log version it is a snapshot of.
-
-    ``keys`` counts live keys; ``records`` every record written, ``tombstones`` included.
-    """
-
-    directory: str
-    log_path: str
-    log_version: int
-    key_columns: tuple[str, ...]
-    codec: str
-    files: tuple[str, ...]
-    keys: int
-    bytes: int
-    duration_ms: int
-    avro_schema: dict
-    records: int = 0
-    tombstones: int = 0
-    config: CarriedConfig | None = None
-    partitions: Mapping[int, PartitionOffsets] = field(default_factory=dict)
-
-    def summary(self) -> str:
-        ends = ", ".join(f"p{p} {o.log_end_offset}" for p, o in sorted(self.partitions.items()))
-        return (
-            f"exported {self.keys} keys ({self.records} records: {self.keys} live, "
-            f"{self.tombstones} tombstones; every column, at their partitions and offsets) of "
-            f"{self.log_path} (Delta v{self.log_version}; log end offsets {ends or 'none'}; "
-            f"{len(self.config.properties) if self.config else 0} config properties) to "
-            f"{self.directory}: {len(self.files)} Avro file(s), {self.bytes} B, codec "
-            f"{self.codec}, in {self.duration_ms / 1000:.1f} s"
-        )
-
-    def manifest(self, spark_schema: T.StructType) -> dict[str, Any]:
-        """The ``_manifest.json`` of this export."""
-        apart = ("config", "partitions", "avro_schema")
-        body = {k: v for k, v in asdict(self).items() if k not in apart}
-        return {
-            "format": EXPORT_FORMAT,
-            **body,
-            "sequence_column": self.config.sequence_column if self.config else None,
-            "config": self.config.to_json() if self.config else None,
-            "partitions": offsets_to_json(self.partitions),
-            "avro_schema": self.avro_schema,
-            "spark_schema": json.loads(spark_schema.json()),
-        }
-
-
-def export_state(
-    sink: StateLog,
-    directory: str,
-    *,
-    codec: Codec = "deflate",
-    as_of: AsOf | None = None,
-    progress: Progress | None = None,
-) -> ExportReport:
-    """Write the log's latest record per (partition, key), every column, as Avro files.
-
-    At ``as_of`` (default: the current version, pinned). ``directory`` must not hold an
-    export already. Not idempotent: a second call into another directory writes another
-    copy. Runs a Spark job (a shuffle of the log by key). Raises `ReplayError` for a
-    type Avro cannot carry or an unknown codec.
-    """
-    say = progress or (lambda _line: None)
-    started = time.monotonic()
-    check_codec(codec)
-    snapshot = sink.log_table.snapshot(as_of, repair=False)
-    if snapshot is None:
-        raise ReplayError(f"no compacted log at {sink.path}")
-    target = _new_export_directory(directory)
-    config = CarriedConfig.of(snapshot)
-    spark = active_session()
-    records = latest_log_records(spark, sink.log_table, snapshot, config)
-    schema = avro_schema(snapshot.spark_schema)
-    say(f"export: {sink.path} at Delta v{snapshot.version} -> {target} ({codec})")
-    writer = AvroFileWriter(
-        directory=target,
-        avro_schema=schema,
-        codec=codec,
-        metadata=_file_metadata(snapshot, sink.path),
-    )
-    written = [r.asDict() for r in records.mapInArrow(writer, _WRITTEN_DDL).collect()]
-    written.sort(key=lambda w: w["path"])
-    total = sum(w["records"] for w in written)
-    tombstones = sum(w["tombstones"] for w in written)
-    report = ExportReport(
-        directory=target,
-        log_path=sink.path,
-        log_version=snapshot.version,
-        key_columns=config.key_columns,
-        codec=codec,
-        files=tuple(w["path"] for w in written),
-        keys=total - tombstones,
-        bytes=sum(w["bytes"] for w in written),
-        duration_ms=int((time.monotonic() - started) * 1000),
-        avro_schema=schema,
-        records=total,
-        tombstones=tombstones,
-        config=config,
-        partitions=partition_offsets(snapshot),
-    )
-    write_manifest(target, report.manifest(snapshot.spark_schema))
-    say(report.summary())
-    return report
-
-
-def latest_log_records(
-    spark: SparkSession, log: LogTable, snapshot: LogSnapshot, config: CarriedConfig
-) -> DataFrame:
-    """Each (partition, key)'s latest record in ``snapshot``, tombstones included, every column
-    in the log's order: what an export carries (a shuffle of ``log()`` by key)."""
-    group = [PARTITION, *(k for k in config.key_columns if k != PARTITION)]
-    records = log.read(spark, snapshot)
-    return latest_records(records, group, config.sequence_column).select(
-        *snapshot.spark_schema.names
-    )
-
-
-def _new_export_directory(directory: str) -> str:
-    target = normalize_uri(directory)
-    fs, root = arrow_filesystem(target)
-    if fs.get_file_info(f"{root}/{MANIFEST}").type != pa.fs.FileType.NotFound:
-        raise ReplayError(f"{target} already holds an export ({MANIFEST} exists)")
-    fs.create_dir(root, recursive=True)
-    return target
-
-
-def _file_metadata(snapshot: LogSnapshot, log_path: str) -> dict[str, str]:
-    return {
-        SPARK_SCHEMA_METADATA: snapshot.spark_schema.json(),
-        "compacted.sink.log": log_path,
-        "compacted.sink.version": str(snapshot.version),
-    }
-
-
-def write_manifest(directory: str, manifest: Mapping[str, Any]) -> None:
-    """Write ``_manifest.json`` last: its presence says the export is complete."""
-    fs, root = arrow_filesystem(normalize_uri(directory))
-    with fs.open_output_stream(f"{root}/{MANIFEST}") as out:
-        out.write(json.dumps(manifest, indent=2, default=str).encode())
-
-
-def check_codec(codec: str) -> None:
-    """Raise `ReplayError` unless fastavro can write ``codec`` here (some need extra libraries)."""
-    probe = fastavro.parse_schema({"type": "record", "name": "probe", "fields": []})
-    try:
-        fastavro.writer(io.BytesIO(), probe, [{}], codec=codec)
-    except ValueError as e:
-        raise ReplayError(f"Avro codec {codec!r} cannot be used: {e}") from None
-
-
-def read_manifest(directory: str) -> dict[str, Any]:
-    """The manifest of a complete export; `ReplayError` when there is none."""
-    fs, root = arrow_filesystem(normalize_uri(directory))
-    try:
-        with fs.open_input_stream(f"{root}/{MANIFEST}") as f:
-            return json.loads(f.read())
-    except FileNotFoundError:
-        raise ReplayError(f"{directory} holds no complete export (no {MANIFEST})") from None
-
-
-def is_faithful(manifest: Mapping[str, Any]) -> bool:
-    """True for an export that carries partitions, offsets, every column and the config."""
-    return manifest.get("format", 1) >= EXPORT_FORMAT
-
-
-def read_export(spark: SparkSession, directory: str) -> DataFrame:
-    """An export's records as a DataFrame with the exported schema (executors decode the files)."""
-    manifest = read_manifest(directory)
-    schema = T.StructType.fromJson(manifest["spark_schema"])
-    target = normalize_uri(directory)
-    if not manifest["files"]:
-        return spark.createDataFrame([], schema)
-    files = spark.createDataFrame([(f,) for f in manifest["files"]], "file string")
-    partitions = max(1, len(manifest["files"]))
-    reader = AvroFileReader(directory=target, spark_schema_json=schema.json())
-    return files.repartition(partitions).mapInArrow(reader, schema)
-
-
-def verify_export(sink: StateLog, directory: str, *, max_examples: int = 10) -> Comparison:
-    """Compare an export with the log at the version it was taken from: every record and
-    column, the config and the offsets (`compare_images`, on Arrow; both held in memory)."""
-    from sinks.reading.arrow_export import verify_export_arrow
-
-    return verify_export_arrow(
-        sink.path,
-        directory,
-        storage_options=getattr(sink.log_table, "storage_options", None),
-        max_examples=max_examples,
-    )
-
-
-# -- restore -------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -727,7 +370,7 @@ def _append_new_offsets(log: LogTable, source: RestoreSource, batch_id: int) -> 
     config = source.config
     live = source.records.filter(F.col(VALUE).isNotNull())
     order = [c for c in (TIMESTAMP, PARTITION, OFFSET) if c in live.columns]
-    dropped = [c for c in (PARTITION, OFFSET, *_NOT_CARRIED) if c in live.columns]
+    dropped = [c for c in (PARTITION, OFFSET, *NOT_CARRIED) if c in live.columns]
     batch = live.orderBy(*order).drop(*dropped)
     appender = LogAppender(
         log,
@@ -756,373 +399,3 @@ def set_carried_properties(log: LogTable, config: CarriedConfig) -> bool:
         ),
     )
     return True
-
-
-# -- verification ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class LogImage:
-    """One side of a verification: records (dicts of ``columns``) and what travels beside them."""
-
-    name: str
-    columns: tuple[str, ...]
-    records: Iterable[Mapping[str, Any]]
-    config: CarriedConfig
-    partitions: Mapping[int, PartitionOffsets]
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """Two `LogImage`s compared: counts, and each difference named (the first few in full).
-
-    ``differing`` counts records whose (partition, key) both sides hold, per column that
-    differs. ``not_compared`` names what the mode does not keep.
-    """
-
-    source: str
-    target: str
-    mode: RestoreMode
-    source_records: int
-    target_records: int
-    live_keys: int
-    tombstones: int
-    missing: int
-    unexpected: int
-    differing: Mapping[str, int]
-    config_differences: tuple[str, ...]
-    offset_differences: tuple[str, ...]
-    examples: tuple[str, ...]
-    compared: tuple[str, ...]
-    not_compared: tuple[str, ...] = ()
-
-    @property
-    def ok(self) -> bool:
-        return not (
-            self.missing
-            or self.unexpected
-            or self.differing
-            or self.config_differences
-            or self.offset_differences
-        )
-
-    @property
-    def differences(self) -> int:
-        return (
-            self.missing
-            + self.unexpected
-            + sum(self.differing.values())
-            + len(self.config_differences)
-            + len(self.offset_differences)
-        )
-
-    def summary(self) -> str:
-        verdict = "matches" if self.ok else "DOES NOT match"
-        scope = f"{self.source_records} records ({self.live_keys} live keys"
-        scope += f", {self.tombstones} tombstones)" if self.mode == EXACT else ")"
-        columns = ", ".join(f"{c} {n}" for c, n in sorted(self.differing.items())) or "none"
-        text = (
-            f"{self.target} {verdict} {self.source}: {scope} against {self.target_records}; "
-            f"compared {', '.join(self.compared)}, config"
-            + (", log start and end offsets" if self.mode == EXACT else "")
-            + f"; {self.missing} missing, {self.unexpected} unexpected, differing columns: "
-            f"{columns}; config differences {len(self.config_differences)}"
-        )
-        if self.mode == EXACT:
-            text += f"; offset differences {len(self.offset_differences)}"
-        if self.not_compared:
-            text += f"; not compared ({self.mode} mode): {', '.join(self.not_compared)}"
-        return text
-
-    def lines(self) -> list[str]:
-        """The summary, then the first differences in full."""
-        more = self.differences - len(self.examples)
-        tail = [f"  … and {more} more difference(s)"] if more > 0 else []
-        return [self.summary(), *(f"  {e}" for e in self.examples), *tail]
-
-
-def compare_images(
-    source: LogImage, target: LogImage, *, mode: RestoreMode = EXACT, max_examples: int = 10
-) -> Comparison:
-    """Compare two images record by record, column by column; pure.
-
-    Exact: records are matched by (partition, key columns) and every column is compared
-    (``partition`` and ``offset`` included), then the carried config and each partition's
-    log start and end offsets. New-offsets: only the source's live records, matched by
-    key columns, without ``partition``, ``offset``, ``delete_horizon_ms``, nor the offsets.
-    Holds the target's records in memory.
-    """
-    keys = source.config.key_columns
-    exact = mode == EXACT
-    ignored = () if exact else (PARTITION, OFFSET, *_NOT_CARRIED)
-    compared = tuple(c for c in source.columns if c not in ignored)
-    group = (PARTITION, *keys) if exact else keys
-    examples: list[str] = []
-
-    def note(text: str) -> None:
-        if len(examples) < max_examples:
-            examples.append(text)
-
-    def key_of(record: Mapping[str, Any]) -> str:
-        return canonical({k: record.get(k) for k in group})
-
-    theirs: dict[str, dict[str, Any]] = {}
-    target_records = 0
-    for record in target.records:
-        target_records += 1
-        theirs[key_of(record)] = dict(record)
-    source_records = live = tombstones = missing = 0
-    differing: dict[str, int] = {}
-    for record in source.records:
-        if record.get(VALUE) is None:
-            tombstones += 1
-            if not exact:
-                continue
-        else:
-            live += 1
-        source_records += 1
-        key = key_of(record)
-        other = theirs.pop(key, None)
-        if other is None:
-            missing += 1
-            note(f"missing from {target.name}: {key} (offset {record.get(OFFSET)})")
-            continue
-        for column in compared:
-            a, b = canonical_value(record.get(column)), canonical_value(other.get(column))
-            if a != b:
-                differing[column] = differing.get(column, 0) + 1
-                note(
-                    f"{key}: {column} differs: {source.name} {_short(a)}, {target.name} {_short(b)}"
-                )
-    for key, record in theirs.items():
-        note(f"not in {source.name}: {key} (offset {record.get(OFFSET)})")
-    config = _config_differences(source, target)
-    for line in config:
-        note(line)
-    offsets = _offset_differences(source, target) if exact else []
-    for line in offsets:
-        note(line)
-    return Comparison(
-        source=source.name,
-        target=target.name,
-        mode=mode,
-        source_records=source_records,
-        target_records=target_records,
-        live_keys=live,
-        tombstones=tombstones,
-        missing=missing,
-        unexpected=len(theirs),
-        differing=differing,
-        config_differences=tuple(config),
-        offset_differences=tuple(offsets),
-        examples=tuple(examples),
-        compared=compared,
-        not_compared=tuple(c for c in ignored if c in source.columns)
-        + (() if exact else ("tombstones", "log start and end offsets")),
-    )
-
-
-def _config_differences(source: LogImage, target: LogImage) -> list[str]:
-    found = []
-    a, b = source.config, target.config
-    if a.key_columns != b.key_columns:
-        found.append(f"config: key columns {list(a.key_columns)} vs {list(b.key_columns)}")
-    if a.sequence_column != b.sequence_column:
-        found.append(f"config: sequence column {a.sequence_column!r} vs {b.sequence_column!r}")
-    ignored = {KEY_COLUMNS_PROPERTY, SEQUENCE_COLUMN_PROPERTY}
-    for name in sorted((set(a.properties) | set(b.properties)) - ignored):
-        if a.properties.get(name) != b.properties.get(name):
-            found.append(
-                f"config: {name} is {a.properties.get(name)!r} in {source.name}, "
-                f"{b.properties.get(name)!r} in {target.name}"
-            )
-    return found
-
-
-def _offset_differences(source: LogImage, target: LogImage) -> list[str]:
-    found = []
-    for p in sorted(set(source.partitions) | set(target.partitions)):
-        a, b = source.partitions.get(p), target.partitions.get(p)
-        if a is None or b is None:
-            found.append(f"partition {p}: only in {source.name if b is None else target.name}")
-            continue
-        for name in ("log_start_offset", "log_end_offset"):
-            if getattr(a, name) != getattr(b, name):
-                found.append(
-                    f"partition {p}: {name.replace('_', ' ')} {getattr(a, name)} in "
-                    f"{source.name}, {getattr(b, name)} in {target.name}"
-                )
-    return found
-
-
-def canonical(record: Mapping[str, Any]) -> str:
-    """A record as comparable text: Arrow's and Avro's Python values alike (maps as dicts)."""
-    return json.dumps(avro_value(dict(record)), sort_keys=True, default=str)
-
-
-def canonical_value(value: Any) -> str:
-    return json.dumps(avro_value(value), sort_keys=True, default=str)
-
-
-def _short(text: str, limit: int = 80) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-# -- Spark types as Avro -------------------------------------------------------------
-
-
-def avro_schema(schema: T.StructType, name: str = _RECORD_NAME) -> dict:
-    """The Avro record schema of a Spark schema; nullable fields become ``["null", T]``."""
-    names = iter(range(1, 1_000_000))
-    return _record(schema, name, names)
-
-
-def _record(schema: T.StructType, name: str, names: Iterator[int]) -> dict:
-    fields = []
-    for f in schema.fields:
-        avro = _avro_type(f.dataType, f"{name}_{f.name}", names)
-        if f.nullable:
-            fields.append({"name": f.name, "type": ["null", avro], "default": None})
-        else:
-            fields.append({"name": f.name, "type": avro})
-    return {"type": "record", "name": name, "namespace": "compacted_sink", "fields": fields}
-
-
-def _avro_type(data_type: T.DataType, name: str, names: Iterator[int]) -> Any:
-    simple = {
-        T.StringType: "string",
-        T.BinaryType: "bytes",
-        T.BooleanType: "boolean",
-        T.ByteType: "int",
-        T.ShortType: "int",
-        T.IntegerType: "int",
-        T.LongType: "long",
-        T.FloatType: "float",
-        T.DoubleType: "double",
-    }
-    for spark_type, avro in simple.items():
-        if isinstance(data_type, spark_type):
-            return avro
-    if isinstance(data_type, T.DateType):
-        return {"type": "int", "logicalType": "date"}
-    if isinstance(data_type, T.TimestampNTZType):
-        return {"type": "long", "logicalType": "local-timestamp-micros"}
-    if isinstance(data_type, T.TimestampType):
-        return {"type": "long", "logicalType": "timestamp-micros"}
-    if isinstance(data_type, T.DecimalType):
-        return {
-            "type": "bytes",
-            "logicalType": "decimal",
-            "precision": data_type.precision,
-            "scale": data_type.scale,
-        }
-    if isinstance(data_type, T.StructType):
-        return _record(data_type, f"{name}_{next(names)}", names)
-    if isinstance(data_type, T.ArrayType):
-        items = _avro_type(data_type.elementType, name, names)
-        return {"type": "array", "items": ["null", items] if data_type.containsNull else items}
-    if isinstance(data_type, T.MapType) and isinstance(data_type.keyType, T.StringType):
-        values = _avro_type(data_type.valueType, name, names)
-        return {
-            "type": "map",
-            "values": ["null", values] if data_type.valueContainsNull else values,
-        }
-    raise ReplayError(f"column type {data_type.simpleString()} has no Avro equivalent here")
-
-
-# -- executor-side writers and readers -----------------------------------------------
-
-
-@dataclass(frozen=True)
-class AvroFileWriter:
-    """The picklable function each export task runs: its rows into one Avro container file."""
-
-    directory: str
-    avro_schema: dict
-    codec: str
-    metadata: dict[str, str]
-
-    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        parsed = fastavro.parse_schema(self.avro_schema)
-        fs, root = arrow_filesystem(self.directory)
-        name = f"part-{uuid.uuid4().hex}.avro"
-        records = tombstones = 0
-        with fs.open_output_stream(f"{root}/{name}") as out:
-            writer = fastavro.write.Writer(out, parsed, codec=self.codec, metadata=self.metadata)
-            for batch in batches:
-                tombstones += batch.column(VALUE).null_count
-                for row in batch.to_pylist():
-                    writer.write(avro_value(row))
-                    records += 1
-            writer.flush()
-        size = fs.get_file_info(f"{root}/{name}").size
-        if records == 0:
-            fs.delete_file(f"{root}/{name}")
-            return
-        yield pa.RecordBatch.from_pylist(
-            [{"path": name, "records": records, "tombstones": tombstones, "bytes": size}],
-            schema=pa.schema(
-                [
-                    ("path", pa.string()),
-                    ("records", pa.int64()),
-                    ("tombstones", pa.int64()),
-                    ("bytes", pa.int64()),
-                ]
-            ),
-        )
-
-
-@dataclass(frozen=True)
-class AvroFileReader:
-    """The picklable function that decodes the Avro files named in its rows into Arrow."""
-
-    directory: str
-    spark_schema_json: str
-
-    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        schema = utc_arrow_schema(T.StructType.fromJson(json.loads(self.spark_schema_json)))
-        fs, root = arrow_filesystem(self.directory)
-        for batch in batches:
-            for name in batch.column("file").to_pylist():
-                with fs.open_input_stream(f"{root}/{name}") as f:
-                    rows: list[dict] = []
-                    for record in fastavro.reader(f):
-                        rows.append(record)
-                        if len(rows) >= 10_000:
-                            yield pa.RecordBatch.from_pylist(rows, schema=schema)
-                            rows = []
-                    if rows:
-                        yield pa.RecordBatch.from_pylist(rows, schema=schema)
-
-
-def avro_value(value: Any) -> Any:
-    """Arrow's Python values as fastavro takes them: maps arrive as lists of pairs."""
-    if isinstance(value, dict):
-        return {k: avro_value(v) for k, v in value.items()}
-    if isinstance(value, list):
-        if value and all(isinstance(v, tuple) and len(v) == 2 for v in value):
-            return {k: avro_value(v) for k, v in value}
-        return [avro_value(v) for v in value]
-    return value
-
-
-__all__ = [
-    "EXACT",
-    "MANIFEST",
-    "NEW_OFFSETS",
-    "Comparison",
-    "ExportReport",
-    "CarriedConfig",
-    "LogImage",
-    "PartitionOffsets",
-    "ReplayError",
-    "RestoreReport",
-    "RestoreSource",
-    "RestoreTargetError",
-    "compare_images",
-    "export_state",
-    "read_export",
-    "read_manifest",
-    "replay",
-    "verify_export",
-]

@@ -1,13 +1,13 @@
 """``export`` and ``replay``: a log out to Avro files, and back into a new log, as it was.
 
-Disaster recovery (`sinks.reading.replay`): ``export`` writes each (partition, key)'s
-latest record, every column, tombstones included, as Avro container files with a
-manifest that carries the log's config and offsets (delta-rs, pyarrow and fastavro: no
-Spark session); ``replay`` restores an export, or another log at a Delta version, into
-a new log at the same partitions and offsets, with ``--batch-id`` as its exactly-once
-id. ``--lossy-new-offsets`` is the old, lossy replay (one partition, new offsets), only
-by that name. Both verify on Arrow with ``--verify``, name the first differences, and
-exit 1 when anything differs.
+Disaster recovery (`sinks.reading.export`, `sinks.reading.replay`): ``export`` writes
+each (partition, key)'s latest record, every column, tombstones included, as Avro
+container files with a manifest that carries the log's config and offsets (delta-rs,
+pyarrow and fastavro: no Spark session); ``replay`` restores an export, or another log
+at a Delta version, into a new log at the same partitions and offsets, with
+``--batch-id`` as its exactly-once id. ``--lossy-new-offsets`` is the old, lossy replay
+(one partition, new offsets), only by that name. Both verify on Arrow with ``--verify``,
+name the first differences, and exit 1 when anything differs.
 """
 
 from __future__ import annotations
@@ -102,15 +102,17 @@ def _replay(args: argparse.Namespace) -> int:
     from sinks.log.log_keys import LogKeys, log_keys
     from sinks.log.log_table import LogTable
     from sinks.log.storage import normalize_uri
-    from sinks.reading.replay import (
+    from sinks.reading.export_format import (
         EXACT,
         NEW_OFFSETS,
-        RESTORE_APP_ID,
         CarriedConfig,
-        RestoreSource,
-        check_target,
         is_faithful,
         read_manifest,
+    )
+    from sinks.reading.replay import (
+        RESTORE_APP_ID,
+        RestoreSource,
+        check_target,
         replay,
     )
     from streaming.progress import spark_progress

@@ -17,7 +17,13 @@ from pyspark.sql import types as T
 from sinks import CleanerConfig, CompactedStateSink, SchemaMismatchError
 from sinks.crash_points import SCHEMA_BEFORE_APPEND, armed
 from sinks.log.log_table import COMMIT_INFO_KEY
-from sinks.reading.replay import export_state, read_manifest, verify_export
+from sinks.reading.export import (
+    export_state,
+    verify_export,
+)
+from sinks.reading.export_format import (
+    read_manifest,
+)
 from streaming.status import log_status
 from streaming.status_render import render_table
 

@@ -28,14 +28,18 @@ from sinks.reading.arrow_export import (
     verify_export_arrow,
     verify_restore_arrow,
 )
-from sinks.reading.replay import (
-    ReplayError,
-    RestoreSource,
-    RestoreTargetError,
+from sinks.reading.export import (
     export_state,
     read_export,
-    replay,
     verify_export,
+)
+from sinks.reading.export_format import (
+    ReplayError,
+)
+from sinks.reading.replay import (
+    RestoreSource,
+    RestoreTargetError,
+    replay,
 )
 
 SCHEMA = T.StructType(
