@@ -1,10 +1,9 @@
-"""`LogCleaner`: Kafka's ``LogCleaner``: one log's cleaning, its rounds and the threads
-that run them.
+"""`LogCleaner`: Kafka's ``LogCleaner``: one log's rounds, and the threads that run them.
 
-A `LogCleaner` builds and owns the log's `Cleaner` (one pass), its `CleanerManager`
-(which partitions to clean, their claims and checkpoints, Kafka's
-``LogCleanerManager``), retention (``cleanup.policy`` with ``delete``), the
-`SegmentDeleter` and the `Throttler`. Its round (`maintain`) is what Kafka's log
+A `LogCleaner` builds and owns the log's `Cleaner` (one pass, and its `Throttler`), its
+`CleanerManager` (which partitions to clean, their claims and checkpoints, Kafka's
+``LogCleanerManager``), retention (``cleanup.policy`` with ``delete``) and the
+`SegmentDeleter`. Its round (`maintain`) is what Kafka's log
 manager and cleaner threads do between them: retention, then one pass over the
 cleanable partitions (dirtiest first, design.md §4), claimed in the checkpoint table
 and checkpointed where it ended; then, at most every
@@ -23,7 +22,7 @@ caller and the worker never race each other (passes of other processes are kept 
 by the claims). A worker killed mid-pass (the process died) leaves what a crash
 leaves: the old files or the new ones, never both; recovery handles the rest.
 
-The threads (Kafka's ``CleanerThread``): A round (`CleanerThread.run_once`) gives every
+The threads (Kafka's ``CleanerThread``): a round (`CleanerThread.run_once`) gives every
 log's segment deleter its turn, then takes the logs that have work (retention, a
 cleanable partition, a checkpoint to reset, another engine's files), filthiest first,
 and runs each one's round (`LogCleaner.maintain`) once. A round that cleaned nothing is
@@ -199,8 +198,7 @@ class LogCleaner:
         """What the produce path does after an append (Kafka's broker handing its logs to
         the cleaner threads): plan the log once; when a round has work, wake the worker
         (``background``) or run the round here, its pass going on from this plan. A
-        batch that appended nothing
-        (``appended`` false) costs no round.
+        batch that appended nothing (``appended`` false) costs no round.
 
         Returns the pass run here (if any), the log after it and its dirty ratio.
         """
