@@ -121,7 +121,7 @@ class CleanerConfig:
     - ``log_cleaner_nice``: how much a background pass lowers its tasks' CPU priority
       (a Unix nice increment, 0-19, default 10; not a Kafka setting): a core the pass
       shares with the query goes to the query's tasks first. Linux only; 0 turns it off.
-      See `sinks.cleaner.cpu_priority`.
+      See `sinks.cleaner.throttler.at_lower_priority`.
     - ``backoff_ms``: Kafka's ``log.cleaner.backoff.ms`` (15 s): how long the cleaner loop
       sleeps when no log is cleanable, and the first wait before a partition whose pass
       failed is tried again (doubling per failure, capped at an hour).

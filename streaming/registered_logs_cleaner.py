@@ -1,6 +1,6 @@
 """The ``clean`` command's loop over every registered log: the library's `CleanerThread`.
 
-The loop itself is `sinks.cleaner.cleaner_thread.CleanerThread`, the one the sink's
+The loop itself is `sinks.cleaner.log_cleaner.CleanerThread`, the one the sink's
 worker runs too: each round gives every log's segment deleter its turn (``vacuum``:
 on the first round whatever the interval), then runs the round of each log with
 work, filthiest first; a round that cleaned nothing backs off for
@@ -16,10 +16,8 @@ import threading
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 
-from sinks.cleaner.cleaner_thread import Candidate, CleanerThread
-from sinks.cleaner.log_cleaner import LogCleaner, RoundReport
-from sinks.cleaner.log_to_clean import LogToClean
-from sinks.cleaner.not_cleanable import nothing_cleanable_line
+from sinks.cleaner.log_cleaner import Candidate, CleanerThread, LogCleaner, RoundReport
+from sinks.cleaner.log_to_clean import LogToClean, nothing_cleanable_line
 from sinks.spark_session import active_session
 from streaming.registry import LogRef
 

@@ -1,16 +1,22 @@
-"""The log cleaner: Kafka's ``LogCleaner``, ``LogCleanerManager`` and ``Cleaner``, kept apart.
+"""The log cleaner, as Kafka's: eight modules, one concept each, named as Kafka names them.
 
-- `log_to_clean`: pure planning over numbers from the Delta log (cleanable
-  offsets, dirty ratio, the filthiest partitions, output groups).
-- `cleaner`: one pass, planned on the driver, run as one Spark task per partition
-  (`clean_segments`, each building its `offset_map` over `key_encoding`'s keys), and
-  one commit; `rules`: what a pass keeps, in Spark and in Arrow side by side.
-- `cleaner_manager`: which partitions may be cleaned, their states and
-  checkpoints, in the cleaner-offset checkpoint table.
-- `log_cleaner`: one log's cleaning (its `Cleaner`, `CleanerManager`, retention,
-  deleter), planned by `cleaning_plan`; `cleaner_thread`: the one worker loop
-  over one or many logs (the sink's thread and the ``clean`` command).
-- `cleaner_stats`: the figures of one pass.
+- `log_cleaner`: ``LogCleaner``, one log's rounds (retention, a pass, the segment
+  deleter), the hand-over after an append, and its threads (`CleanerThread`, the one
+  loop over one or many logs: the sink's worker and the ``clean`` command).
+- `cleaner_manager`: ``LogCleanerManager``, which partitions may be cleaned (the log
+  measured into a `CleaningPlan`, consumer holds, the filthiest claimed), their states
+  and checkpoints in the cleaner-offset checkpoint table.
+- `cleaner`: ``Cleaner``, one pass top to bottom: choose and claim, plan, the Spark
+  task per partition that builds its offset map and recopies its files, one commit,
+  the checkpoint.
+- `offset_map`: ``OffsetMap``, exact, over keys encoded as Spark groups them.
+- `throttler`: ``Throttler``, the pass's I/O rate, and its tasks' CPU priority.
+- `log_to_clean`: ``LogToClean``, pure planning over numbers from the Delta log
+  (cleanable offsets, dirty ratio, the filthiest partitions, output groups, why a
+  partition is not cleanable).
+- `cleaner_stats`: ``CleanerStats``, the figures of one pass (``CleanerConfig`` is
+  `sinks.config`'s).
+- `rules`: what a pass keeps, in Spark and in Arrow side by side.
 """
 
 from sinks.cleaner.cleaner import Cleaner

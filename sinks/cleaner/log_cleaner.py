@@ -1,52 +1,71 @@
-"""`LogCleaner`: Kafka's ``LogCleaner`` for one log: it owns the log's cleaning.
+"""`LogCleaner`: Kafka's ``LogCleaner``: one log's rounds, and the threads that run them.
 
-A `LogCleaner` builds and owns the log's `Cleaner` (one pass), its `CleanerManager`
-(which partitions to clean, their claims and checkpoints, Kafka's
-``LogCleanerManager``), retention (``cleanup.policy`` with ``delete``), the
-`SegmentDeleter` and the `Throttler`. Its round (`maintain`) is what Kafka's log
+A `LogCleaner` builds and owns the log's `Cleaner` (one pass, and its `Throttler`), its
+`CleanerManager` (which partitions to clean, their claims and checkpoints, Kafka's
+``LogCleanerManager``), retention (``cleanup.policy`` with ``delete``) and the
+`SegmentDeleter`. Its round (`maintain`) is what Kafka's log
 manager and cleaner threads do between them: retention, then one pass over the
 cleanable partitions (dirtiest first, design.md §4), claimed in the checkpoint table
 and checkpointed where it ended; then, at most every
 ``log.retention.check.interval.ms``, the deletion of files out of the log longer than
 the history window.
 
-Where rounds run is `sinks.cleaner.cleaner_thread`: one loop over one or many logs,
-beside a streaming query (the sink's worker, `wakeup`) or in the ``clean`` command.
+The round's pass itself reads top to bottom in `sinks.cleaner.cleaner`. The log is
+measured once a round (`CleaningPlan`): the batch's hand-over or the thread's choice of
+the filthiest log plans it, and the plan goes along to the pass.
+
+Where rounds run is `CleanerThread`: one loop over one or many logs, beside a
+streaming query (the sink's worker, `wakeup`) or in the ``clean`` command.
 Called directly (``cleaning="inline"``, ``sink.clean()``) a round runs in the caller's
 thread. One pass at a time per `LogCleaner`: a pass holds the cleaner's lock, so the
 caller and the worker never race each other (passes of other processes are kept apart
 by the claims). A worker killed mid-pass (the process died) leaves what a crash
 leaves: the old files or the new ones, never both; recovery handles the rest.
+
+The threads (Kafka's ``CleanerThread``): a round (`CleanerThread.run_once`) gives every
+log's segment deleter its turn, then takes the logs that have work (retention, a
+cleanable partition, a checkpoint to reset, another engine's files), filthiest first,
+and runs each one's round (`LogCleaner.maintain`) once. A round that cleaned nothing is
+followed by a back-off of ``log.cleaner.backoff.ms`` (`CleanerConfig.backoff_ms`), which
+is how time-based triggers (the max compaction lag, expired tombstones) fire without a
+new append. A partition whose pass failed backs off in the checkpoint table (its
+``uncleanable`` state, `CleanerManager`): the one persisted backoff, doubling per
+failure, capped.
+
+Two drivers run the loop:
+
+- `CleanerThread.run`, the ``clean`` command over every log it was given, until stopped;
+- `CleanerWorker`, the sink's daemon thread beside a streaming query, over its one log:
+  a round when a batch asks (`LogCleaner.wakeup`) or every back-off; it ends after
+  ``idle_ms`` without a request (a stopped or long-idle query; the next batch starts
+  it again). A foreachBatch function cannot ask whether its query still runs: the
+  batch's session is a clone that does not list it. `LogCleaner.shutdown` stops it
+  after the round it is running, and the interpreter's exit does the same.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+import time
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 from typing import Literal
 
-from deltalake.exceptions import CommitFailedError
 from pyspark.sql import SparkSession
 
 from checkpoints import CleanerOffsetCheckpoint
 from sinks.cleaner.cleaner import Cleaner
-from sinks.cleaner.cleaner_manager import CleanerManager
+from sinks.cleaner.cleaner_manager import CleanerManager, CleaningPlan, LogPlanner
 from sinks.cleaner.cleaner_stats import CleanerStats
-from sinks.cleaner.cleaner_thread import WorkerSlot
-from sinks.cleaner.cleaning_plan import CleaningPlan, LogPlanner
-from sinks.cleaner.filthiest_log import filthiest_cleanable, grab_filthiest_compacted_log
-from sinks.cleaner.foreign_files import absorb_foreign_files
-from sinks.cleaner.log_to_clean import LogToClean, dirty_ratio
-from sinks.cleaner.throttler import Throttler
-from sinks.config import LONG_MAX, CleanerConfig
-from sinks.crash_points import CLEAN_BEFORE_CHECKPOINT, crash_point
-from sinks.errors import CleanerError, CommitConflictError, TableFeatureError
+from sinks.cleaner.log_to_clean import LogToClean, dirty_ratio, filthiest_cleanable
+from sinks.config import CleanerConfig
+from sinks.errors import CleanerError, CommitConflictError
 from sinks.log.log_table import LogSnapshot, LogTable
 from sinks.maintenance import retention
 from sinks.maintenance.retention import RetentionPlan
 from sinks.maintenance.segment_deleter import SegmentDeleter
+from sinks.shutdown import forget, stop_at_exit
 
 logger = logging.getLogger("compacted_sink")
 
@@ -55,8 +74,6 @@ CleaningMode = Literal["auto", "background", "inline"]
 on a worker thread beside the query, ``auto`` background inside a streaming query and
 inline for direct calls."""
 
-PASS_ATTEMPTS = 3
-"""How many times `LogCleaner.clean` plans a pass whose commit another writer's beat."""
 PassListener = Callable[[CleanerStats], None]
 
 
@@ -99,16 +116,18 @@ class LogCleaner:
         self.config = config
         self.clock = clock
         self.idle_ms = idle_ms
-        self.cleaner = Cleaner(
-            log,
-            key_columns=key_columns,
-            sequence_column=sequence_column,
-            delete_retention_ms=config.delete_retention_ms,
-            segment_bytes=config.segment_bytes,
-            dedupe_buffer_size=config.dedupe_buffer_size,
-        )
         self.manager = CleanerManager(
             checkpoints, log.uri, owner=owner, clock=clock, backoff_base_ms=config.backoff_ms
+        )
+        self.planner = LogPlanner(log, checkpoints, config, clock=clock)
+        self.cleaner = Cleaner(
+            log,
+            self.manager,
+            self.planner,
+            config,
+            key_columns=key_columns,
+            sequence_column=sequence_column,
+            clock=clock,
         )
         self.segment_deleter = SegmentDeleter(
             log.uri,
@@ -117,8 +136,6 @@ class LogCleaner:
             check_interval_ms=config.log_retention_check_interval_ms,
             storage_options=log.storage_options,
         )
-        self.throttler = Throttler(config.log_cleaner_io_max_bytes_per_second)
-        self.planner = LogPlanner(log, checkpoints, config, clock=clock)
         self.listeners: list[PassListener] = []
         self.last_round: RoundReport | None = None
         self.last_error: BaseException | None = None
@@ -145,10 +162,6 @@ class LogCleaner:
     ) -> CleaningPlan | None:
         """Every partition as a cleaning candidate, measured now (see `LogPlanner.plan`)."""
         return self.planner.plan(snapshot, fresh_checkpoints=fresh_checkpoints)
-
-    def consumer_holds(self, snapshot: LogSnapshot, *, now_ms: int) -> dict[int, int]:
-        """Where registered consumers hold expired tombstones (`LogPlanner.consumer_holds`)."""
-        return self.planner.consumer_holds(snapshot, now_ms=now_ms)
 
     def has_work(self, plan: CleaningPlan | None, *, force: bool = False) -> bool:
         """Whether a round now could do anything: retention, deletion of expired files, a
@@ -184,8 +197,8 @@ class LogCleaner:
     ) -> tuple[CleanerStats | None, LogSnapshot, float]:
         """What the produce path does after an append (Kafka's broker handing its logs to
         the cleaner threads): plan the log once; when a round has work, wake the worker
-        (``background``) or run the round here. A batch that appended nothing
-        (``appended`` false) costs no round.
+        (``background``) or run the round here, its pass going on from this plan. A
+        batch that appended nothing (``appended`` false) costs no round.
 
         Returns the pass run here (if any), the log after it and its dirty ratio.
         """
@@ -195,7 +208,7 @@ class LogCleaner:
             if background:
                 self.wakeup(spark)
             else:
-                stats = self.maintain(spark).clean
+                stats = self.maintain(spark, plan=plan).clean
         if stats is None:
             return None, snapshot, dirty_ratio(plan.logs if plan else [])
         after = self.log.snapshot() or snapshot  # a pass committed: a new version to measure
@@ -208,6 +221,7 @@ class LogCleaner:
         spark: SparkSession,
         *,
         force: bool = False,
+        plan: CleaningPlan | None = None,
         max_tasks: int | None = None,
         niceness: int = 0,
         raise_errors: bool = False,
@@ -216,8 +230,9 @@ class LogCleaner:
         then the segment deleter's turn when due.
 
         ``max_tasks`` and ``niceness`` are the pass's share of the cores (see `clean`).
-        The pass plans its own version afresh (checkpoint rows read now), whatever
-        plan led to the round.
+        ``plan``: the measure that led to the round, which the pass goes on from when
+        the log has not moved since and its checkpoint rows were read fresh
+        (`Cleaner.clean`); otherwise the pass plans its own version.
         A failed pass is recorded (`last_error`, the partitions marked uncleanable)
         and logged, not raised: the batch that triggered it is committed; retention
         that keeps conflicting gives up until the next round. ``raise_errors``
@@ -234,7 +249,9 @@ class LogCleaner:
         stats = None
         if self.config.compact:
             try:
-                stats = self.clean(spark, force=force, max_tasks=max_tasks, niceness=niceness)
+                stats = self.clean(
+                    spark, force=force, plan=plan, max_tasks=max_tasks, niceness=niceness
+                )
             except CleanerError as e:
                 self.last_error = e
                 if raise_errors:
@@ -259,46 +276,25 @@ class LogCleaner:
         *,
         force: bool = False,
         snapshot: LogSnapshot | None = None,
+        plan: CleaningPlan | None = None,
         max_tasks: int | None = None,
         niceness: int = 0,
     ) -> CleanerStats | None:
-        """One pass over every cleanable partition now, dirtiest first; None when none is.
+        """One pass over every cleanable partition now, dirtiest first; None when none is
+        (`Cleaner.clean`, which reads the pass top to bottom).
 
-        The pass runs at most ``max_tasks`` Spark tasks at once (None: every core), each
-        niced by ``niceness`` (`sinks.cleaner.cpu_priority`).
-
-        Without ``force`` a partition qualifies by design.md §4 (ratio, max lag, or an
-        expired tombstone); with it, any cleanable bytes or expired tombstone will do.
         Waits for a pass of this cleaner's worker to end first. Raises `CleanerError`
         when the pass fails; the log is then unchanged.
         """
         with self._pass_lock:
-            stats = None
-            for attempt in range(PASS_ATTEMPTS):
-                snapshot = snapshot if attempt == 0 and snapshot else self.log.snapshot()
-                if snapshot is None:
-                    return None
-                try:
-                    stats = self._clean(
-                        spark,
-                        snapshot,
-                        force=force,
-                        max_tasks=max_tasks,
-                        niceness=niceness,
-                    )
-                    break
-                except CleanerError as e:
-                    # Another writer swapped the same files first (another cleaner, an
-                    # OPTIMIZE): nothing was committed; plan again from the new version.
-                    if attempt + 1 == PASS_ATTEMPTS or not isinstance(
-                        e.__cause__, CommitFailedError
-                    ):
-                        raise
-                    logger.info("pass over %s conflicted; planning again: %s", self.log.uri, e)
-            if stats is not None:
-                slept = self.throttler.maybe_throttle(stats.bytes_read + stats.bytes_written)
-                if slept:
-                    stats = replace(stats, throttled_ms=int(slept * 1000))
+            stats = self.cleaner.clean(
+                spark,
+                force=force,
+                snapshot=snapshot,
+                plan=plan,
+                max_tasks=max_tasks,
+                niceness=niceness,
+            )
         if stats is not None:
             self.passes += 1
             self.last_error = None
@@ -306,73 +302,7 @@ class LogCleaner:
                 listener(stats)
         return stats
 
-    def _clean(
-        self,
-        spark: SparkSession,
-        snapshot: LogSnapshot,
-        *,
-        force: bool,
-        max_tasks: int | None,
-        niceness: int,
-    ) -> CleanerStats | None:
-        """Choose, claim, re-plan after the claim, run the pass, checkpoint: Kafka's
-        ``grabFilthiestCompactedLog`` + ``cleanLog`` + ``doneCleaning`` for one log.
-
-        Files another engine wrote are rewritten into segments first
-        (`absorb_foreign_files`): a pass plans over segments only.
-        """
-        if snapshot.foreign_files:
-            absorbed = absorb_foreign_files(spark, self, snapshot)
-            if absorbed is None:
-                return None
-            snapshot = absorbed
-        start = self.clock()
-        claim = grab_filthiest_compacted_log(
-            self.log, self.planner, self.manager, self.config, snapshot, now_ms=start, force=force
-        )
-        if claim is None:
-            return None
-        try:
-            with self.manager.heartbeating(claim.partitions):
-                stats = self.cleaner.clean(
-                    spark,
-                    claim.snapshot,
-                    claim.logs,
-                    pass_start_ms=start,
-                    max_tasks=max_tasks,
-                    niceness=niceness,
-                    held_below=self.consumer_holds(claim.snapshot, now_ms=start),
-                )
-        except CommitFailedError as e:
-            self.manager.abort_cleaning(claim.partitions)
-            raise CleanerError(
-                f"another cleaner committed first ({e}); this pass was dropped",
-                log_path=self.log.uri,
-                partition=claim.logs[0].partition,
-            ) from e
-        except TableFeatureError:
-            # Not this partition's failure: no commit to the log can succeed until the
-            # feature goes, and the error says how.
-            self.manager.abort_cleaning(claim.partitions)
-            raise
-        except Exception as e:
-            self.manager.mark_uncleanable(claim.partitions, e)
-            raise CleanerError(
-                f"pass failed ({type(e).__name__}: {str(e)[:500]}); marked uncleanable, "
-                "retried with backoff",
-                log_path=self.log.uri,
-                partition=claim.logs[0].partition,
-            ) from e
-        budget = self.config.log_cleaner_max_bytes_per_pass
-        if budget < LONG_MAX:
-            work_left = claim.work_left or stats.work_left
-            stats = replace(stats, budget_bytes=budget, work_left=work_left)
-        crash_point(CLEAN_BEFORE_CHECKPOINT)
-        self.manager.checkpoint_pass(claim.logs, stats, table_id=claim.snapshot.table_id)
-        logger.info("%s", stats.summary())
-        return stats
-
-    # -- the worker thread (`sinks.cleaner.cleaner_thread`) ----------------------------------
+    # -- the worker thread (`CleanerThread`) ----------------------------------------------
 
     def wakeup(self, spark: SparkSession) -> None:
         """Ask the worker for a round soon, starting it if needed (with ``spark``, the
@@ -391,3 +321,248 @@ class LogCleaner:
     def shutdown(self, timeout_s: float | None = None) -> None:
         """Stop the worker after the round it is running (Kafka's ``LogCleaner.shutdown``)."""
         self.worker.shutdown(timeout_s)
+
+
+# -- the threads: Kafka's ``CleanerThread``, the loop over one or many logs ------------
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A log with work; ``filthiest`` is its dirtiest cleanable partition (None: other
+    work only, such as retention); ``plan`` the measure it was chosen from."""
+
+    cleaner: LogCleaner
+    filthiest: LogToClean | None
+    plan: CleaningPlan | None = None  # the log measured, for its round's pass
+
+    @property
+    def ratio(self) -> float:
+        return -1.0 if self.filthiest is None else self.filthiest.cleanable_ratio
+
+
+class CleanerThread:
+    """Rounds over ``cleaners``: the filthiest log first, each log once a round.
+
+    ``force`` cleans any partition with cleanable bytes, ignoring the ratio. A pass
+    runs at most ``max_tasks`` Spark tasks at once (None: every core), niced by
+    ``niceness``. ``before_round`` hears which log is next, ``on_round`` each log's
+    round as it ends. ``recover``: recover each log (`LogCleaner.recover`) before its
+    round, for a loop that opens the logs itself; the sink's worker does not (the
+    sink's first append recovered its log before any round).
+    """
+
+    def __init__(
+        self,
+        cleaners: Sequence[LogCleaner],
+        *,
+        force: bool = False,
+        max_tasks: int | None = None,
+        niceness: int = 0,
+        before_round: Callable[[Candidate], None] | None = None,
+        on_round: Callable[[LogCleaner, RoundReport], None] | None = None,
+        recover: bool = False,
+    ) -> None:
+        self.before_round = before_round
+        self.recover = recover
+        self.cleaners = list(cleaners)
+        self.force = force
+        self.max_tasks = max_tasks
+        self.niceness = niceness
+        self.on_round = on_round
+        self.passes = 0
+        self.work_left = False
+
+    @property
+    def backoff_ms(self) -> int:
+        """How long `run` waits after a round without a pass (the logs' shortest)."""
+        return min((c.config.backoff_ms for c in self.cleaners), default=15_000)
+
+    def grab_filthiest(
+        self, exclude: Collection[LogCleaner] = (), *, cleanable_only: bool = False
+    ) -> Candidate | None:
+        """The log whose dirtiest claimable partition is dirtiest (Kafka's
+        ``grabFilthiestCompactedLog``); a log with other work only comes after every
+        cleanable one, and not at all with ``cleanable_only``. Delta metadata only."""
+        best: Candidate | None = None
+        for cleaner in self.cleaners:
+            if cleaner in exclude:
+                continue
+            plan = cleaner.plan(fresh_checkpoints=False)
+            if not cleaner.has_work(plan, force=self.force):
+                continue
+            assert plan is not None
+            chosen = cleaner.manager.claimable(
+                filthiest_cleanable(
+                    plan.logs, cleaner.config, now_ms=cleaner.clock(), force=self.force
+                )
+            )
+            candidate = Candidate(cleaner, chosen[0] if chosen else None, plan)
+            if cleanable_only and candidate.filthiest is None:
+                continue
+            if best is None or candidate.ratio > best.ratio:
+                best = candidate
+        return best
+
+    def delete_expired_files(self, *, now: bool = False) -> list[LogCleaner]:
+        """Give each log's segment deleter its turn (``now``: whatever its interval);
+        returns the logs whose deleter ran."""
+        ran = []
+        for cleaner in self.cleaners:
+            deleter = cleaner.segment_deleter
+            if now:
+                deleter.run(cleaner.manager.busy_partitions)
+            elif not deleter.maybe_run(cleaner.manager.busy_partitions):
+                continue
+            ran.append(cleaner)
+        return ran
+
+    def run_once(self, spark: SparkSession) -> int:
+        """One round: each log with work, filthiest first, once; returns the passes."""
+        done: set[LogCleaner] = set()
+        passes = 0
+        self.work_left = False
+        while (candidate := self.grab_filthiest(exclude=done)) is not None:
+            cleaner = candidate.cleaner
+            done.add(cleaner)
+            if self.before_round is not None:
+                self.before_round(candidate)
+            if self.recover and cleaner.recover is not None:
+                cleaner.recover()
+            report = cleaner.maintain(
+                spark,
+                force=self.force,
+                plan=candidate.plan,
+                max_tasks=self.max_tasks,
+                niceness=self.niceness,
+            )
+            if report.clean is not None:
+                passes += 1
+                self.work_left = self.work_left or report.clean.work_left
+            if self.on_round is not None:
+                self.on_round(cleaner, report)
+        self.passes += passes
+        return passes
+
+    def run(self, spark: SparkSession, stop: threading.Event | None = None) -> None:
+        """Rounds until ``stop`` is set, backing off after a round that cleaned nothing."""
+        stop = stop or threading.Event()
+        while not stop.is_set():
+            self.delete_expired_files()
+            if self.run_once(spark) == 0:
+                stop.wait(self.backoff_ms / 1000)
+
+
+class CleanerWorker(threading.Thread):
+    """The sink's worker: the loop over one log, a round when asked or every back-off;
+    ends ``idle_ms`` after the last request.
+
+    Kafka's cleaner threads: the pass leaves the other cores to the query
+    (``log.cleaner.threads`` tasks) and yields the ones it runs on whenever the query's
+    tasks want them (``log.cleaner.nice``).
+    """
+
+    def __init__(self, cleaner: LogCleaner, spark: SparkSession) -> None:
+        super().__init__(name=f"log-cleaner-{cleaner.log.uri.rsplit('/', 1)[-1]}", daemon=True)
+        self.cleaner = cleaner
+        self.spark = spark
+        self.loop = CleanerThread(
+            [cleaner],
+            max_tasks=cleaner.config.log_cleaner_threads,
+            niceness=cleaner.config.log_cleaner_nice,
+        )
+        self._last_request = time.monotonic()
+        self._condition = threading.Condition()
+        self._pending = False
+        self._busy = False
+        self._stopped = False
+
+    def request_round(self) -> bool:
+        """Ask for a round; False when this worker has stopped (start another)."""
+        with self._condition:
+            if self._stopped:
+                return False
+            self._pending = True
+            self._last_request = time.monotonic()
+            self._condition.notify_all()
+            return True
+
+    def stop(self) -> None:
+        with self._condition:
+            self._stopped = True
+            self._condition.notify_all()
+
+    def await_idle(self, timeout_s: float | None) -> bool:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._condition:
+            while (self._pending or self._busy) and self.is_alive():
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._condition.wait(remaining)
+        return True
+
+    def run(self) -> None:
+        backoff_s = self.cleaner.backoff_ms / 1000
+        idle_s = self.cleaner.idle_ms / 1000
+        while True:
+            with self._condition:
+                if not self._pending and not self._stopped:
+                    self._condition.wait(backoff_s)
+                if not self._pending and time.monotonic() - self._last_request > idle_s:
+                    self._stopped = True  # nothing asked for long: the query stopped or idles
+                if self._stopped:
+                    break
+                self._pending = False
+                self._busy = True
+            try:
+                self.loop.run_once(self.spark)
+                if self.loop.work_left:
+                    with self._condition:  # the budget cut the pass: the rest goes next
+                        self._pending = True
+            except Exception as e:  # noqa: BLE001 - the worker must outlive one bad round
+                self.cleaner.last_error = e
+                logger.warning("cleaner round over %s failed", self.cleaner.log.uri, exc_info=True)
+            finally:
+                with self._condition:
+                    self._busy = False
+                    self._condition.notify_all()
+        with self._condition:
+            self._busy = self._pending = False
+            self._condition.notify_all()
+
+
+class WorkerSlot:
+    """A log cleaner's place for its worker: started on request, replaced once stopped."""
+
+    def __init__(self, cleaner: LogCleaner) -> None:
+        self.cleaner = cleaner
+        self._worker: CleanerWorker | None = None
+        self._lock = threading.Lock()
+
+    def wakeup(self, spark: SparkSession) -> None:
+        with self._lock:
+            worker = self._worker
+            if worker is not None and worker.request_round():
+                return
+            worker = CleanerWorker(self.cleaner, spark)
+            self._worker = worker
+            stop_at_exit(self.cleaner)  # joined before the interpreter finalizes (sinks.shutdown)
+            worker.start()
+            worker.request_round()
+
+    @property
+    def running(self) -> bool:
+        worker = self._worker
+        return worker is not None and worker.is_alive()
+
+    def await_idle(self, timeout_s: float | None) -> bool:
+        worker = self._worker
+        return True if worker is None else worker.await_idle(timeout_s)
+
+    def shutdown(self, timeout_s: float | None) -> None:
+        with self._lock:
+            worker, self._worker = self._worker, None
+        forget(self.cleaner)
+        if worker is not None:
+            worker.stop()
+            worker.join(timeout_s)

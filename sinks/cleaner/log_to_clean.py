@@ -8,13 +8,27 @@ Offset ranges are half-open throughout: ``[first_dirty_offset,
 first_uncleanable_offset)`` is the cleanable section; a segment covers
 ``[base_offset, last_offset + 1)``. Every data file holds records of exactly one
 partition, so a partition's segments never overlap and sort by base offset.
-"""
+
+The filthiest cleanable partitions (`filthiest_cleanable`) are those design.md §4's
+triggers choose, dirtiest first; `why_not_cleanable` says, for one that is not, which
+trigger is missing, in numbers. Kafka's cleaner says nothing when it skips a log; an
+operator who runs ``clean --once`` and sees nothing cleaned wants to know which trigger
+is missing: the dirty ratio against ``min.cleanable.dirty.ratio``, the oldest dirty
+record's age against ``max.compaction.lag.ms``, and when the next stamped tombstone is
+due. Pure: plain numbers from `LogToClean` and the config, no I/O."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from sinks.config import (
+    LONG_MAX,
+    MAX_COMPACTION_LAG_MS,
+    MIN_CLEANABLE_DIRTY_RATIO,
+    MIN_COMPACTION_LAG_MS,
+    CleanerConfig,
+)
 from sinks.log.segment import Segment, split_clean
 
 
@@ -194,6 +208,23 @@ def filthiest_first(logs: Iterable[LogToClean]) -> list[LogToClean]:
     return sorted(logs, key=lambda log: (-log.cleanable_ratio, log.log_path, log.partition))
 
 
+def filthiest_cleanable(
+    candidates: Sequence[LogToClean], config: CleanerConfig, *, now_ms: int, force: bool = False
+) -> list[LogToClean]:
+    """The cleanable partitions of ``candidates`` (design.md §4; ``force``: any cleanable
+    bytes or expired tombstone), dirtiest first. Pure."""
+    return [
+        log
+        for log in filthiest_first(candidates)
+        if log.is_cleanable(
+            now_ms=now_ms,
+            min_cleanable_dirty_ratio=config.min_cleanable_dirty_ratio,
+            max_compaction_lag_ms=config.max_compaction_lag_ms,
+            force=force,
+        )
+    ]
+
+
 def segments_to_clean(segments: Iterable[Segment], first_uncleanable_offset: int) -> list[Segment]:
     """The segments a pass reads: every segment wholly below the first uncleanable offset."""
     return sorted(s for s in segments if s.last_offset < first_uncleanable_offset)
@@ -275,3 +306,57 @@ def _min(a: int | None, b: int | None) -> int | None:
     if b is None:
         return a
     return min(a, b)
+
+
+def why_not_cleanable(log: LogToClean, config: CleanerConfig, *, now_ms: int) -> str:
+    """One clause for partition ``log``: why none of design.md §4's triggers holds (``p0: ...``).
+
+    Meant for a partition `LogToClean.is_cleanable` refused without ``force``.
+    """
+    reasons = []
+    if log.cleanable_bytes == 0:
+        if log.first_dirty_offset < log.first_uncleanable_offset:
+            reasons.append("no cleanable bytes")
+        elif config.min_compaction_lag_ms > 0:
+            reasons.append(
+                f"no cleanable bytes (dirty records are younger than {MIN_COMPACTION_LAG_MS} "
+                f"{_duration(config.min_compaction_lag_ms)})"
+            )
+        else:
+            reasons.append("no dirty records")
+    else:
+        reasons.append(
+            f"dirty ratio {log.cleanable_ratio:.2f} not above "
+            f"{MIN_CLEANABLE_DIRTY_RATIO} {config.min_cleanable_dirty_ratio:g}"
+        )
+        if config.max_compaction_lag_ms < LONG_MAX:
+            reasons.append(
+                f"oldest dirty record {_duration(log.compaction_delay_ms(now_ms))} old, "
+                f"not past {MAX_COMPACTION_LAG_MS} {_duration(config.max_compaction_lag_ms)}"
+            )
+    horizon = log.earliest_delete_horizon_ms
+    if horizon is not None:
+        reasons.append(f"next tombstone due in {_duration(max(0, horizon - now_ms))}")
+    return f"p{log.partition}: " + ", ".join(reasons)
+
+
+def nothing_cleanable_line(
+    log_path: str, logs: Iterable[LogToClean], config: CleanerConfig, *, now_ms: int
+) -> str:
+    """The line ``clean`` prints for a log it did not clean: each partition's reason."""
+    if not config.compact:
+        return f"{log_path}: not cleaned: cleanup.policy={config.cleanup_policy} (no compact)"
+    clauses = [why_not_cleanable(log, config, now_ms=now_ms) for log in logs]
+    if not clauses:
+        return f"{log_path}: nothing to clean: the log has no records"
+    return f"{log_path}: nothing to clean: " + "; ".join(clauses)
+
+
+def _duration(ms: int) -> str:
+    if ms < 1_000:
+        return f"{ms} ms"
+    seconds = ms / 1000
+    for unit, size in (("d", 86_400), ("h", 3_600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f} {unit}"
+    return f"{seconds:.1f} s"

@@ -5,10 +5,10 @@ record with key K and offset O' > O*; with a ``sequence_column`` "newer" means t
 higher (sequence, offset), Spark's struct order (a null sequence is the lowest, NaN
 the highest). Then KIP-534 on the records kept: a tombstone whose delete horizon
 lies before the pass's start goes (unless a registered consumer still holds it,
-`sinks.cleaner.consumer_holds`); a tombstone without a horizon is stamped with
+`sinks.cleaner.cleaner_manager.consumer_holds`); a tombstone without a horizon is stamped with
 ``pass_start_ms + delete_retention_ms``.
 
-The pass runs the Arrow versions inside its tasks (`sinks.cleaner.clean_segments`);
+The pass runs the Arrow versions inside its tasks (`sinks.cleaner.cleaner.RecopyTask`);
 the Spark versions are the reference the tests and readers hold a pass to
 (``retain_latest`` over a log is what a pass over all of it must leave), and
 ``tests/cleaner/test_rules.py`` checks that both agree on the same rows. Readers use
@@ -49,7 +49,7 @@ def latest_records(
 def latest_offsets(
     keys: pa.Table, offsets: pa.ChunkedArray, sequence: pa.ChunkedArray | None = None
 ) -> tuple[pa.Table, np.ndarray]:
-    """Arrow: each key's newest offset, over canonical keys (`sinks.cleaner.key_encoding`).
+    """Arrow: each key's newest offset, over canonical keys (`sinks.cleaner.offset_map`).
 
     Returns the distinct keys and, in the same order, their newest offsets. Without a
     sequence a hash ``max(offset)``; with one, rows sorted by (sequence, offset) and the

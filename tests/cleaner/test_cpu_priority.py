@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from sinks import CleanerConfig, ConfigError
-from sinks.cleaner.cpu_priority import MAX_NICE, at_lower_priority, lower_thread_priority
+from sinks.cleaner.throttler import MAX_NICE, at_lower_priority, lower_thread_priority
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice")
 

@@ -23,7 +23,7 @@ T0 = dt.datetime(2024, 1, 1, tzinfo=UTC)
 
 
 def spark_key(value):
-    """A key as Spark groups it (the rules of `sinks.cleaner.key_encoding`, in Python)."""
+    """A key as Spark groups it (`sinks.cleaner.offset_map.canonical_keys`, in Python)."""
     if isinstance(value, float):
         return "NaN" if math.isnan(value) else value + 0.0
     if hasattr(value, "asDict"):

@@ -143,10 +143,11 @@ def test_a_sink_with_a_running_worker_pickles_without_it(spark, lake, clock):
 
 
 def test_a_batch_plans_the_log_once(spark, lake, clock, monkeypatch):
-    """The hand-over measures the log once: whether a round has work and the batch's
-    dirty ratio share one plan. A pass plans its own version and the pass's new version
-    is measured for the report (before: two plans a batch, four with a pass)."""
-    from sinks.cleaner.cleaning_plan import LogPlanner
+    """The hand-over measures the log once: whether a round has work, the batch's dirty
+    ratio and the pass share one plan, and the pass's new version is measured for the
+    report (before: two plans a batch, four with a pass; then three with a pass, the
+    pass planning its version again)."""
+    from sinks.cleaner.cleaner_manager import LogPlanner
 
     plans = []
     original = LogPlanner.plan
@@ -166,4 +167,30 @@ def test_a_batch_plans_the_log_once(spark, lake, clock, monkeypatch):
     eager = CompactedStateSink(str(lake / "eager"), config=EAGER, clock=clock, cleaning="inline")
     eager(batch(spark, 0), 0)  # a key repeats: a pass runs inline
     assert eager.last_append.clean is not None
-    assert len(plans) == 3  # the batch's plan, the pass's, the pass's new version
+    assert len(plans) == 2  # the batch's plan (the pass's too), the pass's new version
+
+
+def test_a_round_of_the_cleaner_thread_plans_its_pass_once(spark, lake, clock, monkeypatch):
+    """The thread measures a log to choose it, and its pass goes on from that measure
+    instead of planning the same version again (before: two plans a pass)."""
+    from sinks.cleaner.cleaner_manager import LogPlanner
+    from sinks.cleaner.log_cleaner import CleanerThread
+
+    # backoff 0: checkpoint rows are read fresh by every plan, so the choice's plan serves
+    never = CleanerConfig(min_cleanable_dirty_ratio=1.0, backoff_ms=0)
+    sink = CompactedStateSink(str(lake / "log"), config=never, clock=clock, cleaning="inline")
+    sink(batch(spark, 0), 0)
+    sink(batch(spark, 1), 1)  # nothing cleanable by ratio: no pass yet
+    assert sink.last_append.clean is None
+    plans = []
+    original = LogPlanner.plan
+
+    def counted(self, *args, **kwargs):
+        plans.append(1)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(LogPlanner, "plan", counted)
+    loop = CleanerThread([sink.log_cleaner], force=True)
+    assert loop.run_once(spark) == 1
+    assert len(plans) == 1
+    assert_df_equality(sorted_state(sink), expected_state(spark, range(2)))

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from sinks import CleanerConfig
-from sinks.cleaner.log_to_clean import LogToClean
-from sinks.cleaner.not_cleanable import nothing_cleanable_line, why_not_cleanable
+from sinks.cleaner.log_to_clean import LogToClean, nothing_cleanable_line, why_not_cleanable
 
 NOW = 1_700_000_000_000
 

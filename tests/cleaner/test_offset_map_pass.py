@@ -15,12 +15,12 @@ import pytest
 from testkit import segment
 
 from sinks import CleanerConfig, CompactedStateSink
-from sinks.cleaner.clean_segments import PartitionToClean, packed, partitions_to_clean
-from sinks.cleaner.key_encoding import canonical_keys
+from sinks.cleaner.cleaner import PartitionToClean, packed, partitions_to_clean
 from sinks.cleaner.offset_map import (
     BYTES_PER_MAPPED_RECORD,
     MAX_MAP_BUCKETS,
     OffsetMap,
+    canonical_keys,
     dirty_segments,
     map_buckets,
     map_end_offset,

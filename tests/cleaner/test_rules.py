@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pyarrow as pa
 
-from sinks.cleaner.key_encoding import canonical_keys, key_buckets
+from sinks.cleaner.offset_map import canonical_keys, key_buckets
 from sinks.cleaner.rules import (
     apply_arrow_tombstone_rules,
     apply_tombstone_rules,
