@@ -29,10 +29,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import pytest
-from pyspark.sql import Window
-from pyspark.sql import functions as F
 from chispa import assert_df_equality
 from conftest import read_commits
+from pyspark.sql import Window
+from pyspark.sql import functions as F
 
 from sinks import (
     CleanerConfig,
