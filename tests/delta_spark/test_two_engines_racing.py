@@ -42,6 +42,7 @@ from sinks import (
     read_state,
 )
 from sinks.log.foreign_commits import COMMIT_INFO_KEY
+from sinks.spark_session import warn_unsafe_beside_delta_spark
 
 pytestmark = pytest.mark.delta_spark
 
@@ -276,3 +277,22 @@ def test_delta_spark_and_the_sink_commit_at_once_and_lose_nothing(delta_spark, l
     )
     arrow = read_state(path)
     assert dict(zip(arrow["key"].to_pylist(), arrow["value"].to_pylist(), strict=True)) == expected
+
+
+def test_the_sink_warns_once_when_the_session_delta_spark_can_overwrite_its_commits(
+    delta_spark, lake, caplog
+) -> None:
+    spark = delta_spark
+    # An S3 log: only the session's settings are read, no S3 is reached.
+    warning = warn_unsafe_beside_delta_spark(spark, "s3://lake/users")
+    assert warning is not None and "S3SingleDriverLogStore" in warning, warning
+    assert warn_unsafe_beside_delta_spark(spark, "s3://lake/users") is None  # once per log
+
+    path = str(lake / "users")
+    sink = CompactedStateSink(path, cleaning="inline")
+    batch = spark.createDataFrame([("k", "v", 0)], "key string, value string, partition int")
+    with caplog.at_level(logging.WARNING, logger="compacted_sink"):
+        sink(batch, 0)
+        sink(batch, 1)
+    warned = [r.getMessage() for r in caplog.records if "HDFSLogStore" in r.getMessage()]
+    assert len(warned) == 1 and path in warned[0], warned
