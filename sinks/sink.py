@@ -40,7 +40,7 @@ from sinks.maintenance.segment_deleter import DeletionReport
 from sinks.python_workers import check_python_workers
 from sinks.reading.state_reader import spark_state
 from sinks.shutdown import finished_before_exit
-from sinks.spark_session import active_session
+from sinks.spark_session import active_session, warn_unsafe_beside_delta_spark
 from sinks.transactional_id import TransactionalId
 
 __all__ = ["AppendReport", "CompactedStateSink"]
@@ -124,6 +124,7 @@ class CompactedStateSink:
         worker inside a streaming query (``cleaning="auto"``), else clean before returning."""
         started = time.monotonic()
         spark = batch_df.sparkSession
+        warn_unsafe_beside_delta_spark(spark, self.path)
         query_id = self.transactional_id.query_id(spark, batch_id)
         records = SparkRecords(batch_df, before_prepare=lambda: check_python_workers(spark))
         app_id = self.transactional_id.app_id(query_id)

@@ -7,6 +7,8 @@ of the code never touches ``sparkContext``:
 
 - `active_session`: the session a sink method without a DataFrame argument uses;
 - `default_parallelism`: how many tasks run at once (a probe job under Connect);
+- `warn_unsafe_beside_delta_spark`: says once per log when the session's delta-spark could
+  overwrite the sink's commits (`sinks.log.storage.unsafe_beside_delta_spark`);
 - `streaming_query_id`: which streaming query runs a batch, the scope of the
   sink's exactly-once app id. A classic session says it in a local property; a
   Connect ``foreachBatch`` function is told nothing about its query (its session
@@ -17,6 +19,7 @@ of the code never touches ``sparkContext``:
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import threading
@@ -25,18 +28,44 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from sinks.errors import ConfigError
-from sinks.log.storage import arrow_filesystem, join, normalize_uri
+from sinks.log.storage import (
+    arrow_filesystem,
+    delta_spark_conf_keys,
+    join,
+    normalize_uri,
+    unsafe_beside_delta_spark,
+)
+
+logger = logging.getLogger("compacted_sink")
 
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
 # Rows of the probe job: enough that every slice of the range holds one.
 _PROBE_ROWS = 1 << 16
 
+_warned_unsafe: set[str] = set()  # logs already warned about in this process
 _parallelism: dict[str, int] = {}
 _parallelism_lock = threading.Lock()
 
 
 class QueryIdentityError(ConfigError):
     """Raised when a batch's streaming query cannot be told from another under Spark Connect."""
+
+
+def warn_unsafe_beside_delta_spark(spark: SparkSession, uri: str) -> str | None:
+    """Log a warning, once per log and process, when ``spark`` has delta-spark with a log
+    store whose commits can overwrite the sink's on ``uri``'s store; the warning, or None.
+
+    A warning rather than a refusal: delta-spark reading the log, or writing it while no
+    sink commits, is safe, and the session cannot tell which it will do.
+    """
+    if uri in _warned_unsafe:
+        return None
+    conf = {key: spark.conf.get(key, None) for key in delta_spark_conf_keys(uri)}
+    warning = unsafe_beside_delta_spark(uri, conf)
+    _warned_unsafe.add(uri)
+    if warning:
+        logger.warning("%s", warning)
+    return warning
 
 
 def is_connect(spark: SparkSession) -> bool:
