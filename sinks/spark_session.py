@@ -7,6 +7,8 @@ of the code never touches ``sparkContext``:
 
 - `active_session`: the session a sink method without a DataFrame argument uses;
 - `default_parallelism`: how many tasks run at once (a probe job under Connect);
+- `hadoop_settings`: the session's Hadoop settings under a prefix (``fs.s3a.``), read
+  once when a sink opens its log, so a lake configured in Spark is configured once;
 - `streaming_query_id`: which streaming query runs a batch, the scope of the
   sink's exactly-once app id. A classic session says it in a local property; a
   Connect ``foreachBatch`` function is told nothing about its query (its session
@@ -20,6 +22,7 @@ import json
 import os
 import sys
 import threading
+from collections.abc import Iterable
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
@@ -81,6 +84,35 @@ def _connect_active() -> SparkSession | None:
     except ImportError:  # the Connect client's packages are not installed
         return None
     return ConnectSession.getActiveSession() or ConnectSession._get_default_session()
+
+
+def hadoop_settings(
+    spark: SparkSession, prefix: str, passwords: Iterable[str] = ()
+) -> dict[str, str]:
+    """The Hadoop settings whose names start with ``prefix``, as the session's own file
+    systems see them (full names, values as strings).
+
+    Classic session: the session's Hadoop configuration (the cluster's ``core-site.xml``,
+    ``spark.hadoop.*`` given at start, ``sparkContext.hadoopConfiguration()`` changes, then
+    the session's own ``spark.conf.set(name, ...)``); the names in ``passwords`` are read
+    through ``Configuration.getPassword``, so a secret kept in a Hadoop credential provider
+    counts. Spark Connect (no JVM at hand): the session's conf, ``spark.hadoop.<name>`` then
+    ``<name>`` winning, without ``core-site.xml`` or credential providers.
+    """
+    if is_connect(spark):
+        conf = spark.conf.getAll
+        started = {
+            k[len("spark.hadoop.") :]: v for k, v in conf.items() if k.startswith("spark.hadoop.")
+        }
+        merged = {**started, **conf}
+        return {k: str(v) for k, v in merged.items() if k.startswith(prefix) and v is not None}
+    hadoop_conf = spark._jsparkSession.sessionState().newHadoopConf()  # type: ignore[attr-defined]
+    found = {prefix + k: str(v) for k, v in hadoop_conf.getPropsWithPrefix(prefix).items()}
+    for name in passwords:
+        password = hadoop_conf.getPassword(name)
+        if password is not None:
+            found[name] = "".join(password)
+    return found
 
 
 def default_parallelism(spark: SparkSession) -> int:
