@@ -19,10 +19,12 @@ of the code never touches ``sparkContext``:
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
@@ -106,13 +108,29 @@ def hadoop_settings(
         }
         merged = {**started, **conf}
         return {k: str(v) for k, v in merged.items() if k.startswith(prefix) and v is not None}
-    hadoop_conf = spark._jsparkSession.sessionState().newHadoopConf()  # type: ignore[attr-defined]
-    found = {prefix + k: str(v) for k, v in hadoop_conf.getPropsWithPrefix(prefix).items()}
-    for name in passwords:
-        password = hadoop_conf.getPassword(name)
-        if password is not None:
-            found[name] = "".join(password)
+    jvm = spark._jvm  # type: ignore[attr-defined]
+    with _py4j_quiet():  # its DEBUG lines would show every value read, secrets included
+        hadoop_conf = spark._jsparkSession.sessionState().newHadoopConf()  # type: ignore[attr-defined]
+        found = {prefix + k: str(v) for k, v in hadoop_conf.getPropsWithPrefix(prefix).items()}
+        for name in passwords:
+            password = hadoop_conf.getPassword(name)
+            if password is not None:
+                found[name] = str(jvm.java.lang.String(password))
     return found
+
+
+@contextmanager
+def _py4j_quiet() -> Iterator[None]:
+    """Py4J's loggers above DEBUG for the block: they log each answer from the JVM whole."""
+    loggers = [logging.getLogger(n) for n in ("py4j", "py4j.clientserver", "py4j.java_gateway")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
 
 
 def default_parallelism(spark: SparkSession) -> int:

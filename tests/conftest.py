@@ -55,7 +55,7 @@ SESSION_CONF = {
 
 
 JARS = ROOT / ".jars"  # `make jars` fills it from Maven Central (git-ignored)
-SESSION_JAR_SETS = ("spark-kafka", "delta")
+SESSION_JAR_SETS = ("spark-kafka", "delta", "hadoop-aws")
 # Spark's own Delta (delta-spark), on the classic session when its jars are there.
 DELTA_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",

@@ -135,7 +135,13 @@ class ResolvedStorageOptions:
 
     options: dict[str, str] = field(repr=False)
     source: Source
-    credential_settings: tuple[str, ...] = ()
+    settings: dict[str, str] = field(default_factory=dict)  # delta-rs option -> S3A setting
+
+    @property
+    def credential_settings(self) -> tuple[str, ...]:
+        """The S3A settings that gave the keys (what to check when S3 refuses them)."""
+        keys = CREDENTIAL_SETTINGS.values()
+        return tuple(setting for option, setting in self.settings.items() if option in keys)
 
     def describe(self, uri: str) -> str:
         """One line for the log: the source and the settings, never a value."""
@@ -146,7 +152,8 @@ class ResolvedStorageOptions:
         if self.source == "spark_session":
             return (
                 f"{uri}: storage options from the Spark session's S3A settings "
-                f"({', '.join(self.credential_settings)}); commits use a conditional put"
+                f"({', '.join(dict.fromkeys(self.settings.values()))}); "
+                "commits use a conditional put"
             )
         return (
             f"{uri}: no storage_options and no fs.s3a keys in the Spark session: each process "
@@ -172,9 +179,7 @@ def resolve_storage_options(
     translated = s3a_storage_options(bucket, (session_settings and session_settings()) or {})
     source: Source = "spark_session" if translated.options else "default_chain"
     options = delta_storage_options(uri, translated.options) if translated.options else {}
-    resolved = ResolvedStorageOptions(
-        options, source, tuple(dict.fromkeys(translated.settings.values()))
-    )
+    resolved = ResolvedStorageOptions(options, source, translated.settings)
     logger.info(resolved.describe(uri))
     return resolved
 
