@@ -57,7 +57,6 @@ def s3a_session(delta_spark: SparkSession, s3_account: S3Account) -> Iterator[Sp
         "fs.s3a.endpoint": s3_account.endpoint,
         "fs.s3a.endpoint.region": "us-east-1",
         "fs.s3a.path.style.access": "true",
-        "fs.s3a.impl.disable.cache": "true",  # each test's settings, not a cached client's
     }
     for name, value in settings.items():
         spark.conf.set(name, value)
