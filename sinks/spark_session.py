@@ -98,16 +98,13 @@ def hadoop_settings(
     ``spark.hadoop.*`` given at start, ``sparkContext.hadoopConfiguration()`` changes, then
     the session's own ``spark.conf.set(name, ...)``); the names in ``passwords`` are read
     through ``Configuration.getPassword``, so a secret kept in a Hadoop credential provider
-    counts. Spark Connect (no JVM at hand): the session's conf, ``spark.hadoop.<name>`` then
-    ``<name>`` winning, without ``core-site.xml`` or credential providers.
+    counts. Spark Connect: none. Its client has no JVM, and the server neither returns nor
+    keeps an ``fs.s3a.*`` name the client sets (pyspark 4.3: ``getAll`` leaves it out,
+    ``get`` answers ``SQL_CONF_NOT_FOUND``); what ``getAll`` does return passes
+    ``spark.redaction.regex``, which masks secrets.
     """
     if is_connect(spark):
-        conf = spark.conf.getAll
-        started = {
-            k[len("spark.hadoop.") :]: v for k, v in conf.items() if k.startswith("spark.hadoop.")
-        }
-        merged = {**started, **conf}
-        return {k: str(v) for k, v in merged.items() if k.startswith(prefix) and v is not None}
+        return {}
     jvm = spark._jvm  # type: ignore[attr-defined]
     with _py4j_quiet():  # its DEBUG lines would show every value read, secrets included
         hadoop_conf = spark._jsparkSession.sessionState().newHadoopConf()  # type: ignore[attr-defined]

@@ -1,5 +1,6 @@
 """The sink's S3 options from Hadoop's ``fs.s3a.*`` settings: the translation, the choice of
-source, and the error a refused credential gives. Pure (no Spark, no store): the end to end
+source, and the error a refused credential gives; pure (no store), but for the last test,
+which reads a classic and a Connect session's settings. The end to end
 runs, against moto with a session configured for S3A, are in
 ``tests/delta_spark/test_session_s3_credentials.py``."""
 
@@ -16,6 +17,7 @@ from sinks.log.s3a_options import (
     resolve_storage_options,
     s3a_storage_options,
 )
+from sinks.spark_session import hadoop_settings, is_connect
 
 SECRET = "s3cr3t-value"
 
@@ -138,3 +140,19 @@ def test_other_store_errors_pass_through():
     with pytest.raises(OSError, match="connection refused"):
         with credentials_checked("s3://lake/log", resolved):
             raise OSError("connection refused")
+
+
+@pytest.mark.both_sessions
+def test_the_session_s3a_settings_are_read_on_classic_and_none_under_connect(spark):
+    names = {"fs.s3a.endpoint": "http://127.0.0.1:9", "fs.s3a.bucket.lake.secret.key": SECRET}
+    for name, value in names.items():
+        spark.conf.set(name, value)
+    try:
+        found = hadoop_settings(spark, "fs.s3a.", credential_setting_names("lake"))
+    finally:
+        for name in names:
+            spark.conf.unset(name)
+    if is_connect(spark):  # neither kept nor readable from a Connect client
+        assert found == {}
+    else:
+        assert {k: found.get(k) for k in names} == names
