@@ -70,10 +70,6 @@ class S3aStorageOptions:
     options: dict[str, str] = field(repr=False)
     settings: dict[str, str] = field(default_factory=dict)  # delta-rs option -> S3A setting
 
-    @property
-    def has_credentials(self) -> bool:
-        return "AWS_ACCESS_KEY_ID" in self.options or "AWS_SKIP_SIGNATURE" in self.options
-
 
 def bucket_settings(bucket: str, settings: Mapping[str, str]) -> dict[str, tuple[str, str]]:
     """S3A's settings for ``bucket``: ``{name: (value, setting)}``, ``name`` without
