@@ -22,6 +22,11 @@ SPARK_KAFKA_JARS := $(JARS)/spark-kafka-$(KAFKA_SPARK)/.fetched
 # Spark's own Delta (delta-spark 4.4: built for Spark 4.0-4.2, none for 4.3), for the tests
 # marked `delta_spark`; they run on the same venv as the Kafka tests.
 DELTA_JARS := $(JARS)/delta-$(KAFKA_SPARK)/.fetched
+# Hadoop's S3A connector (hadoop-aws and its AWS SDK bundle, about 690 MB) at the Hadoop that
+# pyspark $(KAFKA_SPARK) ships (pyspark/jars/hadoop-client-api-3.5.0.jar), for `s3a://` in the
+# tests marked `delta_spark` (the sink taking its S3 settings from the session's fs.s3a.*).
+HADOOP_AWS_VERSION ?= 3.5.0
+HADOOP_AWS_JARS := $(JARS)/hadoop-aws-$(KAFKA_SPARK)/.fetched
 # The pyspark releases `make smoke` checks, one venv each (.venv-spark<major.minor>).
 SMOKE_SPARKS ?= 4.0.1 4.1.4 4.2.0
 # The ones `make test` checks too: 4.2 runs the kafka and delta_spark tests, 4.3 the whole suite.
@@ -56,7 +61,12 @@ $(DELTA_JARS): jvm/delta/pom.xml
 	$(call fetch-jars,jvm/delta/pom.xml,$(@D),-Dspark.version=$(KAFKA_SPARK))
 	touch $@
 
-jars: $(KAFKA_JARS) $(SPARK_KAFKA_JARS) $(DELTA_JARS)
+# hadoop-aws for the Kafka venv's pyspark (named by that pyspark, as the sets the session loads).
+$(HADOOP_AWS_JARS): jvm/hadoop-aws/pom.xml
+	$(call fetch-jars,jvm/hadoop-aws/pom.xml,$(@D),-Dhadoop.version=$(HADOOP_AWS_VERSION))
+	touch $@
+
+jars: $(KAFKA_JARS) $(SPARK_KAFKA_JARS) $(DELTA_JARS) $(HADOOP_AWS_JARS)
 
 demo: $(STAMP)
 	$(VENV)/bin/compacted-sink demo --lake lake-demo

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from urllib.parse import urlparse
 
 from pyspark.sql import DataFrame
 
@@ -31,6 +32,12 @@ from sinks.log.log_append import LogAppender
 from sinks.log.log_config import opened_log_config
 from sinks.log.log_keys import opened_log_keys
 from sinks.log.log_table import AsOf, LogSnapshot, LogTable, now_ms
+from sinks.log.s3a_options import (
+    S3A_PREFIX,
+    credential_setting_names,
+    credentials_checked,
+    resolve_storage_options,
+)
 from sinks.log.schema_evolution import DEFAULT_SCHEMA_EVOLUTION, SchemaEvolution
 from sinks.log.storage import normalize_uri, sibling
 from sinks.maintenance import foreign_changes, retention
@@ -40,7 +47,7 @@ from sinks.maintenance.segment_deleter import DeletionReport
 from sinks.python_workers import check_python_workers
 from sinks.reading.state_reader import spark_state
 from sinks.shutdown import finished_before_exit
-from sinks.spark_session import active_session, warn_unsafe_beside_delta_spark
+from sinks.spark_session import active_session, hadoop_settings, warn_unsafe_beside_delta_spark
 from sinks.transactional_id import TransactionalId
 
 __all__ = ["AppendReport", "CompactedStateSink"]
@@ -77,12 +84,17 @@ class CompactedStateSink:
         schema_evolution: SchemaEvolution = DEFAULT_SCHEMA_EVOLUTION,
     ) -> None:
         self.path = normalize_uri(path)
-        self.storage_options = dict(storage_options or {})
-        self.log_table = LogTable(self.path, self.storage_options)
-        keys = opened_log_keys(self.log_table, key_columns, sequence_column)
+        # Given, else (on S3) from the session's fs.s3a.* settings (said in one line).
+        resolved = resolve_storage_options(
+            self.path, storage_options, lambda: _session_s3a_settings(self.path)
+        )
+        self.storage_options = resolved.options
+        with credentials_checked(self.path, resolved):
+            self.log_table = LogTable(self.path, self.storage_options)
+            keys = opened_log_keys(self.log_table, key_columns, sequence_column)
+            # The log's topic config, unless this process overrides it (said in one line).
+            self.log_config = opened_log_config(self.log_table, config)
         self.key_columns, self.sequence_column = keys.key_columns, keys.sequence_column
-        # The log's topic config, unless this process overrides it (said in one line).
-        self.log_config = opened_log_config(self.log_table, config)
         self.config: CleanerConfig = self.log_config.config
         checkpoint_table = checkpoint_table or sibling(self.path, CHECKPOINT_TABLE_DIR)
         self.checkpoint_path = normalize_uri(checkpoint_table)
@@ -310,3 +322,12 @@ class CompactedStateSink:
 
 def _uri(path: str | None) -> str | None:
     return normalize_uri(path) if path else None
+
+
+def _session_s3a_settings(uri: str) -> dict[str, str]:
+    """The active session's ``fs.s3a.*`` settings for the bucket of ``uri``; none without one."""
+    try:
+        spark = active_session()
+    except RuntimeError:
+        return {}
+    return hadoop_settings(spark, S3A_PREFIX, credential_setting_names(urlparse(uri).netloc))

@@ -9,6 +9,8 @@ of the code never touches ``sparkContext``:
 - `default_parallelism`: how many tasks run at once (a probe job under Connect);
 - `warn_unsafe_beside_delta_spark`: says once per log when the session's delta-spark could
   overwrite the sink's commits (`sinks.log.storage.unsafe_beside_delta_spark`);
+- `hadoop_settings`: the session's Hadoop settings under a prefix (``fs.s3a.``), read
+  once when a sink opens its log, so a lake configured in Spark is configured once;
 - `streaming_query_id`: which streaming query runs a batch, the scope of the
   sink's exactly-once app id. A classic session says it in a local property; a
   Connect ``foreachBatch`` function is told nothing about its query (its session
@@ -23,6 +25,8 @@ import logging
 import os
 import sys
 import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
@@ -110,6 +114,48 @@ def _connect_active() -> SparkSession | None:
     except ImportError:  # the Connect client's packages are not installed
         return None
     return ConnectSession.getActiveSession() or ConnectSession._get_default_session()
+
+
+def hadoop_settings(
+    spark: SparkSession, prefix: str, passwords: Iterable[str] = ()
+) -> dict[str, str]:
+    """The Hadoop settings whose names start with ``prefix``, as the session's own file
+    systems see them (full names, values as strings).
+
+    Classic session: the session's Hadoop configuration (the cluster's ``core-site.xml``,
+    ``spark.hadoop.*`` given at start, ``sparkContext.hadoopConfiguration()`` changes, then
+    the session's own ``spark.conf.set(name, ...)``); the names in ``passwords`` are read
+    through ``Configuration.getPassword``, so a secret kept in a Hadoop credential provider
+    counts. Spark Connect: none. Its client has no JVM, and the server neither returns nor
+    keeps an ``fs.s3a.*`` name the client sets (pyspark 4.3: ``getAll`` leaves it out,
+    ``get`` answers ``SQL_CONF_NOT_FOUND``); what ``getAll`` does return passes
+    ``spark.redaction.regex``, which masks secrets.
+    """
+    if is_connect(spark):
+        return {}
+    jvm = spark._jvm  # type: ignore[attr-defined]
+    with _py4j_quiet():  # its DEBUG lines would show every value read, secrets included
+        hadoop_conf = spark._jsparkSession.sessionState().newHadoopConf()  # type: ignore[attr-defined]
+        found = {prefix + k: str(v) for k, v in hadoop_conf.getPropsWithPrefix(prefix).items()}
+        for name in passwords:
+            password = hadoop_conf.getPassword(name)
+            if password is not None:
+                found[name] = str(jvm.java.lang.String(password))
+    return found
+
+
+@contextmanager
+def _py4j_quiet() -> Iterator[None]:
+    """Py4J's loggers above DEBUG for the block: they log each answer from the JVM whole."""
+    loggers = [logging.getLogger(n) for n in ("py4j", "py4j.clientserver", "py4j.java_gateway")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
 
 
 def default_parallelism(spark: SparkSession) -> int:

@@ -56,6 +56,10 @@ SESSION_CONF = {
 
 JARS = ROOT / ".jars"  # `make jars` fills it from Maven Central (git-ignored)
 SESSION_JAR_SETS = ("spark-kafka", "delta")
+# Hadoop's S3A connector (hadoop-aws and the AWS SDK bundle, about 690 MB): on the driver's
+# class path, which local mode's executors share, since spark.jars copies every jar into
+# each session's temporary directory.
+CLASS_PATH_JAR_SETS = ("hadoop-aws",)
 # Spark's own Delta (delta-spark), on the classic session when its jars are there.
 DELTA_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
@@ -75,6 +79,9 @@ def build_session() -> SparkSession:
     jars = session_jars()
     if jars:  # local paths: nothing is downloaded when the session starts
         conf["spark.jars"] = ",".join(jars)
+    class_path = session_jars(sets=CLASS_PATH_JAR_SETS)
+    if class_path:
+        conf["spark.driver.extraClassPath"] = os.pathsep.join(class_path)
     if any(Path(j).name.startswith("delta-spark_") for j in jars):
         conf.update(DELTA_CONF)
     return local_session("compacted-sink-tests", "local[2]", conf=conf)

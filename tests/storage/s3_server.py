@@ -1,4 +1,5 @@
-"""moto's S3 server on loopback with one bucket, for the object-store tests.
+"""moto's S3 server on loopback with one bucket, for the object-store tests (also one that
+checks credentials, `authenticated_s3_server`).
 
 Credentials travel in storage options, never through the environment: local Spark's
 Python workers were forked before any test could set one.
@@ -6,10 +7,12 @@ Python workers were forked before any test could set one.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import pyarrow.fs as pafs
 
@@ -45,3 +48,51 @@ def s3_server() -> Iterator[dict[str, str]]:
     finally:
         server.stop()
         os.environ.update(saved)
+
+
+@dataclass(frozen=True)
+class S3Account:
+    """A moto S3 server that checks credentials, and the keys of the one user it accepts."""
+
+    endpoint: str  # http://127.0.0.1:<port>
+    access_key: str
+    secret_key: str
+
+
+@contextmanager
+def authenticated_s3_server() -> Iterator[S3Account]:
+    """Start a moto S3 server with bucket `BUCKET` that refuses wrong credentials (moto's IAM
+    checks on: a signature made with another secret gets ``SignatureDoesNotMatch``, an
+    unknown key ``InvalidAccessKeyId``); yields the endpoint and the keys of a user allowed
+    ``s3:*``. The in-process server shares moto's settings: IAM checks are off again after."""
+    import boto3
+    from moto import server as moto_server
+    from moto.core.authorization import enable_iam_authentication
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    admin = {
+        "endpoint_url": endpoint,
+        "region_name": "us-east-1",
+        "aws_access_key_id": "admin",
+        "aws_secret_access_key": "admin",
+    }
+    try:
+        iam = boto3.client("iam", **admin)
+        iam.create_user(UserName="job")
+        allow_s3 = {"Effect": "Allow", "Action": "s3:*", "Resource": "*"}
+        iam.put_user_policy(
+            UserName="job",
+            PolicyName="lake",
+            PolicyDocument=json.dumps({"Version": "2012-10-17", "Statement": [allow_s3]}),
+        )
+        key = iam.create_access_key(UserName="job")["AccessKey"]
+        boto3.client("s3", **admin).create_bucket(Bucket=BUCKET)
+        with enable_iam_authentication():
+            yield S3Account(endpoint, key["AccessKeyId"], key["SecretAccessKey"])
+    finally:
+        server.stop()
