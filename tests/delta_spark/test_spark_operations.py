@@ -263,7 +263,7 @@ def test_a_delta_spark_operation_is_absorbed_or_refused_by_name(
             with pytest.raises(CompactedSinkError, match="version 1"):
                 sink.state(as_of=1).collect()
         return
-    version = newest_foreign_change(path)
+    version = first_foreign_change(path)
     if expected.startswith("unwritable "):
         # Readable as it is; every commit refused, naming the feature and its version.
         feature = expected.split()[1]
@@ -282,11 +282,11 @@ def test_a_delta_spark_operation_is_absorbed_or_refused_by_name(
     assert_refused(spark, path, sink, version, expected)
 
 
-def newest_foreign_change(path: str) -> int:
-    """The newest version another engine changed records in (an auto compaction may follow
-    it), else the newest version (from the Delta log)."""
+def first_foreign_change(path: str) -> int:
+    """The first version another engine changed records in, where the sink stops (later
+    commits, such as an auto compaction, may follow it), else the newest version."""
     commits = sorted((Path(path) / "_delta_log").glob("*.json"))
-    for commit in reversed(commits):
+    for commit in commits:
         actions = [json.loads(line) for line in commit.read_text().splitlines() if line.strip()]
         if foreign_change(int(commit.stem), actions) is not None:
             return int(commit.stem)

@@ -193,7 +193,10 @@ def test_delta_spark_and_the_sink_commit_at_once_and_lose_nothing(delta_spark, l
     jobs: dict[str, tuple] = {}
     job_tally, sink_tally = Tally(), Tally()
     sink_conflicts = SinkConflicts()
-    logging.getLogger("compacted_sink").addHandler(sink_conflicts)
+    sink_logger = logging.getLogger("compacted_sink")
+    level = sink_logger.level
+    sink_logger.addHandler(sink_conflicts)
+    sink_logger.setLevel(logging.INFO)  # the conflicts it retries are logged at INFO
     job_offsets = [0]
     failures: list[BaseException] = []
     started = time.monotonic()
@@ -228,7 +231,8 @@ def test_delta_spark_and_the_sink_commit_at_once_and_lose_nothing(delta_spark, l
             if failures:
                 raise failures[0]
     finally:
-        logging.getLogger("compacted_sink").removeHandler(sink_conflicts)
+        sink_logger.removeHandler(sink_conflicts)
+        sink_logger.setLevel(level)
     elapsed = time.monotonic() - started
     sink.accept_foreign_changes()  # the job's last step may be a change not yet accepted
 
