@@ -32,7 +32,7 @@ SMOKE_SPARKS ?= 4.0.1 4.1.4 4.2.0
 # The ones `make test` checks too: 4.2 runs the kafka and delta_spark tests, 4.3 the whole suite.
 TEST_SMOKE_SPARKS ?= 4.0.1 4.1.4
 
-.PHONY: demo demo-kafka jars test test-kafka test-delta-spark smoke lint bench bench-quick bench-scale bench-cluster soak soak-quick soak-exit soak-faults clean
+.PHONY: demo demo-kafka jars test test-kafka test-delta-spark race smoke lint bench bench-quick bench-scale bench-cluster soak soak-quick soak-exit soak-faults clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -88,8 +88,16 @@ test: $(STAMP) $(KAFKA_STAMP) jars
 test-kafka: $(KAFKA_STAMP) jars
 	COMPACTED_SINK_KAFKA_TESTS=required $(KAFKA_PY) -m pytest -q --durations=10 -m kafka tests
 
+# `make test` races the two engines for RACE_ROUNDS rounds; `make race` for 50 (the issue's
+# count: about 1 min a round on a loaded 2-core machine).
+RACE_ROUNDS ?= 8
 test-delta-spark: $(KAFKA_STAMP) jars
-	COMPACTED_SINK_DELTA_TESTS=required $(KAFKA_PY) -m pytest -q --durations=10 -m delta_spark tests
+	COMPACTED_SINK_DELTA_TESTS=required COMPACTED_SINK_RACE_ROUNDS=$(RACE_ROUNDS) \
+	  $(KAFKA_PY) -m pytest -q --durations=10 -m delta_spark tests
+
+race: $(KAFKA_STAMP) jars
+	COMPACTED_SINK_DELTA_TESTS=required COMPACTED_SINK_RACE_ROUNDS=50 $(KAFKA_PY) -m pytest -q -s \
+	  tests/delta_spark/test_two_engines_racing.py
 
 # The smoke suite on each pyspark of $(SMOKE_SPARKS), one venv each; `make test` runs it on
 # $(TEST_SMOKE_SPARKS).
