@@ -14,24 +14,22 @@ from bench.workload import Workload, generate
 pytestmark = pytest.mark.delta_spark
 
 
-def _tiny(skew: str) -> Workload:
+def _tiny() -> Workload:
+    # Zipf: keys repeat within a batch, so the MERGE baselines' latest-per-key dedupe counts.
     return Workload(
-        name=f"tiny-{skew}",
+        name="tiny-zipf",
         keys=300,
-        batches=3,
+        batches=2,
         records_per_batch=400,
-        skew=skew,  # type: ignore[arg-type]
+        skew="zipf",
         tombstone_fraction=0.1,
         record_size="512B",
         systems=BASELINES,
     )
 
 
-@pytest.mark.parametrize("skew", ["uniform", "zipf"])
-def test_every_baseline_ends_on_the_same_state(
-    delta_spark: SparkSession, tmp_path, skew: str
-) -> None:
-    result = run_workload(delta_spark, _tiny(skew), str(tmp_path), BASELINES, PeakRss(delta_spark))
+def test_every_baseline_ends_on_the_same_state(delta_spark: SparkSession, tmp_path) -> None:
+    result = run_workload(delta_spark, _tiny(), str(tmp_path), BASELINES, PeakRss(delta_spark))
 
     systems = result["systems"]
     assert sorted(systems) == sorted(BASELINES)
@@ -50,7 +48,7 @@ def _txns(commits: list[list[dict]]) -> list[dict]:
 def test_delta_spark_baselines_commit_each_batch_once(
     delta_spark: SparkSession, tmp_path, delta_commits, system_type
 ) -> None:
-    files = generate(_tiny("uniform"), str(tmp_path / "input"))
+    files = generate(_tiny(), str(tmp_path / "input"))
     system = system_type(str(tmp_path / "system"))
     for batch_id, path in enumerate(files[:2]):
         system.ingest(delta_spark, batch_id, path)
