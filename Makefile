@@ -115,11 +115,16 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check sinks checkpoints streaming tests bench
 	$(VENV)/bin/ruff format --check sinks checkpoints streaming tests bench
 
-bench: $(STAMP)
-	$(PY) -m bench.run --out bench
+# The sink beside the baselines users write (delta-spark MERGE INTO from foreachBatch,
+# delta-rs MERGE fed from Spark, Spark's Delta append, Spark's Parquet write), in one run:
+# on $(KAFKA_VENV) with delta-spark's jars from .jars (about 40 min on 2 shared cores).
+# RESULTS.md keeps the earlier run's figures ($(BENCH_PREVIOUS)) below the new ones.
+BENCH_PREVIOUS ?= results-2026-11-23.json
+bench: $(KAFKA_STAMP) $(DELTA_JARS)
+	$(KAFKA_PY) -m bench.run --out bench --previous $(BENCH_PREVIOUS)
 
-bench-quick: $(STAMP)
-	$(PY) -m bench.run --quick --out bench/quick
+bench-quick: $(KAFKA_STAMP) $(DELTA_JARS)
+	$(KAFKA_PY) -m bench.run --quick --out bench/quick
 
 # Not part of `make test`: one pass over never-cleaned logs of 1e6-1e7 records, the append
 # against Spark's plain Parquet write, state() (bench/SCALE.md; about 40 min on 2 cores).

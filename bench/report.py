@@ -16,12 +16,25 @@ SYSTEM_ORDER = (
     "compacted_sink",
     "compacted_sink_inline",
     "compacted_sink_not_niced",
+    "delta_spark_merge",
     "merge_per_batch",
     "rewrite_per_batch",
     "sink_cleaning_off",
     "append_only",  # sink_cleaning_off's name in results before 24 November 2026
+    "delta_spark_append",
     "spark_parquet",
 )
+# What each system is, for RESULTS.md.
+SYSTEM_NOTES = {
+    "compacted_sink": "this sink, as the foreachBatch hook, cleaning in the background",
+    "delta_spark_merge": "foreachBatch + delta-spark `MERGE INTO` (batch deduped in Spark, "
+    "tombstones deleted, idempotent via the session's txnAppId/txnVersion)",
+    "merge_per_batch": "foreachBatch + delta-rs MERGE, the batch deduped in Spark and "
+    "collected to Arrow (`toArrow`)",
+    "delta_spark_append": 'Spark\'s own Delta append (`df.write.format("delta").mode("append")`, '
+    "txnAppId/txnVersion): the append floor",
+    "spark_parquet": "Spark's plain Parquet append of the batch (no Delta)",
+}
 PLOT = "per_batch_cost.png"
 
 
@@ -55,6 +68,9 @@ def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
             s.get("merge_per_batch"),
             s.get("sink_cleaning_off") or s.get("append_only"),
         )
+        if "delta_spark_merge" in s:
+            rows += baseline_goals(w)
+            continue
         if w["keys"] >= GOAL_KEYS and sink and merge:
             speed = merge["ingest_s"] / sink["ingest_s"]
             rows.append(
@@ -124,6 +140,72 @@ def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
                 "measured": f"{cleaner['efficiency']:.2f}",
                 "met": cleaner["efficiency"] >= 0.6,
             }
+        )
+    return rows
+
+
+def baseline_goals(w: dict[str, Any]) -> list[dict[str, Any]]:
+    """#34 point 5 and #33 point 2 on one workload run beside the delta-spark baselines:
+    ingest and bytes against delta-spark MERGE and delta-rs MERGE fed from Spark, the
+    sink's p99 batch against Spark's Delta append; and, for comparison, #33 point 1's
+    median and p99 batch against Spark's plain Parquet write."""
+    s = _systems(w)
+    sink = s.get("compacted_sink")
+    if not sink:
+        return []
+    rows = []
+    for merge, label, times in (
+        ("delta_spark_merge", "delta-spark MERGE", 2.0),
+        ("merge_per_batch", "delta-rs MERGE fed from Spark", 1.0),
+    ):
+        other = s.get(merge)
+        if not other:
+            continue
+        speed = other["ingest_s"] / sink["ingest_s"]
+        rows.append(
+            _goal(
+                w,
+                f"ingest ≥ {times:g}× {label}",
+                f"{speed:.2f}× ({sink['ingest_s']:.0f} s vs {other['ingest_s']:.0f} s)",
+                speed >= times,
+            )
+        )
+        fewer = other["bytes_written"] / sink["bytes_written"]
+        rows.append(
+            _goal(
+                w,
+                f"≥ 3× fewer bytes written than {label}",
+                f"{fewer:.2f}× ({sink['bytes_written'] / 1e6:.0f} MB vs "
+                f"{other['bytes_written'] / 1e6:.0f} MB)",
+                fewer >= 3,
+            )
+        )
+    for floor, goal, ratio, key in (
+        ("delta_spark_append", "p99 batch ≤ 1.2× Spark's Delta append", 1.2, "p99_batch_s"),
+        (
+            "spark_parquet",
+            "(#33 pt 1, comparison) median batch ≤ 1.1× Spark's Parquet write",
+            1.1,
+            "p50_batch_s",
+        ),
+        (
+            "spark_parquet",
+            "(#33 pt 1, comparison) p99 batch ≤ 1.2× Spark's Parquet write",
+            1.2,
+            "p99_batch_s",
+        ),
+    ):
+        other = s.get(floor)
+        if not other:
+            continue
+        measured = sink[key] / other[key]
+        rows.append(
+            _goal(
+                w,
+                goal,
+                f"{measured:.2f}× ({sink[key]:.2f} s vs {other[key]:.2f} s)",
+                measured <= ratio,
+            )
         )
     return rows
 
@@ -207,8 +289,27 @@ def write(results: dict[str, Any], out: str) -> None:
     with open(os.path.join(out, "results.json"), "w") as f:
         json.dump(results, f, indent=1, sort_keys=False)
     plot(results, os.path.join(out, PLOT))
+    text = markdown(results)
+    previous = results.get("previous")
+    if previous:
+        text += earlier_run(previous, out)
     with open(os.path.join(out, "RESULTS.md"), "w") as f:
-        f.write(markdown(results))
+        f.write(text)
+
+
+def earlier_run(path: str, out: str) -> str:
+    """The earlier run's RESULTS.md, kept below the new one with its headings one level down."""
+    with open(path if os.path.isabs(path) else os.path.join(out, path)) as f:
+        earlier = json.load(f)
+    earlier.setdefault("goals", goals(earlier))
+    body = markdown(earlier).split("\n", 1)[1]  # its own title goes
+    body = "\n".join("#" + line if line.startswith("#") else line for line in body.split("\n"))
+    # The earlier run's plot was drawn over by the new one: its figures stay in the tables.
+    body = body.replace(f"![per-batch cost]({PLOT})", "(plot: see git history of bench/)")
+    return (
+        "\n---\n\n# Earlier run (kept for comparison; its figures are in "
+        f"[{os.path.basename(path)}]({os.path.basename(path)}))\n" + body
+    )
 
 
 def plot(results: dict[str, Any], path: str) -> None:
@@ -268,7 +369,12 @@ def markdown(results: dict[str, Any]) -> str:
         "# Benchmark results",
         "",
         f"Generated {results['generated_utc']} by `python -m bench.run{quick}` "
-        f"in {results['total_s'] / 60:.1f} min.",
+        f"in {results['total_s'] / 60:.1f} min."
+        + (
+            " **This run is new**; the earlier run's figures are kept below it."
+            if results.get("previous")
+            else ""
+        ),
         "",
         f"- Machine: {results['machine']}",
         f"- Load before: `{results['load_before']}`",
@@ -284,6 +390,11 @@ def markdown(results: dict[str, Any]) -> str:
         "(data, Delta log, the sink's checkpoint table); write amplification = bytes written / "
         "input Parquet bytes.",
         *[f"- Note: {note}" for note in results.get("notes", [])],
+        *[
+            f"- System `{name}`: {SYSTEM_NOTES[name]}."
+            for name in SYSTEM_ORDER
+            if name in SYSTEM_NOTES and any(name in _systems(w) for w in results["workloads"])
+        ],
         "",
         "## Goals",
         "",

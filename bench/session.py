@@ -1,13 +1,38 @@
-"""The benchmark's one SparkSession: local[2], zstd Parquet, Delta's timestamp type."""
+"""The benchmark's one SparkSession: local[2], zstd Parquet, Delta's timestamp type.
+
+When `make jars` has fetched delta-spark for the running pyspark (``.jars/delta-<pyspark
+version>/``: delta-spark 4.4 is built for Spark 4.0-4.2, so `make bench` runs on
+``.venv-spark4.2``), its jars go on the session as local paths (nothing is downloaded when
+the session starts) with Delta's extension and catalog, and the delta-spark baselines can run.
+"""
 
 from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
+import pyspark
 from pyspark.sql import SparkSession
 
+from streaming.local_kafka import spark_jars
 from streaming.session import local_session
+
+JARS = Path(__file__).resolve().parent.parent / ".jars"
+DELTA_CONF = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+}
+
+
+def delta_jars(cache: Path = JARS) -> list[str]:
+    """delta-spark's jars for the running pyspark, as `make jars` fetched them (or none)."""
+    return spark_jars(cache / f"delta-{pyspark.__version__}")
+
+
+def has_delta_spark(spark: SparkSession) -> bool:
+    """Whether Spark's own Delta (delta-spark) is on ``spark``."""
+    return "DeltaSparkSessionExtension" in (spark.conf.get("spark.sql.extensions", "") or "")
 
 
 def bench_session(driver_memory: str = "3g") -> SparkSession:
@@ -21,4 +46,8 @@ def bench_session(driver_memory: str = "3g") -> SparkSession:
         "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
         "spark.driver.memory": driver_memory,
     }
+    jars = delta_jars()
+    if any(Path(j).name.startswith("delta-spark_") for j in jars):
+        conf["spark.jars"] = ",".join(jars)
+        conf.update(DELTA_CONF)
     return local_session("compacted-sink-bench", "local[2]", conf=conf)

@@ -1,4 +1,4 @@
-"""The four systems under test, each fed the same batch files one batch at a time.
+"""The systems under test, each fed the same batch files one batch at a time.
 
 - ``compacted_sink``: `CompactedStateSink` called as the foreachBatch hook with
   cleaning in the background, as a streaming query gets it (``cleaning="auto"``
@@ -13,9 +13,17 @@
 - ``spark_parquet``: Spark writing each batch as plain Parquet files (no Delta, no
   offsets, no dedupe): the floor of any Spark sink's batch. Its state is resolved when
   read (latest per key, tombstones dropped), as a reader of plain files must.
-- ``merge_per_batch``: Delta's documented foreachBatch upsert: dedupe the batch
-  in Spark (latest per key), then MERGE it into the table; the MERGE runs in
-  delta-rs (``DeltaTable.merge``), since delta-spark cannot run here.
+- ``merge_per_batch``: delta-rs MERGE fed as a foreachBatch user's code feeds it:
+  the batch is a Spark DataFrame, deduped in Spark (latest per key), collected to
+  Arrow (``toArrow``), then ``deltalake.DeltaTable.merge`` (delete on tombstone).
+- ``delta_spark_merge``: Delta's documented foreachBatch upsert on Spark's own Delta
+  (delta-spark): dedupe the batch in Spark (latest per key), then ``MERGE INTO`` the
+  table (``WHEN MATCHED AND s.value IS NULL THEN DELETE``), idempotent through the
+  session's ``spark.databricks.delta.write.txnAppId`` / ``txnVersion`` (the batch id).
+- ``delta_spark_append``: Spark's own Delta append of the batch
+  (``df.write.format("delta").mode("append")`` with the writer's ``txnAppId`` /
+  ``txnVersion`` options): the floor of a Delta sink's batch. Like ``spark_parquet``
+  it keeps every record, so its state is resolved when read.
 - ``rewrite_per_batch``: table ∪ batch → latest per key → overwrite, in Spark;
   the new Parquet files replace the old ones in one Delta commit (delta-rs).
 
@@ -30,6 +38,9 @@ import glob
 import os
 import threading
 import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Protocol
 
 import pyarrow as pa
@@ -40,6 +51,7 @@ from pyspark.sql import functions as F
 
 from bench.measure import TableSize, delta_table_size
 from bench.recopy import pass_recopy
+from bench.session import has_delta_spark
 from sinks import CleanerConfig, CompactedStateSink
 from sinks.cleaner.cleaner_stats import CleanerStats
 
@@ -51,6 +63,8 @@ SYSTEMS = (
     "sink_cleaning_off",
     "spark_parquet",
 )
+# Spark's own Delta: they need delta-spark on the session (`make jars`, pyspark 4.2).
+DELTA_SPARK_SYSTEMS = ("delta_spark_merge", "delta_spark_append")
 OPTIONAL_SYSTEMS = ("compacted_sink_inline", "compacted_sink_not_niced")
 
 
@@ -271,6 +285,99 @@ class SparkParquetSystem:
         return latest.filter(F.col("value").isNotNull()).select("key", "value")
 
 
+class DeltaSparkMergeSystem:
+    """foreachBatch + delta-spark ``MERGE INTO``, as Delta's docs write the upsert.
+
+    The batch is deduped in Spark (latest per key by ``seq``), then merged with SQL;
+    a tombstone deletes its key. The session's ``txnAppId`` / ``txnVersion`` are set
+    around the MERGE (the batch id as version), so a replayed batch commits nothing.
+    """
+
+    name = "delta_spark_merge"
+    VIEW = "bench_merge_source"
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.table_uri = os.path.join(root, "table")
+        self.app_id = f"bench-{self.name}-{uuid.uuid4()}"
+
+    def ingest(self, spark: SparkSession, batch_id: int, batch_path: str) -> dict[str, Any]:
+        _require_delta_spark(spark, self.name)
+        source = latest_per_key(spark.read.parquet(batch_path))
+        if not os.path.isdir(os.path.join(self.table_uri, "_delta_log")):
+            source.limit(0).write.format("delta").mode("ignore").save(self.table_uri)
+        source.createOrReplaceTempView(self.VIEW)
+        with _delta_txn(spark, self.app_id, batch_id):
+            metrics = spark.sql(
+                f"MERGE INTO delta.`{self.table_uri}` AS t USING {self.VIEW} AS s "
+                "ON t.key = s.key "
+                "WHEN MATCHED AND s.value IS NULL THEN DELETE "
+                "WHEN MATCHED THEN UPDATE SET * "
+                "WHEN NOT MATCHED AND s.value IS NOT NULL THEN INSERT *"
+            ).collect()
+        return {"merge": metrics[0].asDict() if metrics else {}}
+
+    def analyse(self, info: dict[str, Any]) -> None:
+        pass
+
+    def state(self, spark: SparkSession) -> DataFrame:
+        return spark.read.format("delta").load(self.table_uri).select("key", "value")
+
+
+class DeltaSparkAppendSystem:
+    """Spark's own Delta append of each batch: what a Delta sink's batch costs at least."""
+
+    name = "delta_spark_append"
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.table_uri = os.path.join(root, "table")
+        self.app_id = f"bench-{self.name}-{uuid.uuid4()}"
+
+    def ingest(self, spark: SparkSession, batch_id: int, batch_path: str) -> dict[str, Any]:
+        _require_delta_spark(spark, self.name)
+        (
+            spark.read.parquet(batch_path)
+            .write.format("delta")
+            .mode("append")
+            .option("txnAppId", self.app_id)
+            .option("txnVersion", batch_id)
+            .save(self.table_uri)
+        )
+        return {}
+
+    def analyse(self, info: dict[str, Any]) -> None:
+        pass
+
+    def state(self, spark: SparkSession) -> DataFrame:
+        latest = latest_per_key(spark.read.format("delta").load(self.table_uri))
+        return latest.filter(F.col("value").isNotNull()).select("key", "value")
+
+
+TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
+TXN_VERSION = "spark.databricks.delta.write.txnVersion"
+
+
+@contextmanager
+def _delta_txn(spark: SparkSession, app_id: str, version: int) -> Iterator[None]:
+    """delta-spark's idempotent-DML session settings around one write, unset after it."""
+    spark.conf.set(TXN_APP_ID, app_id)
+    spark.conf.set(TXN_VERSION, str(version))
+    try:
+        yield
+    finally:
+        spark.conf.unset(TXN_APP_ID)
+        spark.conf.unset(TXN_VERSION)
+
+
+def _require_delta_spark(spark: SparkSession, system: str) -> None:
+    if not has_delta_spark(spark):
+        raise RuntimeError(
+            f"{system} needs Spark's own Delta (delta-spark) on the session: run `make jars` "
+            "and run the bench on .venv-spark4.2 (`make bench` does both)"
+        )
+
+
 def _read_live(spark: SparkSession, uri: str) -> DataFrame:
     paths = delta_table_size(uri).paths
     if not paths:
@@ -294,5 +401,9 @@ def make_system(name: str, root: str, schema: pa.Schema = TABLE_SCHEMA) -> Syste
         return MergeSystem(root, schema)
     if name == "rewrite_per_batch":
         return RewriteSystem(root, schema)
-    known = ", ".join(SYSTEMS + OPTIONAL_SYSTEMS)
+    if name == "delta_spark_merge":
+        return DeltaSparkMergeSystem(root)
+    if name == "delta_spark_append":
+        return DeltaSparkAppendSystem(root)
+    known = ", ".join(SYSTEMS + DELTA_SPARK_SYSTEMS + OPTIONAL_SYSTEMS)
     raise ValueError(f"unknown system {name!r}; known: {known}")
