@@ -1,10 +1,8 @@
-"""The append's Spark jobs: checks, numbering and writing in one pass over the rows (#6, #33).
+"""The append in one Spark job: checks, numbering and writing in one task pass (issue #6).
 
 A bad batch is found after its files were written; the files are deleted and
-nothing is committed, so design.md §12 (never half-written) still holds. Spark's own
-writer writes the rows (`sinks.log.spark_append`), so they are never shuffled: Kafka
-input is one job of one stage; assigned offsets take a narrow counting job first. A
-bad batch is counted again by the Python task, through the shuffle for Kafka input.
+nothing is committed, so design.md §12 (never half-written) still holds. Kafka input
+is not shuffled; a bad Kafka batch is checked again through the shuffle (a second job).
 """
 
 from __future__ import annotations
@@ -59,7 +57,7 @@ def committed_files(sink: CompactedStateSink) -> set[str]:
     return {s.path for s in snapshot.all_segments()} if snapshot else set()
 
 
-def test_an_append_never_shuffles_its_rows(spark, lake, clock):
+def test_an_append_is_one_spark_job_with_one_shuffle(spark, lake, clock):
     sink = CompactedStateSink(str(lake / "log"), config=NO_CLEAN, clock=clock)
     batch = spark.range(300).selectExpr(
         "cast(id as string) as key", "'v' as value", "cast(id % 3 as int) as partition"
@@ -67,9 +65,7 @@ def test_an_append_never_shuffles_its_rows(spark, lake, clock):
     sink(batch, 0)
     with spark_jobs(spark) as jobs:
         sink(batch, 1)
-    # a count of each input task's rows per partition (only counts cross the shuffle), then
-    # the write, in one stage
-    assert [stages(spark, job) for job in sorted(jobs)] == [2, 1]
+    assert len(jobs) == 1 and stages(spark, jobs[0]) == 2  # shuffle by partition, then the task
     assert sink.last_append.records == 300 and sink.last_append.partitions == (0, 1, 2)
     kafka = spark.range(300).selectExpr(
         "cast(id as string) as key",
@@ -87,9 +83,8 @@ def test_an_append_never_shuffles_its_rows(spark, lake, clock):
 def test_bad_kafka_offsets_are_counted_whole_through_the_shuffle_and_no_file_is_left(
     spark, lake, clock
 ):
-    """Kafka input is written where it was read; Spark's writer's checks find the batch bad,
-    the Python task counts it, and a task that finds a bad row sends the batch through the
-    shuffle, where each partition's rows meet in one task."""
+    """Kafka input is written where it was read; a task that finds a bad row sends the batch
+    through the shuffle (a second job), where each partition's rows meet in one task."""
     path = lake / "log"
     sink = CompactedStateSink(str(path), config=NO_CLEAN, clock=clock)
     sink(spark.createDataFrame([("a", "1", 0, 0), ("b", "1", 1, 0)], KAFKA), 0)
@@ -100,8 +95,7 @@ def test_bad_kafka_offsets_are_counted_whole_through_the_shuffle_and_no_file_is_
     bad += [("n", "1", 4, None), ("m", "1", 4, None), ("o", "1", 4, 9)]
     with spark_jobs(spark) as jobs, pytest.raises(BadInputError) as error:
         sink(spark.createDataFrame(good + bad, KAFKA), 1)
-    # Spark's writer, then the Python task as read and through the shuffle
-    assert [stages(spark, job) for job in sorted(jobs)] == [1, 1, 2]
+    assert [stages(spark, job) for job in sorted(jobs)] == [1, 2]
     message = str(error.value)
     assert "partition 0 has 2 rows whose 'offset' repeats another row's" in message
     assert "2 rows of partition 4 have a null 'offset'" in message

@@ -45,6 +45,7 @@ from sinks.crash_points import (
 )
 from sinks.log.dead_letter import DeadLetterTable
 from sinks.log.ownership import STAGING_DIR, foreign_entries
+from sinks.log.spark_append import APPEND_WRITER_ENV, SPARK_WRITER
 from sinks.maintenance.file_inventory import list_data_files
 
 pytestmark = pytest.mark.crash
@@ -82,6 +83,8 @@ class Run:
 
 def run_driver(scenario: str, lake: str, crash_at: str) -> subprocess.Popen:
     env = {**os.environ, CRASH_AT_ENV: crash_at}
+    if scenario == "staged":  # the append through Spark's own writer (sinks.log.spark_append)
+        env[APPEND_WRITER_ENV] = SPARK_WRITER
     return subprocess.Popen(
         [sys.executable, DRIVER, scenario, lake],
         cwd=lake,
