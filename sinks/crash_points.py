@@ -23,6 +23,8 @@ CRASH_AT_ENV = "COMPACTED_SINK_CRASH_AT"
 
 APPEND_BEFORE_COMMIT = "append.before_commit"
 """An append wrote its data files on the executors and has not committed them."""
+APPEND_AFTER_STAGED_WRITE = "append.after_staged_write"
+"""Spark's writer wrote an append's files into its staging directory; none is renamed yet."""
 CLEAN_BEFORE_COMMIT = "clean.before_commit"
 """A pass wrote its cleaned files and has not committed the swap."""
 CLEAN_BEFORE_CHECKPOINT = "clean.before_checkpoint"
@@ -41,6 +43,7 @@ SEGMENT_DELETER_AFTER_FILE_DELETED = "segment_deleter.after_file_deleted"
 """The segment deleter deleted one expired file (reached once per file; ``@n`` after the n-th)."""
 
 POINTS = (
+    APPEND_AFTER_STAGED_WRITE,
     APPEND_BEFORE_COMMIT,
     SCHEMA_BEFORE_APPEND,
     CLEAN_BEFORE_COMMIT,

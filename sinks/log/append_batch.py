@@ -38,6 +38,7 @@ from sinks.log.records import (
     log_columns,
     prepare_batch,
 )
+from sinks.log.spark_append import run_in_jvm
 
 
 class TaskRunner(Protocol):
@@ -87,6 +88,7 @@ class SparkPrepared:
     batch: PreparedBatch
     record_columns: list[str]
     _split: SplitBatch | None = field(default=None, repr=False)
+    _in_jvm: bool = field(default=True, repr=False)  # until Spark's writer declines the batch
 
     @property
     def schema(self) -> T.StructType:
@@ -117,7 +119,15 @@ class SparkPrepared:
         Kafka input without ``exchange``: each input partition is sorted where it is, no
         shuffle. Spark's Kafka source reads each topic-partition's offset range as one
         input partition, so its rows never move; the values cross the network once less.
+
+        Spark's own Parquet writer runs the task when it can (`sinks.log.spark_append`:
+        the rows never leave the JVM); the Python workers run it where it cannot.
         """
+        if task.log_schema is not None and self._in_jvm:
+            written = run_in_jvm(self.batch.df, task, task.log_schema, exchange=exchange)
+            if written is not None:
+                return written
+            self._in_jvm = False  # the Python task counts this batch's problems, if any
         if self.batch.has_offsets and not exchange:
             rows = self.batch.df.sortWithinPartitions(PARTITION, OFFSET)
         else:

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 import pyarrow as pa
+from pyspark.sql import types as T
 
 from sinks.log.records import (
     COUNT_COLUMNS,
@@ -47,7 +48,8 @@ class AppendTask:
     """The picklable function each Spark task of an append runs (``mapInArrow``).
 
     ``log_end_offsets`` are the log's, as of the snapshot the append numbers from.
-    Not idempotent: every call writes new files.
+    Not idempotent: every call writes new files. A Spark batch runs the same task in
+    the JVM when it can (`sinks.log.spark_append`, from ``log_schema``).
     """
 
     writer: SegmentWriterTask
@@ -55,6 +57,7 @@ class AppendTask:
     key_columns: tuple[str, ...]
     has_offsets: bool
     message_max_bytes: int
+    log_schema: T.StructType | None = None  # the log's Spark schema: Spark's writer may run it
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         validator = RecordValidator(

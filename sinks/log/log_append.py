@@ -398,6 +398,7 @@ class LogAppender:
             key_columns=self.key_columns,
             has_offsets=has_offsets,
             message_max_bytes=self.config.message_max_bytes,
+            log_schema=log_schema,
         )
 
     def _fresh(self) -> LogSnapshot:

@@ -22,7 +22,11 @@ pure function here with a thin I/O wrapper:
    - ``partition-<p>/<base offset, 20 digits>-<32 hex>.parquet``: a segment, as
      `sinks.log.segment.segment_path` names every file an append, a pass or a
      rearrangement writes;
-   - ``_staging/<32 hex>.parquet``: rows the data source sink staged for a commit.
+   - ``_staging/<32 hex>.parquet``: rows the data source sink staged for a commit;
+   - anything under ``_staging/<32 hex>/``: one append's staged Spark write (Spark's
+     Parquet writer names the files, its partition directories and checksum files);
+     the append renames the files to segments and removes the directory, and recovery
+     removes a directory a killed append left (`is_staged_write`).
 
    Recovery's orphans and the segment deleter's untracked files are taken only from
    files that are the log's own by this rule, whatever their age; any other file is
@@ -61,6 +65,9 @@ STAGING_DIR = "_staging"
 
 SEGMENT_FILE = re.compile(r"partition-\d+/\d{20}-[0-9a-f]{32}\.parquet")
 STAGED_FILE = re.compile(rf"{STAGING_DIR}/[0-9a-f]{{32}}\.parquet")
+STAGED_WRITE_DIR = re.compile(rf"{STAGING_DIR}/[0-9a-f]{{32}}")
+"""One append's staging directory for Spark's writer (`sinks.log.spark_append`)."""
+_STAGED_WRITE_ENTRY = re.compile(rf"{STAGING_DIR}/[0-9a-f]{{32}}(?:/.+)?")
 _OWN_DIRECTORY = re.compile(rf"partition-\d+|{STAGING_DIR}|{MARKER_DIR}|{DELTA_LOG_DIR}")
 _MARKER_FILE = re.compile(rf"{MARKER_DIR}/[^/]+")
 
@@ -84,6 +91,12 @@ def is_own_data_path(relative: str) -> bool:
     return SEGMENT_FILE.fullmatch(path) is not None or STAGED_FILE.fullmatch(path) is not None
 
 
+def is_staged_write(relative: str) -> bool:
+    """Whether ``relative`` (a file or directory inside a log) is, or lies in, an append's
+    staging directory for Spark's writer (module docstring, rule 3)."""
+    return _STAGED_WRITE_ENTRY.fullmatch(unquote(relative).strip("/")) is not None
+
+
 def is_delta_rs_data_path(relative: str) -> bool:
     """Whether ``relative`` is named as delta-rs names a data file (``part-00000-<uuid>-c000``)."""
     return DELTA_RS_DATA_FILE.fullmatch(unquote(relative).lstrip("/")) is not None
@@ -101,9 +114,9 @@ def foreign_entries(entries: Iterable[tuple[str, bool]]) -> list[str]:
     for path, is_dir in entries:
         path = path.strip("/")
         if is_dir:
-            if _OWN_DIRECTORY.fullmatch(path) is None:
+            if _OWN_DIRECTORY.fullmatch(path) is None and not is_staged_write(path):
                 foreign.append(path + "/")
-        elif not (is_own_data_path(path) or _MARKER_FILE.fullmatch(path)):
+        elif not (is_own_data_path(path) or _MARKER_FILE.fullmatch(path) or is_staged_write(path)):
             foreign.append(path)
     return sorted(foreign)
 

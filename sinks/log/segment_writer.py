@@ -240,7 +240,7 @@ class _RunningStats:
         ]
         self.minimum: dict[str, Any] = {}
         self.maximum: dict[str, Any] = {}
-        self.null_count = dict.fromkeys(self._null_counted, 0)
+        self.null_count: dict[str, Any] = dict.fromkeys(self._null_counted, 0)
 
     def update(self, rows: pa.Table) -> None:
         self.num_records += rows.num_rows
@@ -267,6 +267,52 @@ class _RunningStats:
             },
             separators=(",", ":"),
         )
+
+
+def stats_from_footer(
+    metadata: pq.FileMetaData, schema: pa.Schema, columns: Sequence[str]
+) -> _RunningStats:
+    """The Delta statistics of a Parquet file another writer wrote (Spark's), from its footer.
+
+    The same statistics `_OpenSegment` keeps while writing, for top-level columns; a
+    minimum or maximum the footer does not state exactly is left out (Delta allows it),
+    and so are floating-point ones (writers differ on NaN).
+    """
+    stats = _RunningStats(schema, columns)
+    stats.num_records = metadata.num_rows
+    chunks: dict[str, list[Any]] = {}
+    for g in range(metadata.num_row_groups):
+        group = metadata.row_group(g)
+        for c in range(group.num_columns):
+            chunk = group.column(c)
+            chunks.setdefault(chunk.path_in_schema, []).append(chunk.statistics)
+    for name in stats.null_count:
+        found = chunks.get(name)
+        if found is None or any(s is None or not s.has_null_count for s in found):
+            stats.null_count[name] = None
+        else:
+            stats.null_count[name] = sum(s.null_count for s in found)
+    for name in stats._min_max:
+        found = chunks.get(name, [])
+        if pa.types.is_floating(schema.field(name).type):
+            continue
+        known = [s for s in found if s is not None and s.has_min_max]
+        if not found or len(known) != len(found):
+            continue
+        if not all(getattr(s, "is_min_value_exact", True) for s in known):
+            continue
+        stats.minimum[name] = min(_footer_value(s.min) for s in known)
+        if all(getattr(s, "is_max_value_exact", True) for s in known):
+            stats.maximum[name] = max(_footer_value(s.max) for s in known)
+    stats.null_count = {k: v for k, v in stats.null_count.items() if v is not None}
+    return stats
+
+
+def _footer_value(value: Any) -> Any:
+    """A footer statistic as `pc.min_max` gives it (timestamps as UTC datetimes)."""
+    if isinstance(value, dt.datetime) and value.tzinfo is None:
+        return value.replace(tzinfo=dt.UTC)
+    return value
 
 
 def _has_min_max(arrow_type: pa.DataType) -> bool:

@@ -12,6 +12,8 @@ marker says there is no need. Here:
    (`sinks.log.ownership.is_own_data_path`) and older than ``file.delete.delay.ms``
    is deleted. Any other file no commit names is someone else's: it is left in
    place, whatever its age, and reported (``not ours, left alone``; design.md §26).
+   The staging directories of appends that Spark's writer ran (``_staging/<32 hex>/``)
+   go the same way, whole, once older than the same delay (`remove_staged_writes`).
    The grace period protects a writer that is between writing its files and
    committing them; partitions whose pass is live in the checkpoint table are
    skipped whatever the age. Files only removed by a commit stay: they serve time travel.
@@ -47,6 +49,7 @@ from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
@@ -55,7 +58,13 @@ from checkpoints.cleaner_states import live_claims
 from sinks.crash_points import RECOVERY_AFTER_ORPHAN_DELETED, RECOVERY_BEFORE_MARKER, crash_point
 from sinks.errors import LogCorruptedError
 from sinks.log.log_table import LogSnapshot, LogTable
-from sinks.log.ownership import MARKER_DIR, foreign_files, is_own_data_path
+from sinks.log.ownership import (
+    MARKER_DIR,
+    STAGING_DIR,
+    foreign_files,
+    is_own_data_path,
+    is_staged_write,
+)
 from sinks.log.segment import Segment
 from sinks.log.storage import arrow_filesystem
 from sinks.maintenance.file_inventory import FileOnDisk, list_data_files, referenced_paths
@@ -199,6 +208,10 @@ def recover_log(
         now_ms=now,
         protected_partitions=busy_partitions,
     )
+    staged_removed, staged_young = remove_staged_writes(
+        log, file_delete_delay_ms=file_delete_delay_ms, now_ms=now
+    )
+    removed, young = [*removed, *staged_removed], [*young, *staged_young]
     changes = reconcile_checkpoint(snapshot, checkpoints)
     verified = read_clean_shutdown_marker(log)
     problems = offset_problems(snapshot.segments, snapshot.log_end_offsets())
@@ -264,6 +277,43 @@ def remove_orphans(
             pass  # another recovery got there first
         crash_point(RECOVERY_AFTER_ORPHAN_DELETED)
     return old, young, not_ours
+
+
+def remove_staged_writes(
+    log: LogTable, *, file_delete_delay_ms: int, now_ms: int
+) -> tuple[list[str], list[str]]:
+    """Delete the staging directories of killed appends (``_staging/<32 hex>/``, Spark's
+    writer's output before its files become segments: `sinks.log.spark_append`).
+
+    Returns (deleted, kept because too young): a directory whose newest entry is younger
+    than ``file.delete.delay.ms`` may belong to an append still running. Nothing there
+    is ever committed, and nothing else in ``_staging`` is touched (design.md §26).
+    """
+    fs, root = arrow_filesystem(log.uri, log.storage_options)
+    staging = f"{root}/{STAGING_DIR}"
+    try:
+        entries = fs.get_file_info(pafs.FileSelector(staging, allow_not_found=True))
+    except NotADirectoryError:
+        return [], []
+    removed, young = [], []
+    for entry in entries:
+        relative = f"{STAGING_DIR}/{entry.base_name}"
+        if entry.type != pafs.FileType.Directory or not is_staged_write(relative):
+            continue
+        inside = fs.get_file_info(pafs.FileSelector(entry.path, recursive=True))
+        newest = max(
+            (i.mtime.timestamp() * 1000 for i in [entry, *inside] if i.mtime is not None),
+            default=0,
+        )
+        if now_ms - newest < file_delete_delay_ms:
+            young.append(relative + "/")
+            continue
+        try:
+            fs.delete_dir(entry.path)
+        except FileNotFoundError:
+            pass  # another recovery got there first
+        removed.append(relative + "/")
+    return removed, young
 
 
 def reconcile_checkpoint(

@@ -72,7 +72,7 @@ def main(scenario: str, lake: str) -> None:
         sink(batch_frame(spark, batch_id), batch_id)
         print("committed", batch_id, flush=True)
     os.environ[CRASH_AT_ENV] = crash_at or ""
-    if scenario == "append":
+    if scenario in ("append", "staged"):
         sink(batch_frame(spark, 3), 3)
     elif scenario in ("clean", "checkpoint"):
         sink.clean(force=True)

@@ -33,6 +33,7 @@ from testkit import (
 from checkpoints import CleanerOffsetCheckpoint
 from sinks import CleanerConfig, CompactedStateSink
 from sinks.crash_points import (
+    APPEND_AFTER_STAGED_WRITE,
     APPEND_BEFORE_COMMIT,
     CLEAN_BEFORE_CHECKPOINT,
     CLEAN_BEFORE_COMMIT,
@@ -43,12 +44,15 @@ from sinks.crash_points import (
     SEGMENT_DELETER_AFTER_FILE_DELETED,
 )
 from sinks.log.dead_letter import DeadLetterTable
+from sinks.log.ownership import STAGING_DIR, foreign_entries
+from sinks.log.spark_append import APPEND_WRITER_ENV, SPARK_WRITER
 from sinks.maintenance.file_inventory import list_data_files
 
 pytestmark = pytest.mark.crash
 
 DRIVER = os.path.join(os.path.dirname(__file__), "driver.py")
 KILLS = {
+    "staged": APPEND_AFTER_STAGED_WRITE,
     "append": APPEND_BEFORE_COMMIT,
     "clean": CLEAN_BEFORE_COMMIT,
     "checkpoint": CLEAN_BEFORE_CHECKPOINT,
@@ -79,6 +83,8 @@ class Run:
 
 def run_driver(scenario: str, lake: str, crash_at: str) -> subprocess.Popen:
     env = {**os.environ, CRASH_AT_ENV: crash_at}
+    if scenario == "staged":  # the append through Spark's own writer (sinks.log.spark_append)
+        env[APPEND_WRITER_ENV] = SPARK_WRITER
     return subprocess.Popen(
         [sys.executable, DRIVER, scenario, lake],
         cwd=lake,
@@ -177,6 +183,43 @@ def test_kill_inside_append_after_files_before_commit(crashes, spark):
     sink(batch_frame(spark, 3), 3)  # and a duplicate delivery writes nothing
     assert_replays(sink, range(4))
     assert_contiguous(run.log, range(4))
+
+
+def staged_entries(log: str) -> list[str]:
+    """What lies in ``_staging/`` of the log (a killed append's staged Spark write)."""
+    staging = Path(log, STAGING_DIR)
+    return sorted(str(p.relative_to(log)) for p in staging.rglob("*")) if staging.exists() else []
+
+
+def test_kill_inside_append_after_spark_wrote_before_its_files_are_segments(crashes, spark):
+    """Spark's writer staged the batch's files (design.md §10, §26): they are the sink's own
+    by their directory, recovery removes the directory, and the replayed batch lands once."""
+    run = crashes.wait("staged")
+    run.assert_killed_after_commits()
+    staged = staged_entries(run.log)
+    assert any(p.endswith(".parquet") for p in staged), "the kill came before Spark's write"
+    assert unreferenced_files(run.log) == []  # nothing was renamed to a segment yet
+    assert check_new_location_accepts(staged)
+
+    sink = CompactedStateSink(run.log, config=RESTART)
+    report = sink.recover()
+    assert [p for p in report.orphans_removed if p.startswith(STAGING_DIR)] == [
+        p + "/" for p in staged if p.count("/") == 1
+    ]
+    assert staged_entries(run.log) == []
+    assert_replays(sink, COMMITTED)
+    assert_contiguous(run.log, COMMITTED)
+
+    sink(batch_frame(spark, 3), 3)  # Spark replays the uncommitted batch
+    sink(batch_frame(spark, 3), 3)  # and a duplicate delivery writes nothing
+    assert_replays(sink, range(4))
+    assert_contiguous(run.log, range(4))
+    assert staged_entries(run.log) == []
+
+
+def check_new_location_accepts(staged: list[str]) -> bool:
+    """A killed first batch could leave the same entries: the sink would create a log there."""
+    return foreign_entries([(p, not p.endswith((".parquet", ".crc"))) for p in staged]) == []
 
 
 def test_kill_inside_pass_after_files_then_inside_recovery(crashes, spark, tmp_path):

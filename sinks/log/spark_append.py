@@ -1,0 +1,468 @@
+"""The append through Spark's own Parquet writer: a batch's rows never leave the JVM (#33).
+
+`run_in_jvm` is the executor half of an append (`sinks.log.append_task.AppendTask`'s
+job) as a plan of Spark's own: the log's columns in the log's order, the offsets
+assigned in the plan, Kafka's producer-side checks counted by an ``observe`` on the
+same job, and the files written by Spark's Parquet writer. It answers with the same
+rows the Python task sends back (`sinks.log.append_task.read_task_output`), so the
+driver's numbering, commit and exactly-once logic (`sinks.log.log_append`) is one.
+
+How the files become the log's (design.md §10, §26):
+
+1. Spark writes into ``_staging/<32 hex>/``, a directory of this append alone; a
+   staged write is the sink's own by its path (`sinks.log.ownership`), and recovery
+   removes one left by a killed append (`sinks.maintenance.recovery`).
+2. The driver reads each file's footer (rows, partition, statistics) and its offset
+   column, and checks what the log requires of a segment (design.md §1): one
+   partition a file, offsets strictly increasing, assigned offsets contiguous from
+   the log end offset. A file that breaks it is never committed.
+3. Each file is renamed to its segment name (``partition-<p>/<base>-<32 hex>.parquet``,
+   `sinks.log.segment.segment_path`); the staging directory is removed. From here
+   on it is an ordinary uncommitted segment, exactly as the Python task leaves one.
+
+Offsets (design.md §1). Kafka input carries them: the write keeps Spark's input
+partitioning (the Kafka source reads each topic-partition's range as one input
+partition), sorted within it only when a file would otherwise hold several
+partitions or unordered offsets. Assigned offsets number each partition's rows in
+input order from its log end offset: a first, narrow job counts each input task's
+rows per partition, which gives every (task, partition) run its first offset; the
+write then numbers a run's rows from it by their position in the task
+(``monotonically_increasing_id``), with no shuffle.
+
+The Python-worker path stays where this one cannot do the job; `run_in_jvm`
+answers None and the caller takes it:
+
+- the log is on an object store (Spark would need that store's Hadoop file system,
+  and a rename there is a copy);
+- the batch's columns need more than a cast of top-level atomic columns to become the
+  log's (a nested column whose type the log widened);
+- the checks found a bad row or a repeated offset: the Python task counts them per
+  partition for the exact error (and for dead letters the batch was already split);
+- the counting job and the write saw different rows (a source that is not
+  deterministic), so the offsets do not tile.
+
+Off by default: ``COMPACTED_SINK_APPEND_WRITER=spark`` turns it on. Measured side by
+side (``python -m bench.append_writers``), it was not yet faster than the Python task
+on this project's machine (the local sort of assigned offsets, the counting job and the
+plan's fixed cost), so main's path stays the default until it is.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from sinks.crash_points import APPEND_AFTER_STAGED_WRITE, crash_point
+from sinks.log.append_task import AppendTask
+from sinks.log.ownership import STAGING_DIR
+from sinks.log.records import COUNT_COLUMNS, INPUT_ORDER, OFFSET, PARTITION, spark_at_or_above
+from sinks.log.segment import segment_path
+from sinks.log.segment_writer import WRITTEN_ARROW_SCHEMA, stats_from_footer
+from sinks.log.storage import arrow_filesystem, is_local
+from sinks.log.validity import spark_row_problems
+
+logger = logging.getLogger("compacted_sink")
+
+APPEND_WRITER_ENV = "COMPACTED_SINK_APPEND_WRITER"
+SPARK_WRITER = "spark"
+PYTHON_WRITER = "python"
+CONCURRENT_WRITERS = 64
+"""Files a task of Kafka input keeps open at once (partitions it holds) before Spark sorts."""
+MAX_RUNS = 100_000
+"""(input task, partition) runs an assigned-offsets batch may have (each is a map entry)."""
+
+_STAGED_PARTITION = "_p"  # a copy of `partition` that Spark's writer splits files by
+_TASK_BITS = 33  # monotonically_increasing_id: the task's index above 33 bits of position
+_POSITION = "_position"
+
+
+def append_writer() -> str:
+    """Which writer an append uses: `PYTHON_WRITER` unless the switch says `SPARK_WRITER`."""
+    chosen = os.environ.get(APPEND_WRITER_ENV, PYTHON_WRITER).strip().lower() or PYTHON_WRITER
+    if chosen not in (SPARK_WRITER, PYTHON_WRITER):
+        raise ValueError(
+            f"{APPEND_WRITER_ENV}={chosen!r}: use {SPARK_WRITER!r} or {PYTHON_WRITER!r}"
+        )
+    return chosen
+
+
+@dataclass(frozen=True)
+class StagedSegment:
+    """A file Spark's writer left in the staging directory, as its footer describes it."""
+
+    path: str  # absolute, in the file system of `arrow_filesystem`
+    partition: int
+    base_offset: int
+    last_offset: int
+    num_records: int
+    stats: str
+    in_order: bool  # one partition, offsets strictly increasing: a segment (design.md §1)
+
+
+def run_in_jvm(
+    df: DataFrame,
+    task: AppendTask,
+    log_schema: T.StructType,
+    *,
+    exchange: bool,
+) -> list[dict[str, object]] | None:
+    """Write the prepared batch ``df`` with Spark's writer, as ``task`` would with Python.
+
+    Returns the task's output rows (segments, then per-partition counts), or None when
+    this batch takes the Python path (module docstring; nothing is left behind then).
+    ``log_schema`` is the log's schema the files are written with.
+    """
+    if append_writer() != SPARK_WRITER or not is_local(task.writer.table_uri):
+        return None
+    columns = _log_columns(df, log_schema)
+    if columns is None:
+        return None
+    writer = _StagedWrite(task)
+    try:
+        if task.has_offsets:
+            files, counts = _write_kafka_input(df, columns, task, writer, exchange=exchange)
+        else:
+            files, counts = _write_assigned(df, columns, task, writer)
+        if files is None:
+            return None
+        crash_point(APPEND_AFTER_STAGED_WRITE)
+        rows = writer.publish(files)
+    finally:
+        writer.remove()
+    return [*rows, *counts]
+
+
+# -- the plan ----------------------------------------------------------------------------
+
+
+def _log_columns(df: DataFrame, log_schema: T.StructType) -> list[Column] | None:
+    """The log's columns from ``df``'s, in the log's order; None when a cast cannot do it."""
+    have = {f.name: f.dataType for f in df.schema.fields}
+    columns = []
+    for field in log_schema.fields:
+        if field.name not in have:
+            columns.append(F.lit(None).cast(field.dataType).alias(field.name))
+        elif have[field.name] == field.dataType:
+            columns.append(F.col(field.name))
+        elif _atomic(have[field.name]) and _atomic(field.dataType):
+            columns.append(F.col(field.name).cast(field.dataType).alias(field.name))
+        else:
+            return None
+    return columns
+
+
+def _atomic(data_type: T.DataType) -> bool:
+    return not isinstance(data_type, T.StructType | T.ArrayType | T.MapType)
+
+
+def _checked(df: DataFrame, task: AppendTask) -> tuple[DataFrame, Observation]:
+    """``df`` with Kafka's checks counted as it flows through the write (one job)."""
+    problems = spark_row_problems(
+        df,
+        key_columns=task.key_columns,
+        has_offsets=task.has_offsets,
+        message_max_bytes=task.message_max_bytes,
+    )
+    observation = Observation(f"append-{uuid.uuid4().hex}")
+    metrics = [F.count(F.lit(1)).alias("rows")]
+    metrics += [F.sum(broken.cast("long")).alias(rule) for rule, broken in problems.items()]
+    if task.has_offsets:
+        floors = {p: end for p, end in task.log_end_offsets.items() if end > 0}
+        below = F.lit(False)
+        if floors:
+            pairs = [(F.lit(p).cast("int"), F.lit(end).cast("long")) for p, end in floors.items()]
+            floor = F.create_map(*[x for kv in pairs for x in kv])[F.col(PARTITION)]
+            below = F.col(OFFSET) < F.coalesce(floor, F.lit(0))
+        metrics.append(F.sum(F.coalesce(below, F.lit(False)).cast("long")).alias("redelivered"))
+    return df.observe(observation, *metrics), observation
+
+
+def _bad(observed: Mapping[str, Any]) -> bool:
+    return any((v or 0) > 0 for k, v in observed.items() if k not in ("rows", "redelivered"))
+
+
+def _write_kafka_input(
+    df: DataFrame,
+    columns: list[Column],
+    task: AppendTask,
+    writer: _StagedWrite,
+    *,
+    exchange: bool,
+) -> tuple[list[StagedSegment] | None, list[dict[str, object]]]:
+    """Kafka input: offsets given; records below the log end offset dropped (a redelivery).
+
+    Without ``exchange``, first in the order Spark read them (no sort: a file per
+    partition and input task, in input order); when a file's offsets are then out of
+    order, again sorted within each input partition. With ``exchange``, shuffled by
+    partition and sorted.
+    """
+    shapes = ("sorted",) if exchange else ("as read", "sorted")
+    for shape in shapes:
+        checked, observation = _checked(df, task)
+        rows = spark_at_or_above(checked, task.log_end_offsets)
+        if exchange:
+            rows = rows.repartition(PARTITION)
+        rows = rows.withColumn(_STAGED_PARTITION, F.col(PARTITION))
+        if shape == "sorted":
+            rows = rows.sortWithinPartitions(_STAGED_PARTITION, OFFSET)
+        staged = rows.select(*columns, _STAGED_PARTITION)
+        files = writer.write(staged, split=True, in_input_order=shape == "as read")
+        observed = observation.get
+        if _bad(observed) or files is None:
+            return None, []
+        if all(f.in_order for f in files):
+            return files, _counts(files, redelivered=int(observed.get("redelivered") or 0))
+        writer.clear()
+    return None, []  # a repeated offset: the Python task counts it per partition
+
+
+def _write_assigned(
+    df: DataFrame, columns: list[Column], task: AppendTask, writer: _StagedWrite
+) -> tuple[list[StagedSegment] | None, list[dict[str, object]]]:
+    """No offsets given: number each partition from its log end offset, in input order.
+
+    A first job counts each input task's rows per partition (only the ``partition``
+    column is read); each (task, partition) run then starts where the runs of earlier
+    tasks left the partition. The write numbers a run's rows by their position in
+    their task, sorted by partition first when a task holds several.
+    """
+    runs: dict[tuple[int, int], int] = {}
+    counted = df.groupBy(F.spark_partition_id().alias("t"), F.col(PARTITION).alias("p")).count()
+    for row in counted.collect():
+        if row["p"] is None or row["p"] < 0:
+            return None, []  # a bad partition: the Python task reports it
+        runs[(int(row["t"]), int(row["p"]))] = int(row["count"])
+    if not runs or len(runs) > MAX_RUNS:
+        return ([], []) if not runs else (None, [])
+    split = len({t for t, _ in runs}) < len(runs)  # some task holds several partitions
+    first = F.create_map(
+        *[
+            F.lit(x).cast("long")
+            for kv in _first_offsets(runs, task.log_end_offsets).items()
+            for x in kv
+        ]
+    )
+    rows, observation = _checked(df, task)
+    if split:
+        rows = rows.withColumn(_STAGED_PARTITION, F.col(PARTITION))
+        rows = rows.sortWithinPartitions(_STAGED_PARTITION, INPUT_ORDER)
+    position = F.monotonically_increasing_id()  # the row's place in its (sorted) task
+    rows = rows.withColumn(_POSITION, position)
+    run_key = F.shiftleft(F.shiftright(F.col(_POSITION), _TASK_BITS), 32) + F.col(PARTITION).cast(
+        "long"
+    )
+    local = F.col(_POSITION).bitwiseAND(F.lit((1 << _TASK_BITS) - 1))
+    rows = rows.withColumn(OFFSET, first[run_key] + local)
+    staged = [*columns, *([F.col(_STAGED_PARTITION)] if split else [])]
+    files = writer.write(rows.select(*staged), split=split)
+    observed = observation.get
+    if _bad(observed) or files is None or not _tiles(files, runs, task.log_end_offsets):
+        return None, []
+    return files, _counts(files, redelivered=0)
+
+
+def _first_offsets(
+    runs: Mapping[tuple[int, int], int], log_end_offsets: Mapping[int, int]
+) -> dict[int, int]:
+    """For each (task, partition) run, keyed ``task << 32 | partition``, the offset its
+    first row would take, minus that row's position in its task.
+
+    Partitions are numbered task by task in task order (input order). Within a task
+    (sorted by partition when it holds several) a run starts after the task's runs of
+    lower partitions.
+    """
+    next_offset = dict(log_end_offsets)
+    before_in_task: dict[int, int] = {}
+    firsts = {}
+    for t, p in sorted(runs):
+        start = next_offset.get(p, 0)
+        firsts[(t << 32) | p] = start - before_in_task.get(t, 0)
+        next_offset[p] = start + runs[(t, p)]
+        before_in_task[t] = before_in_task.get(t, 0) + runs[(t, p)]
+    return firsts
+
+
+def _tiles(
+    files: Sequence[StagedSegment],
+    runs: Mapping[tuple[int, int], int],
+    log_end_offsets: Mapping[int, int],
+) -> bool:
+    """Whether each partition's files hold exactly its offsets from its log end offset on,
+    each file contiguous and strictly increasing, as the counting job numbered them."""
+    expected: dict[int, int] = {}
+    for (_t, p), n in runs.items():
+        expected[p] = expected.get(p, 0) + n
+    by_partition: dict[int, list[StagedSegment]] = {}
+    for f in files:
+        by_partition.setdefault(f.partition, []).append(f)
+    if set(by_partition) != set(expected):
+        return False
+    for p, written in by_partition.items():
+        offset = log_end_offsets.get(p, 0)
+        for f in sorted(written, key=lambda f: f.base_offset):
+            contiguous = f.last_offset - f.base_offset + 1 == f.num_records
+            if f.base_offset != offset or not contiguous or not f.in_order:
+                return False
+            offset = f.last_offset + 1
+        if offset != log_end_offsets.get(p, 0) + expected[p]:
+            return False
+    return True
+
+
+def _counts(files: Sequence[StagedSegment], *, redelivered: int) -> list[dict[str, object]]:
+    """Per-partition counts in the task's output form: every row valid (the checks passed)."""
+    rows_by_partition: dict[int, int] = {}
+    for f in files:
+        rows_by_partition[f.partition] = rows_by_partition.get(f.partition, 0) + f.num_records
+    if not rows_by_partition and redelivered:
+        rows_by_partition[0] = 0
+    out = []
+    for i, (p, n) in enumerate(sorted(rows_by_partition.items())):
+        counts = dict.fromkeys(COUNT_COLUMNS, 0)
+        counts.update(rows=n, redelivered=redelivered if i == 0 else 0)
+        out.append({**{k: None for k in WRITTEN_ARROW_SCHEMA.names}, **counts, "partition": p})
+    return out
+
+
+# -- the staging directory ---------------------------------------------------------------
+
+
+@contextmanager
+def _session_conf(spark: SparkSession, settings: Mapping[str, str]) -> Iterator[None]:
+    """The session's SQL settings changed for one write, then put back.
+
+    Spark reads these when it plans the write, from the session; other queries of the
+    session planned meanwhile see them too (all are harmless to a Parquet write).
+    """
+    conf = spark.conf
+    before = {k: conf.get(k, None) for k in settings}
+    for k, v in settings.items():
+        conf.set(k, v)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                conf.unset(k)
+            else:
+                conf.set(k, v)
+
+
+class _StagedWrite:
+    """``_staging/<32 hex>/`` of one append: Spark writes there, the driver publishes from it."""
+
+    def __init__(self, task: AppendTask) -> None:
+        self.task = task
+        self.fs, self.root = arrow_filesystem(task.writer.table_uri, task.writer.storage_options)
+        self.relative = f"{STAGING_DIR}/{uuid.uuid4().hex}"
+        self.directory = f"{self.root}/{self.relative}"
+
+    def write(
+        self, rows: DataFrame, *, split: bool, in_input_order: bool = False
+    ) -> list[StagedSegment] | None:
+        """Write ``rows`` with Spark's Parquet writer; ``split``: a file per ``_p`` value.
+
+        ``in_input_order``: the rows are not sorted by ``_p``; each task keeps a file open
+        per partition (Spark's concurrent output writers) instead of sorting its rows.
+        The staged files (empty ones left out), or None when an offset is null.
+        """
+        writer = (
+            rows.write.mode("overwrite")
+            .option("compression", "zstd")
+            .option("mapreduce.fileoutputcommitter.marksuccessfuljobs", "false")
+        )
+        if split:
+            writer = writer.partitionBy(_STAGED_PARTITION)
+        conf = {"spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS"}  # Delta's type
+        if split and in_input_order:
+            conf["spark.sql.optimizer.plannedWrite.enabled"] = "false"  # else Spark sorts
+            conf["spark.sql.maxConcurrentOutputFileWriters"] = str(CONCURRENT_WRITERS)
+        with _session_conf(rows.sparkSession, conf):
+            writer.parquet(self.directory)
+        staged = [self._describe(path) for path in self._parquet_files()]
+        if any(f is None for f in staged):
+            return None
+        return [f for f in staged if f is not None and f.num_records > 0]
+
+    def _parquet_files(self) -> list[str]:
+        selector = pafs.FileSelector(self.directory, recursive=True, allow_not_found=True)
+        return sorted(
+            info.path
+            for info in self.fs.get_file_info(selector)
+            if info.type == pafs.FileType.File
+            and info.path.endswith(".parquet")
+            and not info.base_name.startswith((".", "_"))
+        )
+
+    def _describe(self, path: str) -> StagedSegment | None:
+        """The file as its footer and offset column say; None when an offset is null."""
+        metadata = pq.read_metadata(path, filesystem=self.fs)
+        if metadata.num_rows == 0:
+            return StagedSegment(path, 0, 0, 0, 0, "", True)
+        writer = self.task.writer
+        stats = stats_from_footer(metadata, writer.schema, writer.stats_columns)
+        low, high = stats.minimum.get(PARTITION), stats.maximum.get(PARTITION)
+        offsets = pq.read_table(path, columns=[OFFSET], filesystem=self.fs).column(OFFSET)
+        if offsets.null_count or low is None:
+            return None
+        values = offsets.to_numpy()
+        return StagedSegment(
+            path=path,
+            partition=int(low),
+            base_offset=int(values[0]),
+            last_offset=int(values[-1]),
+            num_records=metadata.num_rows,
+            stats=stats.to_json(),
+            in_order=low == high and bool(np.all(values[1:] > values[:-1])),
+        )
+
+    def publish(self, files: Sequence[StagedSegment]) -> list[dict[str, object]]:
+        """Rename each file to its segment name; the task's rows describing them."""
+        rows = []
+        for f in files:
+            relative = segment_path(f.partition, f.base_offset, uuid.uuid4().hex)
+            self.fs.create_dir(f"{self.root}/partition-{f.partition}", recursive=True)
+            size = self.fs.get_file_info(f.path).size
+            self.fs.move(f.path, f"{self.root}/{relative}")
+            rows.append(
+                {
+                    "path": relative,
+                    "size_bytes": size,
+                    "partition": f.partition,
+                    "base_offset": f.base_offset,
+                    "last_offset": f.last_offset,
+                    "num_records": f.num_records,
+                    "stats": f.stats,
+                    **dict.fromkeys(COUNT_COLUMNS),
+                }
+            )
+        return rows
+
+    def clear(self) -> None:
+        """Delete what the last write staged (it will not be published)."""
+        self.remove()
+
+    def remove(self) -> None:
+        """Remove the staging directory and, when nothing else is staged, ``_staging``."""
+        try:
+            self.fs.delete_dir(self.directory)
+        except FileNotFoundError:
+            pass
+        parent = f"{self.root}/{STAGING_DIR}"
+        try:
+            if not self.fs.get_file_info(pafs.FileSelector(parent, allow_not_found=True)):
+                self.fs.delete_dir(parent)
+        except OSError as e:
+            logger.info("could not remove empty directory %s: %s", parent, e)
