@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 
 import pytest
 from chispa import assert_df_equality
-from conftest import read_commits
 from pyspark.sql import Window
 from pyspark.sql import functions as F
 
@@ -181,7 +180,9 @@ def replay(commits: list[list[dict]], batches: dict[int, list], jobs: dict[str, 
     return state, seen
 
 
-def test_delta_spark_and_the_sink_commit_at_once_and_lose_nothing(delta_spark, lake) -> None:
+def test_delta_spark_and_the_sink_commit_at_once_and_lose_nothing(
+    delta_spark, lake, delta_commits
+) -> None:
     spark, path = delta_spark, str(lake / "users")
     print(f"race seed {SEED} ({ROUNDS} rounds): COMPACTED_SINK_RACE_SEED={SEED} replays it")
     config = CleanerConfig(min_cleanable_dirty_ratio=0.3)
@@ -236,7 +237,7 @@ def test_delta_spark_and_the_sink_commit_at_once_and_lose_nothing(delta_spark, l
     elapsed = time.monotonic() - started
     sink.accept_foreign_changes()  # the job's last step may be a change not yet accepted
 
-    expected, seen = replay(read_commits(path), batches, jobs)
+    expected, seen = replay(delta_commits(path), batches, jobs)
     intended = Counter({("sink", b): 1 for b in batches}) + Counter({("job", t): 1 for t in jobs})
     # OPTIMIZE with nothing to compact, and a DELETE of a key no file holds, commit nothing.
     idle = {("job", t) for t, (what, _) in jobs.items() if what != "append"}
@@ -248,7 +249,7 @@ def test_delta_spark_and_the_sink_commit_at_once_and_lose_nothing(delta_spark, l
         f"{dict(job_tally.steps)}, conflicts {dict(job_tally.conflicts)}, retries "
         f"{job_tally.retries}; sink steps {dict(sink_tally.steps)}, refusals/conflicts "
         f"{dict(sink_tally.conflicts)}, retries {sink_tally.retries}, conflicts retried inside "
-        f"the sink {dict(sink_conflicts.seen)}; commits {len(read_commits(path))}, "
+        f"the sink {dict(sink_conflicts.seen)}; commits {len(delta_commits(path))}, "
         f"lost {len(lost)}, duplicated {len(duplicated)}"
     )
     assert (lost, duplicated, unknown) == ([], [], [])
