@@ -25,6 +25,7 @@ import random
 import re
 import threading
 import time
+import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -288,10 +289,12 @@ def test_the_sink_warns_once_when_the_session_delta_spark_can_overwrite_its_comm
     delta_spark, lake, caplog
 ) -> None:
     spark = delta_spark
-    # An S3 log: only the session's settings are read, no S3 is reached.
-    warning = warn_unsafe_beside_delta_spark(spark, "s3://lake/users")
+    # An S3 log: only the session's settings are read, no S3 is reached. A bucket of its own:
+    # the warning is once per log and process, and other tests open S3 logs on this session.
+    uri = f"s3://race-warning-{uuid.uuid4().hex[:8]}/users"
+    warning = warn_unsafe_beside_delta_spark(spark, uri)
     assert warning is not None and "S3SingleDriverLogStore" in warning, warning
-    assert warn_unsafe_beside_delta_spark(spark, "s3://lake/users") is None  # once per log
+    assert warn_unsafe_beside_delta_spark(spark, uri) is None  # once per log
 
     path = str(lake / "users")
     sink = CompactedStateSink(path, cleaning="inline")
