@@ -12,27 +12,18 @@ import os
 import sys
 from pathlib import Path
 
-import pyspark
 from pyspark.sql import SparkSession
 
-from streaming.local_kafka import spark_jars
+from sinks.log.storage import DELTA_SPARK_CONF, has_delta_spark
+from streaming.local_kafka import fetched_jars
 from streaming.session import local_session
 
 JARS = Path(__file__).resolve().parent.parent / ".jars"
-DELTA_CONF = {
-    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
-    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
-}
 
 
-def delta_jars(cache: Path = JARS) -> list[str]:
-    """delta-spark's jars for the running pyspark, as `make jars` fetched them (or none)."""
-    return spark_jars(cache / f"delta-{pyspark.__version__}")
-
-
-def has_delta_spark(spark: SparkSession) -> bool:
+def delta_spark_on(spark: SparkSession) -> bool:
     """Whether Spark's own Delta (delta-spark) is on ``spark``."""
-    return "DeltaSparkSessionExtension" in (spark.conf.get("spark.sql.extensions", "") or "")
+    return has_delta_spark({key: spark.conf.get(key, None) for key in DELTA_SPARK_CONF})
 
 
 def bench_session(driver_memory: str = "3g") -> SparkSession:
@@ -46,8 +37,8 @@ def bench_session(driver_memory: str = "3g") -> SparkSession:
         "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
         "spark.driver.memory": driver_memory,
     }
-    jars = delta_jars()
+    jars = fetched_jars(JARS, "delta")
     if any(Path(j).name.startswith("delta-spark_") for j in jars):
         conf["spark.jars"] = ",".join(jars)
-        conf.update(DELTA_CONF)
+        conf.update(DELTA_SPARK_CONF)
     return local_session("compacted-sink-bench", "local[2]", conf=conf)

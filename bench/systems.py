@@ -51,7 +51,7 @@ from pyspark.sql import functions as F
 
 from bench.measure import TableSize, delta_table_size
 from bench.recopy import pass_recopy
-from bench.session import has_delta_spark
+from bench.session import delta_spark_on
 from sinks import CleanerConfig, CompactedStateSink
 from sinks.cleaner.cleaner_stats import CleanerStats
 
@@ -371,7 +371,7 @@ def _delta_txn(spark: SparkSession, app_id: str, version: int) -> Iterator[None]
 
 
 def _require_delta_spark(spark: SparkSession, system: str) -> None:
-    if not has_delta_spark(spark):
+    if not delta_spark_on(spark):
         raise RuntimeError(
             f"{system} needs Spark's own Delta (delta-spark) on the session: run `make jars` "
             "and run the bench on .venv-spark4.2 (`make bench` does both)"

@@ -51,6 +51,14 @@ def spark_jars(directory: str | os.PathLike) -> list[str]:
     return [str(j) for j in sorted(Path(directory).glob("*.jar")) if artifact_of(j) not in shipped]
 
 
+def fetched_jars(cache: str | os.PathLike, name: str) -> list[str]:
+    """`spark_jars` of the set ``name`` that `make jars` fetched into ``cache`` for the running
+    pyspark (``<cache>/<name>-<pyspark version>/``); none for a pyspark nothing was fetched for."""
+    import pyspark
+
+    return spark_jars(Path(cache) / f"{name}-{pyspark.__version__}")
+
+
 class BrokerStartError(RuntimeError):
     """The broker exited or did not answer in time; the message ends with its log's tail."""
 

@@ -29,7 +29,8 @@ import pyspark
 import pytest
 from pyspark.sql import SparkSession
 
-from streaming.local_kafka import spark_jars
+from sinks.log.storage import DELTA_SPARK_CONF
+from streaming.local_kafka import fetched_jars
 from streaming.session import local_session
 
 # testkit sits beside this file. pytest puts it on the path (pyproject's pythonpath), but a
@@ -60,18 +61,13 @@ SESSION_JAR_SETS = ("spark-kafka", "delta")
 # class path, which local mode's executors share, since spark.jars copies every jar into
 # each session's temporary directory.
 CLASS_PATH_JAR_SETS = ("hadoop-aws",)
-# Spark's own Delta (delta-spark), on the classic session when its jars are there.
-DELTA_CONF = {
-    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
-    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
-}
 
 
 def session_jars(cache: Path = JARS, sets: Sequence[str] = SESSION_JAR_SETS) -> list[str]:
     """Local jars for the classic session: each set's ``<cache>/<set>-<pyspark version>/``
     that `make jars` fetched (none for a pyspark nothing was fetched for), less the
     artifacts pyspark ships itself (its own versions stay)."""
-    return [j for name in sets for j in spark_jars(cache / f"{name}-{pyspark.__version__}")]
+    return [j for name in sets for j in fetched_jars(cache, name)]
 
 
 def build_session() -> SparkSession:
@@ -83,7 +79,7 @@ def build_session() -> SparkSession:
     if class_path:
         conf["spark.driver.extraClassPath"] = os.pathsep.join(class_path)
     if any(Path(j).name.startswith("delta-spark_") for j in jars):
-        conf.update(DELTA_CONF)
+        conf.update(DELTA_SPARK_CONF)  # Spark's own Delta, when its jars are there
     return local_session("compacted-sink-tests", "local[2]", conf=conf)
 
 

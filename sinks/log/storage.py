@@ -105,6 +105,10 @@ def normalize_uri(path: str | os.PathLike[str]) -> str:
 
 DELTA_SPARK_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
 DELTA_SPARK_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
+DELTA_SPARK_CONF = {  # what puts delta-spark on a session
+    "spark.sql.extensions": DELTA_SPARK_EXTENSION,
+    "spark.sql.catalog.spark_catalog": DELTA_SPARK_CATALOG,
+}
 DELTA_SPARK_LOG_STORE = "spark.delta.logStore.{}.impl"
 DELTA_SPARK_LOG_STORE_CLASS = "spark.delta.logStore.class"
 _DELTA_SPARK_SCHEMES: dict[Store, tuple[str, ...]] = {
@@ -147,9 +151,7 @@ def unsafe_beside_delta_spark(uri: str, spark_conf: Mapping[str, str | None]) ->
     (`delta_spark_conf_keys`); the sink's own commits are put-if-absent
     (`delta_storage_options`), so only delta-spark's side decides.
     """
-    extensions = spark_conf.get("spark.sql.extensions") or ""
-    catalog = spark_conf.get("spark.sql.catalog.spark_catalog") or ""
-    if DELTA_SPARK_EXTENSION not in extensions and catalog != DELTA_SPARK_CATALOG:
+    if not has_delta_spark(spark_conf):
         return None
     store = store_of(uri)
     unsafe: dict[str, list[str]] = {}  # log store -> the schemes it serves
@@ -176,6 +178,13 @@ def unsafe_beside_delta_spark(uri: str, spark_conf: Mapping[str, str | None]) ->
     )
 
 
+def has_delta_spark(spark_conf: Mapping[str, str | None]) -> bool:
+    """Whether session settings (``DELTA_SPARK_CONF``'s keys) put delta-spark on it. Pure."""
+    extensions = spark_conf.get("spark.sql.extensions") or ""
+    catalog = spark_conf.get("spark.sql.catalog.spark_catalog") or ""
+    return DELTA_SPARK_EXTENSION in extensions or catalog == DELTA_SPARK_CATALOG
+
+
 def _paths(store: Store, schemes: Iterable[str]) -> str:
     return "a local path" if store == "local" else ", ".join(f"{s}://" for s in schemes)
 
@@ -184,8 +193,7 @@ def delta_spark_conf_keys(uri: str) -> list[str]:
     """The session settings `unsafe_beside_delta_spark` reads for ``uri``."""
     schemes = _DELTA_SPARK_SCHEMES[store_of(uri)]
     return [
-        "spark.sql.extensions",
-        "spark.sql.catalog.spark_catalog",
+        *DELTA_SPARK_CONF,
         DELTA_SPARK_LOG_STORE_CLASS,
         *(DELTA_SPARK_LOG_STORE.format(s) for s in schemes),
     ]

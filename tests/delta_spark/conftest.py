@@ -13,13 +13,14 @@ import os
 import pytest
 from pyspark.sql import SparkSession
 
+from sinks.log.storage import DELTA_SPARK_CONF, has_delta_spark
+
 
 @pytest.fixture
 def delta_spark(classic_spark: SparkSession, monkeypatch: pytest.MonkeyPatch) -> SparkSession:
     """The classic session, with delta-spark on it."""
     monkeypatch.delenv("SPARK_CONNECT_MODE_ENABLED", raising=False)
-    extensions = classic_spark.conf.get("spark.sql.extensions", "") or ""
-    if "DeltaSparkSessionExtension" not in extensions:
+    if not has_delta_spark({k: classic_spark.conf.get(k, None) for k in DELTA_SPARK_CONF}):
         reason = "delta-spark is not on this session: run `make jars` and use .venv-spark4.2"
         if os.environ.get("COMPACTED_SINK_DELTA_TESTS") == "required":
             pytest.fail(reason)
