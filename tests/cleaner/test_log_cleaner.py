@@ -7,6 +7,7 @@ import os
 import pickle
 import threading
 
+import pytest
 from chispa import assert_df_equality
 from deltalake import DeltaTable
 
@@ -142,21 +143,27 @@ def test_a_sink_with_a_running_worker_pickles_without_it(spark, lake, clock):
     assert_df_equality(sorted_state(copy), expected_state(spark, range(2)))
 
 
-def test_a_batch_plans_the_log_once(spark, lake, clock, monkeypatch):
+@pytest.fixture
+def plans(monkeypatch) -> list[int]:
+    """One entry per `LogPlanner.plan` call from here on (clear it to count anew)."""
+    from sinks.cleaner.cleaner_manager import LogPlanner
+
+    calls: list[int] = []
+    original = LogPlanner.plan
+
+    def counted(self, *args, **kwargs):
+        calls.append(1)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(LogPlanner, "plan", counted)
+    return calls
+
+
+def test_a_batch_plans_the_log_once(spark, lake, clock, plans):
     """The hand-over measures the log once: whether a round has work, the batch's dirty
     ratio and the pass share one plan, and the pass's new version is measured for the
     report (before: two plans a batch, four with a pass; then three with a pass, the
     pass planning its version again)."""
-    from sinks.cleaner.cleaner_manager import LogPlanner
-
-    plans = []
-    original = LogPlanner.plan
-
-    def counted(self, *args, **kwargs):
-        plans.append(1)
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(LogPlanner, "plan", counted)
     never = CleanerConfig(min_cleanable_dirty_ratio=1.0)
     idle = CompactedStateSink(str(lake / "idle"), config=never, clock=clock, cleaning="inline")
     idle(batch(spark, 0), 0)  # the first round gives the segment deleter its turn
@@ -170,10 +177,9 @@ def test_a_batch_plans_the_log_once(spark, lake, clock, monkeypatch):
     assert len(plans) == 2  # the batch's plan (the pass's too), the pass's new version
 
 
-def test_a_round_of_the_cleaner_thread_plans_its_pass_once(spark, lake, clock, monkeypatch):
+def test_a_round_of_the_cleaner_thread_plans_its_pass_once(spark, lake, clock, plans):
     """The thread measures a log to choose it, and its pass goes on from that measure
     instead of planning the same version again (before: two plans a pass)."""
-    from sinks.cleaner.cleaner_manager import LogPlanner
     from sinks.cleaner.log_cleaner import CleanerThread
 
     # backoff 0: checkpoint rows are read fresh by every plan, so the choice's plan serves
@@ -182,14 +188,7 @@ def test_a_round_of_the_cleaner_thread_plans_its_pass_once(spark, lake, clock, m
     sink(batch(spark, 0), 0)
     sink(batch(spark, 1), 1)  # nothing cleanable by ratio: no pass yet
     assert sink.last_append.clean is None
-    plans = []
-    original = LogPlanner.plan
-
-    def counted(self, *args, **kwargs):
-        plans.append(1)
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(LogPlanner, "plan", counted)
+    plans.clear()
     loop = CleanerThread([sink.log_cleaner], force=True)
     assert loop.run_once(spark) == 1
     assert len(plans) == 1

@@ -127,6 +127,14 @@ def assert_replays(sink, batches) -> int:
     return assert_offsets_unique(sink.path)
 
 
+def assert_the_killed_batch_lands_once(sink, spark) -> None:
+    """Spark replays the killed, uncommitted batch 3, and a duplicate delivery writes nothing."""
+    sink(batch_frame(spark, 3), 3)
+    sink(batch_frame(spark, 3), 3)
+    assert_replays(sink, range(4))
+    assert_contiguous(sink.path, range(4))
+
+
 def assert_contiguous(path: str, batches) -> None:
     """Nothing lost, nothing duplicated: each partition holds offsets 0..n-1 exactly once."""
     expected: dict[int, int] = {}
@@ -179,10 +187,7 @@ def test_kill_inside_append_after_files_before_commit(crashes, spark):
     assert_replays(sink, COMMITTED)
     assert_contiguous(run.log, COMMITTED)
 
-    sink(batch_frame(spark, 3), 3)  # Spark replays the uncommitted batch
-    sink(batch_frame(spark, 3), 3)  # and a duplicate delivery writes nothing
-    assert_replays(sink, range(4))
-    assert_contiguous(run.log, range(4))
+    assert_the_killed_batch_lands_once(sink, spark)
 
 
 def staged_entries(log: str) -> list[str]:
@@ -210,10 +215,7 @@ def test_kill_inside_append_after_spark_wrote_before_its_files_are_segments(cras
     assert_replays(sink, COMMITTED)
     assert_contiguous(run.log, COMMITTED)
 
-    sink(batch_frame(spark, 3), 3)  # Spark replays the uncommitted batch
-    sink(batch_frame(spark, 3), 3)  # and a duplicate delivery writes nothing
-    assert_replays(sink, range(4))
-    assert_contiguous(run.log, range(4))
+    assert_the_killed_batch_lands_once(sink, spark)
     assert staged_entries(run.log) == []
 
 
