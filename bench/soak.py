@@ -31,7 +31,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from sinks import CleanerConfig, CompactedStateSink
 from sinks.log.history_window import list_delta_log
-from sinks.log.storage import normalize_uri
+from sinks.log.storage import LogLocation, normalize_uri
 from sinks.maintenance.file_inventory import list_data_files, take_inventory
 from streaming.demo import DemoSettings, expected_state, keyed_updates
 
@@ -152,7 +152,7 @@ def run(spark: SparkSession, s: SoakSettings, *, out=_say) -> dict:
     tenth = max(1, len(samples) // 10)
     first = statistics.median(x.batch_s for x in samples[:tenth])
     last = statistics.median(x.batch_s for x in samples[-tenth:])
-    checkpoint_log = list_delta_log(reopened.checkpoint_path)
+    checkpoint_log = list_delta_log(LogLocation(reopened.checkpoint_path))
     checkpoint_data = _dir_bytes(reopened.checkpoint_path)
     result = {
         "settings": asdict(s),
@@ -197,7 +197,7 @@ def sample(sink: CompactedStateSink, batch_id: int, batch_s: float, started: flo
     assert snapshot is not None
     segments = snapshot.all_segments()
     files = list_data_files(sink.log_table)
-    listing = list_delta_log(sink.path)
+    listing = list_delta_log(sink.log_table.location)
     within = None
     if batch_id % s.inventory_every == 0:
         inventory = take_inventory(sink.log_table, snapshot)

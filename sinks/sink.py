@@ -39,7 +39,7 @@ from sinks.log.s3a_options import (
     resolve_storage_options,
 )
 from sinks.log.schema_evolution import DEFAULT_SCHEMA_EVOLUTION, SchemaEvolution
-from sinks.log.storage import normalize_uri, sibling
+from sinks.log.storage import LogLocation, normalize_uri, sibling
 from sinks.maintenance import foreign_changes, retention
 from sinks.maintenance.recovery import RecoveryReport, recover_log, write_clean_shutdown_marker
 from sinks.maintenance.retention import RetentionPlan
@@ -94,6 +94,7 @@ class CompactedStateSink:
             keys = opened_log_keys(self.log_table, key_columns, sequence_column)
             # The log's topic config, unless this process overrides it (said in one line).
             self.log_config = opened_log_config(self.log_table, config)
+        self.keys = keys
         self.key_columns, self.sequence_column = keys.key_columns, keys.sequence_column
         self.config: CleanerConfig = self.log_config.config
         checkpoint_table = checkpoint_table or sibling(self.path, CHECKPOINT_TABLE_DIR)
@@ -102,20 +103,19 @@ class CompactedStateSink:
         self.dead_letter_table = _uri(dead_letter_table)
         self.checkpoint_location = _uri(checkpoint_location)
         self.transactional_id = TransactionalId.of(
-            self.path, sink_id, self.checkpoint_location, self.storage_options
+            self.log_table.location, sink_id, self.checkpoint_location
         )
         self.sink_id = self.transactional_id.sink_id
         self.clock = clock or now_ms
         self.cleaning: CleaningMode = cleaning
         dead_letters = (
-            DeadLetterTable(self.dead_letter_table, self.storage_options)
+            DeadLetterTable(LogLocation(self.dead_letter_table, self.storage_options))
             if self.dead_letter_table
             else None
         )
         self.appender = LogAppender(
             self.log_table,
-            key_columns=self.key_columns,
-            sequence_column=self.sequence_column,
+            keys=self.keys,
             config=self.config,
             schema_evolution=schema_evolution,
             dead_letters=dead_letters,
@@ -169,8 +169,7 @@ class CompactedStateSink:
                 self.log_table,
                 self.checkpoints,
                 self.config,
-                key_columns=self.key_columns,
-                sequence_column=self.sequence_column,
+                keys=self.keys,
                 clock=self.clock,
                 recover=self._ensure_recovered,
             )
@@ -287,8 +286,7 @@ class CompactedStateSink:
             active_session(),
             self.log_table,
             snapshot,
-            self.key_columns,
-            self.sequence_column,
+            self.keys,
             dedupe_buffer_size=self.config.dedupe_buffer_size,
         )
 

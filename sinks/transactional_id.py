@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from pyspark.sql import SparkSession
 
+from sinks.log.storage import LogLocation
 from sinks.spark_session import streaming_query_id
 
 
@@ -31,15 +32,13 @@ class TransactionalId:
 
     @classmethod
     def of(
-        cls,
-        path: str,
-        sink_id: str | None,
-        checkpoint_location: str | None,
-        storage_options: Mapping[str, str],
+        cls, log: LogLocation, sink_id: str | None, checkpoint_location: str | None
     ) -> TransactionalId:
         """``sink_id``, or one derived from the log's path (the same for every sink on it)."""
-        derived = f"compacted-sink-{hashlib.sha256(path.encode()).hexdigest()[:12]}"
-        return cls(sink_id or derived, sink_id is not None, checkpoint_location, storage_options)
+        derived = f"compacted-sink-{hashlib.sha256(log.uri.encode()).hexdigest()[:12]}"
+        return cls(
+            sink_id or derived, sink_id is not None, checkpoint_location, log.storage_options
+        )
 
     def query_id(self, spark: SparkSession, batch_id: int) -> str | None:
         """The id of the streaming query running ``batch_id``; None for a direct call."""

@@ -48,9 +48,10 @@ except ImportError:  # pyspark 4.0: the writer is refused by name (`spark_compat
 from sinks import CleanerConfig, CompactedStateSink
 from sinks.errors import ConfigError, SchemaMismatchError
 from sinks.log.append_batch import ArrowRecords, log_schema
+from sinks.log.log_keys import LogKeys
 from sinks.log.ownership import check_log_location, is_own_data_path
 from sinks.log.schema_evolution import DEFAULT_SCHEMA_EVOLUTION, SchemaEvolution, check_mode
-from sinks.log.storage import arrow_filesystem, delete_files, join, normalize_uri
+from sinks.log.storage import LogLocation, arrow_filesystem, delete_files, join, normalize_uri
 from sinks.python_workers import check_python_workers
 from sinks.spark_compat import STREAM_READER, STREAM_WRITER, require
 from sinks.spark_session import checkpoint_query_id
@@ -112,7 +113,9 @@ class CompactedStateDataSource(DataSource):
     def streamWriter(self, schema: T.StructType, overwrite: bool) -> CompactedStateStreamWriter:  # noqa: N802
         require(STREAM_WRITER, "Write with writeStream.foreachBatch(CompactedStateSink(...)).")
         options = SinkOptions.parse(self.options)
-        check_log_location(options.path)  # refuse someone else's table or files at the start
+        check_log_location(
+            LogLocation(options.path)
+        )  # refuse someone else's table or files at the start
         remove_stale_staged(options.path, older_than_ms=STALE_STAGED_MS)
         return CompactedStateStreamWriter(options, schema)
 
@@ -190,7 +193,7 @@ class CompactedStateStreamWriter(DataSourceStreamArrowWriter):
         self.options = options
         self.input_schema = schema
         try:
-            log_schema(schema, options.key_columns)  # fail when the query starts
+            log_schema(schema, LogKeys(key_columns=options.key_columns))  # fail at the start
         except SchemaMismatchError:
             missing = [c for c in [*options.key_columns, "value"] if c not in schema.names]
             raise ConfigError(

@@ -21,7 +21,7 @@ from sinks.errors import ConfigError
 from sinks.log.log_keys import log_keys
 from sinks.log.log_table import LogTable
 from sinks.log.ownership import check_new_log_location
-from sinks.log.storage import normalize_uri
+from sinks.log.storage import LogLocation, normalize_uri
 from streaming.job import LogSpec, load_job
 
 
@@ -68,7 +68,7 @@ def discover_logs(
             if ref is not None:
                 specs[path] = ref
             elif path in named:
-                check_new_log_location(path)  # no table: someone else's files? say so
+                check_new_log_location(LogLocation(path))  # no table: someone else's files? say so
     if not specs and not (paths or job_files or checkpoint_tables):
         raise ConfigError("name at least one log path, --config job file or --checkpoint-table")
     return [specs[p] for p in sorted(specs)]

@@ -39,7 +39,7 @@ def history(sink: CompactedStateSink, *, max_points: int = 120) -> list[HistoryP
     (the checkpoint table only holds today's rows).
     """
     table = DeltaTable(sink.path, storage_options=sink.storage_options or None)
-    listing = list_delta_log(sink.path, sink.storage_options)
+    listing = list_delta_log(sink.log_table.location)
     oldest = oldest_reachable_version(
         listing, current_version=table.version(), now_ms=now_ms(), window_ms=window_of(table)
     )

@@ -90,6 +90,7 @@ from sinks.config import LONG_MAX, CleanerConfig
 from sinks.crash_points import CLEAN_BEFORE_CHECKPOINT, CLEAN_BEFORE_COMMIT, crash_point
 from sinks.errors import CleanerError, TableFeatureError
 from sinks.log.file_reader import conform
+from sinks.log.log_keys import LogKeys
 from sinks.log.log_table import CLEANER_OFFSET_TXN, LogSnapshot, LogTable
 from sinks.log.records import OFFSET, PARTITION
 from sinks.log.segment import Segment
@@ -100,7 +101,7 @@ from sinks.log.segment_writer import (
     nullable_schema,
     stats_columns,
 )
-from sinks.log.storage import arrow_filesystem, delete_files, normalize_uri
+from sinks.log.storage import LogLocation, arrow_filesystem, delete_files, normalize_uri
 from sinks.maintenance.rearrangement import absorb
 from sinks.spark_session import default_parallelism
 
@@ -127,8 +128,7 @@ class Cleaner:
         planner: LogPlanner,
         config: CleanerConfig,
         *,
-        key_columns: Sequence[str],
-        sequence_column: str | None,
+        keys: LogKeys,
         clock: Callable[[], int],
     ) -> None:
         self.log = log
@@ -136,8 +136,7 @@ class Cleaner:
         self.planner = planner
         self.config = config
         self.clock = clock
-        self.key_columns = tuple(key_columns)
-        self.sequence_column = sequence_column
+        self.keys = keys
         self.delete_retention_ms = config.delete_retention_ms
         self.segment_bytes = config.segment_bytes
         self.dedupe_buffer_size = config.dedupe_buffer_size
@@ -297,8 +296,7 @@ class Cleaner:
                     fresh,
                     stats_columns=self.stats_columns(fresh),
                     segment_bytes=self.segment_bytes,
-                    key_columns=self.key_columns,
-                    sequence_column=self.sequence_column,
+                    keys=self.keys,
                     latest_offsets=spark_latest_offsets,
                 )
         except CommitFailedError as e:
@@ -369,12 +367,7 @@ class Cleaner:
             records_read=sum(s.num_records for s in inputs),
             records_written=sum(w.num_records for w in written),
             work_left=any(plan.cut for plan in plans),
-            tombstones_held=held_tombstones(
-                self.log.uri,
-                written,
-                pass_start_ms=pass_start_ms,
-                storage_options=self.log.storage_options,
-            )
+            tombstones_held=held_tombstones(self.log.location, written, pass_start_ms=pass_start_ms)
             if held_below
             else 0,
         )
@@ -393,7 +386,7 @@ class Cleaner:
                 log,
                 snapshot.segments.get(log.partition, []),
                 cleaner_offset=snapshot.cleaner_offset(log.partition),
-                sequence_column=self.sequence_column,
+                keys=self.keys,
                 dedupe_buffer_size=self.dedupe_buffer_size,
             )
             for log in logs
@@ -429,10 +422,9 @@ class Cleaner:
         return clean_segments(
             spark,
             tasks,
-            table_uri=self.log.uri,
+            log=self.log.location,
             schema=snapshot.arrow_schema,
-            key_columns=self.key_columns,
-            sequence_column=self.sequence_column,
+            keys=self.keys,
             log_start_offsets={
                 plan.partition: snapshot.log_start_offset(plan.partition) for plan in plans
             },
@@ -440,7 +432,6 @@ class Cleaner:
             delete_retention_ms=self.delete_retention_ms,
             stats_columns=self.stats_columns(snapshot),
             max_file_bytes=self.segment_bytes,
-            storage_options=self.log.storage_options,
             slots=slots,
             niceness=niceness,
             held_below=held_below,
@@ -480,7 +471,7 @@ class Cleaner:
 
     def stats_columns(self, snapshot: LogSnapshot) -> list[str]:
         """The columns whose statistics each file this log's passes write carries."""
-        return stats_columns(snapshot.spark_schema, self.key_columns, self.sequence_column)
+        return stats_columns(snapshot.spark_schema, self.keys)
 
 
 # -- the plan of one partition's share, pure --
@@ -506,7 +497,7 @@ def plan_partition(
     segments: Sequence[Segment],
     *,
     cleaner_offset: int | None,
-    sequence_column: str | None,
+    keys: LogKeys,
     dedupe_buffer_size: int,
 ) -> PartitionPlan:
     """Which files a partition's pass reads and maps, and how, within the dedupe buffer. Pure.
@@ -519,7 +510,7 @@ def plan_partition(
         inputs,
         first_dirty_offset=log.first_dirty_offset,
         cleaner_offset=cleaner_offset,
-        sequence_column=sequence_column,
+        keys=keys,
         end_offset=log.first_uncleanable_offset,
         dedupe_buffer_size=dedupe_buffer_size,
     )
@@ -778,28 +769,27 @@ def clean_segments(
     spark: SparkSession,
     tasks: Sequence[PartitionToClean],
     *,
-    table_uri: str,
+    log: LogLocation,
     schema: pa.Schema,
-    key_columns: Sequence[str],
-    sequence_column: str | None,
+    keys: LogKeys,
     log_start_offsets: Mapping[int, int],
     pass_start_ms: int,
     delete_retention_ms: int,
     stats_columns: Sequence[str],
     max_file_bytes: int,
-    storage_options: Mapping[str, str] | None = None,
     slots: int,
     niceness: int = 0,
     held_below: Mapping[int, int] | None = None,
 ) -> list[WrittenSegment]:
-    """Clean every partition of ``tasks`` in at most ``slots`` Spark tasks (`packed`), each
-    cleaning its partitions in turn on a thread niced by ``niceness``; the files written."""
+    """Clean every partition of ``tasks`` of ``log`` in at most ``slots`` Spark tasks
+    (`packed`), each cleaning its partitions in turn on a thread niced by ``niceness``; the
+    files written."""
     task = RecopyTask(
-        table_uri=normalize_uri(table_uri),
-        storage_options=dict(storage_options or {}),
+        table_uri=normalize_uri(log.uri),
+        storage_options=dict(log.storage_options),
         schema=schema,
-        key_columns=tuple(key_columns),
-        sequence_column=sequence_column,
+        key_columns=keys.key_columns,
+        sequence_column=keys.sequence_column,
         tasks=tuple(tasks),
         bins=tuple(tuple(b) for b in packed(tasks, slots)),
         log_start_offsets=dict(log_start_offsets),

@@ -96,7 +96,7 @@ from sinks.log.log_table import LogSnapshot, LogTable
 from sinks.log.records import DELETE_HORIZON_MS
 from sinks.log.segment import Segment
 from sinks.log.segment_writer import WrittenSegment
-from sinks.log.storage import arrow_filesystem
+from sinks.log.storage import LogLocation
 
 logger = logging.getLogger("compacted_sink")
 
@@ -525,11 +525,10 @@ class LogPlanner:
         """Per partition, where registered consumers hold expired tombstones (see
         `consumer_holds`); empty when no live consumer reads the log."""
         return consumer_holds(
-            self.checkpoints.uri,
+            LogLocation(self.checkpoints.uri, self.checkpoints.storage_options),
             self.log.uri,
             snapshot.partitions,
             now_ms=now_ms,
-            storage_options=self.checkpoints.storage_options,
             table_id=snapshot.table_id,
             version=snapshot.version,
         )
@@ -555,19 +554,19 @@ class LogPlanner:
 
 
 def consumer_holds(
-    checkpoint_table_uri: str,
+    checkpoint_table: LogLocation,
     log_path: str,
     partitions: Sequence[int],
     *,
     now_ms: int,
-    storage_options: Mapping[str, str] | None = None,
     table_id: str | None = None,
     version: int | None = None,
 ) -> dict[int, int]:
     """Per partition, the offset below which expired tombstones may go (empty: no consumer).
     Offsets committed for another table or history of the log (``table_id``, ``version``)
     hold nothing."""
-    offsets = ConsumerOffsets(consumer_offsets_uri(checkpoint_table_uri), storage_options)
+    uri = consumer_offsets_uri(checkpoint_table.uri)
+    offsets = ConsumerOffsets(uri, checkpoint_table.storage_options)
     return offsets.held_below(
         log_path, partitions, now_ms=now_ms, table_id=table_id, version=version
     )
@@ -595,18 +594,14 @@ def without_held_tombstones(
 
 
 def held_tombstones(
-    table_uri: str,
-    written: Sequence[WrittenSegment],
-    *,
-    pass_start_ms: int,
-    storage_options: Mapping[str, str] | None = None,
+    log: LogLocation, written: Sequence[WrittenSegment], *, pass_start_ms: int
 ) -> int:
     """How many tombstones a pass kept past their delete horizon: only held ones survive it.
 
     Reads the ``delete_horizon_ms`` column of the written files whose statistics say
     they may hold one (only tombstones carry a horizon).
     """
-    fs, root = arrow_filesystem(table_uri, storage_options)
+    fs, root = log.filesystem()
     held = 0
     for segment in written:
         low = json.loads(segment.stats or "{}").get("minValues", {}).get(DELETE_HORIZON_MS)

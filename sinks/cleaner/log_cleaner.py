@@ -61,7 +61,9 @@ from sinks.cleaner.cleaner_stats import CleanerStats
 from sinks.cleaner.log_to_clean import LogToClean, dirty_ratio, filthiest_cleanable
 from sinks.config import CleanerConfig
 from sinks.errors import CleanerError, CommitConflictError
+from sinks.log.log_keys import LogKeys
 from sinks.log.log_table import LogSnapshot, LogTable
+from sinks.log.storage import LogLocation
 from sinks.maintenance import retention
 from sinks.maintenance.retention import RetentionPlan
 from sinks.maintenance.segment_deleter import SegmentDeleter
@@ -89,7 +91,7 @@ class LogCleaner:
     """Retention and cleaning of one log: a round inline (`maintain`, `clean`), or on the
     worker thread (`wakeup`).
 
-    ``key_columns`` and ``sequence_column`` are the log's (for its `Cleaner`);
+    ``keys`` are the log's key and sequence columns (for its `Cleaner`);
     ``owner`` names this cleaner in the checkpoint table (default: host, pid, random);
     ``recover`` is the front's recovery (once per log it opens), which a loop that opens
     logs itself (the ``clean`` command) runs before their rounds.
@@ -103,8 +105,7 @@ class LogCleaner:
         checkpoints: CleanerOffsetCheckpoint,
         config: CleanerConfig,
         *,
-        key_columns: Sequence[str],
-        sequence_column: str | None,
+        keys: LogKeys,
         clock: Callable[[], int],
         owner: str | None = None,
         idle_ms: int = 600_000,
@@ -125,16 +126,14 @@ class LogCleaner:
             self.manager,
             self.planner,
             config,
-            key_columns=key_columns,
-            sequence_column=sequence_column,
+            keys=keys,
             clock=clock,
         )
         self.segment_deleter = SegmentDeleter(
-            log.uri,
-            checkpoints.uri,
+            log.location,
+            LogLocation(checkpoints.uri, log.storage_options),
             window_ms=config.file_delete_delay_ms,
             check_interval_ms=config.log_retention_check_interval_ms,
-            storage_options=log.storage_options,
         )
         self.listeners: list[PassListener] = []
         self.last_round: RoundReport | None = None

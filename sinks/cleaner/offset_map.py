@@ -78,6 +78,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sinks.cleaner.rules import latest_offsets
+from sinks.log.log_keys import LogKeys
 from sinks.log.segment import Segment, split_clean
 
 # What one mapped record costs a task at its peak while its map (or bucket) is built,
@@ -145,7 +146,7 @@ def size_map(
     *,
     first_dirty_offset: int,
     cleaner_offset: int | None,
-    sequence_column: str | None,
+    keys: LogKeys,
     end_offset: int,
     dedupe_buffer_size: int,
 ) -> MapSize:
@@ -153,8 +154,9 @@ def size_map(
     ends (see the module's three options). Pure.
 
     ``inputs`` are the partition's input segments below ``end_offset``, the first
-    uncleanable offset.
+    uncleanable offset. With ``keys``' sequence column the clean section is mapped too.
     """
+    sequence_column = keys.sequence_column
     dirty = dirty_segments(
         inputs, first_dirty_offset=first_dirty_offset, cleaner_offset=cleaner_offset
     )

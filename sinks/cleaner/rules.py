@@ -18,7 +18,7 @@ the same rule: `spark_latest_offsets` (`sinks.reading.state_reader`) and
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from sinks.log.log_keys import LogKeys
 from sinks.log.records import DELETE_HORIZON_MS, OFFSET, PARTITION, VALUE
 
 _LATEST = "_latest"
@@ -33,13 +34,13 @@ _LATEST = "_latest"
 # -- latest per key ------------------------------------------------------------------------
 
 
-def latest_records(
-    df: DataFrame, key_columns: Sequence[str], sequence_column: str | None = None
-) -> DataFrame:
-    """Spark: one row per key, its newest record (highest sequence then offset), all columns.
+def latest_records(df: DataFrame, keys: LogKeys) -> DataFrame:
+    """Spark: one row per key (``keys``' columns), its newest record (highest sequence
+    then offset), all columns.
 
     Aggregates whole rows (a sort-based ``max_by`` over a struct of every column).
     """
+    key_columns, sequence_column = keys.key_columns, keys.sequence_column
     order = F.struct(*([F.col(sequence_column)] if sequence_column else []), F.col(OFFSET))
     rest = [c for c in df.columns if c not in key_columns]
     latest = df.groupBy(*key_columns).agg(F.max_by(F.struct(*rest), order).alias(_LATEST))
@@ -76,15 +77,13 @@ def latest_offsets(
     return latest.select(keys.column_names), newest
 
 
-def spark_latest_offsets(
-    records: DataFrame, group: Sequence[str], sequence_column: str | None
-) -> DataFrame:
-    """Spark: (group columns, offset) of each group's newest record, from narrow columns.
+def spark_latest_offsets(records: DataFrame, keys: LogKeys) -> DataFrame:
+    """Spark: (key columns, offset) of each key's newest record, from narrow columns.
 
     Without a sequence, ``max(offset)``, a hash aggregate on a long; with one,
     ``max(struct(sequence, offset))``: the order `latest_records` uses.
     """
-    group = list(group)
+    group, sequence_column = list(keys.key_columns), keys.sequence_column
     if sequence_column is None or sequence_column in (*group, OFFSET):
         return records.groupBy(*group).agg(F.max(OFFSET).alias(OFFSET))
     order = F.struct(F.col(sequence_column), F.col(OFFSET))
@@ -92,12 +91,10 @@ def spark_latest_offsets(
     return latest.select(*group, F.col(f"{_LATEST}.{OFFSET}").alias(OFFSET))
 
 
-def arrow_latest_offsets(
-    records: pa.Table, group: Sequence[str], sequence_column: str | None
-) -> pa.Table:
-    """Arrow: (group columns, offset) of each group's newest record: `latest_offsets`
+def arrow_latest_offsets(records: pa.Table, keys: LogKeys) -> pa.Table:
+    """Arrow: (key columns, offset) of each key's newest record: `latest_offsets`
     over a table's columns, for readers (`sinks.reading.arrow_state`)."""
-    group = list(group)
+    group, sequence_column = list(keys.key_columns), keys.sequence_column
     sequence = None
     if sequence_column is not None and sequence_column not in (*group, OFFSET):
         sequence = records.column(sequence_column)
@@ -184,16 +181,14 @@ def apply_arrow_tombstone_rules(
 def retain_latest(
     df: DataFrame,
     *,
-    key_columns: Sequence[str],
-    sequence_column: str | None,
+    keys: LogKeys,
     pass_start_ms: int,
     delete_retention_ms: int,
 ) -> DataFrame:
     """Spark: what a pass over every record of ``df`` keeps: latest per (partition, key),
     then KIP-534; ``df``'s columns in their order."""
-    groups = [PARTITION, *[k for k in key_columns if k != PARTITION]]
     return (
-        latest_records(df, groups, sequence_column)
+        latest_records(df, keys.partitioned())
         .transform(
             lambda d: apply_tombstone_rules(
                 d, pass_start_ms=pass_start_ms, delete_retention_ms=delete_retention_ms

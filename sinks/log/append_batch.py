@@ -25,6 +25,7 @@ from pyspark.sql import types as T
 from sinks.errors import SchemaMismatchError
 from sinks.log.append_task import APPEND_TASK_DDL, AppendTask
 from sinks.log.dead_letter import SplitBatch, split_arrow_batch, split_batch
+from sinks.log.log_keys import LogKeys
 from sinks.log.log_table import log_arrow_schema
 from sinks.log.records import (
     DELETE_HORIZON_MS,
@@ -70,14 +71,10 @@ class SparkRecords:
     before_prepare: Callable[[], None] | None = None
     empty: bool = False  # not known without a Spark job: an empty batch is appended as one
 
-    def prepare(
-        self, *, key_columns: Sequence[str], sequence_column: str | None, now_ms: int
-    ) -> SparkPrepared:
+    def prepare(self, *, keys: LogKeys, now_ms: int) -> SparkPrepared:
         if self.before_prepare is not None:
             self.before_prepare()
-        batch = prepare_batch(
-            self.df, key_columns=key_columns, sequence_column=sequence_column, now_ms=now_ms
-        )
+        batch = prepare_batch(self.df, keys=keys, now_ms=now_ms)
         return SparkPrepared(batch, record_columns=list(self.df.columns))
 
 
@@ -98,14 +95,14 @@ class SparkPrepared:
     def has_offsets(self) -> bool:
         return self.batch.has_offsets
 
-    def quarantine(self, *, key_columns: Sequence[str], message_max_bytes: int) -> DataFrame:
+    def quarantine(self, *, keys: LogKeys, message_max_bytes: int) -> DataFrame:
         """Keep the good rows for the append; return the bad ones as dead letters.
 
         One cached evaluation of the batch serves both (`release` frees it).
         """
         self._split = split_batch(
             self.batch.df,
-            key_columns=key_columns,
+            keys=keys,
             has_offsets=self.batch.has_offsets,
             message_max_bytes=message_max_bytes,
             record_columns=self.record_columns,
@@ -157,10 +154,8 @@ class ArrowRecords:
     def empty(self) -> bool:
         return self.table.num_rows == 0
 
-    def prepare(
-        self, *, key_columns: Sequence[str], sequence_column: str | None, now_ms: int
-    ) -> ArrowPrepared:
-        schema = log_schema(self.input_schema, tuple(key_columns))
+    def prepare(self, *, keys: LogKeys, now_ms: int) -> ArrowPrepared:
+        schema = log_schema(self.input_schema, keys)
         return ArrowPrepared(
             _with_log_columns(self.table, schema, now_ms),
             schema,
@@ -178,11 +173,11 @@ class ArrowPrepared:
     has_offsets: bool
     record_columns: list[str]
 
-    def quarantine(self, *, key_columns: Sequence[str], message_max_bytes: int) -> pa.Table:
+    def quarantine(self, *, keys: LogKeys, message_max_bytes: int) -> pa.Table:
         """Keep the good rows for the append; return the bad ones as dead letters."""
         self.table, letters = split_arrow_batch(
             self.table,
-            key_columns=key_columns,
+            keys=keys,
             has_offsets=self.has_offsets,
             message_max_bytes=message_max_bytes,
             record_columns=self.record_columns,
@@ -200,8 +195,9 @@ class ArrowPrepared:
         pass
 
 
-def log_schema(input_schema: T.StructType, key_columns: tuple[str, ...]) -> T.StructType:
+def log_schema(input_schema: T.StructType, keys: LogKeys) -> T.StructType:
     """The log's columns for this input, in the order `prepare_batch` gives them."""
+    key_columns = keys.key_columns
     fields = {f.name: f for f in input_schema.fields}
     for name in [*key_columns, VALUE]:
         if name not in fields:

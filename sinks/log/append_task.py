@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 from pyspark.sql import types as T
 
+from sinks.log.log_keys import LogKeys
 from sinks.log.records import (
     COUNT_COLUMNS,
     BatchReport,
@@ -54,14 +55,14 @@ class AppendTask:
 
     writer: SegmentWriterTask
     log_end_offsets: dict[int, int]
-    key_columns: tuple[str, ...]
+    keys: LogKeys
     has_offsets: bool
     message_max_bytes: int
     log_schema: T.StructType | None = None  # the log's Spark schema: Spark's writer may run it
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         validator = RecordValidator(
-            key_columns=self.key_columns,
+            keys=self.keys,
             has_offsets=self.has_offsets,
             message_max_bytes=self.message_max_bytes,
         )

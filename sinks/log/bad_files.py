@@ -16,7 +16,7 @@ the versions that reference it since, and says how to repair
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from urllib.parse import unquote
 
@@ -25,7 +25,7 @@ import pyarrow.fs as pafs
 from sinks.errors import CorruptDataFileError, MissingDataFileError
 from sinks.log.foreign_commits import read_commit
 from sinks.log.segment import DataFile
-from sinks.log.storage import arrow_filesystem, is_local
+from sinks.log.storage import LogLocation, is_local
 
 # Past this many files on an object store, list their directories (1,000 keys a request)
 # instead of one HEAD a file.
@@ -43,9 +43,7 @@ class BadFile:
     found_bytes: int | None
 
 
-def find_bad_files(
-    uri: str, files: Sequence[DataFile], storage_options: Mapping[str, str] | None = None
-) -> list[BadFile]:
+def find_bad_files(location: LogLocation, files: Sequence[DataFile]) -> list[BadFile]:
     """The files of ``files`` that are gone or whose size differs from their add action's.
 
     Reads metadata only. On a local disk, one ``stat`` a file; on an object store, one
@@ -53,8 +51,9 @@ def find_bad_files(
     """
     if not files:
         return []
-    fs, root = arrow_filesystem(uri, storage_options)
-    sizes = _sizes(fs, root, [unquote(f.path) for f in files], listing=not is_local(uri))
+    fs, root = location.filesystem()
+    listing = not is_local(location.uri)
+    sizes = _sizes(fs, root, [unquote(f.path) for f in files], listing=listing)
     bad = []
     for file in files:
         found = sizes.get(unquote(file.path))
@@ -63,32 +62,20 @@ def find_bad_files(
     return bad
 
 
-def check_files(
-    uri: str,
-    files: Sequence[DataFile],
-    *,
-    current_version: int,
-    storage_options: Mapping[str, str] | None = None,
-) -> None:
+def check_files(location: LogLocation, files: Sequence[DataFile], *, current_version: int) -> None:
     """Raise `MissingDataFileError` or `CorruptDataFileError` for the first bad file of
-    ``files`` (of the log at ``uri``, version ``current_version``); reads nothing else."""
-    bad = find_bad_files(uri, files, storage_options)
+    ``files`` (of the log at ``location``, version ``current_version``); reads nothing else."""
+    bad = find_bad_files(location, files)
     if bad:
-        raise bad_file_error(
-            uri, bad, current_version=current_version, storage_options=storage_options
-        )
+        raise bad_file_error(location, bad, current_version=current_version)
 
 
 def bad_file_error(
-    uri: str,
-    bad: Sequence[BadFile],
-    *,
-    current_version: int,
-    storage_options: Mapping[str, str] | None = None,
+    location: LogLocation, bad: Sequence[BadFile], *, current_version: int
 ) -> MissingDataFileError | CorruptDataFileError:
     """The error for ``bad`` (its first file named in full, the count of the others)."""
-    first = bad[0]
-    added = added_in(uri, first.path, current_version, storage_options)
+    first, uri = bad[0], location.uri
+    added = added_in(location, first.path, current_version)
     if first.found_bytes is None:
         what = "is missing (deleted from storage)"
         cls: type[MissingDataFileError] | type[CorruptDataFileError] = MissingDataFileError
@@ -134,18 +121,13 @@ class Addition:
     operation: str
 
 
-def added_in(
-    uri: str,
-    path: str,
-    current_version: int,
-    storage_options: Mapping[str, str] | None = None,
-) -> Addition | None:
+def added_in(location: LogLocation, path: str, current_version: int) -> Addition | None:
     """The newest commit at or before ``current_version`` that added ``path``; None when
     the commits still in the Delta log (searched back `_SEARCH_COMMITS`) do not say."""
     wanted = unquote(path)
     oldest = max(0, current_version - _SEARCH_COMMITS + 1)
     for version in range(current_version, oldest - 1, -1):
-        actions = read_commit(uri, version, storage_options)
+        actions = read_commit(location, version)
         if actions is None:
             return None
         if any(unquote(a.get("add", {}).get("path", "")) == wanted for a in actions):

@@ -23,7 +23,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -35,7 +35,9 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from sinks.log.log_keys import LogKeys
 from sinks.log.records import DECODE_ERROR
+from sinks.log.storage import LogLocation
 from sinks.log.validity import arrow_rejection_reasons, rejection_reason
 
 logger = logging.getLogger("compacted_sink")
@@ -73,7 +75,7 @@ class SplitBatch:
 def split_batch(
     df: DataFrame,
     *,
-    key_columns: Sequence[str],
+    keys: LogKeys,
     has_offsets: bool,
     message_max_bytes: int,
     record_columns: Sequence[str] | None = None,
@@ -85,7 +87,7 @@ def split_batch(
     ``record_columns`` (default: all of ``df``'s), the columns the batch came with.
     """
     reason = rejection_reason(
-        df, key_columns=key_columns, has_offsets=has_offsets, message_max_bytes=message_max_bytes
+        df, keys=keys, has_offsets=has_offsets, message_max_bytes=message_max_bytes
     )
     tagged = df.withColumn(REASON, reason).persist()
     good = tagged.filter(F.col(REASON).isNull()).drop(REASON)
@@ -114,14 +116,17 @@ def as_dead_letters(bad: DataFrame, *, reason: Column | str | None = None) -> Da
 
 
 class DeadLetterTable:
-    """The dead-letter Delta table at ``uri`` (created on the first dead letter).
+    """The dead-letter Delta table at ``location`` (created on the first dead letter).
 
     Shared by many sinks: each commit is tagged with the sink's app id and batch id.
     """
 
-    def __init__(self, uri: str, storage_options: Mapping[str, str] | None = None) -> None:
-        self.uri = uri
-        self.storage_options = dict(storage_options or {})
+    def __init__(self, location: LogLocation) -> None:
+        self.location = location
+
+    @property
+    def uri(self) -> str:
+        return self.location.uri
 
     def committed(self, app_id: str, batch_id: int) -> bool:
         """True when this (app id, batch id) already wrote its dead letters."""
@@ -172,7 +177,7 @@ class DeadLetterTable:
             self.uri,
             table,
             mode="append",
-            storage_options=self.storage_options or None,
+            storage_options=self.location.delta_options,
             commit_properties=CommitProperties(app_transactions=[Transaction(app_id, batch_id)]),
         )
         logger.warning(
@@ -187,7 +192,7 @@ class DeadLetterTable:
 
     def _table(self) -> DeltaTable | None:
         try:
-            return DeltaTable(self.uri, storage_options=self.storage_options or None)
+            return DeltaTable(self.uri, storage_options=self.location.delta_options)
         except TableNotFoundError:
             return None
 
@@ -202,7 +207,7 @@ def _jsonable(df: DataFrame, name: str) -> Column:
 def split_arrow_batch(
     table: pa.Table,
     *,
-    key_columns: Sequence[str],
+    keys: LogKeys,
     has_offsets: bool,
     message_max_bytes: int,
     record_columns: Sequence[str],
@@ -212,7 +217,7 @@ def split_arrow_batch(
     Each dead letter's ``record`` is its ``record_columns`` as JSON (binary as base64).
     """
     reasons = arrow_rejection_reasons(
-        table, key_columns=key_columns, has_offsets=has_offsets, message_max_bytes=message_max_bytes
+        table, keys=keys, has_offsets=has_offsets, message_max_bytes=message_max_bytes
     )
     bad_mask = pc.is_valid(reasons)
     good = table.filter(pc.invert(bad_mask))

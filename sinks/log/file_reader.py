@@ -12,7 +12,7 @@ requested schema whatever the schema each file was written with.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -22,7 +22,7 @@ from pyspark.sql.types import StructType
 
 from sinks.log.records import RecordsT
 from sinks.log.segment_writer import nullable_schema
-from sinks.log.storage import arrow_filesystem, normalize_uri
+from sinks.log.storage import LogLocation, normalize_uri
 from sinks.spark_compat import utc_arrow_schema
 
 _PATH = "path"
@@ -30,14 +30,10 @@ _BATCH_ROWS = 65_536
 
 
 def read_files(
-    spark: SparkSession,
-    table_uri: str,
-    paths: Sequence[str],
-    schema: StructType,
-    *,
-    storage_options: Mapping[str, str] | None = None,
+    spark: SparkSession, location: LogLocation, paths: Sequence[str], schema: StructType
 ) -> DataFrame:
-    """The rows of Parquet ``paths`` (relative to ``table_uri``) as one DataFrame of ``schema``.
+    """The rows of Parquet ``paths`` (relative to the table at ``location``) as one DataFrame
+    of ``schema``.
 
     Files are spread over tasks (up to the default parallelism); each task reads
     its files whole, in order. Columns a file lacks are null; extra columns are
@@ -47,11 +43,9 @@ def read_files(
     if not paths:
         return spark.createDataFrame([], schema)
     arrow_schema = nullable_schema(utc_arrow_schema(schema))
-    task = ParquetReaderTask(
-        table_uri=normalize_uri(table_uri),  # here: executors resolve against their own cwd
-        schema=arrow_schema,
-        storage_options=dict(storage_options or {}),
-    )
+    # Here: executors resolve a relative path against their own cwd.
+    table = LogLocation(normalize_uri(location.uri), dict(location.storage_options))
+    task = ParquetReaderTask(table=table, schema=arrow_schema)
     listing = spark.createDataFrame([(p,) for p in paths], f"{_PATH} string")
     return listing.mapInArrow(task, schema)
 
@@ -60,12 +54,11 @@ def read_files(
 class ParquetReaderTask:
     """The picklable function each Spark task runs: paths in, the files' rows out."""
 
-    table_uri: str
+    table: LogLocation
     schema: pa.Schema
-    storage_options: dict[str, str]
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        fs, root = arrow_filesystem(self.table_uri, self.storage_options)
+        fs, root = self.table.filesystem()
         for batch in batches:
             for path in batch.column(_PATH).to_pylist():
                 with fs.open_input_file(f"{root}/{path}") as source:

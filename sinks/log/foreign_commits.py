@@ -56,7 +56,7 @@ from sinks.log.stale_rewrites import (
     gone_after,
     stale_rewrite,
 )
-from sinks.log.storage import arrow_filesystem
+from sinks.log.storage import LogLocation
 
 logger = logging.getLogger("compacted_sink")
 
@@ -136,11 +136,10 @@ def describe(change: ForeignChange, *, log_path: str, current_version: int) -> s
     )
 
 
-def read_commit(
-    uri: str, version: int, storage_options: Mapping[str, str] | None = None
-) -> list[dict[str, Any]] | None:
-    """The actions of one commit file; None when the Delta log no longer holds it."""
-    fs, root = arrow_filesystem(uri, dict(storage_options or {}))
+def read_commit(location: LogLocation, version: int) -> list[dict[str, Any]] | None:
+    """The actions of one commit file of the log at ``location``; None when the Delta log
+    no longer holds it."""
+    fs, root = location.filesystem()
     try:
         with fs.open_input_stream(f"{root}/{DELTA_LOG}/{version:020d}.json") as stream:
             text = stream.read().decode()
@@ -161,13 +160,16 @@ class CommitGuard:
     ``checked`` is the newest version known to hold no unaccepted foreign change.
     """
 
-    def __init__(self, uri: str, storage_options: Mapping[str, str] | None = None) -> None:
-        self.uri = uri
-        self.storage_options = dict(storage_options or {})
+    def __init__(self, location: LogLocation) -> None:
+        self.location = location
         self.checked: int | None = None
         self.pending: dict[int, StaleRewrite] = {}
         self._commits: OrderedDict[int, tuple[CommitSummary, ForeignChange | None]] = OrderedDict()
         self._lock = threading.RLock()  # a sink's query and cleaner threads share a log
+
+    @property
+    def uri(self) -> str:
+        return self.location.uri
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickled with the sink (a ``foreachBatch`` function, a data source): no lock."""
@@ -281,7 +283,7 @@ class CommitGuard:
         if version in self._commits:
             self._commits.move_to_end(version)
             return self._commits[version]
-        actions = read_commit(self.uri, version, self.storage_options)
+        actions = read_commit(self.location, version)
         if actions is None:
             return CommitSummary(-1, {}, frozenset(), frozenset(), False), None
         entry = CommitSummary.of(version, actions), foreign_change(version, actions)
@@ -293,7 +295,7 @@ class CommitGuard:
     def _live_paths(self, version: int) -> set[str] | None:
         try:
             table = DeltaTable(
-                self.uri, version=version, storage_options=self.storage_options or None
+                self.uri, version=version, storage_options=self.location.delta_options
             )
         except Exception:  # noqa: BLE001 - an expired version fails in several ways
             return None
@@ -317,17 +319,15 @@ UNWRITABLE_FEATURES = (  # the one a user turned on first, the one it depends on
 )
 
 
-def check_writable(
-    uri: str, table: DeltaTable, storage_options: Mapping[str, str] | None = None
-) -> None:
+def check_writable(location: LogLocation, table: DeltaTable) -> None:
     """Raise `TableFeatureError` when the log's protocol names a writer feature the
     sink cannot commit to; names the feature and the version and operation that added it."""
     present = set(table.protocol().writer_features or ())
     found = [f for f in UNWRITABLE_FEATURES if f in present]
     if not found:
         return
-    feature = found[0]
-    version, operation, engine = _added_by(uri, feature, table.version(), storage_options)
+    feature, uri = found[0], location.uri
+    version, operation, engine = _added_by(location, feature, table.version())
     raise TableFeatureError(
         f"log {uri}: Delta version {version} ({operation}, by {engine}) added the table "
         f"feature {feature!r}{' (and ' + ', '.join(found[1:]) + ')' if found[1:] else ''}, "
@@ -343,14 +343,12 @@ def check_writable(
     )
 
 
-def _added_by(
-    uri: str, feature: str, current: int, storage_options: Mapping[str, str] | None
-) -> tuple[int, str, str]:
+def _added_by(location: LogLocation, feature: str, current: int) -> tuple[int, str, str]:
     """The version whose protocol action first named ``feature``, its operation and engine
     (walking back from ``current``; the oldest commit still in the Delta log when older)."""
     found = (current, "unknown operation", "an unknown engine")
     for version in range(current, -1, -1):
-        actions = read_commit(uri, version, storage_options)
+        actions = read_commit(location, version)
         if actions is None:
             break
         protocols = [a["protocol"] for a in actions if "protocol" in a]

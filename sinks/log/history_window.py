@@ -37,6 +37,7 @@ from checkpoints.checkpoint_table import HANDS_OFF_PROPERTIES
 from sinks.config import DELETED_FILE_RETENTION_DURATION, format_interval, parse_interval_ms
 from sinks.errors import CompactedSinkError
 from sinks.log.ownership import DELTA_LOG_DIR
+from sinks.log.storage import LogLocation
 
 LOG_RETENTION_DURATION = "delta.logRetentionDuration"
 CHECKPOINT_INTERVAL = "delta.checkpointInterval"
@@ -121,11 +122,9 @@ class DeltaLogListing:
         return min(starts) if starts else first_commit
 
 
-def list_delta_log(uri: str, storage_options: Mapping[str, str] | None = None) -> DeltaLogListing:
-    """List ``_delta_log`` once: a LIST, no file is read."""
-    from sinks.log.storage import arrow_filesystem
-
-    fs, root = arrow_filesystem(uri, storage_options)
+def list_delta_log(location: LogLocation) -> DeltaLogListing:
+    """List the ``_delta_log`` of the table at ``location`` once: a LIST, no file is read."""
+    fs, root = location.filesystem()
     infos = fs.get_file_info(pafs.FileSelector(f"{root}/{DELTA_LOG_DIR}", allow_not_found=True))
     commits: dict[int, int] = {}
     checkpoints: set[int] = set()
@@ -162,25 +161,24 @@ def oldest_reachable_version(
 
 
 def check_reachable(
-    uri: str,
+    location: LogLocation,
     requested: int | str | datetime,
     *,
     version: int | None,
     current: DeltaTable,
     now_ms: int,
-    storage_options: Mapping[str, str] | None = None,
     cause: BaseException | None = None,
 ) -> None:
     """Raise `TimeTravelError` when ``requested`` (resolved to ``version``, or None when it
     could not be loaded) cannot be read: `HistoryExpiredError` before the window of the
-    log at ``uri``; `TimeTravelError` past the newest version or before the first commit.
+    log at ``location``; `TimeTravelError` past the newest version or before the first commit.
     Each names the versions (and times) that can be read.
 
     Returns quietly for a version inside the window; re-raises ``cause`` when the
     request failed for another reason.
     """
-    window = window_of(current)
-    listing = list_delta_log(uri, storage_options)
+    window, uri = window_of(current), location.uri
+    listing = list_delta_log(location)
     newest = current.version()
     oldest = oldest_reachable_version(
         listing, current_version=newest, now_ms=now_ms, window_ms=window

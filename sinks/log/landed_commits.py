@@ -18,37 +18,31 @@ from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
 
 from sinks.log.foreign_commits import COMMIT_INFO_KEY, read_commit
+from sinks.log.storage import LogLocation
 
 COMMIT_TOKEN_KEY = "commitToken"
 """A random token in each commit's ``compactedSink`` info: a commit recognises itself by it."""
 
 
-def landed_version(
-    uri: str, token: str, after: int, storage_options: Mapping[str, str] | None = None
-) -> int | None:
+def landed_version(location: LogLocation, token: str, after: int) -> int | None:
     """The version after ``after`` that holds the commit carrying ``token``, if any."""
-    latest = DeltaTable(uri, storage_options=dict(storage_options or {}) or None).version()
+    latest = DeltaTable(location.uri, storage_options=location.delta_options).version()
     for version in range(after + 1, latest + 1):
-        for action in read_commit(uri, version, storage_options) or []:
+        for action in read_commit(location, version) or []:
             own = (action.get("commitInfo") or {}).get(COMMIT_INFO_KEY) or {}
             if isinstance(own, Mapping) and own.get(COMMIT_TOKEN_KEY) == token:
                 return version
     return None
 
 
-def check_removes(
-    uri: str,
-    removed: set[str],
-    after: int,
-    through: int,
-    storage_options: Mapping[str, str] | None = None,
-) -> None:
+def check_removes(location: LogLocation, removed: set[str], after: int, through: int) -> None:
     """Raise ``CommitFailedError`` when a commit in ``(after, through]`` removed a file of
     ``removed``."""
     for version in range(after + 1, through + 1):
-        for action in read_commit(uri, version, storage_options) or []:
+        for action in read_commit(location, version) or []:
             path = action.get("remove", {}).get("path")
             if path is not None and unquote(path) in removed:
                 raise CommitFailedError(
-                    f"{uri}: version {version} removed {path}, which this commit removes too"
+                    f"{location.uri}: version {version} removed {path}, "
+                    "which this commit removes too"
                 )

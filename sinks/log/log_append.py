@@ -125,8 +125,7 @@ class LogAppender:
         self,
         log: LogTable,
         *,
-        key_columns: Sequence[str],
-        sequence_column: str | None,
+        keys: LogKeys,
         config: CleanerConfig,
         schema_evolution: SchemaEvolution = DEFAULT_SCHEMA_EVOLUTION,
         dead_letters: DeadLetterTable | None = None,
@@ -134,8 +133,7 @@ class LogAppender:
         clock: Callable[[], int] = now_ms,
     ) -> None:
         self.log = log
-        self.key_columns = tuple(key_columns)
-        self.sequence_column = sequence_column
+        self.keys = keys
         self.config = config
         self.schema_evolution = check_mode(schema_evolution)
         self.dead_letters = dead_letters
@@ -151,7 +149,7 @@ class LogAppender:
             snapshot.spark_schema,
             schema,
             mode=self.schema_evolution,
-            fixed_columns=(*self.key_columns, *filter(None, [self.sequence_column])),
+            fixed_columns=(*self.keys.key_columns, *filter(None, [self.keys.sequence_column])),
             ignored_columns=TRANSIENT_COLUMNS,
         )
 
@@ -189,15 +187,13 @@ class LogAppender:
                 return LogAppendInfo(None)  # no log and nothing to create it with
             commit_empty(snapshot, app_id, batch_id)
             return LogAppendInfo(self._fresh())
-        prepared = records.prepare(
-            key_columns=self.key_columns, sequence_column=self.sequence_column, now_ms=self.clock()
-        )
+        prepared = records.prepare(keys=self.keys, now_ms=self.clock())
         try:
             if snapshot is not None:
                 self.evolved_schema(snapshot, prepared.schema)  # refused: fail before any file
             if self.dead_letters is not None:
                 bad = prepared.quarantine(
-                    key_columns=self.key_columns, message_max_bytes=self.config.message_max_bytes
+                    keys=self.keys, message_max_bytes=self.config.message_max_bytes
                 )
                 self.dead_letters.write(
                     bad,
@@ -236,7 +232,7 @@ class LogAppender:
         """
         if snapshot is None:
             # Never create a log over someone else's files (sinks.log.ownership).
-            check_new_log_location(self.log.uri, self.log.storage_options)
+            check_new_log_location(self.log.location)
         for _attempt in range(APPEND_ATTEMPTS):
             end_offsets = snapshot.log_end_offsets() if snapshot is not None else {}
             target = self.evolved_schema(snapshot, schema) if snapshot is not None else schema
@@ -247,12 +243,11 @@ class LogAppender:
                 raise_for_problems(problems, batch_id=batch_id)
             if snapshot is None:
                 # Only a valid batch creates the log: bad input leaves no trace at all.
-                keys = LogKeys(key_columns=self.key_columns, sequence_column=self.sequence_column)
                 snapshot = self.log.create(
                     schema,
                     {
                         **table_properties(self.config.file_delete_delay_ms),
-                        **keys.to_properties(),
+                        **self.keys.to_properties(),
                         **topic_table_properties(self.config),
                     },
                 )
@@ -304,7 +299,7 @@ class LogAppender:
         for exchange in rounds:
             written, report = read_task_output(run(task, exchange=exchange))
             problems = report.problems(
-                key_columns=self.key_columns, message_max_bytes=self.config.message_max_bytes
+                keys=self.keys, message_max_bytes=self.config.message_max_bytes
             )
             if exchange or not (problems or overlapping(written)):
                 break
@@ -387,15 +382,13 @@ class LogAppender:
             writer=SegmentWriterTask(
                 table_uri=self.log.uri,
                 schema=log_arrow_schema(log_schema),
-                stats_columns=tuple(
-                    stats_columns(log_schema, self.key_columns, self.sequence_column)
-                ),
+                stats_columns=tuple(stats_columns(log_schema, self.keys)),
                 max_file_bytes=self.config.segment_bytes,
                 group_column=None,
                 storage_options=self.log.storage_options,
             ),
             log_end_offsets=dict(end_offsets),
-            key_columns=self.key_columns,
+            keys=self.keys,
             has_offsets=has_offsets,
             message_max_bytes=self.config.message_max_bytes,
             log_schema=log_schema,

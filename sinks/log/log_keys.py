@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from sinks.errors import ConfigError
@@ -31,7 +31,7 @@ from sinks.log.ownership import (
     check_compacted_log,
     check_new_log_location,
 )
-from sinks.log.records import VALUE
+from sinks.log.records import PARTITION, VALUE
 
 if TYPE_CHECKING:
     from sinks.log.log_table import LogSnapshot, LogTable
@@ -58,6 +58,12 @@ class LogKeys:
     def __post_init__(self) -> None:
         if not self.key_columns:
             raise ConfigError("key_columns must name at least one column")
+
+    def partitioned(self) -> LogKeys:
+        """These keys with the partition first: the (partition, key) a log keeps the latest
+        record of (a key column named ``partition`` is not repeated)."""
+        own = tuple(k for k in self.key_columns if k != PARTITION)
+        return replace(self, key_columns=(PARTITION, *own))
 
     def to_properties(self) -> dict[str, str]:
         """The Delta table properties that record these keys on a new log."""
@@ -144,7 +150,7 @@ def opened_log_keys(
         raise ValueError("key_columns must name at least one column")
     snapshot = log.snapshot(verify=False)
     if snapshot is None:
-        check_new_log_location(log.uri, log.storage_options)
+        check_new_log_location(log.location)
         keys = DEFAULT_KEY_COLUMNS if key_columns is None else tuple(key_columns)
         return LogKeys(key_columns=keys, sequence_column=sequence_column)
     return log_keys(snapshot).resolve(key_columns, sequence_column, log_path=log.uri)

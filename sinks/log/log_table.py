@@ -62,7 +62,7 @@ from sinks.log.records import spark_at_or_above
 from sinks.log.segment import DataFile, ForeignFile, Segment, data_file
 from sinks.log.segment_writer import WrittenSegment
 from sinks.log.stale_revert import RestoredFile, Undo, plan_undo
-from sinks.log.storage import is_local, join
+from sinks.log.storage import LogLocation, is_local, join
 from sinks.spark_compat import utc_arrow_schema
 
 TXN_PREFIX = "compacted-sink/"
@@ -87,9 +87,16 @@ class LogTable:
     """A log's Delta table at ``uri``: snapshots, reads into Spark, and commits."""
 
     def __init__(self, uri: str, storage_options: Mapping[str, str] | None = None) -> None:
-        self.uri = uri
-        self.storage_options = dict(storage_options or {})
-        self.guard = CommitGuard(uri, self.storage_options)
+        self.location = LogLocation(uri, dict(storage_options or {}))
+        self.guard = CommitGuard(self.location)
+
+    @property
+    def uri(self) -> str:
+        return self.location.uri
+
+    @property
+    def storage_options(self) -> Mapping[str, str]:
+        return self.location.storage_options
 
     def snapshot(
         self, as_of: AsOf | None = None, *, verify: bool = True, repair: bool = True
@@ -107,12 +114,12 @@ class LogTable:
         """
         for _ in range(REBASE_ATTEMPTS):
             try:
-                table = DeltaTable(self.uri, storage_options=self.storage_options or None)
+                table = DeltaTable(self.uri, storage_options=self.location.delta_options)
             except TableNotFoundError:
                 return None
             if as_of is not None:
                 self._travel(table, as_of)
-            snapshot = LogSnapshot(self.uri, table, self.storage_options)
+            snapshot = LogSnapshot(self.location, table)
             if not verify:
                 return snapshot
             checked = snapshot.txn_version(CHECKED_VERSION_TXN)
@@ -123,14 +130,10 @@ class LogTable:
                 snapshot.verified = True
                 return snapshot
             undo = plan_undo(
-                self.uri,
-                snapshot.data_files(),
-                stale,
-                current_version=snapshot.version,
-                storage_options=self.storage_options,
+                self.location, snapshot.data_files(), stale, current_version=snapshot.version
             )
             if as_of is not None or not repair:
-                return LogSnapshot(self.uri, table, self.storage_options, seen_through=undo)
+                return LogSnapshot(self.location, table, seen_through=undo)
             try:
                 snapshot.commit(
                     adds=undo.restored,
@@ -148,27 +151,16 @@ class LogTable:
 
     def _travel(self, table: DeltaTable, as_of: AsOf) -> None:
         """Load ``as_of`` into ``table``; raises `HistoryExpiredError` before the history window."""
-        current = DeltaTable(self.uri, storage_options=self.storage_options or None)
+        current = DeltaTable(self.uri, storage_options=self.location.delta_options)
         try:
             table.load_as_version(as_of)
         except Exception as e:  # noqa: BLE001 - cleaned-up versions fail in several ways
             check_reachable(
-                self.uri,
-                as_of,
-                version=None,
-                current=current,
-                now_ms=now_ms(),
-                storage_options=self.storage_options,
-                cause=e,
+                self.location, as_of, version=None, current=current, now_ms=now_ms(), cause=e
             )
             raise
         check_reachable(
-            self.uri,
-            as_of,
-            version=table.version(),
-            current=current,
-            now_ms=now_ms(),
-            storage_options=self.storage_options,
+            self.location, as_of, version=table.version(), current=current, now_ms=now_ms()
         )
 
     def create(
@@ -183,7 +175,7 @@ class LogTable:
                 mode="ignore",
                 configuration=dict(configuration) if configuration else None,
                 raise_if_key_not_exists=False,  # the sink's own properties (sinks.log.log_keys)
-                storage_options=self.storage_options or None,
+                storage_options=self.location.delta_options,
                 name=self.uri.rstrip("/").rsplit("/", 1)[-1],
                 description=LOG_DESCRIPTION,  # a mark of the sink's logs (sinks.log.ownership)
             )
@@ -215,13 +207,7 @@ class LogTable:
             df = spark.read.schema(snapshot.spark_schema).parquet(*paths)
         else:
             # The pyspark wheel has no object-store file systems; executors read through pyarrow.
-            df = read_files(
-                spark,
-                self.uri,
-                [s.path for s in chosen],
-                snapshot.spark_schema,
-                storage_options=self.storage_options,
-            )
+            df = read_files(spark, self.location, [s.path for s in chosen], snapshot.spark_schema)
         return spark_at_or_above(df, {p: snapshot.log_start_offset(p) for p in snapshot.partitions})
 
 
@@ -229,20 +215,19 @@ class LogSnapshot:
     """One version of a log: its segments per partition and its recorded offsets."""
 
     def __init__(
-        self,
-        uri: str,
-        table: DeltaTable,
-        storage_options: Mapping[str, str] | None = None,
-        *,
-        seen_through: Undo | None = None,
+        self, location: LogLocation, table: DeltaTable, *, seen_through: Undo | None = None
     ) -> None:
-        self.uri = uri
+        self.location = location
+        self.uri = location.uri
         self.table = table
-        self.storage_options = dict(storage_options or {})
         self.version = table.version()
         self.verified = False  # every commit up to this version checked for foreign changes
         self.seen_through = seen_through  # files as an undo of stale rewrites leaves them
         self._transactions: dict[str, int | None] = {}
+
+    @property
+    def storage_options(self) -> Mapping[str, str]:
+        return self.location.storage_options
 
     @cached_property
     def table_id(self) -> str:
@@ -289,9 +274,7 @@ class LogSnapshot:
     def check_files(self, files: Sequence[DataFile]) -> None:
         """Raise `MissingDataFileError` or `CorruptDataFileError` when a file of ``files`` is
         gone or not the size its add action records (`sinks.log.bad_files`); metadata only."""
-        check_files(
-            self.uri, files, current_version=self.version, storage_options=self.storage_options
-        )
+        check_files(self.location, files, current_version=self.version)
 
     def all_segments(self) -> list[Segment]:
         return [s for segments in self.segments.values() for s in segments]
@@ -368,7 +351,7 @@ class LogSnapshot:
                 f"log {self.uri}: version {self.version} is seen through an undo of stale "
                 "rewrites for reading; commit against a snapshot taken with repair=True"
             )
-        check_writable(self.uri, self.table, self.storage_options)
+        check_writable(self.location, self.table)
         stamp = now_ms()
         if self.verified:
             transactions = {CHECKED_VERSION_TXN: self.version, **transactions}
@@ -391,7 +374,7 @@ class LogSnapshot:
             # A conflict, or a store error after retries (delta-rs raises the store's as
             # OSError): did it land?
             except (DeltaError, OSError):
-                if landed_version(self.uri, token, self.version, self.storage_options) is None:
+                if landed_version(self.location, token, self.version) is None:
                     raise
             return
         removed = {unquote(s.path) for s in removes}
@@ -403,20 +386,15 @@ class LogSnapshot:
                 )
                 return
             except CommitFailedError:
-                if (
-                    landed_version(self.uri, token, table.version(), self.storage_options)
-                    is not None
-                ):
+                if landed_version(self.location, token, table.version()) is not None:
                     return
-                latest = DeltaTable(self.uri, storage_options=self.storage_options or None)
+                latest = DeltaTable(self.uri, storage_options=self.location.delta_options)
                 if latest.version() == table.version():
                     raise
-                check_removes(
-                    self.uri, removed, table.version(), latest.version(), self.storage_options
-                )
+                check_removes(self.location, removed, table.version(), latest.version())
                 table = latest
             except (DeltaError, OSError):
-                if landed_version(self.uri, token, table.version(), self.storage_options) is None:
+                if landed_version(self.location, token, table.version()) is None:
                     raise
                 return
         raise CommitFailedError(f"{self.uri}: still behind after {REBASE_ATTEMPTS} rebases")

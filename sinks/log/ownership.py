@@ -47,7 +47,7 @@ from urllib.parse import unquote
 import pyarrow.fs as pafs
 
 from sinks.errors import NotACompactedLogError
-from sinks.log.storage import arrow_filesystem
+from sinks.log.storage import LogLocation
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
@@ -202,32 +202,31 @@ def check_compacted_log(uri: str, table: DeltaTable) -> str:
     return mark
 
 
-def check_log_location(uri: str, storage_options: Mapping[str, str] | None = None) -> None:
-    """Raise `NotACompactedLogError` unless ``uri`` holds a compacted log or may become one."""
+def check_log_location(location: LogLocation) -> None:
+    """Raise `NotACompactedLogError` unless ``location`` holds a compacted log or may become one."""
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
     try:
-        table = DeltaTable(uri, storage_options=dict(storage_options or {}) or None)
+        table = DeltaTable(location.uri, storage_options=location.delta_options)
     except TableNotFoundError:
-        check_new_log_location(uri, storage_options)
+        check_new_log_location(location)
         return
-    check_compacted_log(uri, table)
+    check_compacted_log(location.uri, table)
 
 
-def check_new_log_location(uri: str, storage_options: Mapping[str, str] | None = None) -> None:
-    """Raise `NotACompactedLogError` when ``uri``, where no Delta table loads, holds anything
-    a killed first batch of the sink could not have left (rule 2). One recursive LIST."""
-    foreign = foreign_entries(list_entries(uri, storage_options))
+def check_new_log_location(location: LogLocation) -> None:
+    """Raise `NotACompactedLogError` when ``location``, where no Delta table loads, holds
+    anything a killed first batch of the sink could not have left (rule 2). One recursive LIST."""
+    foreign = foreign_entries(list_entries(location))
     if foreign:
+        uri = location.uri
         raise NotACompactedLogError(not_empty_message(uri, foreign), path=uri)
 
 
-def list_entries(
-    uri: str, storage_options: Mapping[str, str] | None = None
-) -> list[tuple[str, bool]]:
-    """Every file and directory under ``uri``: (path relative to it, is directory)."""
-    fs, root = arrow_filesystem(uri, storage_options)
+def list_entries(location: LogLocation) -> list[tuple[str, bool]]:
+    """Every file and directory under ``location``: (path relative to it, is directory)."""
+    fs, root = location.filesystem()
     try:
         infos = fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
     except NotADirectoryError:

@@ -15,9 +15,9 @@ place for the checks, whichever path appends.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -25,6 +25,9 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from sinks.errors import BadInputError, SchemaMismatchError
+
+if TYPE_CHECKING:  # log_keys reads the column names below: a type-only edge
+    from sinks.log.log_keys import LogKeys
 
 RecordsT = TypeVar("RecordsT", pa.Table, pa.RecordBatch)
 
@@ -49,19 +52,14 @@ class PreparedBatch:
     has_offsets: bool
 
 
-def prepare_batch(
-    batch: DataFrame,
-    *,
-    key_columns: Sequence[str],
-    sequence_column: str | None,
-    now_ms: int,
-) -> PreparedBatch:
+def prepare_batch(batch: DataFrame, *, keys: LogKeys, now_ms: int) -> PreparedBatch:
     """Add the log's metadata columns; columns other than keys and metadata are payload.
 
     Without Kafka offsets, ``_input_order`` records the input order to number by; a
     decoder's ``_decode_error`` column is kept for the checks. Both are transient.
     Raises `BadInputError` when a key, ``value`` or the sequence column is missing.
     """
+    key_columns, sequence_column = keys.key_columns, keys.sequence_column
     columns = set(batch.columns)
     for name in [*key_columns, VALUE, *([sequence_column] if sequence_column else [])]:
         if name not in columns:
@@ -168,14 +166,14 @@ class BatchReport:
     def negative_partitions(self) -> int:
         return sum(c.rows for p, c in self.partitions.items() if p is not None and p < 0)
 
-    def problems(self, *, key_columns: Sequence[str], message_max_bytes: int) -> list[str]:
+    def problems(self, *, keys: LogKeys, message_max_bytes: int) -> list[str]:
         """Human-readable descriptions of everything that makes the batch unwritable."""
         found = []
         rows = self.rows
-        keys = ", ".join(repr(k) for k in key_columns)
+        key_names = ", ".join(repr(k) for k in keys.key_columns)
         if null_keys := self._total("null_keys"):
             found.append(
-                f"{null_keys} of {rows} rows have a null key ({keys}); "
+                f"{null_keys} of {rows} rows have a null key ({key_names}); "
                 "a compacted log cannot hold a record without a key"
             )
         if self.null_partitions:

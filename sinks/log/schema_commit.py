@@ -40,7 +40,7 @@ def commit_schema(snapshot: LogSnapshot, schema: StructType, *, info: Mapping[st
     """
     if schema == snapshot.spark_schema:
         return False
-    check_writable(snapshot.uri, snapshot.table, snapshot.storage_options)
+    check_writable(snapshot.location, snapshot.table)
     write_deltalake(
         snapshot.table,
         log_arrow_schema(schema).empty_table(),

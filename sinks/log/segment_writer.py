@@ -26,9 +26,10 @@ from deltalake.transaction import AddAction
 from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
 
+from sinks.log.log_keys import LogKeys
 from sinks.log.records import DELETE_HORIZON_MS, OFFSET, PARTITION
 from sinks.log.segment import segment_path
-from sinks.log.storage import arrow_filesystem
+from sinks.log.storage import LogLocation, arrow_filesystem
 
 WRITTEN_SEGMENT_DDL = (
     "path string, size_bytes long, partition int, base_offset long, last_offset long, "
@@ -92,14 +93,14 @@ def _nullable_type(data_type: pa.DataType) -> pa.DataType:
 def write_segments(
     df: DataFrame,
     *,
-    table_uri: str,
+    log: LogLocation,
     schema: pa.Schema,
     stats_columns: Sequence[str],
     max_file_bytes: int,
     group_column: str | None = None,
-    storage_options: Mapping[str, str] | None = None,
 ) -> list[WrittenSegment]:
-    """Write ``df`` (already partitioned so each task holds whole partitions) as segments.
+    """Write ``df`` (already partitioned so each task holds whole partitions) as segments
+    of ``log``.
 
     Each task sorts its rows by (partition, group, offset) and writes one file per
     partition and group, or more when a file passes ``max_file_bytes``. ``schema``
@@ -108,12 +109,12 @@ def write_segments(
     """
     order = ["partition", *([group_column] if group_column else []), "offset"]
     task = SegmentWriterTask(
-        table_uri=table_uri,
+        table_uri=log.uri,
         schema=schema,
         stats_columns=tuple(stats_columns),
         max_file_bytes=max_file_bytes,
         group_column=group_column,
-        storage_options=dict(storage_options or {}),
+        storage_options=dict(log.storage_options),
     )
     rows = df.sortWithinPartitions(*order).mapInArrow(task, WRITTEN_SEGMENT_DDL).collect()
     return [WrittenSegment(**row.asDict()) for row in rows]
@@ -352,12 +353,10 @@ def stat_value(value: Any, *, low: bool) -> Any:
     return value
 
 
-def stats_columns(
-    schema: StructType, key_columns: Sequence[str], sequence_column: str | None
-) -> list[str]:
+def stats_columns(schema: StructType, keys: LogKeys) -> list[str]:
     """The columns of the log's ``schema`` whose min/max/null counts go into each file's stats."""
-    names = [*key_columns, PARTITION, OFFSET, "timestamp", DELETE_HORIZON_MS]
-    if sequence_column:
-        names.append(sequence_column)
+    names = [*keys.key_columns, PARTITION, OFFSET, "timestamp", DELETE_HORIZON_MS]
+    if keys.sequence_column:
+        names.append(keys.sequence_column)
     present = set(schema.names)
     return [n for n in dict.fromkeys(names) if n in present]

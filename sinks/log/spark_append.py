@@ -171,7 +171,7 @@ def _checked(df: DataFrame, task: AppendTask) -> tuple[DataFrame, Observation]:
     """``df`` with Kafka's checks counted as it flows through the write (one job)."""
     problems = spark_row_problems(
         df,
-        key_columns=task.key_columns,
+        keys=task.keys,
         has_offsets=task.has_offsets,
         message_max_bytes=task.message_max_bytes,
     )

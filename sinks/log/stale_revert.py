@@ -43,6 +43,7 @@ from sinks.log.bad_files import find_bad_files
 from sinks.log.segment import DataFile, data_file
 from sinks.log.segment_writer import stat_value
 from sinks.log.stale_rewrites import UNDO_OPERATION, StaleRewrite, describe_stale
+from sinks.log.storage import LogLocation
 
 
 @dataclass(frozen=True)
@@ -113,12 +114,11 @@ class Undo:
 
 
 def plan_undo(
-    uri: str,
+    location: LogLocation,
     live: Sequence[DataFile],
     rewrites: Sequence[StaleRewrite],
     *,
     current_version: int,
-    storage_options: Mapping[str, str] | None = None,
 ) -> Undo:
     """The undo of ``rewrites`` (oldest first) over the live files ``live`` of version
     ``current_version``; raises `ForeignChangeError` when it would not be exact.
@@ -127,6 +127,7 @@ def plan_undo(
     metadata of those files (one ``stat`` or ``HEAD`` each).
     """
     by_path = {unquote(f.path): f for f in live}
+    uri = location.uri
     removes: list[DataFile] = []
     restored: list[RestoredFile] = []
     for rewrite in rewrites:
@@ -149,14 +150,14 @@ def plan_undo(
             back = [p for p in paths if p in by_path]
             if back:
                 raise stop(f"{len(back)} file(s) it removed are live again")
-            before = _files_before(uri, version, paths, storage_options)
+            before = _files_before(location, version, paths)
             if before is None or len(before) != len(paths):
                 raise stop(
                     f"the add actions of {len(paths)} file(s) removed while they were live "
                     f"cannot be read at version {version - 1} any more"
                 )
             files += before
-        bad = find_bad_files(uri, [f.file for f in files], storage_options)
+        bad = find_bad_files(location, [f.file for f in files])
         if bad:
             raise stop(
                 f"{len(bad)} file(s) it removed while they were live are gone from storage "
@@ -168,11 +169,13 @@ def plan_undo(
 
 
 def _files_before(
-    uri: str, version: int, paths: Sequence[str], storage_options: Mapping[str, str] | None
+    location: LogLocation, version: int, paths: Sequence[str]
 ) -> list[RestoredFile] | None:
     """The add actions, at the version before ``version``, of ``paths`` (files live then)."""
     try:
-        table = DeltaTable(uri, version=version - 1, storage_options=storage_options or None)
+        table = DeltaTable(
+            location.uri, version=version - 1, storage_options=location.delta_options
+        )
     except Exception:  # noqa: BLE001 - an expired version fails in several ways
         return None
     wanted = set(paths)

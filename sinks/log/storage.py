@@ -39,7 +39,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 from urllib.parse import unquote, urlparse
 
@@ -197,6 +197,27 @@ def delta_spark_conf_keys(uri: str) -> list[str]:
         DELTA_SPARK_LOG_STORE_CLASS,
         *(DELTA_SPARK_LOG_STORE.format(s) for s in schemes),
     ]
+
+
+@dataclass(frozen=True)
+class LogLocation:
+    """Where a log lives: its Delta table's URI and the object store's options.
+
+    What low-level helpers take instead of ``(uri, storage_options)``; options use
+    delta-rs's names (see the module docstring). Built once, by `LogTable`.
+    """
+
+    uri: str
+    storage_options: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def delta_options(self) -> dict[str, str] | None:
+        """The options as delta-rs takes them: None when there are none."""
+        return dict(self.storage_options) or None
+
+    def filesystem(self) -> tuple[pafs.FileSystem, str]:
+        """A pyarrow file system and the table's root path in it (`arrow_filesystem`)."""
+        return arrow_filesystem(self.uri, self.storage_options)
 
 
 def is_local(uri: str) -> bool:

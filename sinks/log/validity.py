@@ -26,7 +26,6 @@ with or without a dead-letter table.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -35,6 +34,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from sinks.log.log_keys import LogKeys
 from sinks.log.records import (
     DECODE_ERROR,
     OFFSET,
@@ -55,11 +55,11 @@ ROW_RULES = (
 """The per-row rules, in the order a dead letter names the first one broken."""
 
 
-def reason_text(rule: str, *, key_columns: Sequence[str], message_max_bytes: int) -> str:
+def reason_text(rule: str, *, keys: LogKeys, message_max_bytes: int) -> str:
     """The dead-letter reason for ``rule`` (``undecodable`` is followed by the decoder's text)."""
     return {
         "undecodable": "undecodable payload: ",
-        "null_keys": f"null key ({', '.join(key_columns)})",
+        "null_keys": f"null key ({', '.join(keys.key_columns)})",
         "null_partition": "null partition",
         "negative_partition": "negative partition",
         "null_offsets": "null offset",
@@ -71,7 +71,7 @@ def reason_text(rule: str, *, key_columns: Sequence[str], message_max_bytes: int
 
 
 def spark_row_problems(
-    df: DataFrame, *, key_columns: Sequence[str], has_offsets: bool, message_max_bytes: int
+    df: DataFrame, *, keys: LogKeys, has_offsets: bool, message_max_bytes: int
 ) -> dict[str, Column]:
     """Each rule that applies to ``df``'s columns, as a boolean Column (true: broken)."""
     columns = set(df.columns)
@@ -79,7 +79,7 @@ def spark_row_problems(
     if DECODE_ERROR in columns:
         checks["undecodable"] = F.col(DECODE_ERROR).isNotNull()
     null_key = F.lit(False)
-    for k in key_columns:
+    for k in keys.key_columns:
         null_key = null_key | F.col(k).isNull()
     checks["null_keys"] = null_key
     if PARTITION in columns:
@@ -93,15 +93,15 @@ def spark_row_problems(
 
 
 def rejection_reason(
-    df: DataFrame, *, key_columns: Sequence[str], has_offsets: bool, message_max_bytes: int
+    df: DataFrame, *, keys: LogKeys, has_offsets: bool, message_max_bytes: int
 ) -> Column:
     """Why a row cannot go into the log, or null when it can (the first rule it breaks)."""
     reason: Column | None = None
     problems = spark_row_problems(
-        df, key_columns=key_columns, has_offsets=has_offsets, message_max_bytes=message_max_bytes
+        df, keys=keys, has_offsets=has_offsets, message_max_bytes=message_max_bytes
     )
     for rule, broken in problems.items():
-        text = reason_text(rule, key_columns=key_columns, message_max_bytes=message_max_bytes)
+        text = reason_text(rule, keys=keys, message_max_bytes=message_max_bytes)
         message = (
             F.concat(F.lit(text), F.col(DECODE_ERROR)) if rule == "undecodable" else F.lit(text)
         )
@@ -116,7 +116,7 @@ def rejection_reason(
 def row_problems(
     batch: pa.RecordBatch | pa.Table,
     *,
-    key_columns: Sequence[str],
+    keys: LogKeys,
     has_offsets: bool,
     message_max_bytes: int,
 ) -> dict[str, pa.Array]:
@@ -125,8 +125,9 @@ def row_problems(
     checks: dict[str, pa.Array] = {}
     if DECODE_ERROR in names:
         checks["undecodable"] = pc.is_valid(batch.column(DECODE_ERROR))
-    null_key = pc.is_null(batch.column(key_columns[0]))
-    for k in key_columns[1:]:
+    first, *rest = keys.key_columns
+    null_key = pc.is_null(batch.column(first))
+    for k in rest:
         null_key = pc.or_(null_key, pc.is_null(batch.column(k)))
     checks["null_keys"] = null_key
     if PARTITION in names:
@@ -144,20 +145,20 @@ def row_problems(
 def arrow_rejection_reasons(
     batch: pa.RecordBatch | pa.Table,
     *,
-    key_columns: Sequence[str],
+    keys: LogKeys,
     has_offsets: bool,
     message_max_bytes: int,
 ) -> pa.Array:
     """`rejection_reason` on Arrow: per row, the first rule it breaks as text, or null."""
     problems = row_problems(
-        batch, key_columns=key_columns, has_offsets=has_offsets, message_max_bytes=message_max_bytes
+        batch, keys=keys, has_offsets=has_offsets, message_max_bytes=message_max_bytes
     )
     reasons: list[str | None] = [None] * batch.num_rows
     decode_errors = (
         batch.column(DECODE_ERROR).to_pylist() if DECODE_ERROR in batch.schema.names else None
     )
     for rule, mask in problems.items():
-        text = reason_text(rule, key_columns=key_columns, message_max_bytes=message_max_bytes)
+        text = reason_text(rule, keys=keys, message_max_bytes=message_max_bytes)
         for i in np.flatnonzero(pc.fill_null(mask, False).to_numpy(zero_copy_only=False)):
             if reasons[i] is None:
                 reasons[i] = text + decode_errors[i] if rule == "undecodable" else text
@@ -177,10 +178,8 @@ class RecordValidator:
     validator. Not thread-safe; one per task.
     """
 
-    def __init__(
-        self, *, key_columns: Sequence[str], has_offsets: bool, message_max_bytes: int
-    ) -> None:
-        self.key_columns = tuple(key_columns)
+    def __init__(self, *, keys: LogKeys, has_offsets: bool, message_max_bytes: int) -> None:
+        self.keys = keys
         self.has_offsets = has_offsets
         self.message_max_bytes = message_max_bytes
         self._counts: dict[int | None, PartitionCounts] = {}
@@ -195,7 +194,7 @@ class RecordValidator:
             rule: mask
             for rule, mask in row_problems(
                 batch,
-                key_columns=self.key_columns,
+                keys=self.keys,
                 has_offsets=self.has_offsets,
                 message_max_bytes=self.message_max_bytes,
             ).items()

@@ -91,7 +91,7 @@ class FileInventory:
 def take_inventory(log: LogTable, snapshot: LogSnapshot) -> FileInventory:
     """List the data files and read the tombstones of ``snapshot``; no data file is opened."""
     on_disk = tuple(list_data_files(log))
-    listing = list_delta_log(log.uri, log.storage_options)
+    listing = list_delta_log(log.location)
     live = {unquote(s.path): s.size_bytes for s in snapshot.data_files()}
     tombstones = read_tombstones(log, snapshot.version)
     return FileInventory(live, tombstones, on_disk, listing)

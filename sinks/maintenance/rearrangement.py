@@ -20,13 +20,14 @@ makes it fail (``CommitFailedError``) and the caller tries again later.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from deltalake.exceptions import CommitFailedError
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from sinks.log.log_keys import LogKeys
 from sinks.log.log_table import LogSnapshot, LogTable
 from sinks.log.records import OFFSET, PARTITION
 from sinks.log.segment_writer import write_segments
@@ -35,7 +36,7 @@ from sinks.log.storage import delete_files
 _GAP = "_gap"
 
 
-LatestOffsets = Callable[[DataFrame, Sequence[str], "str | None"], DataFrame]
+LatestOffsets = Callable[[DataFrame, LogKeys], DataFrame]
 """The rule for each key's newest record (`sinks.cleaner.rules.spark_latest_offsets`,
 passed in by the cleaner: the rules sit a layer above maintenance)."""
 
@@ -65,8 +66,7 @@ def absorb(
     *,
     stats_columns: list[str],
     segment_bytes: int,
-    key_columns: Sequence[str] | None = None,
-    sequence_column: str | None = None,
+    keys: LogKeys | None = None,
     latest_offsets: LatestOffsets | None = None,
 ) -> AbsorbReport | None:
     """Rewrite ``snapshot``'s foreign files into segments in one commit; None when it has none.
@@ -82,19 +82,16 @@ def absorb(
         .filter(~inside_segments(snapshot))
         .dropDuplicates([PARTITION, OFFSET])
     )
-    if key_columns is not None and latest_offsets is not None:
-        records = _clean_below_cleaner_offset(
-            spark, log, snapshot, records, key_columns, sequence_column, latest_offsets
-        )
+    if keys is not None and latest_offsets is not None:
+        records = _clean_below_cleaner_offset(spark, log, snapshot, records, keys, latest_offsets)
     records = records.withColumn(_GAP, gap_index(snapshot))
     written = write_segments(
         records.repartition(PARTITION, _GAP),
-        table_uri=log.uri,
+        log=log.location,
         schema=snapshot.arrow_schema,
         stats_columns=stats_columns,
         max_file_bytes=segment_bytes,
         group_column=_GAP,
-        storage_options=log.storage_options,
     )
     report = AbsorbReport(
         files_read=len(foreign),
@@ -129,8 +126,7 @@ def _clean_below_cleaner_offset(
     log: LogTable,
     snapshot: LogSnapshot,
     records: DataFrame,
-    key_columns: Sequence[str],
-    sequence_column: str | None,
+    log_keys: LogKeys,
     latest_offsets: LatestOffsets,
 ) -> DataFrame:
     """``records`` (foreign) without those below their partition's cleaner offset that a
@@ -146,7 +142,8 @@ def _clean_below_cleaner_offset(
         return records
     end = F.create_map(*[F.lit(x) for kv in ends.items() for x in kv])[F.col(PARTITION)]
     below = F.coalesce(F.col(OFFSET) < end, F.lit(False))
-    keys = list(dict.fromkeys([PARTITION, *key_columns]))
+    by_partition = log_keys.partitioned()
+    keys, sequence_column = list(by_partition.key_columns), log_keys.sequence_column
     narrow = list(dict.fromkeys([*keys, *filter(None, [sequence_column]), OFFSET]))
     candidates = records.filter(below).select(*narrow)
     clean = [
@@ -159,7 +156,7 @@ def _clean_below_cleaner_offset(
     if clean:
         rivals = log.read(spark, snapshot, clean).filter(below).select(*narrow)
         candidates = candidates.unionByName(rivals)
-    winners = latest_offsets(candidates, keys, sequence_column)
+    winners = latest_offsets(candidates, by_partition)
     kept = records.filter(below).join(winners, [*keys, OFFSET], "left_semi")
     return records.filter(~below).unionByName(kept)
 

@@ -40,7 +40,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -60,7 +60,7 @@ from sinks.log.ownership import (
     is_delta_rs_data_path,
     is_own_data_path,
 )
-from sinks.log.storage import arrow_filesystem
+from sinks.log.storage import LogLocation
 
 logger = logging.getLogger("compacted_sink")
 
@@ -99,16 +99,15 @@ class DeletionReport:
 
 
 def delete_expired_files(
-    uri: str,
+    table_location: LogLocation,
     *,
     window_ms: int,
-    storage_options: Mapping[str, str] | None = None,
     max_files: int = DEFAULT_MAX_FILES,
     protected_partitions: Iterable[int] = (),
     trim_log: bool = True,
     kind: TableKind = "log",
 ) -> DeletionReport:
-    """Delete up to ``max_files`` files of the table at ``uri`` that left it more than
+    """Delete up to ``max_files`` files of the table at ``table_location`` that left it more than
     ``window_ms`` ago (or that no commit names, are the table's own and are that old), then
     trim its Delta log.
 
@@ -119,15 +118,15 @@ def delete_expired_files(
     Files of ``protected_partitions`` (``partition-<p>/``) are kept for now.
     """
     started = time.monotonic()
-    options = dict(storage_options or {})
-    table = DeltaTable(uri, storage_options=options or None)
+    uri, options = table_location.uri, table_location.delta_options
+    table = DeltaTable(uri, storage_options=options)
     if kind == "log":
         check_compacted_log(uri, table)
     owned = is_own_data_path if kind == "log" else is_delta_rs_data_path
     changed = align_table_properties(table, window_ms)
     if changed:
-        table = DeltaTable(uri, storage_options=options or None)
-    before = list_delta_log(uri, options).files
+        table = DeltaTable(uri, storage_options=options)
+    before = list_delta_log(table_location).files
     listed = table.vacuum(dry_run=True, full=True, enforce_retention_duration=False)
     named = set(table.vacuum(dry_run=True, full=False, enforce_retention_duration=False))
     # Sorted: delta-rs returns candidates unordered, and a fixed order makes a bounded
@@ -136,7 +135,7 @@ def delete_expired_files(
     protected = tuple(f"partition-{p}/" for p in protected_partitions)
     allowed = [p for p in candidates if not p.startswith(protected)] if protected else candidates
     chosen = allowed[:max_files]
-    fs, root = arrow_filesystem(uri, options)
+    fs, root = table_location.filesystem()
     sizes = fs.get_file_info([f"{root}/{p}" for p in chosen]) if chosen else []
     deleted, deleted_bytes = [], 0
     for path, info in zip(chosen, sizes, strict=True):
@@ -157,7 +156,7 @@ def delete_expired_files(
         skipped_busy=len(candidates) - len(allowed),
         properties_set=changed,
         log_files_before=before,
-        log_files_after=list_delta_log(uri, options).files if trim_log else before,
+        log_files_after=list_delta_log(table_location).files if trim_log else before,
         duration_ms=int((time.monotonic() - started) * 1000),
     )
     if deleted or changed:
@@ -171,17 +170,14 @@ def checkpoint_table_window(log_window_ms: int) -> int:
 
 
 def delete_expired_checkpoint_files(
-    uri: str,
-    *,
-    log_window_ms: int,
-    storage_options: Mapping[str, str] | None = None,
-    max_files: int = DEFAULT_MAX_FILES,
+    table_location: LogLocation, *, log_window_ms: int, max_files: int = DEFAULT_MAX_FILES
 ) -> DeletionReport | None:
     """The same for the cleaner-offset checkpoint table (shared by many logs; None when it
     does not exist yet). Its window only ever shrinks, so logs with different windows
     never undo each other's setting."""
+    uri = table_location.uri
     try:
-        table = DeltaTable(uri, storage_options=dict(storage_options or {}) or None)
+        table = DeltaTable(uri, storage_options=table_location.delta_options)
     except Exception:  # noqa: BLE001 - not created yet
         return None
     if table.metadata().name != CHECKPOINT_TABLE_NAME:
@@ -198,11 +194,7 @@ def delete_expired_checkpoint_files(
     if current is not None and not keys_missing:
         window = min(window, parse_interval_ms(current))
     return delete_expired_files(
-        uri,
-        window_ms=window,
-        storage_options=storage_options,
-        max_files=max_files,
-        kind="checkpoint",
+        table_location, window_ms=window, max_files=max_files, kind="checkpoint"
     )
 
 
@@ -216,19 +208,17 @@ class SegmentDeleter:
 
     def __init__(
         self,
-        log_uri: str,
-        checkpoint_uri: str,
+        log: LogLocation,
+        checkpoint_table: LogLocation,
         *,
         window_ms: int,
         check_interval_ms: int,
-        storage_options: Mapping[str, str] | None = None,
         max_files: int = DEFAULT_MAX_FILES,
     ) -> None:
-        self.log_uri = log_uri
-        self.checkpoint_uri = checkpoint_uri
+        self.log = log
+        self.checkpoint_table = checkpoint_table
         self.window_ms = window_ms
         self.check_interval_ms = check_interval_ms
-        self.storage_options = dict(storage_options or {})
         self.max_files = max_files
         self.last_report: DeletionReport | None = None
         self.last_checkpoint_report: DeletionReport | None = None
@@ -250,7 +240,7 @@ class SegmentDeleter:
             self._next_run = time.monotonic() + self.check_interval_ms / 1000
             self._run(busy_partitions)
         except Exception:  # noqa: BLE001 - deletion must never fail a batch or a pass
-            logger.warning("deleting expired files of %s failed", self.log_uri, exc_info=True)
+            logger.warning("deleting expired files of %s failed", self.log.uri, exc_info=True)
         finally:
             self._lock.release()
         return True
@@ -262,16 +252,12 @@ class SegmentDeleter:
 
     def _run(self, busy_partitions: Callable[[], Iterable[int]]) -> DeletionReport:
         self.last_report = delete_expired_files(
-            self.log_uri,
+            self.log,
             window_ms=self.window_ms,
-            storage_options=self.storage_options,
             max_files=self.max_files,
             protected_partitions=busy_partitions(),
         )
         self.last_checkpoint_report = delete_expired_checkpoint_files(
-            self.checkpoint_uri,
-            log_window_ms=self.window_ms,
-            storage_options=self.storage_options,
-            max_files=self.max_files,
+            self.checkpoint_table, log_window_ms=self.window_ms, max_files=self.max_files
         )
         return self.last_report

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import fastavro
@@ -72,25 +72,24 @@ __all__ = [
 
 
 def export_state_arrow(
-    log_path: str,
+    log: LogTable,
     directory: str,
     *,
     codec: Codec = "deflate",
     as_of: AsOf | None = None,
-    storage_options: Mapping[str, str] | None = None,
     progress: Progress | None = None,
 ) -> ExportReport:
-    """Write the latest record per (partition, key) of the log at ``log_path`` to Avro.
+    """Write the latest record per (partition, key) of ``log`` to Avro.
 
     At ``as_of`` (default now, pinned). ``directory`` must not hold an export already.
     Not idempotent: a second call into another directory writes another copy. Raises
-    `ReplayError` for a type Avro cannot carry, an unknown codec, or no log at ``log_path``.
+    `ReplayError` for a type Avro cannot carry, an unknown codec, or no log at ``log.uri``.
     """
     say = progress or (lambda _line: None)
     started = time.monotonic()
     check_codec(codec)
-    uri = normalize_uri(log_path)
-    snapshot = _snapshot(uri, as_of, storage_options)
+    uri = log.uri
+    snapshot = _snapshot(log, as_of)
     config = CarriedConfig.of(snapshot)
     spark_schema = snapshot.spark_schema
     schema = avro_schema(spark_schema)
@@ -114,7 +113,7 @@ def export_state_arrow(
                 "compacted.sink.version": str(snapshot.version),
             },
         )
-        for table in _latest(snapshot, storage_options):
+        for table in _latest(snapshot):
             for row in table.to_pylist():
                 writer.write(avro_value(row))
             records += table.num_rows
@@ -148,18 +147,16 @@ def export_state_arrow(
     return report
 
 
-def _snapshot(
-    uri: str, as_of: AsOf | None, storage_options: Mapping[str, str] | None
-) -> LogSnapshot:
-    snapshot = LogTable(uri, storage_options).snapshot(as_of, repair=False)
+def _snapshot(log: LogTable, as_of: AsOf | None) -> LogSnapshot:
+    snapshot = log.snapshot(as_of, repair=False)
     if snapshot is None:
-        raise ReplayError(f"no compacted log at {uri}")
+        raise ReplayError(f"no compacted log at {log.uri}")
     return snapshot
 
 
-def _latest(snapshot: LogSnapshot, storage_options: Mapping[str, str] | None) -> Iterator[pa.Table]:
+def _latest(snapshot: LogSnapshot) -> Iterator[pa.Table]:
     """Each (partition, key)'s latest record, every column in the log's order."""
-    plan = StatePlan.of(snapshot, dict(storage_options or {}))
+    plan = StatePlan.of(snapshot)
     # As the files are written: a tombstone's null struct holds nulls in required fields,
     # and a file from before a field was added reads it as null.
     schema = nullable_schema(snapshot.arrow_schema)
@@ -170,19 +167,12 @@ def _latest(snapshot: LogSnapshot, storage_options: Mapping[str, str] | None) ->
 # -- verification ----------------------------------------------------------------------------
 
 
-def log_image(
-    path: str,
-    as_of: AsOf | None = None,
-    *,
-    storage_options: Mapping[str, str] | None = None,
-    name: str | None = None,
-) -> LogImage:
-    """The log at ``path`` (at ``as_of``) as a verification sees it: latest records and all."""
-    uri = normalize_uri(path)
-    snapshot = _snapshot(uri, as_of, storage_options)
-    records = (row for table in _latest(snapshot, storage_options) for row in table.to_pylist())
+def log_image(log: LogTable, as_of: AsOf | None = None, *, name: str | None = None) -> LogImage:
+    """``log`` (at ``as_of``) as a verification sees it: latest records and all."""
+    snapshot = _snapshot(log, as_of)
+    records = (row for table in _latest(snapshot) for row in table.to_pylist())
     return LogImage(
-        name=name or f"log {uri} (Delta v{snapshot.version})",
+        name=name or f"log {log.uri} (Delta v{snapshot.version})",
         columns=tuple(snapshot.spark_schema.names),
         records=records,
         config=CarriedConfig.of(snapshot),
@@ -208,14 +198,8 @@ def export_image(directory: str, *, name: str | None = None) -> LogImage:
     )
 
 
-def verify_export_arrow(
-    log_path: str,
-    directory: str,
-    *,
-    storage_options: Mapping[str, str] | None = None,
-    max_examples: int = 10,
-) -> Comparison:
-    """Compare an export with the log at the version it was taken from: every record and
+def verify_export_arrow(log: LogTable, directory: str, *, max_examples: int = 10) -> Comparison:
+    """Compare an export with ``log`` at the version it was taken from: every record and
     column, the config, each partition's log start and end offsets (`compare_images`)."""
     manifest = read_manifest(directory)
     if not is_faithful(manifest):
@@ -223,32 +207,33 @@ def verify_export_arrow(
             f"{directory} was written by an older export (key columns and value of live "
             "keys only); export the log again to verify it"
         )
-    log = log_image(log_path, manifest["log_version"], storage_options=storage_options)
+    image = log_image(log, manifest["log_version"])
     exported = export_image(directory)
-    return compare_images(log, exported, mode=EXACT, max_examples=max_examples)
+    return compare_images(image, exported, mode=EXACT, max_examples=max_examples)
 
 
 def verify_restore_arrow(
     source: str,
-    target: str,
+    target: LogTable,
     *,
     as_of: AsOf | None = None,
     mode: RestoreMode = EXACT,
-    storage_options: Mapping[str, str] | None = None,
     max_examples: int = 10,
 ) -> Comparison:
-    """Compare a restored log with its source: an export directory, or a log (at ``as_of``).
+    """Compare the restored log ``target`` with its source: an export directory, or a log
+    (at ``as_of``, read with the target's storage options).
 
     ``mode`` is the restore's: new-offsets compares only what that mode keeps, and says so.
     """
-    is_log = LogTable(normalize_uri(source), storage_options).snapshot(repair=False) is not None
+    source_log = LogTable(normalize_uri(source), target.storage_options)
+    is_log = source_log.snapshot(repair=False) is not None
     if is_log:
-        image = log_image(source, as_of, storage_options=storage_options)
+        image = log_image(source_log, as_of)
     else:
         image = export_image(source)
         if mode == EXACT and not is_faithful(read_manifest(source)):
             raise ReplayError(f"{source} is an older export: verify it in new-offsets mode")
-    restored = log_image(target, storage_options=storage_options)
+    restored = log_image(target)
     if not is_log and not is_faithful(read_manifest(source)):
         restored = LogImage(
             restored.name, image.columns, restored.records, image.config, restored.partitions

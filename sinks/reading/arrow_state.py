@@ -56,7 +56,7 @@ from sinks.log.records import (
     at_or_above,
 )
 from sinks.log.segment import DataFile
-from sinks.log.storage import normalize_uri
+from sinks.log.storage import LogLocation, normalize_uri
 from sinks.reading.state_reader import LogSections, log_sections
 
 DEFAULT_BATCH_ROWS = 65_536
@@ -93,17 +93,18 @@ def read_state_batches(
     a time as the reader is consumed. A segment deleted meanwhile (outside the
     history window) fails the read with ``FileNotFoundError``.
     """
-    uri = normalize_uri(path)
-    snapshot = LogTable(uri, storage_options).snapshot(as_of, repair=False)
+    log = LogTable(normalize_uri(path), storage_options)
+    snapshot = log.snapshot(as_of, repair=False)
     if snapshot is None:
-        check_new_log_location(uri, storage_options)  # someone else's files: say so
+        check_new_log_location(log.location)  # someone else's files: say so
         raise FileNotFoundError(f"no compacted log at {path}")
-    plan = StatePlan.of(snapshot, dict(storage_options or {}))
+    plan = StatePlan.of(snapshot)
     return pa.RecordBatchReader.from_batches(plan.schema, plan.batches(batch_rows))
 
 
-def state_schema(log_schema: pa.Schema, key_columns: Sequence[str]) -> pa.Schema:
+def state_schema(log_schema: pa.Schema, keys: LogKeys) -> pa.Schema:
     """The columns of the state: key columns, ``value``, then payload in the log's order. Pure."""
+    key_columns = keys.key_columns
     hidden = {*key_columns, VALUE, *METADATA_COLUMNS, DELETE_HORIZON_MS}
     payload = [f for f in log_schema if f.name not in hidden]
     return pa.schema(
@@ -119,14 +120,11 @@ class SegmentReader:
     records below their partition's log start offset (``floors``) are dropped.
     """
 
-    uri: str
-    storage_options: Mapping[str, str]
+    location: LogLocation
     floors: Mapping[int, int]
 
     def read(self, segment: DataFile, schema: pa.Schema) -> Iterator[pa.Table]:
-        reader = ParquetReaderTask(
-            table_uri=self.uri, schema=schema, storage_options=dict(self.storage_options)
-        )
+        reader = ParquetReaderTask(table=self.location, schema=schema)
         for batch in reader(iter([pa.record_batch({_PATH: [segment.path]})])):
             records = pa.Table.from_batches([batch])
             if self.floors:
@@ -155,15 +153,13 @@ class StatePlan:
     tail_keys: pa.Table
 
     @classmethod
-    def of(cls, snapshot: LogSnapshot, storage_options: Mapping[str, str]) -> StatePlan:
+    def of(cls, snapshot: LogSnapshot) -> StatePlan:
         """Split ``snapshot`` into sections and find the tail's winners (reads narrow columns)."""
         keys = log_keys(snapshot)
         sections = log_sections(snapshot)
         snapshot.check_files([*sections.clean, *sections.dirty])
         starts = {p: snapshot.log_start_offset(p) for p in snapshot.partitions}
-        reader = SegmentReader(
-            snapshot.uri, storage_options, {p: s for p, s in starts.items() if s > 0}
-        )
+        reader = SegmentReader(snapshot.location, {p: s for p, s in starts.items() if s > 0})
         group = [PARTITION, *_own_keys(keys)]
         narrow = _subschema(snapshot.arrow_schema, [*group, *_order_columns(keys)])
         tail = reader.read_all(sections.dirty, narrow)
@@ -173,7 +169,7 @@ class StatePlan:
             clean = reader.read_all(sections.clean, narrow)
             rivals = clean.take(_matching_rows(clean, tail_keys, group, "left semi"))
             tail = pa.concat_tables([tail, rivals])
-        winners = arrow_latest_offsets(tail, group, keys.sequence_column)
+        winners = arrow_latest_offsets(tail, keys.partitioned())
         return cls(
             snapshot,
             keys,
@@ -185,7 +181,7 @@ class StatePlan:
 
     @property
     def schema(self) -> pa.Schema:
-        return state_schema(self.snapshot.arrow_schema, self.keys.key_columns)
+        return state_schema(self.snapshot.arrow_schema, self.keys)
 
     def batches(self, batch_rows: int) -> Iterator[pa.RecordBatch]:
         """Every live key's row once: the clean section filtered, then the tail's winners."""

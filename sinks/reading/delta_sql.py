@@ -16,26 +16,29 @@ log start offset that still lie in a live file (one straddling it) show up here;
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from sinks.log.log_keys import DEFAULT_KEY_COLUMNS, LogKeys
+
+DEFAULT_KEYS = LogKeys(key_columns=DEFAULT_KEY_COLUMNS)
+"""A log keyed by ``key`` alone, without a sequence column."""
 
 
-def state_query(
-    source: str, key_columns: Sequence[str] = ("key",), sequence_column: str | None = None
-) -> str:
-    """A SELECT of the state's key columns, ``value`` and payload from ``source``.
+def state_query(source: str, keys: LogKeys = DEFAULT_KEYS) -> str:
+    """A SELECT of the state's key columns (``keys``, the log's: `sinks.log.log_keys`),
+    ``value`` and payload from ``source``.
 
     ``source`` is a table expression, e.g. ``delta_scan('lake/users')`` in DuckDB.
     The result keeps every column of the log but the metadata (``partition``,
     ``offset``, ``timestamp``, ``delete_horizon_ms``) and the window's row number.
     """
-    keys = ", ".join(_quote(k) for k in key_columns)
+    sequence_column = keys.sequence_column
+    partition_by = ", ".join(_quote(k) for k in keys.key_columns)
     order = [f"{_quote(sequence_column)} DESC NULLS LAST"] if sequence_column else []
     order.append('"offset" DESC')
     return (
         'SELECT * EXCLUDE ("partition", "offset", "timestamp", delete_horizon_ms, _latest)\n'
         "FROM (\n"
         f"  SELECT *, row_number() OVER (\n"
-        f'    PARTITION BY "partition", {keys} ORDER BY {", ".join(order)}) AS _latest\n'
+        f'    PARTITION BY "partition", {partition_by} ORDER BY {", ".join(order)}) AS _latest\n'
         f"  FROM {source}\n"
         ")\n"
         "WHERE _latest = 1 AND value IS NOT NULL"

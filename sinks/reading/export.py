@@ -25,7 +25,6 @@ from sinks.log.log_table import (
     LogSnapshot,
     LogTable,
 )
-from sinks.log.records import PARTITION
 from sinks.log.storage import arrow_filesystem, normalize_uri
 from sinks.reading.export_format import (
     EXPORT_FORMAT,
@@ -179,11 +178,8 @@ def latest_log_records(
 ) -> DataFrame:
     """Each (partition, key)'s latest record in ``snapshot``, tombstones included, every column
     in the log's order: what an export carries (a shuffle of ``log()`` by key)."""
-    group = [PARTITION, *(k for k in config.key_columns if k != PARTITION)]
     records = log.read(spark, snapshot)
-    return latest_records(records, group, config.sequence_column).select(
-        *snapshot.spark_schema.names
-    )
+    return latest_records(records, config.keys.partitioned()).select(*snapshot.spark_schema.names)
 
 
 def _new_export_directory(directory: str) -> str:
@@ -221,9 +217,4 @@ def verify_export(sink: StateLog, directory: str, *, max_examples: int = 10) -> 
     column, the config and the offsets (`compare_images`, on Arrow; both held in memory)."""
     from sinks.reading.arrow_export import verify_export_arrow
 
-    return verify_export_arrow(
-        sink.path,
-        directory,
-        storage_options=getattr(sink.log_table, "storage_options", None),
-        max_examples=max_examples,
-    )
+    return verify_export_arrow(sink.log_table, directory, max_examples=max_examples)

@@ -38,6 +38,7 @@ from pyspark.sql import types as T
 from sinks.errors import CompactedSinkError
 from sinks.log.history_window import table_properties
 from sinks.log.log_keys import (
+    LogKeys,
     log_keys,
 )
 from sinks.log.log_table import (
@@ -153,6 +154,11 @@ class CarriedConfig:
     key_columns: tuple[str, ...]
     sequence_column: str | None
     properties: Mapping[str, str]
+
+    @property
+    def keys(self) -> LogKeys:
+        """The log's keys (`LogKeys`), as the export carries them."""
+        return LogKeys(key_columns=self.key_columns, sequence_column=self.sequence_column)
 
     @classmethod
     def of(cls, snapshot: LogSnapshot) -> CarriedConfig:

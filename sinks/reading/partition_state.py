@@ -28,6 +28,7 @@ from pyspark.sql import types as T
 
 from sinks.cleaner.cleaner import RecopyTask, bin_rows, packed, partitions_to_clean
 from sinks.cleaner.offset_map import size_map
+from sinks.log.log_keys import LogKeys
 from sinks.log.log_table import LogSnapshot, LogTable
 from sinks.log.records import VALUE
 from sinks.log.storage import normalize_uri
@@ -52,13 +53,12 @@ def partition_state(
     spark: SparkSession,
     log_table: LogTable,
     snapshot: LogSnapshot,
-    key_columns: Sequence[str],
-    sequence_column: str | None,
+    keys: LogKeys,
     partitions: Sequence[int],
     *,
     dedupe_buffer_size: int,
 ) -> DataFrame | None:
-    """The live records (key columns + ``value``) of ``partitions``, one Spark task per
+    """The live records (``keys``' columns + ``value``) of ``partitions``, one Spark task per
     core; None when a partition's map would not fit ``dedupe_buffer_size`` whole."""
     mapped, groups, buckets = {}, {}, {}
     for p in partitions:
@@ -69,7 +69,7 @@ def partition_state(
             inputs,
             first_dirty_offset=cleaner_offset if cleaner_offset is not None else 0,
             cleaner_offset=cleaner_offset,
-            sequence_column=sequence_column,
+            keys=keys,
             end_offset=end,
             dedupe_buffer_size=dedupe_buffer_size,
         )
@@ -78,13 +78,13 @@ def partition_state(
         mapped[p], groups[p], buckets[p] = size.mapped, [inputs], size.buckets
     snapshot.check_files([s for runs in groups.values() for s in runs[0]])
     tasks = partitions_to_clean(mapped, groups, buckets)
-    columns = (*key_columns, VALUE)
+    columns = (*keys.key_columns, VALUE)
     recopy = RecopyTask(
         table_uri=normalize_uri(log_table.uri),
         storage_options=dict(log_table.storage_options or {}),
         schema=snapshot.arrow_schema,
-        key_columns=tuple(key_columns),
-        sequence_column=sequence_column,
+        key_columns=keys.key_columns,
+        sequence_column=keys.sequence_column,
         tasks=tuple(tasks),
         bins=tuple(tuple(b) for b in packed(tasks, default_parallelism(spark))),
         log_start_offsets={p: snapshot.log_start_offset(p) for p in partitions},

@@ -15,7 +15,7 @@ name.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from deltalake.exceptions import CommitFailedError
@@ -49,7 +49,7 @@ from sinks.log.log_table import (
 from sinks.log.ownership import check_new_log_location
 from sinks.log.records import OFFSET, PARTITION, TIMESTAMP, VALUE
 from sinks.log.segment_writer import SegmentWriterTask, stats_columns
-from sinks.log.storage import normalize_uri
+from sinks.log.storage import LogLocation, normalize_uri
 from sinks.reading.export import (
     StateLog,
     latest_log_records,
@@ -215,11 +215,10 @@ def replay(
         return RestoreReport(source.name, path, mode, batch_id, 0, True, 0)
     check_target(
         snapshot,
-        source.config.key_columns,
+        source.config.keys,
         source.schema if mode == EXACT else None,
         allow_records=mode == NEW_OFFSETS and append,
-        uri=path,
-        storage_options=storage_options,
+        location=log.location,
     )
     if snapshot is None and source.faithful:
         snapshot = log.create(source.schema, _creation_properties(source.config))
@@ -248,31 +247,31 @@ def replay(
 
 def check_target(
     snapshot: LogSnapshot | None,
-    key_columns: Sequence[str],
+    source_keys: LogKeys,
     schema: T.StructType | None,
     *,
     allow_records: bool = False,
-    uri: str | None = None,
-    storage_options: Mapping[str, str] | None = None,
+    location: LogLocation | None = None,
 ) -> None:
     """Raise `RestoreTargetError` unless the target log is absent, or empty and alike.
 
-    Absent: no Delta table at ``uri``, and no file there the sink did not write
+    Absent: no Delta table at ``location``, and no file there the sink did not write
     (`NotACompactedLogError` otherwise, as for a Delta table that is not a compacted log).
     Empty: no live file and no offset ever given out (a log whose records all went by
-    retention still numbers from its log end). Alike: the source's key columns, and its
+    retention still numbers from its log end). Alike: the source's key columns
+    (``source_keys``), and its
     columns and types when ``schema`` is given (an exact restore). With ``allow_records``
     (a lossy append) only the key columns count.
     """
     if snapshot is None:
-        if uri is not None:
-            check_new_log_location(uri, storage_options)  # someone else's files: refuse
+        if location is not None:
+            check_new_log_location(location)  # someone else's files: refuse
         return
     keys = log_keys(snapshot)  # refuses a Delta table that is not a compacted log
-    if keys.recorded and keys.key_columns != tuple(key_columns):
+    if keys.recorded and keys.key_columns != source_keys.key_columns:
         raise RestoreTargetError(
             f"--to {snapshot.uri} is a log keyed by {list(keys.key_columns)}, the source by "
-            f"{list(key_columns)}; choose a new --to"
+            f"{list(source_keys.key_columns)}; choose a new --to"
         )
     if allow_records:
         return
@@ -315,13 +314,13 @@ def _write_exact(log: LogTable, snapshot: LogSnapshot, source: RestoreSource, ba
         writer=SegmentWriterTask(
             table_uri=log.uri,
             schema=log_arrow_schema(schema),
-            stats_columns=tuple(stats_columns(schema, config.key_columns, config.sequence_column)),
+            stats_columns=tuple(stats_columns(schema, config.keys)),
             max_file_bytes=limits.segment_bytes,
             group_column=None,
             storage_options=log.storage_options,
         ),
         log_end_offsets={},
-        key_columns=config.key_columns,
+        keys=config.keys,
         has_offsets=True,
         # The records passed the source log's own limit when they were appended.
         message_max_bytes=2**62,
@@ -334,7 +333,7 @@ def _write_exact(log: LogTable, snapshot: LogSnapshot, source: RestoreSource, ba
     written, report = read_task_output(
         r.asDict() for r in rows.mapInArrow(task, APPEND_TASK_DDL).collect()
     )
-    problems = report.problems(key_columns=config.key_columns, message_max_bytes=2**62)
+    problems = report.problems(keys=config.keys, message_max_bytes=2**62)
     if problems:
         discard(log, written)
         raise ReplayError(f"{source.name} cannot be restored: " + "; ".join(problems))
@@ -372,12 +371,7 @@ def _append_new_offsets(log: LogTable, source: RestoreSource, batch_id: int) -> 
     order = [c for c in (TIMESTAMP, PARTITION, OFFSET) if c in live.columns]
     dropped = [c for c in (PARTITION, OFFSET, *NOT_CARRIED) if c in live.columns]
     batch = live.orderBy(*order).drop(*dropped)
-    appender = LogAppender(
-        log,
-        key_columns=config.key_columns,
-        sequence_column=config.sequence_column,
-        config=CleanerConfig(),
-    )
+    appender = LogAppender(log, keys=config.keys, config=CleanerConfig())
     info = appender.append(SparkRecords(batch), app_id=RESTORE_APP_ID, batch_id=batch_id)
     return sum(w.num_records for w in info.written)
 

@@ -43,6 +43,7 @@ from pyspark.sql import types as T
 
 from sinks.cleaner.rules import spark_latest_offsets
 from sinks.config import CleanerConfig
+from sinks.log.log_keys import LogKeys
 from sinks.log.log_table import LogSnapshot, LogTable
 from sinks.log.records import OFFSET, PARTITION, VALUE
 from sinks.log.segment import DataFile, ForeignFile, Segment, split_clean
@@ -121,13 +122,13 @@ def spark_state(
     spark: SparkSession,
     log_table: LogTable,
     snapshot: LogSnapshot,
-    key_columns: Sequence[str],
-    sequence_column: str | None = None,
+    log_keys: LogKeys,
     *,
     broadcast_max_bytes: int = TAIL_BROADCAST_MAX_BYTES,
     dedupe_buffer_size: int | None = CleanerConfig().dedupe_buffer_size,
 ) -> DataFrame:
-    """One row per live key of ``snapshot``: key columns + ``value``, tombstones dropped.
+    """One row per live key of ``snapshot`` (``log_keys``' columns) + ``value``, tombstones
+    dropped.
 
     Same rows, types and nullability as `latest_records` over the whole log followed
     by dropping tombstones, whenever each key stays in one partition (see the module
@@ -140,25 +141,24 @@ def spark_state(
     Records below a log start offset are not read (`LogTable.read`). Reads only;
     ``snapshot`` may be an older version.
     """
-    keys = [*key_columns]
+    keys, sequence_column = [*log_keys.key_columns], log_keys.sequence_column
     sections = log_sections(snapshot)
     if not sections.dirty:
-        return _live(log_table.read(spark, snapshot, sections.clean), keys)
+        return _live(log_table.read(spark, snapshot, sections.clean), log_keys)
     if dedupe_buffer_size is not None and not snapshot.foreign_files:
         dirty_partitions = sorted({s.partition for s in sections.dirty})  # type: ignore[union-attr]
         tail = partition_state(
             spark,
             log_table,
             snapshot,
-            keys,
-            sequence_column,
+            log_keys,
             dirty_partitions,
             dedupe_buffer_size=dedupe_buffer_size,
         )
         if tail is not None:
             rest = [s for s in sections.clean if s.partition not in dirty_partitions]
             return (
-                _live(log_table.read(spark, snapshot, rest), keys).unionByName(tail)
+                _live(log_table.read(spark, snapshot, rest), log_keys).unionByName(tail)
                 if rest
                 else tail
             )
@@ -179,8 +179,9 @@ def spark_state(
         tail_keys = _hint(tail.select(PARTITION, *keys).distinct(), small)
         rivals = clean.select(*tail.columns).join(tail_keys, [PARTITION, *keys], "left_semi")
         tail = tail.unionByName(rivals)
-    winners = spark_latest_offsets(tail, [PARTITION, *keys], sequence_column)
-    kept = _keep_winners(clean if sections.clean else None, dirty, winners, keys, small)
+    by_partition = LogKeys(key_columns=(PARTITION, *keys), sequence_column=sequence_column)
+    winners = spark_latest_offsets(tail, by_partition)
+    kept = _keep_winners(clean if sections.clean else None, dirty, winners, log_keys, small)
     if snapshot.foreign_files:
         # delta-rs's OPTIMIZE does not see a concurrent dataChange=false swap of this
         # sink that removed a file it compacts: its commit may bring that file's records
@@ -189,14 +190,14 @@ def spark_state(
         # it (the sink undoes it otherwise, `sinks.log.stale_revert`). A repeat is the
         # same record (same partition and offset): the winner is kept once.
         kept = kept.dropDuplicates([PARTITION, *keys])
-    return _live(kept, keys)
+    return _live(kept, log_keys)
 
 
 def _keep_winners(
     clean: DataFrame | None,
     dirty: DataFrame,
     winners: DataFrame,
-    key_columns: Sequence[str],
+    keys: LogKeys,
     small: bool,
 ) -> DataFrame:
     """The tail's rows at their key's winning offset, and the clean rows no tail key beats.
@@ -208,6 +209,7 @@ def _keep_winners(
     sequence every tail key's winner lies in the tail, above every clean offset of
     its partition; with one, the winner may be the clean row itself, which stays.
     """
+    key_columns = keys.key_columns
     on = [PARTITION, *key_columns]
     table = _hint(winners.withColumnRenamed(OFFSET, _WINNER), small).alias("w")
 
@@ -227,5 +229,5 @@ def _hint(df: DataFrame, small: bool) -> DataFrame:
     return F.broadcast(df) if small else df
 
 
-def _live(records: DataFrame, key_columns: Sequence[str]) -> DataFrame:
-    return records.select(*key_columns, VALUE).filter(F.col(VALUE).isNotNull())
+def _live(records: DataFrame, keys: LogKeys) -> DataFrame:
+    return records.select(*keys.key_columns, VALUE).filter(F.col(VALUE).isNotNull())

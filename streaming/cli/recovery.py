@@ -74,17 +74,18 @@ def add_replay(commands: argparse._SubParsersAction) -> None:
 
 def _export(args: argparse.Namespace) -> int:
     """Export with delta-rs, pyarrow and fastavro: no Spark session (`sinks.read_state`)."""
+    from sinks.log.log_table import LogTable
     from sinks.log.storage import normalize_uri
     from sinks.reading.arrow_export import export_state_arrow, verify_export_arrow
 
-    path = normalize_uri(args.log)
+    log = LogTable(normalize_uri(args.log))
     report = export_state_arrow(
-        path, args.to, codec=args.codec, as_of=as_of(args.as_of), progress=err
+        log, args.to, codec=args.codec, as_of=as_of(args.as_of), progress=err
     )
     out(report.summary())
     if args.verify:
         started = time.monotonic()
-        comparison = verify_export_arrow(path, args.to)
+        comparison = verify_export_arrow(log, args.to)
         err(f"export: verified in {time.monotonic() - started:.1f} s")
         for line in comparison.lines():
             out(line)
@@ -101,7 +102,7 @@ def _replay(args: argparse.Namespace) -> int:
     from sinks.log.log_append import committed
     from sinks.log.log_keys import LogKeys, log_keys
     from sinks.log.log_table import LogTable
-    from sinks.log.storage import normalize_uri
+    from sinks.log.storage import LogLocation, normalize_uri
     from sinks.reading.export_format import (
         EXACT,
         NEW_OFFSETS,
@@ -150,10 +151,10 @@ def _replay(args: argparse.Namespace) -> int:
         return _verify_replay(source_path, version, target_path, mode) if args.verify else 0
     check_target(
         target,
-        keys,
+        LogKeys(key_columns=keys),
         schema if mode == EXACT else None,
         allow_records=args.append,
-        uri=target_path,
+        location=LogLocation(target_path),
     )
     spark = session("compacted-sink-replay", args)
     if source_snapshot is not None:
@@ -181,10 +182,11 @@ def _replay(args: argparse.Namespace) -> int:
 
 def _verify_replay(source: str, version, target: str, mode) -> int:
     """Compare the new log with the source, on Arrow (no Spark job)."""
+    from sinks.log.log_table import LogTable
     from sinks.reading.arrow_export import verify_restore_arrow
 
     started = time.monotonic()
-    comparison = verify_restore_arrow(source, target, as_of=version, mode=mode)
+    comparison = verify_restore_arrow(source, LogTable(target), as_of=version, mode=mode)
     err(f"replay: verified in {time.monotonic() - started:.1f} s")
     for line in comparison.lines():
         out(line)

@@ -18,6 +18,7 @@ from sinks.cleaner.rules import (
     retain_latest,
     stamp_delete_horizon,
 )
+from sinks.log.log_keys import LogKeys
 from sinks.log.records import PARTITION, VALUE
 
 RETENTION = 1_000
@@ -30,7 +31,9 @@ KEYS = ("k1", "k2")
 
 def reference(df, *, pass_start_ms, sequence_column="seq"):
     """The rule the narrow pass replaced: whole-row max_by per key, then KIP-534."""
-    latest = latest_records(df, [PARTITION, *KEYS], sequence_column)
+    latest = latest_records(
+        df, LogKeys(key_columns=(PARTITION, *KEYS), sequence_column=sequence_column)
+    )
     kept = drop_expired_tombstones(latest, pass_start_ms=pass_start_ms)
     return stamp_delete_horizon(
         kept, pass_start_ms=pass_start_ms, delete_retention_ms=RETENTION
@@ -133,8 +136,7 @@ def test_retain_latest_keeps_its_meaning(spark, log_copy):
     log = sink.log()
     kept = retain_latest(
         log,
-        key_columns=KEYS,
-        sequence_column="seq",
+        keys=LogKeys(key_columns=KEYS, sequence_column="seq"),
         pass_start_ms=clock.now,
         delete_retention_ms=RETENTION,
     )
@@ -154,7 +156,7 @@ def test_pass_without_sequence_column_equals_the_reference_rule(spark, lake, clo
         ]
         sink(spark.createDataFrame(rows, schema).coalesce(1), b)
     before = sink.log()
-    latest = latest_records(before, [PARTITION, "key"])
+    latest = latest_records(before, LogKeys(key_columns=(PARTITION, "key")))
     expected = stamp_delete_horizon(
         drop_expired_tombstones(latest, pass_start_ms=clock.now),
         pass_start_ms=clock.now,

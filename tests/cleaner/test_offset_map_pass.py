@@ -27,6 +27,7 @@ from sinks.cleaner.offset_map import (
     size_map,
 )
 from sinks.cleaner.rules import apply_arrow_tombstone_rules, retain_latest
+from sinks.log.log_keys import LogKeys
 from sinks.log.records import DELETE_HORIZON_MS, OFFSET, PARTITION, VALUE
 
 RETENTION = 1_000
@@ -85,8 +86,7 @@ def log_copy(template, tmp_path):
 def reference(sink: CompactedStateSink, pass_start_ms: int):
     return retain_latest(
         sink.log(),
-        key_columns=[PARTITION, *KEYS],
-        sequence_column=None,
+        keys=LogKeys(key_columns=(PARTITION, *KEYS)),
         pass_start_ms=pass_start_ms,
         delete_retention_ms=RETENTION,
     )
@@ -189,7 +189,7 @@ def test_the_map_is_built_at_once_in_buckets_or_cut_where_it_fills():
             inputs,
             first_dirty_offset=10,
             cleaner_offset=10,
-            sequence_column=sequence_column,
+            keys=LogKeys(key_columns=("key",), sequence_column=sequence_column),
             end_offset=40,
             dedupe_buffer_size=buffer,
         )

@@ -14,6 +14,7 @@ from sinks.cleaner.rules import (
     latest_offsets,
     latest_records,
 )
+from sinks.log.log_keys import LogKeys
 
 SCHEMA = (
     "k double, s struct<a:int>, seq double, value string, partition int, offset long, "
@@ -32,7 +33,12 @@ ROWS = [
 
 def test_spark_and_arrow_keep_the_same_latest_records(spark):
     df = spark.createDataFrame(ROWS, SCHEMA)
-    spark_latest = sorted(r.offset for r in latest_records(df, ["k", "s"], "seq").collect())
+    spark_latest = sorted(
+        r.offset
+        for r in latest_records(
+            df, LogKeys(key_columns=("k", "s"), sequence_column="seq")
+        ).collect()
+    )
     table = pa.Table.from_pylist([r.asDict(recursive=True) for r in df.collect()])
     keys = canonical_keys(table, ["k", "s"])
     _, arrow_latest = latest_offsets(keys, table.column("offset"), table.column("seq"))

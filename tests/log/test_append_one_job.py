@@ -18,6 +18,7 @@ from pyspark.sql import types as T
 from sinks import BadInputError, CleanerConfig, CompactedStateSink
 from sinks.log.append_batch import ArrowRecords
 from sinks.log.log_append import LogAppender
+from sinks.log.log_keys import LogKeys
 from sinks.log.log_table import LogTable
 from sinks.log.records import OffsetAssigner, PartitionCounts
 from sinks.log.validity import RecordValidator
@@ -143,7 +144,8 @@ def kafka_batch(rows: list[tuple[str | None, int | None, int | None]]) -> pa.Rec
 
 
 def test_validator_finds_repeats_across_batches_and_counts_per_partition():
-    validator = RecordValidator(key_columns=("key",), has_offsets=True, message_max_bytes=100)
+    keys = LogKeys(key_columns=("key",))
+    validator = RecordValidator(keys=keys, has_offsets=True, message_max_bytes=100)
     assert validator.validate(kafka_batch([("a", 0, 1), ("b", 0, 2)]))
     assert not validator.validate(kafka_batch([("c", 0, 2), ("d", 0, 3), ("e", 1, 3)]))
     assert not validator.validate(kafka_batch([(None, 1, None), ("f", None, 4), ("g", -1, 5)]))
@@ -151,7 +153,7 @@ def test_validator_finds_repeats_across_batches_and_counts_per_partition():
     assert report.partitions[0] == PartitionCounts(rows=4, repeated_offsets=1)
     assert report.partitions[1] == PartitionCounts(rows=2, null_keys=1, null_offsets=1)
     assert report.rows == 8 and report.null_partitions == 1 and report.negative_partitions == 1
-    problems = report.problems(key_columns=("key",), message_max_bytes=100)
+    problems = report.problems(keys=keys, message_max_bytes=100)
     assert problems == [
         "1 of 8 rows have a null key ('key'); a compacted log cannot hold a record without a key",
         "1 of 8 rows have a null 'partition'",
@@ -171,9 +173,7 @@ def test_offsets_are_assigned_per_partition_from_the_log_end_across_batches():
 
 def test_the_arrow_append_applies_the_same_checks_and_a_bad_first_batch_leaves_nothing(lake):
     path = lake / "log"
-    appender = LogAppender(
-        LogTable(str(path)), key_columns=("key",), sequence_column=None, config=NO_CLEAN
-    )
+    appender = LogAppender(LogTable(str(path)), keys=LogKeys(key_columns=("key",)), config=NO_CLEAN)
     schema = T.StructType(
         [
             T.StructField("key", T.StringType()),

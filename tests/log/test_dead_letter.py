@@ -8,6 +8,7 @@ from testkit import state_of
 
 from sinks import BadInputError, CleanerConfig, CompactedStateSink, SchemaMismatchError
 from sinks.log.dead_letter import DECODE_ERROR, DeadLetterTable
+from sinks.log.storage import LogLocation
 
 CONFIG = CleanerConfig(min_cleanable_dirty_ratio=1.0, message_max_bytes=16)
 SCHEMA = "key string, value string, _decode_error string"
@@ -51,7 +52,9 @@ def test_with_dead_letter_table_bad_rows_are_quarantined_once_good_rows_written(
 
     assert state_of(sink) == {"a": "1", "d": "2"}
     assert DECODE_ERROR not in sink.log().columns
-    letters = sorted(DeadLetterTable(dead).read().to_pylist(), key=lambda r: r["reason"])
+    letters = sorted(
+        DeadLetterTable(LogLocation(dead)).read().to_pylist(), key=lambda r: r["reason"]
+    )
     assert [r["reason"] for r in letters] == [
         "null key (key)",
         "null key (key)",
@@ -81,5 +84,5 @@ def test_with_dead_letter_table_a_refused_schema_change_still_fails_the_batch(sp
         sink(binary, 1)
     assert sink.log_table.snapshot().version == version
     assert sink.log_table.snapshot().txn_version(sink.sink_id) == 0  # batch 1 is not done
-    assert DeadLetterTable(dead).read().num_rows == 0
+    assert DeadLetterTable(LogLocation(dead)).read().num_rows == 0
     assert state_of(sink) == {"a": "0"}

@@ -6,6 +6,7 @@ import pyarrow as pa
 import pytest
 
 from sinks.cleaner.rules import arrow_latest_offsets, spark_latest_offsets
+from sinks.log.log_keys import LogKeys
 
 RECORDS = pa.table(
     {
@@ -17,6 +18,10 @@ RECORDS = pa.table(
     }
 )
 GROUP = ["partition", "key", "region"]
+
+
+def by_group(sequence_column: str | None) -> LogKeys:
+    return LogKeys(key_columns=tuple(GROUP), sequence_column=sequence_column)
 
 
 def _winners(table: pa.Table) -> list[tuple]:
@@ -35,9 +40,9 @@ def _winners(table: pa.Table) -> list[tuple]:
     ],
 )  # fmt: skip
 def test_spark_and_arrow_pick_the_same_latest_record(spark, sequence_column, expected):
-    arrow = arrow_latest_offsets(RECORDS, GROUP, sequence_column)
+    arrow = arrow_latest_offsets(RECORDS, by_group(sequence_column))
     assert _winners(arrow) == expected
-    rows = spark_latest_offsets(spark.createDataFrame(RECORDS), GROUP, sequence_column).collect()
+    rows = spark_latest_offsets(spark.createDataFrame(RECORDS), by_group(sequence_column)).collect()
     assert sorted(tuple(r) for r in rows) == expected
 
 
@@ -52,6 +57,6 @@ def test_a_nan_sequence_is_the_highest_in_both_engines(spark):
         }
     )
     expected = [(0, "x", "eu", 11), (0, "y", "eu", 14)]
-    assert _winners(arrow_latest_offsets(records, GROUP, "seq")) == expected
-    rows = spark_latest_offsets(spark.createDataFrame(records), GROUP, "seq").collect()
+    assert _winners(arrow_latest_offsets(records, by_group("seq"))) == expected
+    rows = spark_latest_offsets(spark.createDataFrame(records), by_group("seq")).collect()
     assert sorted(tuple(r) for r in rows) == expected

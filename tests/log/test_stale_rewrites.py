@@ -29,6 +29,7 @@ from sinks.log.stale_rewrites import (
     gone_after,
     stale_rewrite,
 )
+from sinks.log.storage import LogLocation
 
 # -- pure ----------------------------------------------------------------------------------
 
@@ -101,7 +102,9 @@ def own_commit(log: LogTable) -> None:
 
 
 def commit_info(path, version) -> dict:
-    return next(a["commitInfo"] for a in read_commit(path, version) if "commitInfo" in a)
+    return next(
+        a["commitInfo"] for a in read_commit(LogLocation(path), version) if "commitInfo" in a
+    )
 
 
 def two_optimizes_from_one_version(path) -> tuple[int, int]:
@@ -158,7 +161,7 @@ def test_without_a_short_window_the_guard_compares_with_the_files_live_before(
     own_commit(log)  # a commit between the read and the OPTIMIZE's
     DeltaTable(path).optimize.compact()
     stale.optimize.compact()  # removes three files the first OPTIMIZE removed
-    guard = CommitGuard(path)
+    guard = CommitGuard(LogLocation(path))
     guard.checked = DeltaTable(path).version() - 3
     guard.check(DeltaTable(path).version(), checked=None, accepted=None)
     [rewrite] = guard.stale(DeltaTable(path).version(), checked=None, accepted=None)
@@ -176,9 +179,9 @@ def test_the_guard_reads_each_commit_once(tmp_path, monkeypatch):
     reads = Counter()
     real = foreign_commits.read_commit
 
-    def counting(uri, version, storage_options=None):
+    def counting(location, version):
         reads[version] += 1
-        return real(uri, version, storage_options)
+        return real(location, version)
 
     monkeypatch.setattr(foreign_commits, "read_commit", counting)
     stale = DeltaTable(path)
@@ -261,7 +264,7 @@ def test_stats_json_states_what_delta_rs_recorded(tmp_path):
         }
     )
     write_deltalake(path, table)
-    [add] = [a["add"] for a in read_commit(path, 0) if "add" in a]
+    [add] = [a["add"] for a in read_commit(LogLocation(path), 0) if "add" in a]
     [typed] = pa.table(DeltaTable(path).get_add_actions(flatten=False)).to_pylist()
     assert normalized(json.loads(stats_json(typed))) == normalized(json.loads(add["stats"]))
 

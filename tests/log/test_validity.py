@@ -5,6 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
+from sinks.log.log_keys import LogKeys
 from sinks.log.records import DECODE_ERROR
 from sinks.log.validity import (
     ROW_RULES,
@@ -44,7 +45,11 @@ KEYS = ("key", "region")
 @pytest.mark.parametrize("has_offsets", [True, False])
 def test_spark_and_arrow_name_the_same_first_broken_rule(spark, has_offsets):
     table = pa.Table.from_pylist([dict(zip(SCHEMA.names, r, strict=True)) for r in ROWS], SCHEMA)
-    settings = {"key_columns": KEYS, "has_offsets": has_offsets, "message_max_bytes": 10}
+    settings = {
+        "keys": LogKeys(key_columns=KEYS),
+        "has_offsets": has_offsets,
+        "message_max_bytes": 10,
+    }
     masks = row_problems(table, **settings)
     assert list(masks) == [r for r in ROW_RULES if has_offsets or r != "null_offsets"]
     arrow = []
@@ -53,7 +58,7 @@ def test_spark_and_arrow_name_the_same_first_broken_rule(spark, has_offsets):
         if not broken:
             arrow.append(None)
             continue
-        text = reason_text(broken[0], key_columns=KEYS, message_max_bytes=10)
+        text = reason_text(broken[0], keys=LogKeys(key_columns=KEYS), message_max_bytes=10)
         arrow.append(text + row[-1] if broken[0] == "undecodable" else text)
 
     df = spark.createDataFrame(table)

@@ -32,6 +32,7 @@ from sinks.log.ownership import (
     log_mark,
 )
 from sinks.log.segment import segment_path
+from sinks.log.storage import LogLocation
 from sinks.maintenance.file_inventory import take_inventory
 from sinks.maintenance.recovery import FileOnDisk, find_orphans
 from sinks.maintenance.segment_deleter import delete_expired_files
@@ -180,7 +181,7 @@ def test_a_plain_delta_table_is_refused_by_the_sink_and_by_readers(spark, lake):
         lambda: CompactedStateSink(plain),
         lambda: CompactedStateSink(plain, key_columns=["id"]),
         lambda: read_state(plain),
-        lambda: delete_expired_files(plain, window_ms=0),
+        lambda: delete_expired_files(LogLocation(plain), window_ms=0),
     ):
         with pytest.raises(NotACompactedLogError, match="is not a compacted log: it is a Delta"):
             open_it()

@@ -25,6 +25,7 @@ from sinks.log.history_window import (
     table_properties,
 )
 from sinks.log.ownership import LOG_DESCRIPTION
+from sinks.log.storage import LogLocation
 from sinks.maintenance.file_inventory import take_inventory
 from sinks.maintenance.segment_deleter import checkpoint_table_window, delete_expired_files
 from streaming.status import log_status
@@ -110,7 +111,7 @@ def test_deletion_keeps_what_the_window_references_and_time_travel_fails_clearly
 
     started_ms = int(time.time() * 1000)
     snapshot = sink.log_table.snapshot()
-    listing = list_delta_log(path)
+    listing = list_delta_log(LogLocation(path))
     inside = [v for v, at in listing.commit_ms.items() if at >= started_ms - WINDOW_MS]
     protected = set().union(*(files_of(path, v) for v in [*inside, snapshot.version]))
     on_disk_before = {f.path for f in take_inventory(sink.log_table, snapshot).on_disk}
@@ -168,17 +169,19 @@ def test_deletion_is_bounded_per_call_and_trims_the_delta_log(tmp_path):
         table.create_write_transaction(actions, "append", schema)
         table.update_incremental()
         previous = name
-    (checkpoint,) = list_delta_log(path).checkpoints  # delta-rs's post-commit hook wrote it
+    (checkpoint,) = list_delta_log(
+        LogLocation(path)
+    ).checkpoints  # delta-rs's post-commit hook wrote it
     # Nothing is older than the window yet: nothing goes, the log keeps every commit.
-    first = delete_expired_files(path, window_ms=60_000)
+    first = delete_expired_files(LogLocation(path), window_ms=60_000)
     assert first.deleted == () and first.log_files_after == first.log_files_before
 
-    report = delete_expired_files(path, window_ms=0, max_files=50)
+    report = delete_expired_files(LogLocation(path), window_ms=0, max_files=50)
     assert len(report.deleted) == 50 and report.left_for_next_call == 129 - 50
     assert report.properties_set
-    rest = delete_expired_files(path, window_ms=0)
+    rest = delete_expired_files(LogLocation(path), window_ms=0)
     assert len(rest.deleted) == 129 - 50 and rest.left_for_next_call == 0
     assert os.listdir(f"{path}/partition-0") == ["f129.parquet"]
     # Commits before the last Delta checkpoint are gone; the table still loads.
-    assert min(list_delta_log(path).commit_ms) >= checkpoint
+    assert min(list_delta_log(LogLocation(path)).commit_ms) >= checkpoint
     assert DeltaTable(path).version() == 131  # 130 commits and the window's new properties

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from sinks import CleanerConfig, CompactedStateSink, read_state
+from sinks.log.log_keys import LogKeys
 from sinks.reading.delta_sql import state_query
 
 duckdb = pytest.importorskip("duckdb")
@@ -76,7 +77,8 @@ def test_state_query_with_composite_keys_and_a_sequence_column(spark, lake, cloc
     sink.clean(force=True)
     late = [("t", 1, "a3", 3), ("t", 2, None, 2), ("u", 1, "c5", 5)]  # a3 arrives late: a9 stays
     sink(spark.createDataFrame(late, schema), 1)
-    query = state_query(f"delta_scan('{path}')", ("tenant", "id"), "seq")
+    keys = LogKeys(key_columns=("tenant", "id"), sequence_column="seq")
+    query = state_query(f"delta_scan('{path}')", keys)
     columns = ["tenant", "id", "value", "seq"]
     got = rows(duckdb_delta.execute(query), columns)
     assert got == arrow_rows(read_state(path), columns)

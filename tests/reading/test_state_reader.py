@@ -43,7 +43,7 @@ def reference(sink, as_of=None):
     keys = [*sink.key_columns]
     return (
         sink.log(as_of)
-        .transform(lambda d: latest_records(d, keys, sink.sequence_column))
+        .transform(lambda d: latest_records(d, sink.keys))
         .transform(drop_tombstones)
         .select(*keys, "value")
     )
@@ -58,9 +58,7 @@ def sections(sink, as_of=None) -> LogSections:
 
 def read(spark, sink, as_of=None, **options):
     snapshot = sink.log_table.snapshot(as_of)
-    return spark_state(
-        spark, sink.log_table, snapshot, sink.key_columns, sink.sequence_column, **options
-    )
+    return spark_state(spark, sink.log_table, snapshot, sink.keys, **options)
 
 
 def assert_same_state(spark, sink, as_of=None, **options):

@@ -46,6 +46,7 @@ from sinks.crash_points import (
 from sinks.log.dead_letter import DeadLetterTable
 from sinks.log.ownership import STAGING_DIR, foreign_entries
 from sinks.log.spark_append import APPEND_WRITER_ENV, SPARK_WRITER
+from sinks.log.storage import LogLocation
 from sinks.maintenance.file_inventory import list_data_files
 
 pytestmark = pytest.mark.crash
@@ -282,7 +283,7 @@ def test_kill_between_pass_commit_and_checkpoint(crashes, spark):
 def test_kill_between_dead_letters_and_append(crashes, spark):
     run = crashes.wait("dead_letter")
     run.assert_killed_after_commits()
-    dead = DeadLetterTable(os.path.join(run.lake, "dead-letters"))
+    dead = DeadLetterTable(LogLocation(os.path.join(run.lake, "dead-letters")))
     assert dead.read().column("batch_id").to_pylist() == [3, 3]
 
     sink = CompactedStateSink(

@@ -18,7 +18,7 @@ from s3_server import BUCKET
 
 from checkpoints import CheckpointEntry, CleanerOffsetCheckpoint
 from sinks.log.foreign_commits import read_commit
-from sinks.log.storage import delta_storage_options
+from sinks.log.storage import LogLocation, delta_storage_options
 
 CLIENT_OPTIONS = {"timeout": "5s", "connect_timeout": "2s", "max_retries": "4"}
 
@@ -37,7 +37,7 @@ def merges(uri: str, options: dict[str, str]) -> list[dict]:
     lists with ``start-after``, which hangs against moto)."""
     infos = []
     for version in range(DeltaTable(uri, storage_options=options).version() + 1):
-        actions = read_commit(uri, version, options) or []
+        actions = read_commit(LogLocation(uri, options), version) or []
         infos += [a["commitInfo"] for a in actions if "commitInfo" in a]
     return [i for i in infos if i.get("operation") == "MERGE"]
 

@@ -8,6 +8,7 @@ from chispa import assert_df_equality
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from sinks.log.file_reader import read_files
+from sinks.log.storage import LogLocation
 
 SCHEMA = StructType(
     [
@@ -37,7 +38,7 @@ def test_rows_equal_sparks_own_parquet_reader(spark, tmp_path):
             ),
         )
     paths = [f"partition-{p}/{p:020d}.parquet" for p in range(3)]
-    ours = read_files(spark, str(tmp_path), paths, SCHEMA)
+    ours = read_files(spark, LogLocation(str(tmp_path)), paths, SCHEMA)
     sparks = spark.read.schema(SCHEMA).parquet(*[str(tmp_path / p) for p in paths])
     assert ours.schema == SCHEMA
     assert_df_equality(ours, sparks, ignore_row_order=True)
@@ -48,17 +49,17 @@ def test_missing_columns_are_null_and_extra_columns_dropped(spark, tmp_path):
         tmp_path / "old.parquet",
         pa.table({"offset": pa.array([0, 1], pa.int32()), "key": ["a", "b"], "extra": [1, 2]}),
     )
-    rows = read_files(spark, str(tmp_path), ["old.parquet"], SCHEMA).collect()
+    rows = read_files(spark, LogLocation(str(tmp_path)), ["old.parquet"], SCHEMA).collect()
     assert sorted(tuple(r) for r in rows) == [("a", None, 0), ("b", None, 1)]
 
 
 def test_no_paths_gives_an_empty_frame_of_the_schema(spark, tmp_path):
-    df = read_files(spark, str(tmp_path), [], SCHEMA)
+    df = read_files(spark, LogLocation(str(tmp_path)), [], SCHEMA)
     assert df.schema == SCHEMA and df.count() == 0
 
 
 def test_relative_table_path_is_resolved_on_the_driver(spark, tmp_path, monkeypatch):
     write(tmp_path / "lake" / "f.parquet", pa.table({"key": ["a"], "value": ["1"], "offset": [7]}))
     monkeypatch.chdir(tmp_path)
-    rows = read_files(spark, "lake", ["f.parquet"], SCHEMA).collect()
+    rows = read_files(spark, LogLocation("lake"), ["f.parquet"], SCHEMA).collect()
     assert [tuple(r) for r in rows] == [("a", "1", 7)]

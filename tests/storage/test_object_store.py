@@ -27,7 +27,7 @@ from sinks import CleanerConfig, CompactedStateSink
 from sinks.log.file_reader import ParquetReaderTask, read_files
 from sinks.log.log_table import LogTable, log_arrow_schema
 from sinks.log.segment_writer import SegmentWriterTask, WrittenSegment
-from sinks.log.storage import arrow_filesystem, delta_storage_options
+from sinks.log.storage import LogLocation, arrow_filesystem, delta_storage_options
 
 moto_server = pytest.importorskip("moto.server", reason="moto[server] is not installed")
 
@@ -105,7 +105,7 @@ def test_segments_written_and_read_through_pyarrow_round_trip_on_s3(s3_options):
     assert {s.path for s in snapshot.all_segments()} == {w.path for w in written}
     assert snapshot.segments[0][0].last_offset == 2  # statistics survived the trip
     read_back = pa.Table.from_batches(
-        ParquetReaderTask(uri, log_arrow_schema(SCHEMA), options)(
+        ParquetReaderTask(LogLocation(uri, options), log_arrow_schema(SCHEMA))(
             iter([pa.record_batch({"path": [w.path for w in written]})])
         )
     )
@@ -118,7 +118,7 @@ def test_spark_executors_read_s3_files_with_the_options_they_were_given(spark, s
     uri = f"s3://{BUCKET}/read"
     options = delta_storage_options(uri, s3_options)
     written = write_on_executor(uri, options, segment_rows(0, 0, ["a", "b", "c", "d"]))
-    df = read_files(spark, uri, [w.path for w in written], SCHEMA, storage_options=options)
+    df = read_files(spark, LogLocation(uri, options), [w.path for w in written], SCHEMA)
     assert df.schema == SCHEMA
     assert sorted((r.key, r.offset) for r in df.collect()) == [
         ("a", 0),
@@ -146,10 +146,9 @@ def test_sink_appends_to_s3_from_spark(spark, s3_options, clock):
     assert snapshot.log_end_offsets() == {0: 2, 1: 1}
     df = read_files(
         spark,
-        uri,
+        sink.log_table.location,
         [s.path for s in snapshot.all_segments()],
         snapshot.spark_schema,
-        storage_options=sink.storage_options,
     )
     assert sorted((r.partition, r.offset, r.key, r.value) for r in df.collect()) == [
         (0, 0, "a", "1"),

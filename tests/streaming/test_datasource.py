@@ -13,6 +13,7 @@ import pytest
 from sinks import CompactedStateSink
 from sinks.errors import ConfigError
 from sinks.log.dead_letter import DeadLetterTable
+from sinks.log.storage import LogLocation
 from streaming.datasource import SinkOptions, register, remove_stale_staged, staged_files
 from streaming.kafka import KAFKA_SCHEMA, kafka_shaped_files, write_kafka_files
 from streaming.progress import ProgressListener, spark_progress
@@ -133,7 +134,7 @@ def test_bad_rows_go_to_dead_letters_through_the_data_source(spark, lake) -> Non
     assert query.exception() is None
     sink = CompactedStateSink(path, key_columns=("key",))
     assert sorted(bytes(r["key"]) for r in sink.state().collect()) == [b"a", b"b", b"c"]
-    letters = DeadLetterTable(dead).read()
+    letters = DeadLetterTable(LogLocation(dead)).read()
     assert letters.column("reason").to_pylist() == ["null key (key)"]
     assert json.loads(letters.column("record")[0].as_py())["offset"] == 1
 

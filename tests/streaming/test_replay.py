@@ -22,6 +22,7 @@ from pyspark.sql import types as T
 from sinks import CleanerConfig, CompactedStateSink
 from sinks.cleaner.rules import latest_records
 from sinks.errors import ConfigError, NotACompactedLogError
+from sinks.log.log_keys import LogKeys
 from sinks.log.log_table import LogTable
 from sinks.reading.arrow_export import (
     export_state_arrow,
@@ -96,12 +97,14 @@ def kafka_rows(batch: int, entries: list[tuple[str, int, int, str | None]]) -> l
 
 def live(log: DataFrame, keys: tuple[str, ...] = ("key",)) -> DataFrame:
     """The live records of a ``log()``: each (partition, key)'s latest, not a tombstone."""
-    return latest_records(log, ["partition", *keys]).filter(F.col("value").isNotNull())
+    return latest_records(log, LogKeys(key_columns=("partition", *keys))).filter(
+        F.col("value").isNotNull()
+    )
 
 
 def latest(log: DataFrame, keys: tuple[str, ...] = ("key",)) -> DataFrame:
     """Each (partition, key)'s latest record of a ``log()``, tombstones included."""
-    return latest_records(log, ["partition", *keys]).select(*log.columns)
+    return latest_records(log, LogKeys(key_columns=("partition", *keys))).select(*log.columns)
 
 
 def kafka_log(spark, path: str, clock) -> CompactedStateSink:
@@ -205,9 +208,9 @@ def test_round_trip_keeps_partitions_offsets_every_column_and_the_config(spark, 
     assert verification.ok, verification.lines()
 
     # The same export without Spark is the same records.
-    arrow = export_state_arrow(source.path, str(lake / "export-arrow"))
+    arrow = export_state_arrow(source.log_table, str(lake / "export-arrow"))
     assert (arrow.keys, arrow.tombstones, arrow.records) == (5, 2, 7)
-    assert verify_export_arrow(source.path, str(lake / "export-arrow")).ok
+    assert verify_export_arrow(source.log_table, str(lake / "export-arrow")).ok
     assert_df_equality(
         read_export(spark, str(lake / "export-arrow")),
         read_export(spark, str(lake / "export")),
@@ -233,7 +236,7 @@ def test_round_trip_keeps_partitions_offsets_every_column_and_the_config(spark, 
     configuration = after.table.metadata().configuration
     assert configuration["delete.retention.ms"] == "1000"
     assert configuration["compacted.sink.key.columns"] == '["key"]'
-    assert verify_restore_arrow(str(lake / "export"), restored_path).ok
+    assert verify_restore_arrow(str(lake / "export"), LogTable(restored_path)).ok
 
     # A restore into a log that holds records is refused, whatever the batch id.
     with pytest.raises(RestoreTargetError, match="already holds a log"):
@@ -246,7 +249,7 @@ def test_round_trip_keeps_partitions_offsets_every_column_and_the_config(spark, 
     assert (j.partition, j.offset) == (2, 13)
 
     # The target tampered with (an append after the restore): the verification names it.
-    check = verify_restore_arrow(str(lake / "export"), restored_path)
+    check = verify_restore_arrow(str(lake / "export"), LogTable(restored_path))
     assert not check.ok
     assert check.unexpected == 1
     assert any("not in export" in e and '"j"' in e for e in check.examples)
@@ -256,12 +259,12 @@ def test_round_trip_keeps_partitions_offsets_every_column_and_the_config(spark, 
     copy = str(lake / "copy")
     replay(RestoreSource.of_log(spark, source.path), copy)
     assert_df_equality(CompactedStateSink(copy).log(), expected_latest, ignore_row_order=True)
-    assert verify_restore_arrow(source.path, copy).ok
+    assert verify_restore_arrow(source.path, LogTable(copy)).ok
 
 
 def test_a_tampered_export_is_named_by_the_verification(spark, lake, clock):
     source = kafka_log(spark, str(lake / "users"), clock)
-    report = export_state_arrow(source.path, str(lake / "export"))
+    report = export_state_arrow(source.log_table, str(lake / "export"))
     (name,) = report.files
     path = lake / "export" / name
     with open(path, "rb") as f:
@@ -275,7 +278,7 @@ def test_a_tampered_export_is_named_by_the_verification(spark, lake, clock):
     with open(path, "wb") as f:
         fastavro.writer(f, schema, records, codec="deflate")
 
-    check = verify_export_arrow(source.path, str(lake / "export"), max_examples=1)
+    check = verify_export_arrow(source.log_table, str(lake / "export"), max_examples=1)
     assert not check.ok
     assert check.differing == {"value": 1, "offset": 1}
     assert check.missing == check.unexpected == 0
@@ -287,7 +290,7 @@ def test_a_tampered_export_is_named_by_the_verification(spark, lake, clock):
 
 def test_lossy_new_offsets_only_by_name(spark, lake, clock):
     source = kafka_log(spark, str(lake / "users"), clock)
-    export_state_arrow(source.path, str(lake / "export"))
+    export_state_arrow(source.log_table, str(lake / "export"))
     with pytest.raises(ConfigError, match="'exact' or 'new-offsets'"):
         replay(RestoreSource.of_export(spark, str(lake / "export")), str(lake / "x"), mode="lossy")  # type: ignore[arg-type]
 
@@ -301,12 +304,12 @@ def test_lossy_new_offsets_only_by_name(spark, lake, clock):
     kept = target.log().filter("key = 'h'").first()
     assert kept.topic == "users" and kept.region == "us" and len(kept.headers) == 2
 
-    check = verify_restore_arrow(str(lake / "export"), lossy, mode="new-offsets")
+    check = verify_restore_arrow(str(lake / "export"), LogTable(lossy), mode="new-offsets")
     assert check.ok, check.lines()
     assert (
         "not compared (new-offsets mode): partition, offset, delete_horizon_ms" in check.summary()
     )
-    exact = verify_restore_arrow(str(lake / "export"), lossy)
+    exact = verify_restore_arrow(str(lake / "export"), LogTable(lossy))
     assert not exact.ok and exact.offset_differences  # what the lossy mode does not keep
 
     # Someone else's files where the new log would go: refused, every byte left.
