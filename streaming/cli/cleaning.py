@@ -42,7 +42,7 @@ def add_vacuum(commands: argparse._SubParsersAction) -> None:
 
 
 def _clean(args: argparse.Namespace) -> int:
-    from streaming.jobs.registered_logs_cleaner import RegisteredLogsCleaner
+    from streaming.jobs import RegisteredLogsCleaner
 
     selected = refs(args)
     thread = RegisteredLogsCleaner(

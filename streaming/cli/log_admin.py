@@ -67,7 +67,7 @@ def _restore(args: argparse.Namespace) -> int:
 
 def _consumers(args: argparse.Namespace) -> int:
     """List a log's registered consumers, or reset or delete one (Kafka's consumer-groups)."""
-    from streaming.consumers.consumer_groups import consumer_report, delete_consumer, reset_offsets
+    from streaming.consumers import consumer_report, delete_consumer, reset_offsets
 
     if (args.reset or args.delete) and not args.consumer:
         raise ConfigError("--reset and --delete need --consumer ID")

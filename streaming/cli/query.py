@@ -55,8 +55,7 @@ def add_demo(commands: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from streaming.jobs.job import load_job
-    from streaming.jobs.runner import InFlightHook, start
+    from streaming.jobs import InFlightHook, load_job, start
 
     job = load_job(args.job)
     spark = session(f"compacted-sink-run-{job.file.stem}", args)
@@ -65,7 +64,7 @@ def _run(args: argparse.Namespace) -> int:
     from contextlib import nullcontext
 
     from sinks.spark_session import is_connect
-    from streaming.status.progress import query_progress
+    from streaming.status import query_progress
 
     if not args.verbose:
         _quiet_query_failures(spark)

@@ -111,7 +111,7 @@ def _replay(args: argparse.Namespace) -> int:
         read_manifest,
         replay,
     )
-    from streaming.status.progress import spark_progress
+    from streaming.status import spark_progress
 
     mode = NEW_OFFSETS if args.lossy_new_offsets else EXACT
     if mode == EXACT and (args.append or args.key_columns):

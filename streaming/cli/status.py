@@ -24,9 +24,7 @@ def add_status(commands: argparse._SubParsersAction) -> None:
 
 def _status(args: argparse.Namespace) -> int:
     from sinks.log import normalize_uri
-    from streaming.status.gauges import log_status
-    from streaming.status.status_history import history
-    from streaming.status.status_render import plot_history, render_json, render_table
+    from streaming.status import history, log_status, plot_history, render_json, render_table
 
     selected = refs(args)
     found = {normalize_uri(ref.spec.path) for ref in selected}

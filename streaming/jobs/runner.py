@@ -21,7 +21,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from sinks import CompactedStateSink
 from sinks.log import arrow_filesystem, join, normalize_uri, sibling
-from streaming.inputs.kafka import TopicRouter, kafka_shaped_files, kafka_stream
+from streaming.inputs import TopicRouter, kafka_shaped_files, kafka_stream
 from streaming.jobs.job import FILE_FORMATS, FileFormat, JobConfig, JobConfigError
 from streaming.status.progress import ProgressHook, stderr_line
 
@@ -113,8 +113,7 @@ def build_hook(
     else:
         hook = ProgressHook(sinks[0], out=out)
     if job.avro is not None:
-        from streaming.decoding.avro import ConfluentAvroDecoder, DecodingHook
-        from streaming.decoding.schema_registry import SchemaStore
+        from streaming.decoding import ConfluentAvroDecoder, DecodingHook, SchemaStore
 
         avro = job.avro
         if "schemas" in avro:

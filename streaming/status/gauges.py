@@ -27,7 +27,7 @@ from sinks import CompactedStateSink
 from sinks.cleaner import budget_summary
 from sinks.log import COMMIT_INFO_KEY, LogSnapshot, now_ms, oldest_reachable_version, window_of
 from sinks.maintenance import take_inventory
-from streaming.consumers.consumer_groups import consumer_report
+from streaming.consumers import consumer_report
 
 
 @dataclass(frozen=True)
