@@ -71,7 +71,7 @@ jars: $(KAFKA_JARS) $(SPARK_KAFKA_JARS) $(DELTA_JARS) $(HADOOP_AWS_JARS)
 demo: $(STAMP)
 	$(VENV)/bin/compacted-sink demo --lake lake-demo
 
-# A local broker started and stopped by the demo itself (streaming/local_kafka.py).
+# A local broker started and stopped by the demo itself (streaming/inputs/local_kafka.py).
 demo-kafka: $(KAFKA_STAMP) jars
 	$(KAFKA_PY) examples/kafka_demo.py --lake lake-demo-kafka
 

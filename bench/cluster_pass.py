@@ -51,7 +51,7 @@ from bench.task_placement import (
     tasks_per_executor,
 )
 from sinks.cleaner.cleaner import PartitionToClean, packed
-from streaming.session import local_session
+from streaming.jobs.session import local_session
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKERS = 2

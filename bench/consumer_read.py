@@ -36,8 +36,8 @@ from pyspark.sql import functions as F
 
 from sinks import CleanerConfig, CompactedStateSink
 from sinks.log.storage import join
-from streaming.datasource import register
-from streaming.session import local_session
+from streaming.consumers.datasource import register
+from streaming.jobs.session import local_session
 
 
 def build_log(spark: SparkSession, path: str, records: int, partitions: int, value_bytes: int):

@@ -15,8 +15,8 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 from sinks.log.storage import DELTA_SPARK_CONF, has_delta_spark
-from streaming.local_kafka import fetched_jars
-from streaming.session import local_session
+from streaming.inputs.local_kafka import fetched_jars
+from streaming.jobs.session import local_session
 
 JARS = Path(__file__).resolve().parent.parent / ".jars"
 

@@ -1,7 +1,7 @@
 """Soak: thousands of micro-batches through a real streaming query; does disk track live data?
 
 ``python -m bench.soak`` (``make soak``) streams keyed updates and tombstones
-(Spark's ``rate-micro-batch`` source, as in ``streaming.demo``: row ``n`` updates
+(Spark's ``rate-micro-batch`` source, as in ``streaming.jobs.demo``: row ``n`` updates
 key ``n * 7919 mod keys`` with a ``value_bytes`` value, every 50th row deletes
 its key) into a compacted log with a short history window, and samples after
 every batch: the batch's time in the sink, live bytes and files, data bytes and
@@ -33,7 +33,7 @@ from sinks import CleanerConfig, CompactedStateSink
 from sinks.log.history_window import list_delta_log
 from sinks.log.storage import LogLocation, normalize_uri
 from sinks.maintenance.file_inventory import list_data_files, take_inventory
-from streaming.demo import DemoSettings, expected_state, keyed_updates
+from streaming.jobs.demo import DemoSettings, expected_state, keyed_updates
 
 TOMBSTONE_EVERY = 50
 

@@ -8,12 +8,22 @@ from checkpoints.checkpoint_table import (
     other_history,
     split_histories,
 )
+from checkpoints.consumer_offsets import (
+    DEFAULT_CONSUMER_EXPIRATION_MS,
+    ConsumerOffsets,
+    ConsumerState,
+    consumer_offsets_uri,
+)
 
 __all__ = [
     "CHECKPOINT_SCHEMA",
+    "DEFAULT_CONSUMER_EXPIRATION_MS",
     "CheckpointEntry",
     "CleanerOffsetCheckpoint",
     "CleanerState",
+    "ConsumerOffsets",
+    "ConsumerState",
+    "consumer_offsets_uri",
     "other_history",
     "split_histories",
 ]

@@ -1,7 +1,7 @@
 """The demo from a real Kafka broker: ``make demo-kafka``.
 
 Starts a local Apache Kafka broker (KRaft, on 127.0.0.1, from the jars `make jars` fetched;
-`streaming.local_kafka`, the tests' launcher and config), creates a 4-partition compacted
+`streaming.inputs.local_kafka`, the tests' launcher and config), creates a 4-partition compacted
 topic, produces keyed updates and tombstones with confluent-kafka, streams the topic with
 Spark's Kafka source into ``foreachBatch(CompactedStateSink)``, checks ``state()`` against
 a replay of what was produced, and stops the broker. Needs the Kafka venv (pyspark 4.2:
@@ -24,10 +24,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from sinks import CleanerConfig, CompactedStateSink, NotACompactedLogError  # noqa: E402
-from streaming.demo import prepare_lake  # noqa: E402
-from streaming.local_kafka import LocalKafka, spark_jars  # noqa: E402
-from streaming.progress import ProgressHook  # noqa: E402
-from streaming.session import local_session  # noqa: E402
+from streaming.inputs.local_kafka import LocalKafka, spark_jars  # noqa: E402
+from streaming.jobs.demo import prepare_lake  # noqa: E402
+from streaming.jobs.session import local_session  # noqa: E402
+from streaming.status.progress import ProgressHook  # noqa: E402
 
 
 def main() -> int:
@@ -48,7 +48,7 @@ def main() -> int:
         )
         return 2
     try:
-        prepare_lake(Path(args.lake))  # wipes only an earlier demo's lake (streaming.demo)
+        prepare_lake(Path(args.lake))  # wipes only an earlier demo's lake (streaming.jobs.demo)
     except NotACompactedLogError as e:
         print(f"kafka_demo: {e}")
         return 2

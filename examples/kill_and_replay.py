@@ -27,7 +27,7 @@ from pathlib import Path
 
 from deltalake import DeltaTable
 
-from streaming.kafka import write_kafka_files
+from streaming.inputs.kafka import write_kafka_files
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES, ROWS, KEYS = 12, 500, 300
@@ -151,7 +151,7 @@ def main() -> int:
 
     sys.path.insert(0, str(ROOT))
     from sinks import CompactedStateSink
-    from streaming.session import local_session
+    from streaming.jobs.session import local_session
 
     local_session("kill-and-replay-check")
     restored = CompactedStateSink(str(work / "lake" / "users-restored"), key_columns=("key",))

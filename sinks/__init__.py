@@ -21,11 +21,12 @@ from sinks.errors import (
 from sinks.log.history_window import HistoryExpiredError, TimeTravelError
 from sinks.log.log_keys import KeyColumnsMismatchError
 from sinks.reading.arrow_state import read_state, read_state_batches
-from sinks.sink import AppendReport, CompactedStateSink
+from sinks.sink import CHECKPOINT_TABLE_DIR, AppendReport, CompactedStateSink
 from sinks.spark_compat import SparkVersionError
 from sinks.spark_session import QueryIdentityError
 
 __all__ = [
+    "CHECKPOINT_TABLE_DIR",
     "AppendReport",
     "BadInputError",
     "CleanerConfig",

@@ -1,13 +1,23 @@
-"""What sits around a streaming query: input shapes, decoding, progress and the job entry points."""
+"""What sits around a streaming query, by concern.
 
-from streaming.avro import ConfluentAvroDecoder, DecodingHook
-from streaming.datasource import CompactedStateDataSource
-from streaming.job import JobConfig, JobConfigError, LogSpec, load_job
-from streaming.kafka import KAFKA_SCHEMA, TopicRouter, kafka_shaped_files, kafka_stream
-from streaming.progress import ProgressHook, ProgressListener, spark_progress
-from streaming.registered_logs_cleaner import RegisteredLogsCleaner
-from streaming.schema_registry import SchemaStore
-from streaming.status import LogStatus, PartitionStatus, log_status
+`consumers` (the log read as Kafka consumers read it, and the ``compacted-state``
+data source), `decoding` (Confluent Avro), `status` (gauges, history, progress),
+`inputs` (Kafka-shaped input, a local broker), `jobs` (job files, the query, the
+registered logs' cleaner loop, the demo) and `cli` (the ``compacted-sink`` command).
+"""
+
+from streaming.consumers import CompactedStateDataSource
+from streaming.decoding import ConfluentAvroDecoder, DecodingHook, SchemaStore
+from streaming.inputs import KAFKA_SCHEMA, TopicRouter, kafka_shaped_files, kafka_stream
+from streaming.jobs import JobConfig, JobConfigError, LogSpec, RegisteredLogsCleaner, load_job
+from streaming.status import (
+    LogStatus,
+    PartitionStatus,
+    ProgressHook,
+    ProgressListener,
+    log_status,
+    spark_progress,
+)
 
 __all__ = [
     "KAFKA_SCHEMA",

@@ -30,8 +30,8 @@ import pytest
 from pyspark.sql import SparkSession
 
 from sinks.log.storage import DELTA_SPARK_CONF
-from streaming.local_kafka import fetched_jars
-from streaming.session import local_session
+from streaming.inputs.local_kafka import fetched_jars
+from streaming.jobs.session import local_session
 
 # testkit sits beside this file. pytest puts it on the path (pyproject's pythonpath), but a
 # Spark Connect server's Python worker that unpickles a test's function imports this module

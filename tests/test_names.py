@@ -32,7 +32,7 @@ KEPT_FOR_TESTS: dict[str, str] = {
     "drop_tombstones": "the Spark half of a rule pair in sinks.cleaner.rules: the reference "
     "a pass and the readers are held to, kept beside its Arrow half",
     "retain_latest": "the Spark half of a rule pair in sinks.cleaner.rules, as above",
-    "staged_files": "streaming/datasource.py is being rewritten on another branch",
+    "staged_files": "streaming/consumers/datasource.py is being rewritten on another branch",
 }
 
 

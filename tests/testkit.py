@@ -14,7 +14,7 @@ from deltalake import DeltaTable
 from sinks.log.log_table import LogTable
 from sinks.log.segment import Segment
 from sinks.maintenance.recovery import list_data_files, referenced_paths
-from streaming.avro import MAGIC_BYTE
+from streaming.decoding.avro import MAGIC_BYTE
 
 
 class Oracle:
@@ -144,7 +144,7 @@ def segment(
 def encode_confluent(schema_id: int, schema: Any, record: Any) -> bytes:
     """One value in Confluent's wire format: magic byte, 4-byte big-endian schema id, Avro body.
 
-    Written here, apart from `streaming.avro`'s decoder, so the tests encode the format
+    Written here, apart from `streaming.decoding.avro`'s decoder, so the tests encode the format
     as the producers do rather than with the decoder's own header.
     """
     body = io.BytesIO()

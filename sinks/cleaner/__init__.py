@@ -21,7 +21,30 @@
 
 from sinks.cleaner.cleaner import Cleaner
 from sinks.cleaner.cleaner_manager import CleanerManager
-from sinks.cleaner.cleaner_stats import CleanerStats
-from sinks.cleaner.log_to_clean import LogToClean, OffsetsToClean
+from sinks.cleaner.cleaner_stats import CleanerStats, format_bytes
+from sinks.cleaner.log_cleaner import Candidate, CleanerThread, LogCleaner, RoundReport
+from sinks.cleaner.log_to_clean import (
+    LogToClean,
+    OffsetsToClean,
+    cleanable_offsets,
+    dirty_ratio,
+    nothing_cleanable_line,
+)
+from sinks.cleaner.throttler import budget_summary
 
-__all__ = ["Cleaner", "CleanerManager", "CleanerStats", "LogToClean", "OffsetsToClean"]
+__all__ = [
+    "Candidate",
+    "Cleaner",
+    "CleanerManager",
+    "CleanerStats",
+    "CleanerThread",
+    "LogCleaner",
+    "LogToClean",
+    "OffsetsToClean",
+    "RoundReport",
+    "budget_summary",
+    "cleanable_offsets",
+    "dirty_ratio",
+    "format_bytes",
+    "nothing_cleanable_line",
+]

@@ -7,18 +7,74 @@ where files live (`storage`, `file_reader`) and quarantined rows (`dead_letter`)
 Nothing here cleans; the cleaner builds on it.
 """
 
+from sinks.log.append_batch import ArrowRecords, log_schema
 from sinks.log.dead_letter import DeadLetterTable
-from sinks.log.log_append import LogAppender, LogAppendInfo
-from sinks.log.log_table import LogSnapshot, LogTable
-from sinks.log.segment import Segment
+from sinks.log.file_reader import conform
+from sinks.log.history_window import list_delta_log, oldest_reachable_version, window_of
+from sinks.log.log_append import LogAppender, LogAppendInfo, committed
+from sinks.log.log_config import alter_log_config
+from sinks.log.log_keys import LogKeys
+from sinks.log.log_table import COMMIT_INFO_KEY, LogSnapshot, LogTable, log_arrow_schema, now_ms
+from sinks.log.ownership import (
+    DELTA_LOG_DIR,
+    check_log_location,
+    check_new_log_location,
+    foreign_entries,
+    is_delta_rs_data_path,
+    is_own_data_path,
+)
+from sinks.log.records import DECODE_ERROR, DELETE_HORIZON_MS, OFFSET, PARTITION, TIMESTAMP
+from sinks.log.schema_evolution import DEFAULT_SCHEMA_EVOLUTION, SchemaEvolution, check_mode
+from sinks.log.segment import Segment, is_segment_path
 from sinks.log.segment_writer import WrittenSegment
+from sinks.log.storage import (
+    LogLocation,
+    arrow_filesystem,
+    delete_files,
+    join,
+    normalize_uri,
+    sibling,
+)
 
 __all__ = [
+    "COMMIT_INFO_KEY",
+    "DECODE_ERROR",
+    "DEFAULT_SCHEMA_EVOLUTION",
+    "DELETE_HORIZON_MS",
+    "DELTA_LOG_DIR",
+    "OFFSET",
+    "PARTITION",
+    "TIMESTAMP",
+    "ArrowRecords",
     "DeadLetterTable",
     "LogAppendInfo",
     "LogAppender",
+    "LogKeys",
+    "LogLocation",
     "LogSnapshot",
     "LogTable",
+    "SchemaEvolution",
     "Segment",
     "WrittenSegment",
+    "alter_log_config",
+    "arrow_filesystem",
+    "check_log_location",
+    "check_mode",
+    "check_new_log_location",
+    "committed",
+    "conform",
+    "delete_files",
+    "foreign_entries",
+    "is_delta_rs_data_path",
+    "is_own_data_path",
+    "is_segment_path",
+    "join",
+    "list_delta_log",
+    "log_arrow_schema",
+    "log_schema",
+    "normalize_uri",
+    "now_ms",
+    "oldest_reachable_version",
+    "sibling",
+    "window_of",
 ]

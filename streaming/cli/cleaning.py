@@ -1,6 +1,6 @@
 """``clean`` and ``vacuum``: Kafka's ``CleanerThread`` and its segment deletion, run by hand.
 
-``clean`` runs `streaming.registered_logs_cleaner.RegisteredLogsCleaner` over the selected
+``clean`` runs `streaming.jobs.registered_logs_cleaner.RegisteredLogsCleaner` over the selected
 logs: clean the filthiest, then back off. ``clean --once`` starts no Spark session when no log is
 cleanable (measuring reads Delta metadata only). ``vacuum`` deletes every file out of
 the log longer than ``file.delete.delay.ms`` now, call by call until none is left.
@@ -42,7 +42,7 @@ def add_vacuum(commands: argparse._SubParsersAction) -> None:
 
 
 def _clean(args: argparse.Namespace) -> int:
-    from streaming.registered_logs_cleaner import RegisteredLogsCleaner
+    from streaming.jobs import RegisteredLogsCleaner
 
     selected = refs(args)
     thread = RegisteredLogsCleaner(

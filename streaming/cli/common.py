@@ -51,7 +51,7 @@ def add_remote(parser: argparse.ArgumentParser) -> None:
 def remote_url(args: argparse.Namespace) -> str | None:
     import os
 
-    from streaming.session import REMOTE_ENV
+    from streaming.jobs.session import REMOTE_ENV
 
     return getattr(args, "remote", None) or os.environ.get(REMOTE_ENV) or None
 
@@ -60,7 +60,7 @@ def session(app: str, args: argparse.Namespace | None = None):
     """A Spark Connect session (--remote, SPARK_REMOTE); else the active one; else local."""
     url = remote_url(args) if args is not None else None
     if url:
-        from streaming.session import remote_session
+        from streaming.jobs import remote_session
 
         try:
             return remote_session(url, app)
@@ -72,14 +72,14 @@ def session(app: str, args: argparse.Namespace | None = None):
         return active_session()
     except RuntimeError:
         pass
-    from streaming.session import local_session
+    from streaming.jobs import local_session
 
     return local_session(app)
 
 
 def refs(args: argparse.Namespace):
-    """The logs a command's log selection names (`streaming.registry.discover_logs`)."""
-    from streaming.registry import discover_logs
+    """The logs a command's log selection names (`streaming.jobs.registry.discover_logs`)."""
+    from streaming.jobs import discover_logs
 
     return discover_logs(
         paths=args.logs, job_files=args.config, checkpoint_tables=args.checkpoint_table

@@ -76,9 +76,8 @@ def _split(text: str) -> list[str]:
 
 def _configs(args: argparse.Namespace) -> int:
     from sinks.config import CleanerConfig, resolve
-    from sinks.log.log_config import alter_log_config, log_config
-    from sinks.log.log_table import LogTable
-    from sinks.log.storage import normalize_uri
+    from sinks.log import LogTable, alter_log_config, normalize_uri
+    from sinks.log.log_config import log_config
 
     log = LogTable(normalize_uri(args.path))
     if args.alter:

@@ -1,6 +1,6 @@
 """``run`` and ``demo``: the sub-commands that start a streaming query and wait for it.
 
-``run`` starts the query a job file describes (`streaming.runner.start`) and, when it
+``run`` starts the query a job file describes (`streaming.jobs.runner.start`) and, when it
 ends, closes each sink so its background cleaner finishes the pass in flight. Ctrl-C
 (SIGINT) stops the query in order and exits 130 (128 + SIGINT, the shell's convention)
 with one line; a second Ctrl-C exits at once. ``demo``
@@ -55,8 +55,7 @@ def add_demo(commands: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from streaming.job import load_job
-    from streaming.runner import InFlightHook, start
+    from streaming.jobs import InFlightHook, load_job, start
 
     job = load_job(args.job)
     spark = session(f"compacted-sink-run-{job.file.stem}", args)
@@ -65,7 +64,7 @@ def _run(args: argparse.Namespace) -> int:
     from contextlib import nullcontext
 
     from sinks.spark_session import is_connect
-    from streaming.progress import query_progress
+    from streaming.status import query_progress
 
     if not args.verbose:
         _quiet_query_failures(spark)
@@ -212,7 +211,7 @@ def _quiet_query_failures(spark) -> None:
 def _demo(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from streaming.demo import DemoSettings, check_lake, run
+    from streaming.jobs.demo import DemoSettings, check_lake, run
 
     if remote_url(args):
         raise ConfigError(

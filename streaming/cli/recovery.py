@@ -74,9 +74,8 @@ def add_replay(commands: argparse._SubParsersAction) -> None:
 
 def _export(args: argparse.Namespace) -> int:
     """Export with delta-rs, pyarrow and fastavro: no Spark session (`sinks.read_state`)."""
-    from sinks.log.log_table import LogTable
-    from sinks.log.storage import normalize_uri
-    from sinks.reading.arrow_export import export_state_arrow, verify_export_arrow
+    from sinks.log import LogTable, normalize_uri
+    from sinks.reading import export_state_arrow, verify_export_arrow
 
     log = LogTable(normalize_uri(args.log))
     report = export_state_arrow(
@@ -99,24 +98,20 @@ def _replay(args: argparse.Namespace) -> int:
 
     from pyspark.sql import types as T
 
-    from sinks.log.log_append import committed
-    from sinks.log.log_keys import LogKeys, log_keys
-    from sinks.log.log_table import LogTable
-    from sinks.log.storage import LogLocation, normalize_uri
-    from sinks.reading.export_format import (
+    from sinks.log import LogKeys, LogLocation, LogTable, committed, normalize_uri
+    from sinks.log.log_keys import log_keys
+    from sinks.reading import (
         EXACT,
         NEW_OFFSETS,
-        CarriedConfig,
-        is_faithful,
-        read_manifest,
-    )
-    from sinks.reading.replay import (
         RESTORE_APP_ID,
+        CarriedConfig,
         RestoreSource,
         check_target,
+        is_faithful,
+        read_manifest,
         replay,
     )
-    from streaming.progress import spark_progress
+    from streaming.status import spark_progress
 
     mode = NEW_OFFSETS if args.lossy_new_offsets else EXACT
     if mode == EXACT and (args.append or args.key_columns):
@@ -182,8 +177,8 @@ def _replay(args: argparse.Namespace) -> int:
 
 def _verify_replay(source: str, version, target: str, mode) -> int:
     """Compare the new log with the source, on Arrow (no Spark job)."""
-    from sinks.log.log_table import LogTable
-    from sinks.reading.arrow_export import verify_restore_arrow
+    from sinks.log import LogTable
+    from sinks.reading import verify_restore_arrow
 
     started = time.monotonic()
     comparison = verify_restore_arrow(source, LogTable(target), as_of=version, mode=mode)

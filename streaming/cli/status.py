@@ -1,8 +1,8 @@
 """``status``: Kafka's cleaner gauges per log and partition, as a table, JSON or a plot.
 
 Reads Delta metadata and the checkpoint table only: no Spark session. The gauges
-are measured by `streaming.status` and `streaming.status_history`, and drawn by
-`streaming.status_render`. Each log is measured under its own topic config (a job
+are measured by `streaming.status.gauges` and `streaming.status.status_history`, and drawn by
+`streaming.status.status_render`. Each log is measured under its own topic config (a job
 file's settings override it), and the report says where each value comes from.
 """
 
@@ -23,10 +23,8 @@ def add_status(commands: argparse._SubParsersAction) -> None:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from sinks.log.storage import normalize_uri
-    from streaming.status import log_status
-    from streaming.status_history import history
-    from streaming.status_render import plot_history, render_json, render_table
+    from sinks.log import normalize_uri
+    from streaming.status import history, log_status, plot_history, render_json, render_table
 
     selected = refs(args)
     found = {normalize_uri(ref.spec.path) for ref in selected}

@@ -18,8 +18,8 @@ from checkpoints import CheckpointEntry, CleanerOffsetCheckpoint, other_history,
 from checkpoints.checkpoint_table import CHECKPOINT_SCHEMA
 from checkpoints.consumer_offsets import CONSUMER_OFFSETS_SCHEMA, ConsumerOffsets
 from sinks import CleanerConfig, CompactedStateSink
-from streaming.status import log_status
-from streaming.status_render import render_table
+from streaming.status.gauges import log_status
+from streaming.status.status_render import render_table
 
 SCHEMA = T.StructType(
     [T.StructField("key", T.StringType()), T.StructField("value", T.StringType())]

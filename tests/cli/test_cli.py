@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from streaming.kafka import write_kafka_files
+from streaming.inputs.kafka import write_kafka_files
 
 FILES, ROWS_PER_FILE, KEYS = 3, 200, 50
 CLI = [sys.executable, "-m", "streaming.cli"]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from streaming.kafka import write_kafka_files
+from streaming.inputs.kafka import write_kafka_files
 
 CLI = [sys.executable, "-m", "streaming.cli"]
 ROOT = Path(__file__).resolve().parents[2]

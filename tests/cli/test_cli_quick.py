@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from sinks import CleanerConfig, CompactedStateSink, read_state
-from streaming.kafka import write_kafka_files
+from streaming.inputs.kafka import write_kafka_files
 
 CLI = [sys.executable, "-m", "streaming.cli"]
 ROOT = Path(__file__).resolve().parents[2]

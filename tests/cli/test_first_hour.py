@@ -21,8 +21,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from streaming.cli.query import root_cause
-from streaming.job import JobConfigError
-from streaming.runner import infer_file_format
+from streaming.jobs.job import JobConfigError
+from streaming.jobs.runner import infer_file_format
 
 CLI = [sys.executable, "-m", "streaming.cli"]
 ROOT = Path(__file__).resolve().parents[2]

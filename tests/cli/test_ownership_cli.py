@@ -25,7 +25,7 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from sinks import CleanerConfig, CompactedStateSink, NotACompactedLogError
-from streaming.demo import DEMO_MARKER, DemoSettings, check_lake, demo_strangers, run
+from streaming.jobs.demo import DEMO_MARKER, DemoSettings, check_lake, demo_strangers, run
 
 CLI = [sys.executable, "-m", "streaming.cli"]
 ROOT = Path(__file__).resolve().parents[2]

@@ -138,7 +138,7 @@ def describe_executors(spark: Any) -> dict[str, Any]:
 
 def cluster_session(master: str, app_name: str) -> Any:
     """A driver for a standalone master on loopback, configured like the tests' local session."""
-    from streaming.session import local_session
+    from streaming.jobs.session import local_session
 
     conf = {
         "spark.driver.host": "127.0.0.1",

@@ -26,7 +26,7 @@ from sinks import (
     read_state,
 )
 from sinks.log.foreign_commits import foreign_change
-from streaming.datasource import register
+from streaming.consumers.datasource import register
 
 pytestmark = pytest.mark.delta_spark
 

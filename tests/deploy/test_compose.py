@@ -20,7 +20,7 @@ import fastavro
 import pytest
 
 from streaming.cli import _parser
-from streaming.job import parse_job
+from streaming.jobs.job import parse_job
 
 yaml = pytest.importorskip("yaml", reason="PyYAML is needed to parse docker-compose.yml")
 

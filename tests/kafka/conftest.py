@@ -1,6 +1,6 @@
 """A real Kafka broker for the ``kafka`` tests, and Spark's Kafka source on the classic session.
 
-The broker (`streaming.local_kafka.LocalKafka`: KRaft, broker and controller in one JVM, on
+The broker (`streaming.inputs.local_kafka.LocalKafka`: KRaft, broker and controller in one JVM, on
 free ports of 127.0.0.1) starts once per session from the jars `make jars` fetched into
 ``.jars/kafka/``, with ``server.properties`` and ``log4j2.properties`` beside this file. The
 classic session gets Spark's Kafka source from ``.jars/spark-kafka-<pyspark version>/``
@@ -22,7 +22,7 @@ import pyspark
 import pytest
 from pyspark.sql import SparkSession
 
-from streaming.local_kafka import LocalKafka
+from streaming.inputs.local_kafka import LocalKafka
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kafka_kit import SUMMARY, KafkaKit  # noqa: E402

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from streaming.local_kafka import LocalKafka
+from streaming.inputs.local_kafka import LocalKafka
 
 SUMMARY: list[str] = []
 """Lines the kafka tests want in the run's summary (broker start time, judge workloads)."""
@@ -199,7 +199,7 @@ def sink_records(sink) -> list[Produced]:
 
 class RegistryOver:
     """A schema registry client (confluent-kafka's ``mock://`` one) answered over HTTP on
-    loopback, for `streaming.schema_registry.SchemaStore`: the two paths it reads."""
+    loopback, for `streaming.decoding.schema_registry.SchemaStore`: the two paths it reads."""
 
     def __init__(self, client) -> None:
         import json

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 
 from sinks import CleanerConfig, CompactedStateSink
-from streaming.session import local_session
+from streaming.jobs.session import local_session
 
 
 def main(bootstrap: str, topic: str, log: str, checkpoint: str, batches: str, jars: str) -> None:

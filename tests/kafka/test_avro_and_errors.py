@@ -9,9 +9,9 @@ import pytest
 from kafka_kit import RegistryOver, kafka_options, run_available, sink_records
 
 from sinks import CompactedStateSink
-from streaming.avro import ConfluentAvroDecoder, DecodingHook
-from streaming.local_kafka import free_port
-from streaming.schema_registry import SchemaStore
+from streaming.decoding.avro import ConfluentAvroDecoder, DecodingHook
+from streaming.decoding.schema_registry import SchemaStore
+from streaming.inputs.local_kafka import free_port
 
 pytestmark = pytest.mark.kafka
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from streaming.local_kafka import BrokerStartError, LocalKafka
+from streaming.inputs.local_kafka import BrokerStartError, LocalKafka
 
 pytestmark = pytest.mark.kafka
 

@@ -24,8 +24,8 @@ from sinks.reading.export import (
 from sinks.reading.export_format import (
     read_manifest,
 )
-from streaming.status import log_status
-from streaming.status_render import render_table
+from streaming.status.gauges import log_status
+from streaming.status.status_render import render_table
 
 # Passes run only when a step asks for one; tombstones stay (no horizon passes).
 CONFIG = CleanerConfig(min_cleanable_dirty_ratio=1.0)

@@ -73,7 +73,7 @@ def test_a_streaming_query_follows_a_ten_step_history(spark, lake, clock):
 
 
 def test_the_data_source_sink_evolves_the_log_and_honours_none(spark, lake):
-    from streaming.datasource import register
+    from streaming.consumers.datasource import register
 
     register(spark)
     source, path = lake / "in", str(lake / "log")

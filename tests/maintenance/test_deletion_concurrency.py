@@ -16,7 +16,7 @@ from pyspark.sql import DataFrame
 
 from sinks import CleanerConfig, CleanerError, CommitConflictError, CompactedStateSink
 from sinks.maintenance.file_inventory import list_data_files
-from streaming.demo import DemoSettings, expected_state, keyed_updates
+from streaming.jobs.demo import DemoSettings, expected_state, keyed_updates
 
 BATCHES = 10
 CONFIG = CleanerConfig(

@@ -28,8 +28,8 @@ from sinks.log.ownership import LOG_DESCRIPTION
 from sinks.log.storage import LogLocation
 from sinks.maintenance.file_inventory import take_inventory
 from sinks.maintenance.segment_deleter import checkpoint_table_window, delete_expired_files
-from streaming.status import log_status
-from streaming.status_render import render_json, render_table
+from streaming.status.gauges import log_status
+from streaming.status.status_render import render_json, render_table
 
 WINDOW_MS = 12_000  # above a batch and its pass on a loaded 2-core machine
 

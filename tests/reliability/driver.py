@@ -24,7 +24,7 @@ DEAD = "dead-letters"
 
 
 def spark_session():
-    from streaming.session import local_session
+    from streaming.jobs.session import local_session
 
     conf = {
         "spark.sql.shuffle.partitions": "2",

@@ -26,9 +26,9 @@ from sinks import CleanerConfig, CompactedStateSink, ForeignChangeError, read_st
 from sinks.crash_points import CLEAN_BEFORE_COMMIT, armed
 from sinks.log.segment import SEGMENT_PATH
 from streaming.cli import main as cli
-from streaming.datasource import register
-from streaming.status import log_status
-from streaming.status_render import render_table
+from streaming.consumers.datasource import register
+from streaming.status.gauges import log_status
+from streaming.status.status_render import render_table
 
 PARTITIONS = 3
 CONFIG = CleanerConfig(min_cleanable_dirty_ratio=0.99, delete_retention_ms=1_000)

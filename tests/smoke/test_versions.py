@@ -23,8 +23,8 @@ from chispa import assert_df_equality
 
 from sinks import CleanerConfig, CompactedStateSink, SparkVersionError, read_state
 from sinks.spark_compat import STREAM_READER, STREAM_WRITER, supports
-from streaming.datasource import register
-from streaming.kafka import write_kafka_files
+from streaming.consumers.datasource import register
+from streaming.inputs.kafka import write_kafka_files
 
 pytestmark = pytest.mark.smoke
 

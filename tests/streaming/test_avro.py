@@ -12,11 +12,11 @@ from pyspark.sql import types as T
 from testkit import encode_confluent
 
 from sinks import BadInputError, CompactedStateSink
-from streaming.avro import DECODE_ERROR, ConfluentAvroDecoder, DecodingHook
-from streaming.avro_types import avro_to_spark
-from streaming.job import load_job
-from streaming.runner import build_hook
-from streaming.schema_registry import SchemaStore
+from streaming.decoding.avro import DECODE_ERROR, ConfluentAvroDecoder, DecodingHook
+from streaming.decoding.avro_types import avro_to_spark
+from streaming.decoding.schema_registry import SchemaStore
+from streaming.jobs.job import load_job
+from streaming.jobs.runner import build_hook
 
 USER_V1 = {
     "type": "record",

@@ -19,8 +19,8 @@ from pyspark.sql import types as T
 from testkit import encode_confluent
 
 from sinks import BadInputError, CompactedStateSink
-from streaming.avro import DECODE_ERROR, ConfluentAvroDecoder, DecodingHook
-from streaming.schema_registry import SchemaNotFoundError, SchemaStore
+from streaming.decoding.avro import DECODE_ERROR, ConfluentAvroDecoder, DecodingHook
+from streaming.decoding.schema_registry import SchemaNotFoundError, SchemaStore
 
 SUBJECT = "users-value"
 USER_V1 = {

@@ -22,8 +22,8 @@ import pytest
 
 from sinks import CleanerConfig, CompactedStateSink, read_state
 from sinks.log.history_window import HistoryExpiredError, TimeTravelError
-from streaming.consumers import consumer_report
-from streaming.datasource import register
+from streaming.consumers.consumer_groups import consumer_report
+from streaming.consumers.datasource import register
 
 ROOT = Path(__file__).resolve().parents[2]
 NEVER = CleanerConfig(min_cleanable_dirty_ratio=1.0)
@@ -31,7 +31,7 @@ NEVER = CleanerConfig(min_cleanable_dirty_ratio=1.0)
 READER = """
 import sys
 from pyspark.sql import SparkSession
-from streaming.datasource import register
+from streaming.consumers.datasource import register
 spark = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false").getOrCreate()
 register(spark)
 print("rows", spark.read.format("compacted-state").load(sys.argv[1]).count())

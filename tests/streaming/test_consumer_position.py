@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sinks.errors import ConfigError
-from streaming.consumer_position import (
+from streaming.consumers.consumer_position import (
     DataLossError,
     FetchRange,
     fetch_ranges,

@@ -15,11 +15,11 @@ import pytest
 from checkpoints.consumer_offsets import ConsumerOffsets
 from sinks import CleanerConfig, CompactedStateSink
 from streaming.cli import main as cli
-from streaming.consumer_position import DataLossError
-from streaming.consumers import consumer_report, delete_consumer, reset_offsets
-from streaming.datasource import register
-from streaming.status import log_status
-from streaming.status_render import render_table
+from streaming.consumers.consumer_groups import consumer_report, delete_consumer, reset_offsets
+from streaming.consumers.consumer_position import DataLossError
+from streaming.consumers.datasource import register
+from streaming.status.gauges import log_status
+from streaming.status.status_render import render_table
 
 NEVER = CleanerConfig(min_cleanable_dirty_ratio=1.0)  # passes run only when the test asks
 

@@ -14,9 +14,9 @@ from sinks import CompactedStateSink
 from sinks.errors import ConfigError
 from sinks.log.dead_letter import DeadLetterTable
 from sinks.log.storage import LogLocation
-from streaming.datasource import SinkOptions, register, remove_stale_staged, staged_files
-from streaming.kafka import KAFKA_SCHEMA, kafka_shaped_files, write_kafka_files
-from streaming.progress import ProgressListener, spark_progress
+from streaming.consumers.datasource import SinkOptions, register, remove_stale_staged, staged_files
+from streaming.inputs.kafka import KAFKA_SCHEMA, kafka_shaped_files, write_kafka_files
+from streaming.status.progress import ProgressListener, spark_progress
 
 
 def write_files(directory: Path, files: int, rows: int) -> dict[bytes, bytes | None]:

@@ -9,7 +9,7 @@ import pytest
 
 from sinks.errors import ConfigError
 from sinks.log.records import VALUE
-from streaming.job import JobConfigError, load_job
+from streaming.jobs.job import JobConfigError, load_job
 
 GOOD = """
 [source]

@@ -7,8 +7,8 @@ import datetime as dt
 import pytest
 
 from sinks import BadInputError, CompactedStateSink
-from streaming.kafka import KAFKA_SCHEMA, TopicRouter
-from streaming.progress import ProgressHook
+from streaming.inputs.kafka import KAFKA_SCHEMA, TopicRouter
+from streaming.status.progress import ProgressHook
 
 
 def kafka_rows(topic: str, partition: int, start: int, values: list[str | None]) -> list[tuple]:

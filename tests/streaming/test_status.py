@@ -5,12 +5,12 @@ from __future__ import annotations
 from pyspark.sql import types as T
 
 from sinks import CleanerConfig, CompactedStateSink
-from streaming.job import LogSpec
-from streaming.registered_logs_cleaner import RegisteredLogsCleaner
-from streaming.registry import LogRef, discover_logs
-from streaming.status import log_status
-from streaming.status_history import history
-from streaming.status_render import plot_history, render_json, render_table
+from streaming.jobs.job import LogSpec
+from streaming.jobs.registered_logs_cleaner import RegisteredLogsCleaner
+from streaming.jobs.registry import LogRef, discover_logs
+from streaming.status.gauges import log_status
+from streaming.status.status_history import history
+from streaming.status.status_render import plot_history, render_json, render_table
 
 SCHEMA = T.StructType(
     [T.StructField("key", T.StringType()), T.StructField("value", T.StringType())]

@@ -20,10 +20,10 @@ import sinks.log.log_append as log_append
 from sinks import CleanerConfig, CompactedStateSink
 from sinks.errors import ConfigError
 from streaming.cli import main
-from streaming.job import LogSpec
-from streaming.registry import discover_logs
-from streaming.status import log_status
-from streaming.status_render import render_table
+from streaming.jobs.job import LogSpec
+from streaming.jobs.registry import discover_logs
+from streaming.status.gauges import log_status
+from streaming.status.status_render import render_table
 
 SCHEMA = T.StructType(
     [T.StructField("key", T.StringType()), T.StructField("value", T.StringType())]

@@ -1,10 +1,10 @@
 """Planning a fetch on the driver: which files each Spark task reads for an offset range. Pure.
 
-A fetch range (`streaming.consumer_position.FetchRange`) is half-open,
+A fetch range (`streaming.consumers.consumer_position.FetchRange`) is half-open,
 ``[from_offset, until_offset)``, over one partition. `plan_partitions` cuts each
 range into runs of consecutive files, one `ConsumerReadPartition` (one Spark task)
 per run, cut only between files whose offsets do not overlap: offset order within a
-partition is the order of its read partitions. `streaming.fetcher` reads them.
+partition is the order of its read partitions. `streaming.consumers.fetcher` reads them.
 """
 
 from __future__ import annotations
@@ -14,9 +14,8 @@ from collections.abc import Mapping, Sequence
 from pyspark.sql.datasource import InputPartition
 
 from sinks.config import LONG_MAX
-from sinks.log.log_table import LogSnapshot
-from sinks.log.segment import Segment, is_segment_path
-from streaming.consumer_position import FetchRange
+from sinks.log import LogSnapshot, Segment, is_segment_path
+from streaming.consumers.consumer_position import FetchRange
 
 TASK_MAX_BYTES = 128 * 1024 * 1024  # files one task reads, as Spark's maxPartitionBytes
 

@@ -1,9 +1,10 @@
 """Reading a fetch on the executors, and Kafka's ``offsetsForTimes`` on the driver.
 
-`RangeReader` is what each Spark task runs over a `streaming.fetch_plan.ConsumerReadPartition`:
-the range's records of one partition, in offset order, read with pyarrow from exactly
-the files the driver planned (never a newer snapshot's). `timestamp_positions` finds,
-per partition, the first offset at or after a time (``startingTimestamp``).
+`RangeReader` is what each Spark task runs over a
+`streaming.consumers.fetch_plan.ConsumerReadPartition`: the range's records of one
+partition, in offset order, read with pyarrow from exactly the files the driver
+planned (never a newer snapshot's). `timestamp_positions` finds, per partition, the
+first offset at or after a time (``startingTimestamp``).
 """
 
 from __future__ import annotations
@@ -16,12 +17,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from sinks.log.file_reader import conform
-from sinks.log.log_table import LogSnapshot
-from sinks.log.records import OFFSET, PARTITION, TIMESTAMP
-from sinks.log.storage import arrow_filesystem
-from streaming.consumer_position import FetchRange, Positions, first_offsets_at
-from streaming.fetch_plan import ConsumerReadPartition
+from sinks.log import OFFSET, PARTITION, TIMESTAMP, LogSnapshot, arrow_filesystem, conform
+from streaming.consumers.consumer_position import FetchRange, Positions, first_offsets_at
+from streaming.consumers.fetch_plan import ConsumerReadPartition
 
 _BATCH_ROWS = 65_536
 

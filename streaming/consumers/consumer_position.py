@@ -1,7 +1,7 @@
 """A consumer's position in a log: Kafka's fetch positions, as pure functions over offsets.
 
 A Kafka consumer holds, per partition, its *position*: the offset of the next record
-it reads. A streaming read of the log (`streaming.consumer_source`) holds the same:
+it reads. A streaming read of the log (`streaming.consumers.consumer_source`) holds the same:
 its Spark offset is ``{"0": 42, "1": 17}``, the position per partition, and a
 micro-batch reads the half-open range ``[start[p], end[p])`` of every partition.
 Everything here works on plain numbers taken from a log snapshot; nothing does I/O.

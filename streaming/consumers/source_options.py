@@ -3,7 +3,7 @@
 The Kafka source's options where Spark's Kafka source has them (``startingOffsets``,
 ``startingTimestamp``, ``endingOffsets``, ``maxOffsetsPerTrigger``,
 ``failOnDataLoss``), and a consumer group's (``consumer.id``,
-``consumer.expiration.ms``); `streaming.consumer_source` says what each means.
+``consumer.expiration.ms``); `streaming.consumers.consumer_source` says what each means.
 """
 
 from __future__ import annotations
@@ -11,15 +11,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from checkpoints.consumer_offsets import (
+from checkpoints import (
     DEFAULT_CONSUMER_EXPIRATION_MS,
     ConsumerOffsets,
     consumer_offsets_uri,
 )
+from sinks import CHECKPOINT_TABLE_DIR
 from sinks.errors import ConfigError
-from sinks.log.storage import normalize_uri, sibling
-from sinks.sink import CHECKPOINT_TABLE_DIR
-from streaming.consumer_position import Positions, parse_starting_offsets
+from sinks.log import normalize_uri, sibling
+from streaming.consumers.consumer_position import Positions, parse_starting_offsets
 
 
 @dataclass(frozen=True)

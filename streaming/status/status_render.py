@@ -1,4 +1,4 @@
-"""The `status` report: the gauges of `streaming.status` as a table, as JSON, and as a plot.
+"""The `status` report: the gauges of `streaming.status.gauges` as a table, as JSON, and as a plot.
 
 Pure formatting over `LogStatus` values (and `HistoryPoint` series for the plot):
 nothing here reads a log. Times are UTC.
@@ -11,11 +11,11 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from sinks.cleaner.cleaner_stats import format_bytes
+from sinks.cleaner import format_bytes
 
 if TYPE_CHECKING:
-    from streaming.status import LogStatus, PartitionStatus, StorageStatus
-    from streaming.status_history import HistoryPoint
+    from streaming.status.gauges import LogStatus, PartitionStatus, StorageStatus
+    from streaming.status.status_history import HistoryPoint
 
 
 def render_storage(storage: StorageStatus) -> str:

@@ -2,7 +2,7 @@
 
 A Python data source reader (no jars, on a classic or a Spark Connect session). Its
 Spark offset is the reader's position per partition, ``{"0": 42, "1": 17}``
-(`streaming.consumer_position`); a micro-batch reads the half-open ranges
+(`streaming.consumers.consumer_position`); a micro-batch reads the half-open ranges
 ``[start[p], end[p])``. Rows carry the log's columns (key columns, ``value``,
 ``partition``, ``offset``, ``timestamp``, payload), in offset order per partition:
 each Spark task reads one run of consecutive files of one partition. The cleaner's
@@ -19,9 +19,9 @@ there: the read resumes at the next surviving offset. Deletion (retention,
 ``delete_records``) below a position is a loss, handled as ``failOnDataLoss`` says.
 
 This module holds the readers Spark calls; the driver plans a batch's files in
-`streaming.fetch_plan` and each task reads them in `streaming.fetcher`.
+`streaming.consumers.fetch_plan` and each task reads them in `streaming.consumers.fetcher`.
 
-Options (parsed by `streaming.source_options.SourceOptions`):
+Options (parsed by `streaming.consumers.source_options.SourceOptions`):
 
 - ``startingOffsets``: ``earliest`` (default: the compacted log, then the tail, as
   Kafka Streams restores a table), ``latest``, or ``{"0": 42, "1": -2}``;
@@ -51,16 +51,14 @@ from pyspark.sql import types as T
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 
 from sinks.errors import ConfigError
-from sinks.log.log_table import LogSnapshot, LogTable, log_arrow_schema
-from sinks.log.records import DELETE_HORIZON_MS
-from sinks.log.storage import normalize_uri
+from sinks.log import DELETE_HORIZON_MS, LogSnapshot, LogTable, log_arrow_schema, normalize_uri
 from sinks.spark_compat import (
     ReadAllAvailable,
     ReadLimit,
     ReadMaxRows,
     SupportsTriggerAvailableNow,
 )
-from streaming.consumer_position import (
+from streaming.consumers.consumer_position import (
     Positions,
     fetch_ranges,
     from_offset,
@@ -68,9 +66,13 @@ from streaming.consumer_position import (
     starting_positions,
     to_offset,
 )
-from streaming.fetch_plan import ConsumerReadPartition, files_by_partition, plan_partitions
-from streaming.fetcher import RangeReader, timestamp_positions
-from streaming.source_options import SourceOptions
+from streaming.consumers.fetch_plan import (
+    ConsumerReadPartition,
+    files_by_partition,
+    plan_partitions,
+)
+from streaming.consumers.fetcher import RangeReader, timestamp_positions
+from streaming.consumers.source_options import SourceOptions
 
 HEARTBEATS_PER_EXPIRATION = 4  # an idle, running consumer recommits this often per expiration
 

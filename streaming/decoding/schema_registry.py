@@ -5,7 +5,7 @@ schema of an id (``GET /schemas/ids/<id>``) and a subject's newest schema
 (``GET /subjects/<s>/versions/latest``). It looks in local schemas first (a
 directory of ``<id>.avsc`` files, a JSON file, or schemas passed in), then in a
 registry over HTTP, and caches what it finds. Ids only grow, as in a registry.
-Lookups happen on the driver only; `streaming.avro` ships the schemas to the executors.
+Lookups happen on the driver only; `streaming.decoding.avro` ships the schemas to the executors.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from sinks import CleanerConfig, CompactedStateSink, NotACompactedLogError
-from sinks.log.ownership import (
+from sinks.log import (
     DELTA_LOG_DIR,
     foreign_entries,
     is_delta_rs_data_path,

@@ -13,8 +13,8 @@ and awaiting deletion (and when they go: ``file.delete.delay.ms`` after their
 removal), the Delta log's size, and the oldest version time travel still reaches.
 It lists the table and reads the last Delta checkpoint plus the commits after it.
 
-This module measures; `streaming.status_render` draws what it measures, and
-`streaming.status_history` measures the log at its past versions.
+This module measures; `streaming.status.status_render` draws what it measures, and
+`streaming.status.status_history` measures the log at its past versions.
 """
 
 from __future__ import annotations
@@ -22,13 +22,11 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
-from checkpoints import split_histories
-from checkpoints.consumer_offsets import ConsumerOffsets, consumer_offsets_uri
+from checkpoints import ConsumerOffsets, consumer_offsets_uri, split_histories
 from sinks import CompactedStateSink
-from sinks.cleaner.throttler import budget_summary
-from sinks.log.history_window import oldest_reachable_version, window_of
-from sinks.log.log_table import COMMIT_INFO_KEY, LogSnapshot, now_ms
-from sinks.maintenance.file_inventory import take_inventory
+from sinks.cleaner import budget_summary
+from sinks.log import COMMIT_INFO_KEY, LogSnapshot, now_ms, oldest_reachable_version, window_of
+from sinks.maintenance import take_inventory
 from streaming.consumers import consumer_report
 
 

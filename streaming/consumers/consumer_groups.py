@@ -19,12 +19,20 @@ from dataclasses import dataclass
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from checkpoints.consumer_offsets import ConsumerOffsets, ConsumerState, consumer_offsets_uri
-from sinks.log.log_table import LogSnapshot, LogTable, now_ms
-from sinks.log.records import DELETE_HORIZON_MS, OFFSET, PARTITION
-from sinks.log.storage import arrow_filesystem, normalize_uri, sibling
-from streaming.consumer_position import lag, parse_starting_offsets, starting_positions
-from streaming.source_options import CHECKPOINT_TABLE_DIR
+from checkpoints import ConsumerOffsets, ConsumerState, consumer_offsets_uri
+from sinks.log import (
+    DELETE_HORIZON_MS,
+    OFFSET,
+    PARTITION,
+    LogSnapshot,
+    LogTable,
+    arrow_filesystem,
+    normalize_uri,
+    now_ms,
+    sibling,
+)
+from streaming.consumers.consumer_position import lag, parse_starting_offsets, starting_positions
+from streaming.consumers.source_options import CHECKPOINT_TABLE_DIR
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ Each commit's ``compactedSink`` metadata says whether it was an append or a pass
 A version is measured from that version alone (`_as_it_was`): the cleaner offset
 the log recorded by then, never today's checkpoint row, so a point shows the dirty
 ratio the cleaner saw at the time. Read-only; reads Delta metadata, no Spark job.
-`streaming.status_render.plot_history` draws the points.
+`streaming.status.status_render.plot_history` draws the points.
 """
 
 from __future__ import annotations
@@ -15,9 +15,16 @@ from dataclasses import dataclass
 from deltalake import DeltaTable
 
 from sinks import CompactedStateSink
-from sinks.cleaner.log_to_clean import LogToClean, cleanable_offsets, dirty_ratio, log_to_clean
-from sinks.log.history_window import list_delta_log, oldest_reachable_version, window_of
-from sinks.log.log_table import COMMIT_INFO_KEY, LogSnapshot, now_ms
+from sinks.cleaner import LogToClean, cleanable_offsets, dirty_ratio
+from sinks.cleaner.log_to_clean import log_to_clean
+from sinks.log import (
+    COMMIT_INFO_KEY,
+    LogSnapshot,
+    list_delta_log,
+    now_ms,
+    oldest_reachable_version,
+    window_of,
+)
 
 
 @dataclass(frozen=True)

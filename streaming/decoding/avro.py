@@ -3,14 +3,14 @@
 A Confluent-serialized value is a magic byte 0, a 4-byte big-endian schema id, and
 the Avro binary body written with that (writer) schema. `ConfluentAvroDecoder` finds
 the schema ids of a batch (one small Spark job), fetches the writer schemas on the
-driver (from a `streaming.schema_registry.SchemaStore`: a local directory or file,
+driver (from a `streaming.decoding.schema_registry.SchemaStore`: a local directory or file,
 or a schema registry over HTTP), and ships them to a ``mapInArrow`` task that
 decodes each value with its writer schema and resolves it to the reader schema (Avro
 schema resolution, fastavro's). The reader schema is chosen again for every batch:
 the subject's newest registered schema, or one the user pins. So when a producer
 moves to a v2 schema with a new optional field, the batch's struct gains the field
 (the sink's additive schema evolution takes it into the log) and v1 records read its
-default. The batch's Spark type is the reader schema's (`streaming.avro_types`).
+default. The batch's Spark type is the reader schema's (`streaming.decoding.avro_types`).
 
 Invariants: a null value (a tombstone) stays null and is not an error; a value
 that cannot be decoded becomes null *and* gets a reason in the ``_decode_error``
@@ -37,10 +37,10 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from sinks.errors import BadInputError
-from sinks.log.records import DECODE_ERROR
+from sinks.log import DECODE_ERROR
 from sinks.spark_compat import utc_arrow_schema
-from streaming.avro_types import avro_to_spark
-from streaming.schema_registry import SchemaStore, as_schema
+from streaming.decoding.avro_types import avro_to_spark
+from streaming.decoding.schema_registry import SchemaStore, as_schema
 
 RAW_SUFFIX = "_raw"
 MAGIC_BYTE = 0

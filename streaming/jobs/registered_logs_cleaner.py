@@ -16,10 +16,16 @@ import threading
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 
-from sinks.cleaner.log_cleaner import Candidate, CleanerThread, LogCleaner, RoundReport
-from sinks.cleaner.log_to_clean import LogToClean, nothing_cleanable_line
+from sinks.cleaner import (
+    Candidate,
+    CleanerThread,
+    LogCleaner,
+    LogToClean,
+    RoundReport,
+    nothing_cleanable_line,
+)
 from sinks.spark_session import active_session
-from streaming.registry import LogRef
+from streaming.jobs.registry import LogRef
 
 
 @dataclass(frozen=True)

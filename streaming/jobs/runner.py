@@ -20,10 +20,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from sinks import CompactedStateSink
-from sinks.log.storage import arrow_filesystem, join, normalize_uri, sibling
-from streaming.job import FILE_FORMATS, FileFormat, JobConfig, JobConfigError
-from streaming.kafka import TopicRouter, kafka_shaped_files, kafka_stream
-from streaming.progress import ProgressHook, stderr_line
+from sinks.log import arrow_filesystem, join, normalize_uri, sibling
+from streaming.inputs import TopicRouter, kafka_shaped_files, kafka_stream
+from streaming.jobs.job import FILE_FORMATS, FileFormat, JobConfig, JobConfigError
+from streaming.status.progress import ProgressHook, stderr_line
 
 Hook = Callable[[DataFrame, int], None]
 
@@ -41,7 +41,7 @@ def build_source(spark: SparkSession, job: JobConfig) -> DataFrame:
         )
     if source["format"] == "kafka":
         return kafka_stream(spark, {str(k): str(v) for k, v in source["options"].items()})
-    from streaming.demo import DemoSettings, keyed_updates
+    from streaming.jobs.demo import DemoSettings, keyed_updates
 
     settings = DemoSettings(
         keys=int(source.get("keys", 2_000)),
@@ -113,8 +113,7 @@ def build_hook(
     else:
         hook = ProgressHook(sinks[0], out=out)
     if job.avro is not None:
-        from streaming.avro import ConfluentAvroDecoder, DecodingHook
-        from streaming.schema_registry import SchemaStore
+        from streaming.decoding import ConfluentAvroDecoder, DecodingHook, SchemaStore
 
         avro = job.avro
         if "schemas" in avro:

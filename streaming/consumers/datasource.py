@@ -47,16 +47,26 @@ except ImportError:  # pyspark 4.0: the writer is refused by name (`spark_compat
 
 from sinks import CleanerConfig, CompactedStateSink
 from sinks.errors import ConfigError, SchemaMismatchError
-from sinks.log.append_batch import ArrowRecords, log_schema
-from sinks.log.log_keys import LogKeys
-from sinks.log.ownership import check_log_location, is_own_data_path
-from sinks.log.schema_evolution import DEFAULT_SCHEMA_EVOLUTION, SchemaEvolution, check_mode
-from sinks.log.storage import LogLocation, arrow_filesystem, delete_files, join, normalize_uri
+from sinks.log import (
+    DEFAULT_SCHEMA_EVOLUTION,
+    ArrowRecords,
+    LogKeys,
+    LogLocation,
+    SchemaEvolution,
+    arrow_filesystem,
+    check_log_location,
+    check_mode,
+    delete_files,
+    is_own_data_path,
+    join,
+    log_schema,
+    normalize_uri,
+)
 from sinks.python_workers import check_python_workers
 from sinks.spark_compat import STREAM_READER, STREAM_WRITER, require
 from sinks.spark_session import checkpoint_query_id
-from streaming import consumer_source
-from streaming.source_options import SourceOptions
+from streaming.consumers import consumer_source
+from streaming.consumers.source_options import SourceOptions
 
 FORMAT = "compacted-state"
 PACKAGES = ("sinks", "streaming")  # what the format's readers and writer import in a worker
@@ -88,7 +98,7 @@ def register(spark: SparkSession) -> None:
 
 class CompactedStateDataSource(DataSource):
     """The ``compacted-state`` format: a streaming sink over one compacted log, and its
-    consumers' reader (``readStream`` / ``read``, see `streaming.consumer_source`)."""
+    consumers' reader (``readStream`` / ``read``, see `streaming.consumers.consumer_source`)."""
 
     @classmethod
     def name(cls) -> str:

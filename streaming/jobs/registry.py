@@ -18,11 +18,9 @@ from dataclasses import dataclass
 from checkpoints import CleanerOffsetCheckpoint
 from sinks import CleanerConfig, CompactedStateSink
 from sinks.errors import ConfigError
+from sinks.log import LogLocation, LogTable, check_new_log_location, normalize_uri
 from sinks.log.log_keys import log_keys
-from sinks.log.log_table import LogTable
-from sinks.log.ownership import check_new_log_location
-from sinks.log.storage import LogLocation, normalize_uri
-from streaming.job import LogSpec, load_job
+from streaming.jobs.job import LogSpec, load_job
 
 
 @dataclass(frozen=True)

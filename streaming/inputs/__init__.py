@@ -1,0 +1,24 @@
+"""Kafka-shaped input: the Kafka source's columns, a router from topics to logs, a local broker.
+
+`kafka`: the columns of Spark's Kafka source, the same read from files, and
+`TopicRouter`; `local_kafka`: a local broker for the tests and ``make demo-kafka``.
+"""
+
+from streaming.inputs.kafka import (
+    KAFKA_SCHEMA,
+    TopicRouter,
+    kafka_shaped_files,
+    kafka_stream,
+    write_kafka_files,
+)
+from streaming.inputs.local_kafka import BrokerStartError, LocalKafka
+
+__all__ = [
+    "KAFKA_SCHEMA",
+    "BrokerStartError",
+    "LocalKafka",
+    "TopicRouter",
+    "kafka_shaped_files",
+    "kafka_stream",
+    "write_kafka_files",
+]
