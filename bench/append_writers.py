@@ -4,7 +4,7 @@ Issue #33, point 1. The same batches (512-byte values, 4 partitions) go, in one 
 and alternating batch by batch so that a change of load weighs on all, through:
 
 - ``python``: the append through the Python workers (``mapInArrow``), main's path before #33;
-- ``spark``: the append through Spark's own Parquet writer (`sinks.log.spark_append`);
+- ``spark``: the append through Spark's own Parquet writer (`sinks.produce.spark_append`);
 - ``spark_parquet``: ``spark.read.parquet(batch).write.parquet(...)``, the floor.
 
 For Kafka input (``offset`` given, each input file one partition) and for assigned
@@ -30,7 +30,7 @@ from pyspark.sql import functions as F
 from bench.measure import load_average, machine_description
 from bench.scale import open_sink, records
 from bench.session import bench_session
-from sinks.log.spark_append import APPEND_WRITER_ENV
+from sinks.produce.spark_append import APPEND_WRITER_ENV
 
 
 def p99(runs: list[float]) -> float:

@@ -58,7 +58,7 @@ CHECKPOINT_SCHEMA = pa.schema(
 # Kept small: no one time-travels this table. The segment deleter trims it further.
 HANDS_OFF_PROPERTIES = {
     # Databricks' auto compaction and optimized writes (Delta's names): rearranging a log's
-    # files costs a pass a rewrite (`sinks.maintenance.rearrangement`). Predictive
+    # files costs a pass a rewrite (`sinks.log.foreign.rearrangement`). Predictive
     # optimization is a catalog setting: docs/operations.md gives the statement.
     "delta.autoOptimize.autoCompact": "false",
     "delta.autoOptimize.optimizeWrite": "false",

@@ -1,6 +1,6 @@
 """`AppendReport`: what one call of the ``foreachBatch`` hook did, in one log line.
 
-The front's report (`sinks.sink`): the append's figures (`sinks.log.log_append`)
+The front's report (`sinks.sink`): the append's figures (`sinks.produce.log_append`)
 beside what the cleaner did after it (`sinks.cleaner.cleaner_stats`), so it sits
 above both.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sinks.cleaner.cleaner_stats import CleanerStats
-from sinks.log.log_append import LogAppendInfo
+from sinks.produce.log_append import LogAppendInfo
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """`CompactedStateSink`: the foreachBatch hook and the front object over one compacted log.
 
 A front, as delta-rs's ``DeltaTable`` is. The hook is Kafka's produce path: it appends
-the batch exactly once (`sinks.log.log_append.LogAppender.append`, under the sink's
+the batch exactly once (`sinks.produce.log_append.LogAppender.append`, under the sink's
 `sinks.transactional_id.TransactionalId`) and hands the log to its `LogCleaner`
 (`sinks.cleaner.log_cleaner`), which owns the cleaning: beside a streaming query on a
 worker thread, or in the hook's call. Reads go to `sinks.reading`, recovery, retention
@@ -26,9 +26,7 @@ from sinks.cleaner.cleaner_stats import CleanerStats
 from sinks.cleaner.log_cleaner import CleaningMode, LogCleaner
 from sinks.cleaner.log_to_clean import LogToClean
 from sinks.config import CleanerConfig
-from sinks.log.append_batch import SparkRecords
-from sinks.log.dead_letter import DeadLetterTable
-from sinks.log.log_append import LogAppender
+from sinks.log.foreign import changes as foreign_changes
 from sinks.log.log_config import opened_log_config
 from sinks.log.log_keys import opened_log_keys
 from sinks.log.log_table import AsOf, LogSnapshot, LogTable, now_ms
@@ -38,12 +36,15 @@ from sinks.log.s3a_options import (
     credentials_checked,
     resolve_storage_options,
 )
-from sinks.log.schema_evolution import DEFAULT_SCHEMA_EVOLUTION, SchemaEvolution
 from sinks.log.storage import LogLocation, normalize_uri, sibling
-from sinks.maintenance import foreign_changes, retention
+from sinks.maintenance import retention
 from sinks.maintenance.recovery import RecoveryReport, recover_log, write_clean_shutdown_marker
 from sinks.maintenance.retention import RetentionPlan
 from sinks.maintenance.segment_deleter import DeletionReport
+from sinks.produce.append_batch import SparkRecords
+from sinks.produce.dead_letter import DeadLetterTable
+from sinks.produce.log_append import LogAppender
+from sinks.produce.schema_evolution import DEFAULT_SCHEMA_EVOLUTION, SchemaEvolution
 from sinks.python_workers import check_python_workers
 from sinks.reading.state_reader import spark_state
 from sinks.shutdown import finished_before_exit

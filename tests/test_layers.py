@@ -2,7 +2,8 @@
 
 From the bottom (issue #19, point 5): ``checkpoints``, ``sinks.errors``,
 ``sinks.crash_points``, ``sinks.shutdown`` and ``sinks.spark_compat``; ``sinks.config``;
-``sinks.log`` and ``sinks.spark_session``; ``sinks.maintenance``; ``sinks.cleaner``;
+``sinks.log`` (with ``sinks.log.foreign``) and ``sinks.spark_session``; ``sinks.produce``;
+``sinks.maintenance``; ``sinks.cleaner``;
 ``sinks.reading``; ``sinks.sink``; then ``streaming`` by concern: ``streaming.consumers``,
 ``streaming.decoding`` and ``streaming.inputs``; ``streaming.status``; ``streaming.jobs``;
 ``streaming.cli`` and the ``streaming`` package itself. Every import counts, also one inside
@@ -24,6 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("checkpoints", "sinks.errors", "sinks.crash_points", "sinks.shutdown", "sinks.spark_compat"),
     ("sinks.config",),
     ("sinks.log", "sinks.spark_session", "sinks.python_workers"),
+    ("sinks.produce",),
     ("sinks.maintenance",),
     ("sinks.cleaner",),
     ("sinks.reading",),
@@ -44,6 +46,7 @@ LIBRARY_FRONTS = {
     "sinks.errors",
     "sinks.log",
     "sinks.maintenance",
+    "sinks.produce",
     "sinks.reading",
     # single modules of the library, each a layer of its own in `LAYERS` (no package to
     # go through); their Spark glue is no name for ``sinks`` to export to its users

@@ -90,6 +90,7 @@ from sinks.config import LONG_MAX, CleanerConfig
 from sinks.crash_points import CLEAN_BEFORE_CHECKPOINT, CLEAN_BEFORE_COMMIT, crash_point
 from sinks.errors import CleanerError, TableFeatureError
 from sinks.log.file_reader import conform
+from sinks.log.foreign.rearrangement import absorb
 from sinks.log.log_keys import LogKeys
 from sinks.log.log_table import CLEANER_OFFSET_TXN, LogSnapshot, LogTable
 from sinks.log.records import OFFSET, PARTITION
@@ -102,7 +103,6 @@ from sinks.log.segment_writer import (
     stats_columns,
 )
 from sinks.log.storage import LogLocation, arrow_filesystem, delete_files, normalize_uri
-from sinks.maintenance.rearrangement import absorb
 from sinks.spark_session import default_parallelism
 
 logger = logging.getLogger("compacted_sink")
@@ -272,7 +272,7 @@ class Cleaner:
     def absorb_foreign_files(
         self, spark: SparkSession, snapshot: LogSnapshot
     ) -> LogSnapshot | None:
-        """Rewrite another engine's files into segments (`sinks.maintenance.rearrangement`,
+        """Rewrite another engine's files into segments (`sinks.log.foreign.rearrangement`,
         design.md §14), holding every partition of the log; None when some partition is
         busy elsewhere.
 

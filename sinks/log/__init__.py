@@ -1,17 +1,16 @@
 """The log: Kafka's ``UnifiedLog`` over a Delta table.
 
-Records and their checks (`records`), segments (one Parquet file each,
-`segment`, written by `segment_writer`), the table with its snapshots and
-commits (`log_table`), the append of a batch (`log_append`, `append_task`),
-where files live (`storage`, `file_reader`) and quarantined rows (`dead_letter`).
-Nothing here cleans; the cleaner builds on it.
+Records and their columns (`records`), segments (one Parquet file each,
+`segment`, written by `segment_writer` and read by `file_reader`), the table
+with its snapshots and commits (`log_table`), the topic's config and keys kept
+on the log (`log_config`, `log_keys`), where files live (`storage`) and what the
+log owns (`ownership`). Commits other engines make to the log are read in
+`sinks.log.foreign`. Nothing here appends or cleans: the produce path
+(`sinks.produce`) and the cleaner build on it.
 """
 
-from sinks.log.append_batch import ArrowRecords, log_schema
-from sinks.log.dead_letter import DeadLetterTable
 from sinks.log.file_reader import conform
 from sinks.log.history_window import list_delta_log, oldest_reachable_version, window_of
-from sinks.log.log_append import LogAppender, LogAppendInfo, committed
 from sinks.log.log_config import alter_log_config
 from sinks.log.log_keys import LogKeys
 from sinks.log.log_table import COMMIT_INFO_KEY, LogSnapshot, LogTable, log_arrow_schema, now_ms
@@ -24,7 +23,6 @@ from sinks.log.ownership import (
     is_own_data_path,
 )
 from sinks.log.records import DECODE_ERROR, DELETE_HORIZON_MS, OFFSET, PARTITION, TIMESTAMP
-from sinks.log.schema_evolution import DEFAULT_SCHEMA_EVOLUTION, SchemaEvolution, check_mode
 from sinks.log.segment import Segment, is_segment_path
 from sinks.log.segment_writer import WrittenSegment
 from sinks.log.storage import (
@@ -39,29 +37,21 @@ from sinks.log.storage import (
 __all__ = [
     "COMMIT_INFO_KEY",
     "DECODE_ERROR",
-    "DEFAULT_SCHEMA_EVOLUTION",
     "DELETE_HORIZON_MS",
     "DELTA_LOG_DIR",
     "OFFSET",
     "PARTITION",
     "TIMESTAMP",
-    "ArrowRecords",
-    "DeadLetterTable",
-    "LogAppendInfo",
-    "LogAppender",
     "LogKeys",
     "LogLocation",
     "LogSnapshot",
     "LogTable",
-    "SchemaEvolution",
     "Segment",
     "WrittenSegment",
     "alter_log_config",
     "arrow_filesystem",
     "check_log_location",
-    "check_mode",
     "check_new_log_location",
-    "committed",
     "conform",
     "delete_files",
     "foreign_entries",
@@ -71,7 +61,6 @@ __all__ = [
     "join",
     "list_delta_log",
     "log_arrow_schema",
-    "log_schema",
     "normalize_uri",
     "now_ms",
     "oldest_reachable_version",

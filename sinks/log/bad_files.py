@@ -23,7 +23,7 @@ from urllib.parse import unquote
 import pyarrow.fs as pafs
 
 from sinks.errors import CorruptDataFileError, MissingDataFileError
-from sinks.log.foreign_commits import read_commit
+from sinks.log.foreign.commits import read_commit
 from sinks.log.segment import DataFile
 from sinks.log.storage import LogLocation, is_local
 

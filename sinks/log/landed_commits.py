@@ -17,7 +17,7 @@ from urllib.parse import unquote
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
 
-from sinks.log.foreign_commits import COMMIT_INFO_KEY, read_commit
+from sinks.log.foreign.commits import COMMIT_INFO_KEY, read_commit
 from sinks.log.storage import LogLocation
 
 COMMIT_TOKEN_KEY = "commitToken"

@@ -35,7 +35,7 @@ from sinks.config import (
     resolve,
 )
 from sinks.errors import CompactedSinkError, ConfigError
-from sinks.log.foreign_commits import COMMIT_INFO_KEY
+from sinks.log.foreign.commits import COMMIT_INFO_KEY
 from sinks.log.history_window import DEFAULT_WINDOW_MS, table_properties
 from sinks.log.log_keys import KEY_COLUMNS_PROPERTY
 from sinks.log.log_table import LogSnapshot, LogTable

@@ -141,7 +141,7 @@ def opened_log_keys(
     """The keys a sink opened on ``log`` uses: the log's when it exists (see `LogKeys.resolve`),
     else the sink's own, ``("key",)`` when it names none. A single column may be named by
     itself; an empty sequence is a `ValueError`. Opening never stops at another engine's
-    change (`sinks.log.foreign_commits`): the sink's reads and writes do. Opening refuses,
+    change (`sinks.log.foreign.commits`): the sink's reads and writes do. Opening refuses,
     with `NotACompactedLogError`, a Delta table that is not a compacted log and a directory
     without one that holds files the sink did not write (`sinks.log.ownership`)."""
     if isinstance(key_columns, str):

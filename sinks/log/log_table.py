@@ -11,12 +11,12 @@ own offsets in Delta ``txn`` actions, committed in the same commit as the data:
   crash between a pass's commit and its checkpoint row is repaired from the log;
 - ``compacted-sink/partitions``: one more than the highest partition ever written;
 - ``compacted-sink/checked-version``: the version a commit was planned from, every
-  commit before it checked for other engines' data changes (`sinks.log.foreign_commits`).
+  commit before it checked for other engines' data changes (`sinks.log.foreign.commits`).
 
 Files another engine wrote (an OPTIMIZE's) are `ForeignFile`s beside the segments:
 read like any file, never taken for a segment (`sinks.log.segment.classify`). Another
 engine's stale rewrite (planned before a commit that already rewrote its files,
-`sinks.log.stale_rewrites`) is undone by `LogTable.snapshot` before it returns.
+`sinks.log.foreign.stale_rewrites`) is undone by `LogTable.snapshot` before it returns.
 
 Every snapshot is read once and then used as a value: a pass commits against the
 snapshot it planned from, never a refreshed one (delta-rs does not check that a
@@ -46,7 +46,7 @@ from pyspark.sql.types import StructType
 from sinks.errors import CompactedSinkError
 from sinks.log.bad_files import check_files
 from sinks.log.file_reader import read_files
-from sinks.log.foreign_commits import (
+from sinks.log.foreign.commits import (
     ACCEPTED_VERSION_TXN,
     CHECKED_VERSION_TXN,
     COMMIT_INFO_KEY,  # noqa: F401 (status and recovery import it from here)
@@ -55,13 +55,13 @@ from sinks.log.foreign_commits import (
     check_writable,
     commit_metadata,
 )
+from sinks.log.foreign.stale_revert import RestoredFile, Undo, plan_undo
 from sinks.log.history_window import check_reachable
 from sinks.log.landed_commits import COMMIT_TOKEN_KEY, check_removes, landed_version
 from sinks.log.ownership import LOG_DESCRIPTION, PARTITIONS_TXN
 from sinks.log.records import spark_at_or_above
 from sinks.log.segment import DataFile, ForeignFile, Segment, data_file
 from sinks.log.segment_writer import WrittenSegment
-from sinks.log.stale_revert import RestoredFile, Undo, plan_undo
 from sinks.log.storage import LogLocation, is_local, join
 from sinks.spark_compat import utc_arrow_schema
 
@@ -104,10 +104,10 @@ class LogTable:
         """The log as of now (or a Delta version / timestamp); None when no table exists yet.
 
         Raises `ForeignChangeError` when a commit up to that version, not checked
-        before, is another engine's data change (`sinks.log.foreign_commits`);
+        before, is another engine's data change (`sinks.log.foreign.commits`);
         ``verify=False`` skips that check (for the ways out of it). Another engine's
-        stale rewrite (`sinks.log.stale_rewrites`) is undone by a commit of the sink's
-        own before the snapshot is returned (`sinks.log.stale_revert`), or
+        stale rewrite (`sinks.log.foreign.stale_rewrites`) is undone by a commit of the sink's
+        own before the snapshot is returned (`sinks.log.foreign.stale_revert`), or
         `ForeignChangeError` raised when that cannot be exact; with ``repair=False`` (a
         reader that must not write) or ``as_of``, the snapshot is seen through the undo
         instead, and cannot be committed against.

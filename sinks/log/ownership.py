@@ -56,7 +56,7 @@ LOG_DESCRIPTION = "compacted-state log"
 """The Delta table description `LogTable.create` gives every log."""
 KEY_COLUMNS_PROPERTY = "compacted.sink.key.columns"
 """The table property a log records its key columns in (`sinks.log.log_keys`)."""
-PARTITIONS_TXN = "compacted-sink/partitions"  # committed with every append (sinks.log.log_commit)
+PARTITIONS_TXN = "compacted-sink/partitions"  # committed with every append (produce.log_commit)
 CHECKPOINT_TABLE_NAME = "cleaner-offset-checkpoint"  # the name checkpoints/ creates it with
 
 DELTA_LOG_DIR = "_delta_log"
@@ -66,7 +66,7 @@ STAGING_DIR = "_staging"
 SEGMENT_FILE = re.compile(r"partition-\d+/\d{20}-[0-9a-f]{32}\.parquet")
 STAGED_FILE = re.compile(rf"{STAGING_DIR}/[0-9a-f]{{32}}\.parquet")
 STAGED_WRITE_DIR = re.compile(rf"{STAGING_DIR}/[0-9a-f]{{32}}")
-"""One append's staging directory for Spark's writer (`sinks.log.spark_append`)."""
+"""One append's staging directory for Spark's writer (`sinks.produce.spark_append`)."""
 _STAGED_WRITE_ENTRY = re.compile(rf"{STAGING_DIR}/[0-9a-f]{{32}}(?:/.+)?")
 _OWN_DIRECTORY = re.compile(rf"partition-\d+|{STAGING_DIR}|{MARKER_DIR}|{DELTA_LOG_DIR}")
 _MARKER_FILE = re.compile(rf"{MARKER_DIR}/[^/]+")

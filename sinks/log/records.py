@@ -5,7 +5,7 @@ Spark's Kafka source. `prepare_batch` adds what the log needs (``partition``,
 ``offset`` when absent, ``timestamp``, ``delete_horizon_ms``) as a pure DataFrame
 → DataFrame function. The rest ports Kafka's ``LogValidator`` and runs on Arrow,
 where the rows are (an executor's append task, or the data source's driver):
-`sinks.log.validity.RecordValidator` counts what is wrong with the records, per
+`sinks.produce.validity.RecordValidator` counts what is wrong with the records, per
 partition, into a `BatchReport` whose `problems` say what, which column and how
 many rows;
 `OffsetAssigner` numbers records per partition from the log end offset in input

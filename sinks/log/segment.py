@@ -11,7 +11,7 @@ auto compaction) and write files of their own: one file may then hold records of
 several partitions, in any row order. Such a file is a `ForeignFile`, recognised
 by its path and its statistics (`classify`): it is read like any other file, but
 it is never taken for a segment, so never for a clean one, until a pass rewrites
-it into segments (`sinks.maintenance.rearrangement`).
+it into segments (`sinks.log.foreign.rearrangement`).
 """
 
 from __future__ import annotations

@@ -283,7 +283,7 @@ def remove_staged_writes(
     log: LogTable, *, file_delete_delay_ms: int, now_ms: int
 ) -> tuple[list[str], list[str]]:
     """Delete the staging directories of killed appends (``_staging/<32 hex>/``, Spark's
-    writer's output before its files become segments: `sinks.log.spark_append`).
+    writer's output before its files become segments: `sinks.produce.spark_append`).
 
     Returns (deleted, kept because too young): a directory whose newest entry is younger
     than ``file.delete.delay.ms`` may belong to an append still running. Nothing there

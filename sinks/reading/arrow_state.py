@@ -26,7 +26,7 @@ order, with the log's types; not the metadata (``partition``, ``offset``,
 key columns and ``value`` of the same rows. The log's key columns and sequence
 column come from the log itself (`sinks.log.log_keys`), so a reader needs only
 the path. Reads only; idempotent: another engine's stale rewrite of the log (an OPTIMIZE
-planned before a pass and committed after it, `sinks.log.stale_rewrites`) is read through,
+planned before a pass and committed after it, `sinks.log.foreign.stale_rewrites`) is read through,
 as the sink's undo leaves the log, not undone here; one that cannot be undone exactly
 raises `ForeignChangeError`, as ``state()`` does. Key columns must be of types Arrow's hash join
 groups by (strings, binaries, numbers, dates, timestamps, decimals), not structs

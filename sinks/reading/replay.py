@@ -26,12 +26,8 @@ from pyspark.sql import types as T
 
 from sinks.config import CleanerConfig
 from sinks.errors import ConfigError
-from sinks.log.append_batch import SparkRecords
-from sinks.log.append_task import APPEND_TASK_DDL, AppendTask, read_task_output
-from sinks.log.foreign_commits import COMMIT_INFO_KEY
+from sinks.log.foreign.commits import COMMIT_INFO_KEY
 from sinks.log.history_window import table_properties
-from sinks.log.log_append import LogAppender, committed
-from sinks.log.log_commit import discard
 from sinks.log.log_keys import (
     LogKeys,
     log_keys,
@@ -50,6 +46,10 @@ from sinks.log.ownership import check_new_log_location
 from sinks.log.records import OFFSET, PARTITION, TIMESTAMP, VALUE
 from sinks.log.segment_writer import SegmentWriterTask, stats_columns
 from sinks.log.storage import LogLocation, normalize_uri
+from sinks.produce.append_batch import SparkRecords
+from sinks.produce.append_task import APPEND_TASK_DDL, AppendTask, read_task_output
+from sinks.produce.log_append import LogAppender, committed
+from sinks.produce.log_commit import discard
 from sinks.reading.export import (
     StateLog,
     latest_log_records,

@@ -186,8 +186,8 @@ def spark_state(
         # delta-rs's OPTIMIZE does not see a concurrent dataChange=false swap of this
         # sink that removed a file it compacts: its commit may bring that file's records
         # back beside the swap's copies, until the next pass rewrites them
-        # (`sinks.maintenance.rearrangement.inside_segments`), when an operator accepted
-        # it (the sink undoes it otherwise, `sinks.log.stale_revert`). A repeat is the
+        # (`sinks.log.foreign.rearrangement.inside_segments`), when an operator accepted
+        # it (the sink undoes it otherwise, `sinks.log.foreign.stale_revert`). A repeat is the
         # same record (same partition and offset): the winner is kept once.
         kept = kept.dropDuplicates([PARTITION, *keys])
     return _live(kept, log_keys)

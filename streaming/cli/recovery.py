@@ -98,8 +98,9 @@ def _replay(args: argparse.Namespace) -> int:
 
     from pyspark.sql import types as T
 
-    from sinks.log import LogKeys, LogLocation, LogTable, committed, normalize_uri
+    from sinks.log import LogKeys, LogLocation, LogTable, normalize_uri
     from sinks.log.log_keys import log_keys
+    from sinks.produce import committed
     from sinks.reading import (
         EXACT,
         NEW_OFFSETS,

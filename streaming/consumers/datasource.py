@@ -4,7 +4,7 @@ For Spark Declarative Pipelines' ``create_sink`` and for writers that prefer a
 format name to ``foreachBatch``. Executors stage each task's rows as one Parquet
 file under the log's ``_staging/`` directory and send its path to the driver;
 the driver's ``commit(messages, batch_id)`` appends them with the log's one
-produce path (`sinks.log.log_append.LogAppender.append`, the hook's: skip a batch
+produce path (`sinks.produce.log_append.LogAppender.append`, the hook's: skip a batch
 already committed, recover the log on first use, refuse a schema change, validate,
 number, write, commit; Delta ``txn`` per batch id, scoped to the query id its
 checkpoint records: exactly once, on a classic session and under Spark Connect
@@ -12,7 +12,7 @@ alike), then deletes the staged files; ``abort`` deletes them too.
 
 Spark runs a Python data source's ``commit`` in a Python worker process that has
 no SparkSession, so the append task runs over Arrow, on the driver
-(`sinks.log.append_batch.ArrowRecords`). Two consequences, by design:
+(`sinks.produce.append_batch.ArrowRecords`). Two consequences, by design:
 
 - it suits micro-batches that fit in the driver's memory; the ``foreachBatch``
   hook stays the path for large batches;
@@ -48,19 +48,21 @@ except ImportError:  # pyspark 4.0: the writer is refused by name (`spark_compat
 from sinks import CleanerConfig, CompactedStateSink
 from sinks.errors import ConfigError, SchemaMismatchError
 from sinks.log import (
-    DEFAULT_SCHEMA_EVOLUTION,
-    ArrowRecords,
     LogKeys,
     LogLocation,
-    SchemaEvolution,
     arrow_filesystem,
     check_log_location,
-    check_mode,
     delete_files,
     is_own_data_path,
     join,
-    log_schema,
     normalize_uri,
+)
+from sinks.produce import (
+    DEFAULT_SCHEMA_EVOLUTION,
+    ArrowRecords,
+    SchemaEvolution,
+    check_mode,
+    log_schema,
 )
 from sinks.python_workers import check_python_workers
 from sinks.spark_compat import STREAM_READER, STREAM_WRITER, require

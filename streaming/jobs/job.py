@@ -41,7 +41,7 @@ from typing import Any, Literal
 
 from sinks import CleanerConfig, CompactedStateSink
 from sinks.errors import ConfigError
-from sinks.log import DEFAULT_SCHEMA_EVOLUTION, SchemaEvolution, check_mode
+from sinks.produce import DEFAULT_SCHEMA_EVOLUTION, SchemaEvolution, check_mode
 
 SOURCE_FORMATS = ("files", "rate", "kafka")
 FILE_FORMATS = ("parquet", "json")

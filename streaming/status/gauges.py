@@ -81,7 +81,7 @@ commit's info once: never the whole history)."""
 
 @dataclass(frozen=True)
 class SchemaChange:
-    """A commit that evolved the log's schema (`sinks.log.schema_evolution`)."""
+    """A commit that evolved the log's schema (`sinks.produce.schema_evolution`)."""
 
     version: int
     timestamp_ms: int

@@ -11,7 +11,7 @@ from pyspark.sql import functions as F
 
 from checkpoints import CleanerOffsetCheckpoint
 from sinks import CleanerConfig, CompactedStateSink
-from sinks.log.foreign_commits import CHECKED_VERSION_TXN
+from sinks.log.foreign.commits import CHECKED_VERSION_TXN
 from sinks.log.log_table import CLEANER_OFFSET_TXN
 
 NO_CLEAN = CleanerConfig(min_cleanable_dirty_ratio=1.0)

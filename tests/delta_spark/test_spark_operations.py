@@ -25,7 +25,7 @@ from sinks import (
     TableFeatureError,
     read_state,
 )
-from sinks.log.foreign_commits import foreign_change
+from sinks.log.foreign.commits import foreign_change
 from streaming.consumers.datasource import register
 
 pytestmark = pytest.mark.delta_spark

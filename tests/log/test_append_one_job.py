@@ -16,12 +16,12 @@ import pytest
 from pyspark.sql import types as T
 
 from sinks import BadInputError, CleanerConfig, CompactedStateSink
-from sinks.log.append_batch import ArrowRecords
-from sinks.log.log_append import LogAppender
 from sinks.log.log_keys import LogKeys
 from sinks.log.log_table import LogTable
 from sinks.log.records import OffsetAssigner, PartitionCounts
-from sinks.log.validity import RecordValidator
+from sinks.produce.append_batch import ArrowRecords
+from sinks.produce.log_append import LogAppender
+from sinks.produce.validity import RecordValidator
 
 NO_CLEAN = CleanerConfig(min_cleanable_dirty_ratio=1.0)
 KAFKA = "key string, value string, partition int, offset long"

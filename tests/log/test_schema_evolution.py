@@ -6,7 +6,7 @@ import pytest
 from pyspark.sql import types as T
 
 from sinks.errors import ConfigError, SchemaMismatchError
-from sinks.log.schema_evolution import check_mode, evolve_schema, schema_changes
+from sinks.produce.schema_evolution import check_mode, evolve_schema, schema_changes
 
 _ATOMS = {
     "string": T.StringType(),

@@ -1,4 +1,4 @@
-"""The append through Spark's own Parquet writer (`sinks.log.spark_append`, issue #33).
+"""The append through Spark's own Parquet writer (`sinks.produce.spark_append`, issue #33).
 
 Behind ``COMPACTED_SINK_APPEND_WRITER=spark``. Each test appends the same batches to two
 logs, one through the Python task (main's path) and one through Spark's writer, and
@@ -16,7 +16,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from sinks import BadInputError, CleanerConfig, CompactedStateSink
-from sinks.log.spark_append import APPEND_WRITER_ENV, PYTHON_WRITER, SPARK_WRITER
+from sinks.produce.spark_append import APPEND_WRITER_ENV, PYTHON_WRITER, SPARK_WRITER
 
 NO_CLEAN = CleanerConfig(min_cleanable_dirty_ratio=1.0)
 KAFKA = "key string, value string, partition int, offset long"

@@ -1,4 +1,4 @@
-"""Stale rewrites (`sinks.log.stale_rewrites`, `sinks.log.stale_revert`) without Spark.
+"""Stale rewrites (`sinks.log.foreign.stale_rewrites` and `.stale_revert`) without Spark.
 
 delta-rs lets two OPTIMIZEs planned at the same version both commit: the second removes
 files the first removed already and adds their records again. That is the same stale
@@ -19,16 +19,16 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from sinks import ForeignChangeError
-from sinks.log import foreign_commits
-from sinks.log.foreign_commits import CommitGuard, read_commit
-from sinks.log.log_table import LogTable
-from sinks.log.stale_revert import stats_json
-from sinks.log.stale_rewrites import (
+from sinks.log.foreign import commits as foreign_commits
+from sinks.log.foreign.commits import CommitGuard, read_commit
+from sinks.log.foreign.stale_revert import stats_json
+from sinks.log.foreign.stale_rewrites import (
     UNDO_OPERATION,
     CommitSummary,
     gone_after,
     stale_rewrite,
 )
+from sinks.log.log_table import LogTable
 from sinks.log.storage import LogLocation
 
 # -- pure ----------------------------------------------------------------------------------

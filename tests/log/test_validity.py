@@ -7,7 +7,7 @@ import pytest
 
 from sinks.log.log_keys import LogKeys
 from sinks.log.records import DECODE_ERROR
-from sinks.log.validity import (
+from sinks.produce.validity import (
     ROW_RULES,
     arrow_rejection_reasons,
     reason_text,

@@ -186,7 +186,7 @@ def _commit_copy(path: str, *, stats_offsets: tuple[int, int] | None = None) -> 
     if stats_offsets is not None:
         stats["minValues"]["offset"], stats["maxValues"]["offset"] = stats_offsets
     # Named and committed as the sink names and commits its own files: the corruption is
-    # the sink's, not another engine's (which `sinks.log.foreign_commits` stops at).
+    # the sink's, not another engine's (which `sinks.log.foreign.commits` stops at).
     name = segment_path(0, stats["minValues"]["offset"], uuid.uuid4().hex)
     shutil.copy(os.path.join(path, first["path"]), os.path.join(path, name))
     action = AddAction(name, first["size"], {}, int(time.time() * 1000), True, json.dumps(stats))

@@ -43,11 +43,11 @@ from sinks.crash_points import (
     SCHEMA_BEFORE_APPEND,
     SEGMENT_DELETER_AFTER_FILE_DELETED,
 )
-from sinks.log.dead_letter import DeadLetterTable
 from sinks.log.ownership import STAGING_DIR, foreign_entries
-from sinks.log.spark_append import APPEND_WRITER_ENV, SPARK_WRITER
 from sinks.log.storage import LogLocation
 from sinks.maintenance.file_inventory import list_data_files
+from sinks.produce.dead_letter import DeadLetterTable
+from sinks.produce.spark_append import APPEND_WRITER_ENV, SPARK_WRITER
 
 pytestmark = pytest.mark.crash
 
@@ -84,7 +84,7 @@ class Run:
 
 def run_driver(scenario: str, lake: str, crash_at: str) -> subprocess.Popen:
     env = {**os.environ, CRASH_AT_ENV: crash_at}
-    if scenario == "staged":  # the append through Spark's own writer (sinks.log.spark_append)
+    if scenario == "staged":  # the append through Spark's own writer (sinks.produce.spark_append)
         env[APPEND_WRITER_ENV] = SPARK_WRITER
     return subprocess.Popen(
         [sys.executable, DRIVER, scenario, lake],

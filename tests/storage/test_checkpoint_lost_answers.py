@@ -17,7 +17,7 @@ from fault_proxy import CONDITIONAL_PUT, FAULTS_AFTER, FaultProxy
 from s3_server import BUCKET
 
 from checkpoints import CheckpointEntry, CleanerOffsetCheckpoint
-from sinks.log.foreign_commits import read_commit
+from sinks.log.foreign.commits import read_commit
 from sinks.log.storage import LogLocation, delta_storage_options
 
 CLIENT_OPTIONS = {"timeout": "5s", "connect_timeout": "2s", "max_retries": "4"}

@@ -12,8 +12,8 @@ import pytest
 
 from sinks import CompactedStateSink
 from sinks.errors import ConfigError
-from sinks.log.dead_letter import DeadLetterTable
 from sinks.log.storage import LogLocation
+from sinks.produce.dead_letter import DeadLetterTable
 from streaming.consumers.datasource import SinkOptions, register, remove_stale_staged, staged_files
 from streaming.inputs.kafka import KAFKA_SCHEMA, kafka_shaped_files, write_kafka_files
 from streaming.status.progress import ProgressListener, spark_progress

@@ -16,7 +16,7 @@ import pytest
 from deltalake import DeltaTable
 from pyspark.sql import types as T
 
-import sinks.log.log_append as log_append
+import sinks.produce.log_append as log_append
 from sinks import CleanerConfig, CompactedStateSink
 from sinks.errors import ConfigError
 from streaming.cli import main

@@ -2,7 +2,7 @@
 
 Kafka refuses a record without a key on a compacted topic and a record over
 ``message.max.bytes``; a producer then routes it to a dead-letter topic. Here the
-sink does both in one call: `sinks.log.validity.rejection_reason` names what is
+sink does both in one call: `sinks.produce.validity.rejection_reason` names what is
 wrong with each row (null key, null or negative partition, null Kafka offset, a
 value over ``message.max.bytes``, an undecodable payload flagged by a decoder in
 the ``_decode_error`` column), the bad rows go to the dead-letter table and the
@@ -38,7 +38,7 @@ from pyspark.sql import types as T
 from sinks.log.log_keys import LogKeys
 from sinks.log.records import DECODE_ERROR
 from sinks.log.storage import LogLocation
-from sinks.log.validity import arrow_rejection_reasons, rejection_reason
+from sinks.produce.validity import arrow_rejection_reasons, rejection_reason
 
 logger = logging.getLogger("compacted_sink")
 

@@ -11,7 +11,7 @@ commit is one of three kinds:
   (bin-packing, Z-order, clustering), or it touches no data file at all (table
   properties, a schema change, VACUUM's bookkeeping). The records stay the same;
   the files that hold them are absorbed by the next pass
-  (`sinks.maintenance.rearrangement`);
+  (`sinks.log.foreign.rearrangement`);
 - *a data change*: anything else. Records were added or taken away behind the
   sink's back: the newest record of a key may be gone, which would bring an older
   value back as the state. The sink stops with `ForeignChangeError` rather than
@@ -19,8 +19,8 @@ commit is one of three kinds:
 
 A rearrangement can still be wrong: one planned from a version older than a commit
 that already rewrote its files (delta-rs lets it through) brings their records back.
-The guard finds such a *stale rewrite* by its removes (`sinks.log.stale_rewrites`) and
-keeps it as pending until a commit of the sink's undoes it (`sinks.log.stale_revert`,
+The guard finds such a *stale rewrite* by its removes (`sinks.log.foreign.stale_rewrites`) and
+keeps it as pending until a commit of the sink's undoes it (`sinks.log.foreign.stale_revert`,
 called by `sinks.log.log_table.LogTable.snapshot`).
 
 The check reads each commit once, in order: a `CommitGuard` remembers the last
@@ -48,7 +48,7 @@ import pyarrow as pa
 from deltalake import DeltaTable
 
 from sinks.errors import ForeignChangeError, TableFeatureError
-from sinks.log.stale_rewrites import (
+from sinks.log.foreign.stale_rewrites import (
     UNDO_OPERATION,
     WINDOW_MAX,
     CommitSummary,
@@ -258,7 +258,7 @@ class CommitGuard:
                     pending[touched[0]] = pending[touched[0]].followed(commit)
 
     def _stale(self, commit: CommitSummary) -> StaleRewrite | None:
-        """``commit`` as a stale rewrite, or None (`sinks.log.stale_rewrites`)."""
+        """``commit`` as a stale rewrite, or None (`sinks.log.foreign.stale_rewrites`)."""
         read = commit.read_version
         if read is not None and read >= commit.version - 1:
             return None  # nothing committed between its read and its commit

@@ -1,6 +1,6 @@
 """What the produce path takes: a batch from Spark or from Arrow, in the log's columns.
 
-The one append (`sinks.log.log_append.LogAppender.append`) does not care where a
+The one append (`sinks.produce.log_append.LogAppender.append`) does not care where a
 batch comes from; it asks the batch to prepare itself (the log's metadata columns),
 to split off its bad rows when a dead-letter table is set, and to run the append
 task over its rows:
@@ -23,8 +23,6 @@ from pyspark.sql import DataFrame
 from pyspark.sql import types as T
 
 from sinks.errors import SchemaMismatchError
-from sinks.log.append_task import APPEND_TASK_DDL, AppendTask
-from sinks.log.dead_letter import SplitBatch, split_arrow_batch, split_batch
 from sinks.log.log_keys import LogKeys
 from sinks.log.log_table import log_arrow_schema
 from sinks.log.records import (
@@ -39,7 +37,9 @@ from sinks.log.records import (
     log_columns,
     prepare_batch,
 )
-from sinks.log.spark_append import run_in_jvm
+from sinks.produce.append_task import APPEND_TASK_DDL, AppendTask
+from sinks.produce.dead_letter import SplitBatch, split_arrow_batch, split_batch
+from sinks.produce.spark_append import run_in_jvm
 
 
 class TaskRunner(Protocol):
@@ -48,7 +48,7 @@ class TaskRunner(Protocol):
     ``exchange`` false lets a batch that carries Kafka offsets skip the shuffle by
     partition: each task then writes the partitions it holds, which is right only when
     no two tasks hold overlapping offsets of one partition (the caller checks the files
-    written, `sinks.log.log_commit.overlapping`, and runs again with an exchange).
+    written, `sinks.produce.log_commit.overlapping`, and runs again with an exchange).
     """
 
     def __call__(
@@ -117,7 +117,7 @@ class SparkPrepared:
         shuffle. Spark's Kafka source reads each topic-partition's offset range as one
         input partition, so its rows never move; the values cross the network once less.
 
-        Spark's own Parquet writer runs the task when it can (`sinks.log.spark_append`:
+        Spark's own Parquet writer runs the task when it can (`sinks.produce.spark_append`:
         the rows never leave the JVM); the Python workers run it where it cannot.
         """
         if task.log_schema is not None and self._in_jvm:

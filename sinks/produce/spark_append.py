@@ -1,11 +1,11 @@
 """The append through Spark's own Parquet writer: a batch's rows never leave the JVM (#33).
 
-`run_in_jvm` is the executor half of an append (`sinks.log.append_task.AppendTask`'s
+`run_in_jvm` is the executor half of an append (`sinks.produce.append_task.AppendTask`'s
 job) as a plan of Spark's own: the log's columns in the log's order, the offsets
 assigned in the plan, Kafka's producer-side checks counted by an ``observe`` on the
 same job, and the files written by Spark's Parquet writer. It answers with the same
-rows the Python task sends back (`sinks.log.append_task.read_task_output`), so the
-driver's numbering, commit and exactly-once logic (`sinks.log.log_append`) is one.
+rows the Python task sends back (`sinks.produce.append_task.read_task_output`), so the
+driver's numbering, commit and exactly-once logic (`sinks.produce.log_append`) is one.
 
 How the files become the log's (design.md §10, §26):
 
@@ -65,13 +65,13 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from sinks.crash_points import APPEND_AFTER_STAGED_WRITE, crash_point
-from sinks.log.append_task import AppendTask
 from sinks.log.ownership import STAGING_DIR
 from sinks.log.records import COUNT_COLUMNS, INPUT_ORDER, OFFSET, PARTITION, spark_at_or_above
 from sinks.log.segment import segment_path
 from sinks.log.segment_writer import WRITTEN_ARROW_SCHEMA, stats_from_footer
 from sinks.log.storage import arrow_filesystem, is_local
-from sinks.log.validity import spark_row_problems
+from sinks.produce.append_task import AppendTask
+from sinks.produce.validity import spark_row_problems
 
 logger = logging.getLogger("compacted_sink")
 

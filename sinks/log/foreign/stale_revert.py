@@ -1,4 +1,4 @@
-"""Undoing stale rewrites exactly (`sinks.log.stale_rewrites`), or reading past them.
+"""Undoing stale rewrites exactly (`sinks.log.foreign.stale_rewrites`), or reading past them.
 
 A stale rewrite at version s added files (A) that hold the records of the files it
 removed (a rearrangement keeps every record it removes): its *restored* files, still
@@ -40,9 +40,9 @@ from deltalake.transaction import AddAction
 
 from sinks.errors import ForeignChangeError
 from sinks.log.bad_files import find_bad_files
+from sinks.log.foreign.stale_rewrites import UNDO_OPERATION, StaleRewrite, describe_stale
 from sinks.log.segment import DataFile, data_file
 from sinks.log.segment_writer import stat_value
-from sinks.log.stale_rewrites import UNDO_OPERATION, StaleRewrite, describe_stale
 from sinks.log.storage import LogLocation
 
 

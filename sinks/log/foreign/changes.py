@@ -1,6 +1,6 @@
 """The two ways on after another engine changed a log's records: accept, or restore.
 
-`sinks.log.foreign_commits` stops the sink at a commit another engine made that
+`sinks.log.foreign.commits` stops the sink at a commit another engine made that
 added or removed records (DELETE, UPDATE, MERGE, an overwrite, RESTORE). An
 operator then chooses:
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 from deltalake.transaction import CommitProperties, Transaction
 
 from sinks.errors import CompactedSinkError
-from sinks.log.foreign_commits import ACCEPTED_VERSION_TXN, CHECKED_VERSION_TXN, COMMIT_INFO_KEY
+from sinks.log.foreign.commits import ACCEPTED_VERSION_TXN, CHECKED_VERSION_TXN, COMMIT_INFO_KEY
 from sinks.log.log_table import (
     CLEANER_OFFSET_TXN,
     LOG_END_OFFSET_TXN,

@@ -3,8 +3,8 @@
 `LogAppender.append` is the log's one produce path, for the ``foreachBatch`` hook
 and the data source sink alike: skip a batch already committed, recover the log on
 first use, refuse a schema change, split bad rows to the dead-letter table, then
-validate, number, write and commit (`sinks.log.append_batch` says where the rows come
-from, `sinks.log.log_commit` how they are committed).
+validate, number, write and commit (`sinks.produce.append_batch` says where the rows come
+from, `sinks.produce.log_commit` how they are committed).
 
 An append is one Spark job. The prepared batch is shuffled once by ``partition``
 and sorted within partitions by input order (Kafka input: by offset); each task
@@ -13,7 +13,7 @@ writes the segments in one pass, and sends back the files it wrote beside its
 per-partition counts. The driver turns the counts into a `BatchReport`: on a bad
 batch it deletes the files just written and raises `BadInputError`; otherwise it
 commits them in one Delta commit. The data source's driver runs the same task
-over Arrow tables (`sinks.log.append_batch.ArrowRecords`), so both paths share
+over Arrow tables (`sinks.produce.append_batch.ArrowRecords`), so both paths share
 every check.
 
 What the log keeps true:
@@ -50,11 +50,7 @@ from sinks.crash_points import (
     crash_point,
 )
 from sinks.errors import CommitConflictError, SchemaMismatchError
-from sinks.log.append_batch import ArrowRecords, SparkRecords, TaskRunner
-from sinks.log.append_task import AppendTask, read_task_output
-from sinks.log.dead_letter import DeadLetterTable
 from sinks.log.history_window import table_properties
-from sinks.log.log_commit import commit_append, commit_empty, discard, moved, overlapping
 from sinks.log.log_keys import LogKeys
 from sinks.log.log_table import (
     LogSnapshot,
@@ -68,16 +64,20 @@ from sinks.log.records import (
     BatchReport,
     raise_for_problems,
 )
-from sinks.log.schema_commit import commit_schema
-from sinks.log.schema_evolution import (
+from sinks.log.segment_writer import SegmentWriterTask, WrittenSegment, stats_columns
+from sinks.log.storage import missing_files
+from sinks.produce.append_batch import ArrowRecords, SparkRecords, TaskRunner
+from sinks.produce.append_task import AppendTask, read_task_output
+from sinks.produce.dead_letter import DeadLetterTable
+from sinks.produce.log_commit import commit_append, commit_empty, discard, moved, overlapping
+from sinks.produce.schema_commit import commit_schema
+from sinks.produce.schema_evolution import (
     DEFAULT_SCHEMA_EVOLUTION,
     SchemaEvolution,
     check_mode,
     evolve_schema,
     schema_changes,
 )
-from sinks.log.segment_writer import SegmentWriterTask, WrittenSegment, stats_columns
-from sinks.log.storage import missing_files
 
 logger = logging.getLogger("compacted_sink")
 
@@ -114,8 +114,8 @@ class LogAppender:
 
     ``config`` gives ``message.max.bytes`` (the per-value limit) and ``segment.bytes``
     (where a written file rolls). ``schema_evolution`` says which schema changes a
-    batch may bring (`sinks.log.schema_evolution`); an evolved schema is committed
-    before the batch's files (`sinks.log.schema_commit`), and the files are written
+    batch may bring (`sinks.produce.schema_evolution`); an evolved schema is committed
+    before the batch's files (`sinks.produce.schema_commit`), and the files are written
     with it. ``dead_letters`` quarantines bad rows instead of failing the batch;
     ``recover`` runs before the first append to an existing log (the front passes
     `sinks.maintenance.recovery`, a layer above this one); ``clock`` gives epoch ms.

@@ -17,7 +17,7 @@ commit in (r, s) removed it and none added it back. The commit's ``commitInfo`` 
 as ``readVersion``: delta-rs writes it for OPTIMIZE and Z-order (an OPTIMIZE planned at
 version 2 and committed at 4 says ``"operation":"OPTIMIZE", "readVersion":2``), and Delta
 Spark for every commit planned from a snapshot. The check therefore reads the removes of
-the commits in (r, s) (`gone_after`), which `sinks.log.foreign_commits.CommitGuard` has
+the commits in (r, s) (`gone_after`), which `sinks.log.foreign.commits.CommitGuard` has
 mostly just read in order anyway. Without ``readVersion``, or when more than
 `WINDOW_MAX` commits lie in between, it compares against the files live at s - 1
 instead, which costs one Delta checkpoint and at most ``delta.checkpointInterval`` commits.
@@ -26,7 +26,7 @@ A later rearrangement that is not stale itself may rewrite the files a pending s
 rewrite added (the next scheduled OPTIMIZE, before the sink looked): it joins the stale
 one (`StaleRewrite.followed`), and the two are undone together, which undoes nothing but
 rearrangements. What the sink then does (undo exactly, or stop) is
-`sinks.log.stale_revert`'s.
+`sinks.log.foreign.stale_revert`'s.
 """
 
 from __future__ import annotations

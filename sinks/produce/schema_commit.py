@@ -24,7 +24,7 @@ from deltalake import write_deltalake
 from deltalake.transaction import CommitProperties
 from pyspark.sql.types import StructType
 
-from sinks.log.foreign_commits import check_writable, commit_metadata
+from sinks.log.foreign.commits import check_writable, commit_metadata
 from sinks.log.log_table import LogSnapshot, log_arrow_schema
 
 NO_RECORD = '"offset" < 0'

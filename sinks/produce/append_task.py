@@ -12,7 +12,7 @@ only counts, since the driver will discard the batch anyway.
 
 The task sends back two kinds of rows in one schema: a written segment
 (``path`` set) and, per partition value it saw, the validator's counts (``path``
-null). The driver (`sinks.log.log_append`) reads them with `read_task_output`. The
+null). The driver (`sinks.produce.log_append`) reads them with `read_task_output`. The
 task never commits: a file it wrote is live only once the driver commits it.
 """
 
@@ -38,7 +38,7 @@ from sinks.log.segment_writer import (
     SegmentWriterTask,
     WrittenSegment,
 )
-from sinks.log.validity import RecordValidator
+from sinks.produce.validity import RecordValidator
 
 APPEND_TASK_DDL = WRITTEN_SEGMENT_DDL + "".join(f", {c} long" for c in COUNT_COLUMNS)
 _OUTPUT_SCHEMA = pa.schema([*WRITTEN_ARROW_SCHEMA, *[(c, pa.int64()) for c in COUNT_COLUMNS]])
@@ -50,7 +50,7 @@ class AppendTask:
 
     ``log_end_offsets`` are the log's, as of the snapshot the append numbers from.
     Not idempotent: every call writes new files. A Spark batch runs the same task in
-    the JVM when it can (`sinks.log.spark_append`, from ``log_schema``).
+    the JVM when it can (`sinks.produce.spark_append`, from ``log_schema``).
     """
 
     writer: SegmentWriterTask

@@ -4,7 +4,7 @@
 written partition's new log end offset; `commit_empty` records an empty batch's id;
 `moved` tells whether another writer took the offsets a batch was numbered with;
 `discard` deletes files an append will not commit. Used by
-`sinks.log.log_append.LogAppender`, which decides when.
+`sinks.produce.log_append.LogAppender`, which decides when.
 """
 
 from __future__ import annotations
