@@ -36,6 +36,7 @@ from deltalake import DeltaTable
 from checkpoints.checkpoint_table import HANDS_OFF_PROPERTIES
 from sinks.config import DELETED_FILE_RETENTION_DURATION, format_interval, parse_interval_ms
 from sinks.errors import CompactedSinkError
+from sinks.log.committer import DELTA_RS, LogCommitter
 from sinks.log.ownership import DELTA_LOG_DIR
 from sinks.log.storage import LogLocation
 
@@ -83,7 +84,9 @@ def window_of(table: DeltaTable) -> int:
     return DEFAULT_WINDOW_MS if text is None else parse_interval_ms(text)
 
 
-def align_table_properties(table: DeltaTable, window_ms: int) -> bool:
+def align_table_properties(
+    table: DeltaTable, window_ms: int, committer: LogCommitter = DELTA_RS
+) -> bool:
     """Set the window's properties on ``table`` when they differ; True when a commit was made.
 
     Idempotent: a table that already has them is not touched (a metadata commit
@@ -93,7 +96,7 @@ def align_table_properties(table: DeltaTable, window_ms: int) -> bool:
     current = table.metadata().configuration
     if all(current.get(k) == v for k, v in wanted.items()):
         return False
-    table.alter.set_table_properties(wanted)
+    committer.set_properties(table, wanted, metadata={})
     return True
 
 

@@ -21,8 +21,6 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from deltalake import CommitProperties
-
 from sinks.config import (
     DELETED_FILE_RETENTION_DURATION,
     FILE_DELETE_DELAY_MS,
@@ -134,18 +132,16 @@ def alter_log_config(
             properties.update(table_properties(int(new) if new is not None else DEFAULT_WINDOW_MS))
         else:
             properties[TOPIC_CONFIG_PREFIX + key] = new or ""
-    snapshot.table.alter.set_table_properties(
+    snapshot.committer.set_properties(
+        snapshot.table,
         properties,
-        raise_if_not_exists=False,  # the sink's own keys are not Delta's
-        commit_properties=CommitProperties(
-            custom_metadata={
-                COMMIT_INFO_KEY: {
-                    "operation": ALTER_OPERATION,
-                    "added": {k: new for k, (_, new) in changes.items() if new is not None},
-                    "deleted": [k for k, (_, new) in changes.items() if new is None],
-                }
+        metadata={
+            COMMIT_INFO_KEY: {
+                "operation": ALTER_OPERATION,
+                "added": {k: new for k, (_, new) in changes.items() if new is not None},
+                "deleted": [k for k, (_, new) in changes.items() if new is None],
             }
-        ),
+        },
     )
     after = log.snapshot(verify=False)
     assert after is not None

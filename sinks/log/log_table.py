@@ -38,13 +38,12 @@ from urllib.parse import unquote
 import pyarrow as pa
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
-from deltalake.transaction import CommitProperties, Transaction
-from deltalake.transaction import RemoveAction as _RemoveAction
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from sinks.errors import CompactedSinkError
 from sinks.log.bad_files import check_files
+from sinks.log.committer import DELTA_RS, LogCommitter
 from sinks.log.file_reader import read_files
 from sinks.log.foreign.commits import (
     ACCEPTED_VERSION_TXN,
@@ -86,9 +85,16 @@ def now_ms() -> int:
 class LogTable:
     """A log's Delta table at ``uri``: snapshots, reads into Spark, and commits."""
 
-    def __init__(self, uri: str, storage_options: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        uri: str,
+        storage_options: Mapping[str, str] | None = None,
+        *,
+        committer: LogCommitter = DELTA_RS,
+    ) -> None:
         self.location = LogLocation(uri, dict(storage_options or {}))
         self.guard = CommitGuard(self.location)
+        self.committer = committer  # the engine its commits go through (design.md §36)
 
     @property
     def uri(self) -> str:
@@ -119,7 +125,7 @@ class LogTable:
                 return None
             if as_of is not None:
                 self._travel(table, as_of)
-            snapshot = LogSnapshot(self.location, table)
+            snapshot = LogSnapshot(self.location, table, committer=self.committer)
             if not verify:
                 return snapshot
             checked = snapshot.txn_version(CHECKED_VERSION_TXN)
@@ -133,7 +139,9 @@ class LogTable:
                 self.location, snapshot.data_files(), stale, current_version=snapshot.version
             )
             if as_of is not None or not repair:
-                return LogSnapshot(self.location, table, seen_through=undo)
+                return LogSnapshot(
+                    self.location, table, seen_through=undo, committer=self.committer
+                )
             try:
                 snapshot.commit(
                     adds=undo.restored,
@@ -169,13 +177,10 @@ class LogTable:
         """Create the table with ``schema`` (and Delta table properties) unless it exists;
         returns the current snapshot."""
         try:
-            DeltaTable.create(
-                self.uri,
+            self.committer.create_table(
+                self.location,
                 log_arrow_schema(schema),
-                mode="ignore",
-                configuration=dict(configuration) if configuration else None,
-                raise_if_key_not_exists=False,  # the sink's own properties (sinks.log.log_keys)
-                storage_options=self.location.delta_options,
+                configuration=configuration,
                 name=self.uri.rstrip("/").rsplit("/", 1)[-1],
                 description=LOG_DESCRIPTION,  # a mark of the sink's logs (sinks.log.ownership)
             )
@@ -215,9 +220,15 @@ class LogSnapshot:
     """One version of a log: its segments per partition and its recorded offsets."""
 
     def __init__(
-        self, location: LogLocation, table: DeltaTable, *, seen_through: Undo | None = None
+        self,
+        location: LogLocation,
+        table: DeltaTable,
+        *,
+        seen_through: Undo | None = None,
+        committer: LogCommitter = DELTA_RS,
     ) -> None:
         self.location = location
+        self.committer = committer
         self.uri = location.uri
         self.table = table
         self.version = table.version()
@@ -355,22 +366,25 @@ class LogSnapshot:
         stamp = now_ms()
         if self.verified:
             transactions = {CHECKED_VERSION_TXN: self.version, **transactions}
-        removes = list(removes)
-        actions: list[Any] = [
-            _RemoveAction(s.path, data_change, stamp, s.size_bytes, {}) for s in removes
-        ]
-        actions += [a.add_action(data_change=data_change, modification_time=stamp) for a in adds]
+        removes, adds = list(removes), list(adds)
         token = uuid.uuid4().hex
-        properties = CommitProperties(
-            app_transactions=[Transaction(k, v, stamp) for k, v in transactions.items()],
-            custom_metadata=commit_metadata({**info, COMMIT_TOKEN_KEY: token}),
-            max_commit_retries=0 if removes else None,
-        )
+        metadata = commit_metadata({**info, COMMIT_TOKEN_KEY: token})
+
+        def commit_at(table: DeltaTable) -> None:
+            self.committer.commit_files(
+                table,
+                adds=adds,
+                removes=removes,
+                data_change=data_change,
+                schema=self.arrow_schema,
+                transactions=transactions,
+                metadata=metadata,
+                timestamp_ms=stamp,
+            )
+
         if not removes:
             try:
-                self.table.create_write_transaction(
-                    actions, "append", self.arrow_schema, commit_properties=properties
-                )
+                commit_at(self.table)
             # A conflict, or a store error after retries (delta-rs raises the store's as
             # OSError): did it land?
             except (DeltaError, OSError):
@@ -381,9 +395,7 @@ class LogSnapshot:
         table = self.table
         for _ in range(REBASE_ATTEMPTS):
             try:
-                table.create_write_transaction(
-                    actions, "append", self.arrow_schema, commit_properties=properties
-                )
+                commit_at(table)
                 return
             except CommitFailedError:
                 if landed_version(self.location, token, table.version()) is not None:

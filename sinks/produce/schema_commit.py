@@ -2,7 +2,8 @@
 
 delta-rs's ``create_write_transaction`` drops a schema change in append mode without an
 error (delta-rs#3934), and in overwrite mode it removes every live file. So the schema
-goes in a commit of its own, made by ``write_deltalake`` as an overwrite whose predicate
+goes in a commit of its own, made through the log's committer (`sinks.log.committer`;
+with delta-rs, ``write_deltalake``) as an overwrite whose predicate
 no record matches (``offset < 0``; file statistics prune every file, so nothing is read):
 delta-rs writes the new ``metaData`` (table id, properties and creation time kept) and
 neither adds nor removes a file. It also accepts a type widening, which
@@ -20,15 +21,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from deltalake import write_deltalake
-from deltalake.transaction import CommitProperties
 from pyspark.sql.types import StructType
 
 from sinks.log.foreign.commits import check_writable, commit_metadata
 from sinks.log.log_table import LogSnapshot, log_arrow_schema
-
-NO_RECORD = '"offset" < 0'
-"""A predicate no record of a log matches: offsets start at 0."""
 
 
 def commit_schema(snapshot: LogSnapshot, schema: StructType, *, info: Mapping[str, Any]) -> bool:
@@ -41,12 +37,7 @@ def commit_schema(snapshot: LogSnapshot, schema: StructType, *, info: Mapping[st
     if schema == snapshot.spark_schema:
         return False
     check_writable(snapshot.location, snapshot.table)
-    write_deltalake(
-        snapshot.table,
-        log_arrow_schema(schema).empty_table(),
-        mode="overwrite",
-        schema_mode="overwrite",
-        predicate=NO_RECORD,
-        commit_properties=CommitProperties(custom_metadata=commit_metadata(info)),
+    snapshot.committer.commit_schema(
+        snapshot.table, log_arrow_schema(schema), metadata=commit_metadata(info)
     )
     return True

@@ -19,7 +19,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from deltalake.exceptions import CommitFailedError
-from deltalake.transaction import CommitProperties
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -385,11 +384,7 @@ def set_carried_properties(log: LogTable, config: CarriedConfig) -> bool:
     wanted = {k: v for k, v in config.properties.items() if current.get(k) != v}
     if not wanted:
         return False
-    snapshot.table.alter.set_table_properties(
-        wanted,
-        raise_if_not_exists=False,  # topic configs are not Delta's keys
-        commit_properties=CommitProperties(
-            custom_metadata={COMMIT_INFO_KEY: {"operation": "replay-config"}}
-        ),
+    snapshot.committer.set_properties(
+        snapshot.table, wanted, metadata={COMMIT_INFO_KEY: {"operation": "replay-config"}}
     )
     return True

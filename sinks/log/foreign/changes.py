@@ -17,8 +17,6 @@ operator then chooses:
 
 from __future__ import annotations
 
-from deltalake.transaction import CommitProperties, Transaction
-
 from sinks.errors import CompactedSinkError
 from sinks.log.foreign.commits import ACCEPTED_VERSION_TXN, CHECKED_VERSION_TXN, COMMIT_INFO_KEY
 from sinks.log.log_table import (
@@ -62,12 +60,12 @@ def restore_version(log: LogTable, version: int) -> int:
         offsets[CLEANER_OFFSET_TXN.format(p)] = target.cleaner_offset(p) or 0
     stamp = now_ms()
     try:
-        current.table.restore(
+        current.committer.restore(
+            current.table,
             version,
-            commit_properties=CommitProperties(
-                app_transactions=[Transaction(k, v, stamp) for k, v in offsets.items()],
-                custom_metadata={COMMIT_INFO_KEY: {"operation": "restore", "toVersion": version}},
-            ),
+            transactions=offsets,
+            metadata={COMMIT_INFO_KEY: {"operation": "restore", "toVersion": version}},
+            timestamp_ms=stamp,
         )
     except Exception as e:  # noqa: BLE001 - delta-rs reports missing files in several ways
         raise CompactedSinkError(
