@@ -11,7 +11,7 @@ letter names the first one a row breaks (`ROW_RULES`):
 - ``oversized_values``: a string or binary value longer than ``message.max.bytes``.
 
 They run in two places, so they exist in two forms side by side here, and
-``tests/log/test_validity.py`` holds them to the same verdict on the same rows:
+``tests/produce/test_validity.py`` holds them to the same verdict on the same rows:
 `rejection_reason` (Spark, the reason column a batch is split on for dead letters)
 and `row_problems` (Arrow, the masks `RecordValidator` counts where the append's
 task holds the rows, and `arrow_rejection_reasons`, the data source's dead letters).
