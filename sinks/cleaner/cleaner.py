@@ -102,7 +102,7 @@ from sinks.log.segment_writer import (
     nullable_schema,
     stats_columns,
 )
-from sinks.log.storage import LogLocation, arrow_filesystem, delete_files, normalize_uri
+from sinks.log.storage import arrow_filesystem, delete_files, normalize_uri
 from sinks.spark_session import default_parallelism
 
 logger = logging.getLogger("compacted_sink")
@@ -422,12 +422,8 @@ class Cleaner:
         return clean_segments(
             spark,
             tasks,
-            log=self.log.location,
-            schema=snapshot.arrow_schema,
+            snapshot=snapshot,
             keys=self.keys,
-            log_start_offsets={
-                plan.partition: snapshot.log_start_offset(plan.partition) for plan in plans
-            },
             pass_start_ms=pass_start_ms,
             delete_retention_ms=self.delete_retention_ms,
             stats_columns=self.stats_columns(snapshot),
@@ -769,10 +765,8 @@ def clean_segments(
     spark: SparkSession,
     tasks: Sequence[PartitionToClean],
     *,
-    log: LogLocation,
-    schema: pa.Schema,
+    snapshot: LogSnapshot,
     keys: LogKeys,
-    log_start_offsets: Mapping[int, int],
     pass_start_ms: int,
     delete_retention_ms: int,
     stats_columns: Sequence[str],
@@ -781,18 +775,19 @@ def clean_segments(
     niceness: int = 0,
     held_below: Mapping[int, int] | None = None,
 ) -> list[WrittenSegment]:
-    """Clean every partition of ``tasks`` of ``log`` in at most ``slots`` Spark tasks
-    (`packed`), each cleaning its partitions in turn on a thread niced by ``niceness``; the
-    files written."""
+    """Clean every partition of ``tasks`` of ``snapshot``'s log in at most ``slots`` Spark
+    tasks (`packed`), each cleaning its partitions in turn on a thread niced by ``niceness``;
+    the files written."""
+    partitions = {t.partition for t in tasks}
     task = RecopyTask(
-        table_uri=normalize_uri(log.uri),
-        storage_options=dict(log.storage_options),
-        schema=schema,
+        table_uri=normalize_uri(snapshot.uri),
+        storage_options=dict(snapshot.storage_options),
+        schema=snapshot.arrow_schema,
         key_columns=keys.key_columns,
         sequence_column=keys.sequence_column,
         tasks=tuple(tasks),
         bins=tuple(tuple(b) for b in packed(tasks, slots)),
-        log_start_offsets=dict(log_start_offsets),
+        log_start_offsets={p: snapshot.log_start_offset(p) for p in sorted(partitions)},
         pass_start_ms=pass_start_ms,
         delete_retention_ms=delete_retention_ms,
         stats_columns=tuple(stats_columns),
