@@ -44,7 +44,7 @@ _lock = threading.Lock()
 def check_python_workers(spark: SparkSession, packages: tuple[str, ...] = (PACKAGE,)) -> None:
     """Make sure Spark's Python workers import ``packages``; once per SparkContext.
 
-    The sink calls it before its first batch, and ``streaming.datasource.register``
+    The sink calls it before its first batch, and ``streaming.consumers.datasource.register``
     before it registers the ``compacted-state`` format (whose readers run in the
     workers too, with the interpreter the context names at registration).
     Idempotent. On a local master it may set the context's Python to this
