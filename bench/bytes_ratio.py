@@ -102,7 +102,7 @@ def totals(workload: dict[str, Any]) -> dict[str, float]:
     found = {}
     for name in SINKS:
         if name in systems:
-            for other in MERGES:
+            for other in (m for m in MERGES if m in systems):
                 found[f"{other}/{name}"] = (
                     systems[other]["bytes_written"] / systems[name]["bytes_written"]
                 )
@@ -148,7 +148,11 @@ def markdown(results: dict[str, Any]) -> str:
                 cells += [
                     f"{row[f'{name}_mb']:.0f} ({row[f'{name}_amp']:.2f}× input)",
                     f"{row[f'delta_spark_merge/{name}']:.2f}×",
-                    f"{row.get(f'merge_per_batch/{name}', float('nan')):.2f}×",
+                    (
+                        f"{row[f'merge_per_batch/{name}']:.2f}×"
+                        if f"merge_per_batch/{name}" in row
+                        else "–"
+                    ),
                     f"{row[f'model/{name}']:.2f}×",
                     f"{row[f'model_steady/{name}']:.2f}×",
                 ]
