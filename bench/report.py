@@ -16,6 +16,7 @@ SYSTEM_ORDER = (
     "compacted_sink",
     "compacted_sink_inline",
     "compacted_sink_not_niced",
+    "compacted_sink_dirty_075",
     "delta_spark_merge",
     "merge_per_batch",
     "rewrite_per_batch",
@@ -34,6 +35,8 @@ SYSTEM_NOTES = {
     "delta_spark_append": 'Spark\'s own Delta append (`df.write.format("delta").mode("append")`, '
     "txnAppId/txnVersion): the append floor",
     "spark_parquet": "Spark's plain Parquet append of the batch (no Delta)",
+    "compacted_sink_dirty_075": "this sink with `min.cleanable.dirty.ratio` 0.75 "
+    "(a user's tuning, as in Kafka): fewer bytes written, a longer log to replay",
 }
 PLOT = "per_batch_cost.png"
 

@@ -3,12 +3,14 @@ state, and the delta-spark ones commit idempotently (txnAppId / txnVersion)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from pyspark.sql import SparkSession
 
 from bench.measure import PeakRss
 from bench.run import BASELINES, run_workload
-from bench.systems import DeltaSparkAppendSystem, DeltaSparkMergeSystem, checksum
+from bench.systems import DeltaSparkAppendSystem, DeltaSparkMergeSystem, checksum, make_system
 from bench.workload import Workload, generate
 
 pytestmark = pytest.mark.delta_spark
@@ -65,3 +67,25 @@ def test_delta_spark_baselines_commit_each_batch_once(
         (system.app_id, 1),
     ]
     assert delta_spark.conf.get("spark.databricks.delta.write.txnAppId", None) is None
+
+
+def test_the_sink_at_dirty_ratio_075_ends_on_the_same_state(
+    delta_spark: SparkSession, tmp_path
+) -> None:
+    systems = ("compacted_sink", "compacted_sink_dirty_075")
+    tiny = dataclasses.replace(_tiny(), systems=systems)
+
+    result = run_workload(delta_spark, tiny, str(tmp_path), systems, PeakRss(delta_spark))
+
+    assert sorted(result["systems"]) == sorted(systems)
+    assert result["states_agree"]
+    assert 0 < result["systems"]["compacted_sink_dirty_075"]["live_keys"] < 300
+
+
+def test_the_075_system_cleans_at_its_ratio(tmp_path) -> None:
+    system = make_system("compacted_sink_dirty_075", str(tmp_path))
+    try:
+        assert system.sink.config.min_cleanable_dirty_ratio == 0.75
+        assert system.name == "compacted_sink_dirty_075"
+    finally:
+        system.close()
