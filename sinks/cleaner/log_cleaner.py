@@ -134,6 +134,7 @@ class LogCleaner:
             LogLocation(checkpoints.uri, log.storage_options),
             window_ms=config.file_delete_delay_ms,
             check_interval_ms=config.log_retention_check_interval_ms,
+            committer=log.committer,
         )
         self.listeners: list[PassListener] = []
         self.last_round: RoundReport | None = None

@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from urllib.parse import unquote
 
-from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
 
 from sinks.log.foreign.commits import COMMIT_INFO_KEY, read_commit
@@ -26,7 +25,7 @@ COMMIT_TOKEN_KEY = "commitToken"
 
 def landed_version(location: LogLocation, token: str, after: int) -> int | None:
     """The version after ``after`` that holds the commit carrying ``token``, if any."""
-    latest = DeltaTable(location.uri, storage_options=location.delta_options).version()
+    latest = location.delta_table().version()
     for version in range(after + 1, latest + 1):
         for action in read_commit(location, version) or []:
             own = (action.get("commitInfo") or {}).get(COMMIT_INFO_KEY) or {}

@@ -120,7 +120,7 @@ class LogTable:
         """
         for _ in range(REBASE_ATTEMPTS):
             try:
-                table = DeltaTable(self.uri, storage_options=self.location.delta_options)
+                table = self.location.delta_table()
             except TableNotFoundError:
                 return None
             if as_of is not None:
@@ -159,7 +159,7 @@ class LogTable:
 
     def _travel(self, table: DeltaTable, as_of: AsOf) -> None:
         """Load ``as_of`` into ``table``; raises `HistoryExpiredError` before the history window."""
-        current = DeltaTable(self.uri, storage_options=self.location.delta_options)
+        current = self.location.delta_table()
         try:
             table.load_as_version(as_of)
         except Exception as e:  # noqa: BLE001 - cleaned-up versions fail in several ways
@@ -400,7 +400,7 @@ class LogSnapshot:
             except CommitFailedError:
                 if landed_version(self.location, token, table.version()) is not None:
                     return
-                latest = DeltaTable(self.uri, storage_options=self.location.delta_options)
+                latest = self.location.delta_table()
                 if latest.version() == table.version():
                     raise
                 check_removes(self.location, removed, table.version(), latest.version())

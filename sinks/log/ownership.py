@@ -204,11 +204,10 @@ def check_compacted_log(uri: str, table: DeltaTable) -> str:
 
 def check_log_location(location: LogLocation) -> None:
     """Raise `NotACompactedLogError` unless ``location`` holds a compacted log or may become one."""
-    from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
     try:
-        table = DeltaTable(location.uri, storage_options=location.delta_options)
+        table = location.delta_table()
     except TableNotFoundError:
         check_new_log_location(location)
         return

@@ -44,6 +44,7 @@ from typing import Literal
 from urllib.parse import unquote, urlparse
 
 import pyarrow.fs as pafs
+from deltalake import DeltaTable
 
 from sinks.errors import ConfigError
 
@@ -214,6 +215,10 @@ class LogLocation:
     def delta_options(self) -> dict[str, str] | None:
         """The options as delta-rs takes them: None when there are none."""
         return dict(self.storage_options) or None
+
+    def delta_table(self, version: int | None = None) -> DeltaTable:
+        """The Delta table here (at ``version``, else the latest), opened by delta-rs."""
+        return DeltaTable(self.uri, version=version, storage_options=self.delta_options)
 
     def filesystem(self) -> tuple[pafs.FileSystem, str]:
         """A pyarrow file system and the table's root path in it (`arrow_filesystem`)."""

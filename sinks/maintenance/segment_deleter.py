@@ -44,9 +44,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from deltalake import DeltaTable
-
 from sinks.crash_points import SEGMENT_DELETER_AFTER_FILE_DELETED, crash_point
+from sinks.log.committer import DELTA_RS, LogCommitter
 from sinks.log.history_window import (
     DELETED_FILE_RETENTION_DURATION,
     align_table_properties,
@@ -106,6 +105,7 @@ def delete_expired_files(
     protected_partitions: Iterable[int] = (),
     trim_log: bool = True,
     kind: TableKind = "log",
+    committer: LogCommitter = DELTA_RS,
 ) -> DeletionReport:
     """Delete up to ``max_files`` files of the table at ``table_location`` that left it more than
     ``window_ms`` ago (or that no commit names, are the table's own and are that old), then
@@ -114,18 +114,18 @@ def delete_expired_files(
     ``kind`` says whose naming makes an untracked file the table's own: a compacted log's
     (``"log"``; raises `NotACompactedLogError` on any other table, before anything is
     committed or deleted) or the cleaner-offset checkpoint table's (``"checkpoint"``).
-    Sets the window's table properties first when they differ (one metadata commit).
+    Sets the window's table properties first when they differ (one metadata commit, through
+    ``committer``: a log's own, design.md §36).
     Files of ``protected_partitions`` (``partition-<p>/``) are kept for now.
     """
     started = time.monotonic()
-    uri, options = table_location.uri, table_location.delta_options
-    table = DeltaTable(uri, storage_options=options)
+    table = table_location.delta_table()
     if kind == "log":
-        check_compacted_log(uri, table)
+        check_compacted_log(table_location.uri, table)
     owned = is_own_data_path if kind == "log" else is_delta_rs_data_path
-    changed = align_table_properties(table, window_ms)
+    changed = align_table_properties(table, window_ms, committer)
     if changed:
-        table = DeltaTable(uri, storage_options=options)
+        table = table_location.delta_table()
     before = list_delta_log(table_location).files
     listed = table.vacuum(dry_run=True, full=True, enforce_retention_duration=False)
     named = set(table.vacuum(dry_run=True, full=False, enforce_retention_duration=False))
@@ -149,7 +149,7 @@ def delete_expired_files(
     if trim_log:
         table.cleanup_metadata()
     report = DeletionReport(
-        table=uri,
+        table=table_location.uri,
         deleted=tuple(deleted),
         deleted_bytes=deleted_bytes,
         left_for_next_call=len(allowed) - len(chosen),
@@ -177,7 +177,7 @@ def delete_expired_checkpoint_files(
     never undo each other's setting."""
     uri = table_location.uri
     try:
-        table = DeltaTable(uri, storage_options=table_location.delta_options)
+        table = table_location.delta_table()
     except Exception:  # noqa: BLE001 - not created yet
         return None
     if table.metadata().name != CHECKPOINT_TABLE_NAME:
@@ -214,8 +214,10 @@ class SegmentDeleter:
         window_ms: int,
         check_interval_ms: int,
         max_files: int = DEFAULT_MAX_FILES,
+        committer: LogCommitter = DELTA_RS,
     ) -> None:
         self.log = log
+        self.committer = committer  # the log's (design.md §36)
         self.checkpoint_table = checkpoint_table
         self.window_ms = window_ms
         self.check_interval_ms = check_interval_ms
@@ -256,6 +258,7 @@ class SegmentDeleter:
             window_ms=self.window_ms,
             max_files=self.max_files,
             protected_partitions=busy_partitions(),
+            committer=self.committer,
         )
         self.last_checkpoint_report = delete_expired_checkpoint_files(
             self.checkpoint_table, log_window_ms=self.window_ms, max_files=self.max_files

@@ -192,7 +192,7 @@ class DeadLetterTable:
 
     def _table(self) -> DeltaTable | None:
         try:
-            return DeltaTable(self.uri, storage_options=self.location.delta_options)
+            return self.location.delta_table()
         except TableNotFoundError:
             return None
 

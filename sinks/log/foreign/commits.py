@@ -294,9 +294,7 @@ class CommitGuard:
 
     def _live_paths(self, version: int) -> set[str] | None:
         try:
-            table = DeltaTable(
-                self.uri, version=version, storage_options=self.location.delta_options
-            )
+            table = self.location.delta_table(version)
         except Exception:  # noqa: BLE001 - an expired version fails in several ways
             return None
         paths = pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist()

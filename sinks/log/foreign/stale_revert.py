@@ -35,7 +35,6 @@ from typing import Any
 from urllib.parse import unquote
 
 import pyarrow as pa
-from deltalake import DeltaTable
 from deltalake.transaction import AddAction
 
 from sinks.errors import ForeignChangeError
@@ -173,9 +172,7 @@ def _files_before(
 ) -> list[RestoredFile] | None:
     """The add actions, at the version before ``version``, of ``paths`` (files live then)."""
     try:
-        table = DeltaTable(
-            location.uri, version=version - 1, storage_options=location.delta_options
-        )
+        table = location.delta_table(version - 1)
     except Exception:  # noqa: BLE001 - an expired version fails in several ways
         return None
     wanted = set(paths)
