@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, TypeVar
 import numpy as np
 import pyarrow as pa
 from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
 
 from sinks.errors import BadInputError, SchemaMismatchError
 
@@ -69,30 +68,29 @@ def prepare_batch(batch: DataFrame, *, keys: LogKeys, now_ms: int) -> PreparedBa
     if DELETE_HORIZON_MS in columns:
         raise SchemaMismatchError(f"column {DELETE_HORIZON_MS!r} is reserved for the cleaner")
     has_offsets = OFFSET in columns
-    df = batch.withColumn(
-        PARTITION,
-        F.col(PARTITION).cast("int") if PARTITION in columns else F.lit(0).cast("int"),
-    )
-    df = df.withColumn(
-        TIMESTAMP,
-        F.col(TIMESTAMP).cast("timestamp")
-        if TIMESTAMP in columns
-        else F.timestamp_millis(F.lit(now_ms)),
-    )
-    df = df.withColumn(DELETE_HORIZON_MS, F.lit(None).cast("long"))
-    if has_offsets:
-        df = df.withColumn(OFFSET, F.col(OFFSET).cast("long"))
-    else:
-        df = df.withColumn(OFFSET, F.lit(None).cast("long"))
-        df = df.withColumn(INPUT_ORDER, F.monotonically_increasing_id())
     reserved = (*key_columns, VALUE, *METADATA_COLUMNS, DECODE_ERROR)
     payload = [c for c in batch.columns if c not in reserved]
-    ordered = [*key_columns, VALUE, PARTITION, OFFSET, TIMESTAMP, *payload, DELETE_HORIZON_MS]
-    if not has_offsets:
-        ordered.append(INPUT_ORDER)
-    if DECODE_ERROR in columns:
-        ordered.append(DECODE_ERROR)
-    return PreparedBatch(df.select(*ordered), has_offsets)
+    given = {c: sql_name(c) for c in (PARTITION, OFFSET, TIMESTAMP) if c in columns}
+    expressions = [
+        *[sql_name(k) for k in key_columns],
+        sql_name(VALUE),
+        f"CAST({given.get(PARTITION, '0')} AS INT) AS {sql_name(PARTITION)}",
+        f"CAST({given.get(OFFSET, 'NULL')} AS BIGINT) AS {sql_name(OFFSET)}",
+        f"CAST({given[TIMESTAMP]} AS TIMESTAMP) AS {sql_name(TIMESTAMP)}"
+        if TIMESTAMP in given
+        else f"timestamp_millis({int(now_ms)}) AS {sql_name(TIMESTAMP)}",
+        *[sql_name(c) for c in payload],
+        f"CAST(NULL AS BIGINT) AS {sql_name(DELETE_HORIZON_MS)}",
+        *([] if has_offsets else [f"monotonically_increasing_id() AS {sql_name(INPUT_ORDER)}"]),
+        *([sql_name(DECODE_ERROR)] if DECODE_ERROR in columns else []),
+    ]
+    # One projection, built in one call: a chain of withColumn is one analysis each.
+    return PreparedBatch(batch.selectExpr(*expressions), has_offsets)
+
+
+def sql_name(column: str) -> str:
+    """``column`` as a quoted SQL identifier (any name, backticks included)."""
+    return "`" + column.replace("`", "``") + "`"
 
 
 def log_columns(df: DataFrame) -> DataFrame:
@@ -254,5 +252,12 @@ def spark_at_or_above(df: DataFrame, floors: Mapping[int, int]) -> DataFrame:
     floors = {p: start for p, start in floors.items() if start > 0}
     if not floors:
         return df
-    floor = F.create_map(*[F.lit(x) for kv in floors.items() for x in kv])[F.col(PARTITION)]
-    return df.filter(F.col(OFFSET) >= F.coalesce(floor, F.lit(0)))
+    return df.filter(f"{sql_name(OFFSET)} >= coalesce({sql_map(floors)}[{sql_name(PARTITION)}], 0)")
+
+
+def sql_map(entries: Mapping[int, int], *, long_keys: bool = False) -> str:
+    """A literal ``map<int, bigint>`` of ``entries`` in SQL (partition → offset);
+    ``map<bigint, bigint>`` with ``long_keys``."""
+    key_suffix = "L" if long_keys else ""
+    pairs = ", ".join(f"{int(k)}{key_suffix}, {int(v)}L" for k, v in entries.items())
+    return f"map({pairs})" if pairs else "map()"

@@ -60,18 +60,26 @@ from typing import Any
 import numpy as np
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-from pyspark.sql import Column, DataFrame, Observation, SparkSession
+from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from sinks.crash_points import APPEND_AFTER_STAGED_WRITE, crash_point
 from sinks.log.ownership import STAGING_DIR
-from sinks.log.records import COUNT_COLUMNS, INPUT_ORDER, OFFSET, PARTITION, spark_at_or_above
+from sinks.log.records import (
+    COUNT_COLUMNS,
+    INPUT_ORDER,
+    OFFSET,
+    PARTITION,
+    spark_at_or_above,
+    sql_map,
+    sql_name,
+)
 from sinks.log.segment import segment_path
 from sinks.log.segment_writer import WRITTEN_ARROW_SCHEMA, stats_from_footer
 from sinks.log.storage import arrow_filesystem, is_local
 from sinks.produce.append_task import AppendTask
-from sinks.produce.validity import spark_row_problems
+from sinks.produce.validity import spark_row_problems_sql
 
 logger = logging.getLogger("compacted_sink")
 
@@ -84,6 +92,7 @@ MAX_RUNS = 100_000
 """(input task, partition) runs an assigned-offsets batch may have (each is a map entry)."""
 
 _STAGED_PARTITION = "_p"  # a copy of `partition` that Spark's writer splits files by
+_STAGED_PARTITION_SQL = f"{sql_name(PARTITION)} AS {_STAGED_PARTITION}"
 _TASK_BITS = 33  # monotonically_increasing_id: the task's index above 33 bits of position
 _POSITION = "_position"
 
@@ -147,17 +156,21 @@ def run_in_jvm(
 # -- the plan ----------------------------------------------------------------------------
 
 
-def _log_columns(df: DataFrame, log_schema: T.StructType) -> list[Column] | None:
-    """The log's columns from ``df``'s, in the log's order; None when a cast cannot do it."""
+def _log_columns(df: DataFrame, log_schema: T.StructType) -> list[str] | None:
+    """The log's columns from ``df``'s, in the log's order, as SQL; None when a cast cannot
+    do it."""
     have = {f.name: f.dataType for f in df.schema.fields}
     columns = []
     for field in log_schema.fields:
+        name, sql_type = sql_name(field.name), field.dataType.simpleString()
         if field.name not in have:
-            columns.append(F.lit(None).cast(field.dataType).alias(field.name))
+            if not _atomic(field.dataType):
+                return None
+            columns.append(f"CAST(NULL AS {sql_type}) AS {name}")
         elif have[field.name] == field.dataType:
-            columns.append(F.col(field.name))
+            columns.append(name)
         elif _atomic(have[field.name]) and _atomic(field.dataType):
-            columns.append(F.col(field.name).cast(field.dataType).alias(field.name))
+            columns.append(f"CAST({name} AS {sql_type}) AS {name}")
         else:
             return None
     return columns
@@ -169,24 +182,22 @@ def _atomic(data_type: T.DataType) -> bool:
 
 def _checked(df: DataFrame, task: AppendTask) -> tuple[DataFrame, Observation]:
     """``df`` with Kafka's checks counted as it flows through the write (one job)."""
-    problems = spark_row_problems(
+    problems = spark_row_problems_sql(
         df,
         keys=task.keys,
         has_offsets=task.has_offsets,
         message_max_bytes=task.message_max_bytes,
     )
     observation = Observation(f"append-{uuid.uuid4().hex}")
-    metrics = [F.count(F.lit(1)).alias("rows")]
-    metrics += [F.sum(broken.cast("long")).alias(rule) for rule, broken in problems.items()]
+    metrics = {"rows": "count(1)"}
+    metrics |= {rule: f"sum(CAST({broken} AS BIGINT))" for rule, broken in problems.items()}
     if task.has_offsets:
         floors = {p: end for p, end in task.log_end_offsets.items() if end > 0}
-        below = F.lit(False)
         if floors:
-            pairs = [(F.lit(p).cast("int"), F.lit(end).cast("long")) for p, end in floors.items()]
-            floor = F.create_map(*[x for kv in pairs for x in kv])[F.col(PARTITION)]
-            below = F.col(OFFSET) < F.coalesce(floor, F.lit(0))
-        metrics.append(F.sum(F.coalesce(below, F.lit(False)).cast("long")).alias("redelivered"))
-    return df.observe(observation, *metrics), observation
+            below = f"{sql_name(OFFSET)} < coalesce({sql_map(floors)}[{sql_name(PARTITION)}], 0)"
+            metrics["redelivered"] = f"sum(CAST(coalesce({below}, false) AS BIGINT))"
+    columns = [F.expr(f"{sql} AS {name}") for name, sql in metrics.items()]
+    return df.observe(observation, *columns), observation
 
 
 def _bad(observed: Mapping[str, Any]) -> bool:
@@ -195,7 +206,7 @@ def _bad(observed: Mapping[str, Any]) -> bool:
 
 def _write_kafka_input(
     df: DataFrame,
-    columns: list[Column],
+    columns: list[str],
     task: AppendTask,
     writer: _StagedWrite,
     *,
@@ -203,22 +214,24 @@ def _write_kafka_input(
 ) -> tuple[list[StagedSegment] | None, list[dict[str, object]]]:
     """Kafka input: offsets given; records below the log end offset dropped (a redelivery).
 
-    Without ``exchange``, first in the order Spark read them (no sort: a file per
-    partition and input task, in input order); when a file's offsets are then out of
-    order, again sorted within each input partition. With ``exchange``, shuffled by
+    Without ``exchange``, first as Spark read them: a file per input task, unsorted and
+    not split, which is a segment when the task held one partition in offset order (Spark's
+    Kafka source reads each topic-partition's range as one input partition); else split by
+    partition in input order (a file per partition and task); when a file's offsets are
+    then out of order, sorted within each input partition. With ``exchange``, shuffled by
     partition and sorted.
     """
-    shapes = ("sorted",) if exchange else ("as read", "sorted")
+    shapes = ("sorted",) if exchange else ("as read", "split", "sorted")
     for shape in shapes:
         checked, observation = _checked(df, task)
         rows = spark_at_or_above(checked, task.log_end_offsets)
         if exchange:
             rows = rows.repartition(PARTITION)
-        rows = rows.withColumn(_STAGED_PARTITION, F.col(PARTITION))
         if shape == "sorted":
-            rows = rows.sortWithinPartitions(_STAGED_PARTITION, OFFSET)
-        staged = rows.select(*columns, _STAGED_PARTITION)
-        files = writer.write(staged, split=True, in_input_order=shape == "as read")
+            rows = rows.sortWithinPartitions(PARTITION, OFFSET)
+        split = shape != "as read"
+        staged = rows.selectExpr(*columns, *([_STAGED_PARTITION_SQL] if split else []))
+        files = writer.write(staged, split=split, in_input_order=shape == "split")
         observed = observation.get
         if _bad(observed) or files is None:
             return None, []
@@ -229,7 +242,7 @@ def _write_kafka_input(
 
 
 def _write_assigned(
-    df: DataFrame, columns: list[Column], task: AppendTask, writer: _StagedWrite
+    df: DataFrame, columns: list[str], task: AppendTask, writer: _StagedWrite
 ) -> tuple[list[StagedSegment] | None, list[dict[str, object]]]:
     """No offsets given: number each partition from its log end offset, in input order.
 
@@ -239,34 +252,26 @@ def _write_assigned(
     their task, sorted by partition first when a task holds several.
     """
     runs: dict[tuple[int, int], int] = {}
-    counted = df.groupBy(F.spark_partition_id().alias("t"), F.col(PARTITION).alias("p")).count()
-    for row in counted.collect():
+    counted = df.selectExpr("spark_partition_id() AS t", f"{sql_name(PARTITION)} AS p")
+    for row in counted.groupBy("t", "p").count().collect():
         if row["p"] is None or row["p"] < 0:
             return None, []  # a bad partition: the Python task reports it
         runs[(int(row["t"]), int(row["p"]))] = int(row["count"])
     if not runs or len(runs) > MAX_RUNS:
         return ([], []) if not runs else (None, [])
     split = len({t for t, _ in runs}) < len(runs)  # some task holds several partitions
-    first = F.create_map(
-        *[
-            F.lit(x).cast("long")
-            for kv in _first_offsets(runs, task.log_end_offsets).items()
-            for x in kv
-        ]
-    )
+    first = sql_map(_first_offsets(runs, task.log_end_offsets), long_keys=True)
     rows, observation = _checked(df, task)
     if split:
-        rows = rows.withColumn(_STAGED_PARTITION, F.col(PARTITION))
-        rows = rows.sortWithinPartitions(_STAGED_PARTITION, INPUT_ORDER)
-    position = F.monotonically_increasing_id()  # the row's place in its (sorted) task
-    rows = rows.withColumn(_POSITION, position)
-    run_key = F.shiftleft(F.shiftright(F.col(_POSITION), _TASK_BITS), 32) + F.col(PARTITION).cast(
-        "long"
-    )
-    local = F.col(_POSITION).bitwiseAND(F.lit((1 << _TASK_BITS) - 1))
-    rows = rows.withColumn(OFFSET, first[run_key] + local)
-    staged = [*columns, *([F.col(_STAGED_PARTITION)] if split else [])]
-    files = writer.write(rows.select(*staged), split=split)
+        rows = rows.sortWithinPartitions(PARTITION, INPUT_ORDER)
+    # The row's place in its (sorted) task: the task's index above 33 bits of position.
+    rows = rows.selectExpr("*", f"monotonically_increasing_id() AS {_POSITION}")
+    task_index = f"shiftright({_POSITION}, {_TASK_BITS})"
+    run = f"shiftleft({task_index}, 32) + CAST({sql_name(PARTITION)} AS BIGINT)"
+    local = f"{_POSITION} & {(1 << _TASK_BITS) - 1}"
+    rows = rows.withColumn(OFFSET, F.expr(f"{first}[{run}] + ({local})"))
+    staged = rows.selectExpr(*columns, *([_STAGED_PARTITION_SQL] if split else []))
+    files = writer.write(staged, split=split)
     observed = observation.get
     if _bad(observed) or files is None or not _tiles(files, runs, task.log_end_offsets):
         return None, []

@@ -42,6 +42,7 @@ from sinks.log.records import (
     VALUE,
     BatchReport,
     PartitionCounts,
+    sql_name,
 )
 
 ROW_RULES = (
@@ -74,22 +75,33 @@ def spark_row_problems(
     df: DataFrame, *, keys: LogKeys, has_offsets: bool, message_max_bytes: int
 ) -> dict[str, Column]:
     """Each rule that applies to ``df``'s columns, as a boolean Column (true: broken)."""
+    return {
+        rule: F.expr(sql)
+        for rule, sql in spark_row_problems_sql(
+            df, keys=keys, has_offsets=has_offsets, message_max_bytes=message_max_bytes
+        ).items()
+    }
+
+
+def spark_row_problems_sql(
+    df: DataFrame, *, keys: LogKeys, has_offsets: bool, message_max_bytes: int
+) -> dict[str, str]:
+    """`spark_row_problems` as SQL expressions (a plan built in few calls to the JVM)."""
     columns = set(df.columns)
-    checks: dict[str, Column] = {}
+    checks: dict[str, str] = {}
     if DECODE_ERROR in columns:
-        checks["undecodable"] = F.col(DECODE_ERROR).isNotNull()
-    null_key = F.lit(False)
-    for k in keys.key_columns:
-        null_key = null_key | F.col(k).isNull()
-    checks["null_keys"] = null_key
+        checks["undecodable"] = f"{sql_name(DECODE_ERROR)} IS NOT NULL"
+    checks["null_keys"] = " OR ".join(f"{sql_name(k)} IS NULL" for k in keys.key_columns)
     if PARTITION in columns:
-        checks["null_partition"] = F.col(PARTITION).isNull()
-        checks["negative_partition"] = F.col(PARTITION) < 0
+        checks["null_partition"] = f"{sql_name(PARTITION)} IS NULL"
+        checks["negative_partition"] = f"{sql_name(PARTITION)} < 0"
     if has_offsets and OFFSET in columns:
-        checks["null_offsets"] = F.col(OFFSET).isNull()
+        checks["null_offsets"] = f"{sql_name(OFFSET)} IS NULL"
     if VALUE in columns and isinstance(df.schema[VALUE].dataType, T.BinaryType | T.StringType):
-        checks["oversized_values"] = F.coalesce(F.octet_length(VALUE), F.lit(0)) > message_max_bytes
-    return {rule: checks[rule] for rule in ROW_RULES if rule in checks}
+        checks["oversized_values"] = (
+            f"coalesce(octet_length({sql_name(VALUE)}), 0) > {int(message_max_bytes)}"
+        )
+    return {rule: f"({checks[rule]})" for rule in ROW_RULES if rule in checks}
 
 
 def rejection_reason(
