@@ -22,8 +22,8 @@ How the files become the log's (design.md §10, §26):
 
 Offsets (design.md §1). Kafka input carries them: the write keeps Spark's input
 partitioning (the Kafka source reads each topic-partition's range as one input
-partition), sorted within it only when a file would otherwise hold several
-partitions or unordered offsets. Assigned offsets number each partition's rows in
+partition), a file per input task as Spark's plain write makes it; split by partition
+only when a task held several, and sorted only when offsets were then out of order. Assigned offsets number each partition's rows in
 input order from its log end offset: a first, narrow job counts each input task's
 rows per partition, which gives every (task, partition) run its first offset; the
 write then numbers a run's rows from it by their position in the task
