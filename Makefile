@@ -32,7 +32,7 @@ SMOKE_SPARKS ?= 4.0.1 4.1.4 4.2.0
 # The ones `make test` checks too: 4.2 runs the kafka and delta_spark tests, 4.3 the whole suite.
 TEST_SMOKE_SPARKS ?= 4.0.1 4.1.4
 
-.PHONY: demo demo-kafka jars test test-kafka test-delta-spark race smoke lint bench bench-quick bench-scale bench-cluster soak soak-quick soak-exit soak-faults clean
+.PHONY: demo demo-kafka jars test test-kafka test-delta-spark race smoke lint bench bench-quick bench-append bench-consumer bench-scale bench-cluster soak soak-quick soak-exit soak-faults clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -130,6 +130,18 @@ bench-quick: $(KAFKA_STAMP) $(DELTA_JARS)
 # against Spark's plain Parquet write, state() (bench/SCALE.md; about 40 min on 2 cores).
 bench-scale: $(STAMP)
 	$(PY) -m bench.scale --out bench
+
+# Not part of `make test`: the append's two writers (Python workers, Spark's Parquet writer)
+# against Spark's Parquet write of the same batch, plain and split by partition, at 50,000
+# and 1e6 records of 512 B, Kafka input and assigned offsets (bench/append_writers.json;
+# about 8 min on 2 idle cores).
+bench-append: $(STAMP)
+	$(PY) -m bench.append_writers --out bench/append_writers.json
+
+# Not part of `make test`: a consumer's streaming bootstrap of a 1e6-record log against a
+# Parquet read of the same files and Spark's own Parquet file stream (about 3 min).
+bench-consumer: $(STAMP)
+	$(PY) -m bench.consumer_read --out bench/consumer_read.json
 
 # Not part of `make test`: one pass on a two-worker standalone cluster on loopback, its tasks
 # on both workers (bench/cluster_pass.json; about 5 min on 2 cores).

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import functions as F
 
@@ -102,14 +103,30 @@ def test_assigned_offsets_are_the_python_tasks_with_tasks_holding_several_partit
     assert not (lake / SPARK_WRITER / "_staging").exists()
 
 
+def writers(path: Path) -> set[str]:
+    """Which Parquet writer wrote each live file of the log, from its footer."""
+    return {
+        pq.read_metadata(path / add["path"]).created_by.split(" ")[0] for add in add_actions(path)
+    }
+
+
 def test_kafka_input_keeps_its_offsets_and_drops_a_redelivery(spark, lake, monkeypatch, clock):
     rows = [(f"k{i % 40}", f"v{i}", i % 3, 100 + i) for i in range(300)]
-    kafka = spark.createDataFrame(rows, KAFKA).repartition(2, "partition")
-    kafka = kafka.sortWithinPartitions("partition", "offset")
-    older = spark.createDataFrame(rows[:150], KAFKA)  # a redelivery of offsets already held
-    python, jvm = both(monkeypatch, lake, clock, [(0, kafka), (1, older)])
+
+    def kafka(part):  # a task per partition, in offset order, as Spark's Kafka source reads
+        df = spark.createDataFrame(part, KAFKA).repartition(3, "partition")
+        return df.sortWithinPartitions("partition", "offset")
+
+    # The second batch repeats 60 records of the first (a partial redelivery), the third
+    # only records the log holds.
+    batches = [(0, kafka(rows[:200])), (1, kafka(rows[140:])), (2, kafka(rows[:150]))]
+    python, jvm = both(monkeypatch, lake, clock, batches[:2])
     assert records(jvm) == records(python)
+    assert jvm.last_append.redelivered == python.last_append.redelivered == 60
+    assert writers(lake / SPARK_WRITER) == {"parquet-mr"}  # Spark's writer, not the fallback
+    jvm(batches[2][1], 2)
     assert jvm.last_append.files == 0 and jvm.last_append.redelivered == 150
+    assert records(jvm) == records(python)
     assert not (lake / SPARK_WRITER / "_staging").exists()
 
 
