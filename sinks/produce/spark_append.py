@@ -36,7 +36,7 @@ answers None and the caller takes it:
 - the log is on an object store (Spark would need that store's Hadoop file system,
   and a rename there is a copy);
 - the batch's columns need more than a cast of top-level atomic columns to become the
-  log's (a nested column whose type the log widened);
+  log's (a nested column whose type the log widened, or that the batch lacks);
 - a row broke a check, or an offset repeats: the Python task counts them per partition
   for the exact error (and for dead letters the batch was already split). Spark logs
   the failed write's task error first;
