@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 from pyspark.sql import DataFrame
 
@@ -19,12 +20,19 @@ from sinks.maintenance.file_inventory import list_data_files
 from streaming.jobs.demo import DemoSettings, expected_state, keyed_updates
 
 BATCHES = 10
+DELETION_WAIT_S = 30
 CONFIG = CleanerConfig(
     min_cleanable_dirty_ratio=0.2,
     delete_retention_ms=0,
     file_delete_delay_ms=1_000,
     log_retention_check_interval_ms=1_000,
 )
+
+
+def deleted_yet(deleted: list[str], sink: CompactedStateSink) -> bool:
+    """Whether the other sink's vacuum or the query's own deleter removed files yet."""
+    report = sink.log_cleaner.segment_deleter.last_report
+    return bool(deleted) or (report is not None and bool(report.deleted))
 
 
 def test_deletion_beside_a_streaming_query_and_a_concurrent_cleaner(spark, lake):
@@ -70,6 +78,11 @@ def test_deletion_beside_a_streaming_query_and_a_concurrent_cleaner(spark, lake)
     try:
         while not done.wait(0.5):
             assert query.exception() is None, query.exception()
+        # Files leave storage file.delete.delay.ms after they left the log: a query faster
+        # than that window gets it, up to a bound, before the cleaners stop.
+        deadline = time.monotonic() + DELETION_WAIT_S
+        while not deleted_yet(deleted, sink) and time.monotonic() < deadline:
+            stop.wait(0.3)
     finally:
         query.stop()
         sink.close()
