@@ -11,7 +11,11 @@ materialized, nothing written):
   (the bootstrap micro-batch, plus the query's start and its offset log);
 - ``file_stream``: Spark's own Parquet file stream over a copy of the same files,
   ``availableNow``: the floor of any streaming bootstrap (a query's start, its offset and
-  commit logs), which a batch read does not pay.
+  commit logs), which a batch read does not pay;
+- ``python_source``: a Python streaming data source of one row (`OneRow`), ``availableNow``:
+  what any source written in Python pays before its first record, Spark starting the
+  Python process that runs the source's driver side (the floor of the ``stream`` read's
+  start, with no log to open).
 
 For each streaming read, ``*_trigger_s`` is the micro-batch as the query's progress
 reports it (``triggerExecution``); the rest of its time is the query's start and stop,
@@ -33,6 +37,7 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
 from sinks import CleanerConfig, CompactedStateSink
 from sinks.log.storage import join
@@ -56,6 +61,34 @@ def build_log(spark: SparkSession, path: str, records: int, partitions: int, val
     return sink
 
 
+class OneRow(DataSource):
+    """A streaming source of one row: the cost of a Python source with nothing to read."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "one-row"
+
+    def schema(self) -> str:
+        return "id int"
+
+    def streamReader(self, schema):
+        return _OneRowReader()
+
+
+class _OneRowReader(DataSourceStreamReader):
+    def initialOffset(self) -> dict:
+        return {"row": 0}
+
+    def latestOffset(self) -> dict:
+        return {"row": 1}
+
+    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        return [InputPartition(0)] if start["row"] < end["row"] else []
+
+    def read(self, partition):
+        yield (1,)
+
+
 def timed(action) -> float:
     started = time.perf_counter()
     action()
@@ -72,6 +105,7 @@ def main() -> None:
     args = parser.parse_args()
     spark = local_session("consumer-read", "local[2]", conf={"spark.ui.enabled": "false"})
     register(spark)
+    spark.dataSource.register(OneRow)
     base = Path(tempfile.mkdtemp(prefix="consumer-read-"))
     try:
         path = str(base / "log")
@@ -95,7 +129,7 @@ def main() -> None:
             shutil.copy(file, copies / f"part-{number}.parquet")
         schema = spark.read.parquet(str(copies)).schema
         runs = [0]
-        triggers: dict[str, list[float]] = {"stream": [], "file_stream": []}
+        triggers: dict[str, list[float]] = {"stream": [], "file_stream": [], "python_source": []}
 
         def run_query(name: str, reader) -> None:
             runs[0] += 1
@@ -120,6 +154,9 @@ def main() -> None:
         def file_stream() -> None:
             run_query("file_stream", spark.readStream.schema(schema).parquet(str(copies)))
 
+        def python_source() -> None:
+            run_query("python_source", spark.readStream.format("one-row").load())
+
         assert spark.read.format("compacted-state").load(path).count() == rows
         figures = {"records": rows, "files": len(files), "bytes": size}
         actions = (
@@ -127,6 +164,7 @@ def main() -> None:
             ("batch", batch),
             ("stream", stream),
             ("file_stream", file_stream),
+            ("python_source", python_source),
         )
         for name, action in actions:
             action()  # warm up: JIT, Python workers
@@ -136,6 +174,8 @@ def main() -> None:
         for name in ("batch", "stream", "file_stream"):
             figures[f"{name}_speed_ratio"] = figures["parquet_s"] / figures[f"{name}_s"]
         figures["stream_to_file_stream_ratio"] = figures["file_stream_s"] / figures["stream_s"]
+        # The stream's time less what any Python source pays, against the file stream's.
+        figures["stream_beyond_python_source_s"] = figures["stream_s"] - figures["python_source_s"]
         print(json.dumps(figures, indent=2))
         if args.out:
             Path(args.out).write_text(json.dumps(figures, indent=2) + "\n")

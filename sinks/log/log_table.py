@@ -59,7 +59,7 @@ from sinks.log.history_window import check_reachable
 from sinks.log.landed_commits import COMMIT_TOKEN_KEY, check_removes, landed_version
 from sinks.log.ownership import LOG_DESCRIPTION, PARTITIONS_TXN
 from sinks.log.records import spark_at_or_above
-from sinks.log.segment import DataFile, ForeignFile, Segment, data_file
+from sinks.log.segment import DataFile, ForeignFile, Segment, add_action_rows, data_file
 from sinks.log.segment_writer import WrittenSegment
 from sinks.log.storage import LogLocation, is_local, join
 from sinks.spark_compat import utc_arrow_schema
@@ -255,7 +255,7 @@ class LogSnapshot:
 
     @cached_property
     def _files(self) -> tuple[dict[int, list[Segment]], list[ForeignFile]]:
-        rows = pa.table(self.table.get_add_actions(flatten=True)).to_pylist()
+        rows = add_action_rows(self.table.get_add_actions(flatten=True))
         check_readable(self.uri, self.table, [r["path"] for r in rows])
         if self.seen_through is not None:
             hidden = self.seen_through.hidden

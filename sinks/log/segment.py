@@ -19,9 +19,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import unquote
+
+import pyarrow as pa
 
 SEGMENT_PATH = re.compile(r"partition-(\d+)/(\d{20})-[0-9a-f]{32}\.parquet")
 """How this sink names a segment: ``partition-<p>/<base offset, 20 digits>-<uuid>.parquet``."""
@@ -148,8 +149,25 @@ def classify(
     )
 
 
+def add_action_rows(actions: Any) -> list[dict[str, Any]]:
+    """The rows of delta-rs's ``get_add_actions(flatten=True)`` (an Arrow stream), with
+    every timestamp statistic as epoch milliseconds (Delta's statistics are UTC).
+
+    Integers, not datetimes: pyarrow turns a timestamp into a Python value through
+    pandas, and importing pandas is a fifth of a consumer's query start (#33).
+    """
+    table = pa.RecordBatchReader.from_stream(actions).read_all()
+    columns = [
+        column.cast(pa.timestamp("ms", tz=field.type.tz), safe=False).cast(pa.int64())
+        if pa.types.is_timestamp(field.type)
+        else column
+        for field, column in zip(table.schema, table.columns, strict=True)
+    ]
+    return pa.Table.from_arrays(columns, names=table.column_names).to_pylist()
+
+
 def data_file(row: Mapping[str, Any]) -> DataFile:
-    """`classify` over one row of delta-rs's ``get_add_actions(flatten=True)``. Pure."""
+    """`classify` over one row of `add_action_rows`. Pure."""
     return classify(
         path=row["path"],
         size_bytes=int(row["size_bytes"]),
@@ -158,20 +176,11 @@ def data_file(row: Mapping[str, Any]) -> DataFile:
         max_partition=_int(row.get("max.partition")),
         min_offset=_int(row.get("min.offset")),
         max_offset=_int(row.get("max.offset")),
-        min_timestamp_ms=_millis(row.get("min.timestamp")),
-        max_timestamp_ms=_millis(row.get("max.timestamp")),
+        min_timestamp_ms=_int(row.get("min.timestamp")),
+        max_timestamp_ms=_int(row.get("max.timestamp")),
         min_delete_horizon_ms=_int(row.get("min.delete_horizon_ms")),
     )
 
 
 def _int(value: Any) -> int | None:
     return None if value is None else int(value)
-
-
-def _millis(value: datetime | None) -> int | None:
-    """Epoch milliseconds of a statistic; a naive value is UTC, as Delta's statistics are."""
-    if value is None:
-        return None
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=UTC)
-    return int(value.timestamp() * 1000)

@@ -43,13 +43,18 @@ answers None and the caller takes it:
 - the counting job and the write saw different rows (a source that is not
   deterministic), so the offsets do not tile.
 
-Off by default: ``COMPACTED_SINK_APPEND_WRITER=spark`` turns it on. Measured side by
-side on an idle machine (``make bench-append``, bench/append_writers.json), median
-batch against Spark's plain Parquet write of the same batch: 1.17x for Kafka input at
-1e6 records (the Python task 1.21x) and 1.37x for assigned offsets (the Python task,
-which shuffles, 2.07x); at 50,000 records it is slower than the Python task (a second
-job for assigned offsets, a fixed cost per write). Making it the default for Kafka input
-and for large assigned batches is the next step (docs/benchmarks.md).
+Which writer runs (``COMPACTED_SINK_APPEND_WRITER``): ``auto``, the default, takes
+this one for a batch of assigned offsets that Spark's optimizer estimates at
+`SPARK_WRITER_MIN_BYTES` or more, and the Python task otherwise; ``spark`` takes this
+one wherever it can; ``python`` never. Measured side by side on an idle machine
+(``make bench-append``, bench/append_writers.json), median batch against Spark's plain
+Parquet write of the same batch: for assigned offsets 1.37x at 1e6 records (the Python
+task, which shuffles, 2.07x), level at 250,000 (2.10x against 2.04x), and slower than the
+Python task below that (a second job and the footers' reads, a fixed cost per write of
+about 0.4 s); for Kafka input 1.17x at 1e6 (the Python task 1.21x, within
+run-to-run noise) and slower at 50,000, so Kafka input keeps the Python task unless
+``spark`` is asked for. A batch without an estimate (a Kafka or rate source, a Spark
+Connect session) takes the Python task under ``auto``.
 """
 
 from __future__ import annotations
@@ -91,6 +96,13 @@ logger = logging.getLogger("compacted_sink")
 APPEND_WRITER_ENV = "COMPACTED_SINK_APPEND_WRITER"
 SPARK_WRITER = "spark"
 PYTHON_WRITER = "python"
+AUTO_WRITER = "auto"
+SPARK_WRITER_MIN_BYTES = 128 << 20
+"""Under ``auto``, the estimated batch size from which assigned offsets take Spark's writer.
+
+Measured (module docstring): the two writers tie at 250,000 records of 512 B (1.11 s
+and 1.14 s a batch; Spark estimates the batch, read from Parquet, at 90 MiB), and Spark's
+writer is 1.5x faster at 1e6 (estimated 363 MiB)."""
 CONCURRENT_WRITERS = 64
 """Files a task of Kafka input keeps open at once (partitions it holds) before Spark sorts."""
 MAX_RUNS = 100_000
@@ -104,13 +116,47 @@ _BAD_ROW = "compacted-sink: a record the log refuses"  # the guard's error (`_gu
 
 
 def append_writer() -> str:
-    """Which writer an append uses: `PYTHON_WRITER` unless the switch says `SPARK_WRITER`."""
-    chosen = os.environ.get(APPEND_WRITER_ENV, PYTHON_WRITER).strip().lower() or PYTHON_WRITER
-    if chosen not in (SPARK_WRITER, PYTHON_WRITER):
+    """Which writer an append uses: `AUTO_WRITER` unless ``COMPACTED_SINK_APPEND_WRITER``
+    says `SPARK_WRITER` or `PYTHON_WRITER`."""
+    chosen = os.environ.get(APPEND_WRITER_ENV, AUTO_WRITER).strip().lower() or AUTO_WRITER
+    if chosen not in (AUTO_WRITER, SPARK_WRITER, PYTHON_WRITER):
         raise ValueError(
-            f"{APPEND_WRITER_ENV}={chosen!r}: use {SPARK_WRITER!r} or {PYTHON_WRITER!r}"
+            f"{APPEND_WRITER_ENV}={chosen!r}: use {AUTO_WRITER!r}, {SPARK_WRITER!r} "
+            f"or {PYTHON_WRITER!r}"
         )
     return chosen
+
+
+def _takes_spark_writer(df: DataFrame, task: AppendTask) -> bool:
+    """Whether this batch is Spark's writer's (module docstring, "Which writer runs")."""
+    chosen = append_writer()
+    if chosen == PYTHON_WRITER or not is_local(task.writer.table_uri):
+        return False
+    if chosen == SPARK_WRITER:
+        return True
+    if task.has_offsets:
+        return False
+    estimate = estimated_bytes(df)
+    return estimate is not None and estimate >= SPARK_WRITER_MIN_BYTES
+
+
+def estimated_bytes(df: DataFrame) -> int | None:
+    """Spark's optimizer's estimate of ``df``'s size, or None when it has none.
+
+    A plan over files or a cached batch has one; a Kafka or rate source's micro-batch
+    reports ``spark.sql.defaultSizeInBytes`` (no estimate), and a Spark Connect
+    DataFrame has no plan in this process.
+    """
+    jdf = getattr(df, "_jdf", None)
+    if jdf is None:
+        return None
+    try:
+        size = int(str(jdf.queryExecution().optimizedPlan().stats().sizeInBytes()))
+        unknown = jdf.sparkSession().sessionState().conf().defaultSizeInBytes()
+    except Exception:  # noqa: BLE001 - no estimate is an answer: the Python task runs
+        logger.debug("no size estimate for the batch", exc_info=True)
+        return None
+    return None if size >= int(unknown) else size
 
 
 @dataclass(frozen=True)
@@ -140,7 +186,7 @@ def run_in_jvm(
     this batch takes the Python path (module docstring; nothing is left behind then).
     ``log_schema`` is the log's schema the files are written with.
     """
-    if append_writer() != SPARK_WRITER or not is_local(task.writer.table_uri):
+    if not _takes_spark_writer(df, task):
         return None
     columns = _log_columns(df, log_schema)
     if columns is None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import subprocess
+import sys
 
 from sinks import CleanerConfig, CompactedStateSink
 
@@ -38,5 +40,29 @@ def test_statistics_of_long_string_keys_and_microsecond_timestamps(
     epoch_ms = int(dt.datetime(2024, 1, 1, tzinfo=dt.UTC).timestamp() * 1000)
     assert (segment.base_offset, segment.last_offset, segment.num_records) == (0, 2, 3)
     assert segment.min_timestamp_ms == epoch_ms + 123
+    assert segment.max_timestamp_ms == epoch_ms + 2000
     assert segment.max_timestamp_ms == epoch_ms + 2_000
     assert segment.size_bytes == add["size"]
+
+
+def test_a_snapshot_reads_its_files_without_importing_pandas(spark, lake, clock):
+    """A consumer's stream opens snapshots in a Python process Spark starts for every query;
+    pyarrow turning timestamp statistics into datetimes imported pandas there, a fifth of
+    the query's start (#33). The statistics are read as integers instead."""
+    sink = CompactedStateSink(
+        str(lake / "log"), config=CleanerConfig(min_cleanable_dirty_ratio=1.0), clock=clock
+    )
+    sink(spark.range(10).selectExpr("cast(id as string) as key", "'v' as value"), 0)
+    opened = (
+        "import sys\n"
+        "from sinks.log.log_table import LogTable\n"
+        "snapshot = LogTable(sys.argv[1]).snapshot()\n"
+        "(segment,) = snapshot.segments[0]\n"
+        "assert segment.min_timestamp_ms is not None and snapshot.log_end_offsets() == {0: 10}\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'pandas'))\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", opened, sink.path], capture_output=True, text=True, check=False
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "[]"

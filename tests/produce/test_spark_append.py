@@ -1,6 +1,7 @@
 """The append through Spark's own Parquet writer (`sinks.produce.spark_append`, issue #33).
 
-Behind ``COMPACTED_SINK_APPEND_WRITER=spark``. Each test appends the same batches to two
+Most tests ask for it with ``COMPACTED_SINK_APPEND_WRITER=spark``; the last ones hold
+the default (``auto``) to its choice. Each comparing test appends the same batches to two
 logs, one through the Python task (main's path) and one through Spark's writer, and
 holds the second to the first: the same records at the same offsets (design.md §1), the
 same statistics in the add actions, the same schema, the same exactly-once skip (§2) and
@@ -10,6 +11,7 @@ the same refusal of a bad batch (§12), with nothing left in ``_staging``.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -17,7 +19,13 @@ import pytest
 from pyspark.sql import functions as F
 
 from sinks import BadInputError, CleanerConfig, CompactedStateSink
-from sinks.produce.spark_append import APPEND_WRITER_ENV, PYTHON_WRITER, SPARK_WRITER
+from sinks.produce import spark_append
+from sinks.produce.spark_append import (
+    APPEND_WRITER_ENV,
+    PYTHON_WRITER,
+    SPARK_WRITER,
+    estimated_bytes,
+)
 
 NO_CLEAN = CleanerConfig(min_cleanable_dirty_ratio=1.0)
 KAFKA = "key string, value string, partition int, offset long"
@@ -170,3 +178,63 @@ def test_a_batch_of_new_columns_is_written_with_the_logs_schema(spark, lake, mon
     assert sorted(str(r["note"]) for r in jvm.log().collect()) == sorted(
         str(r["note"]) for r in python.log().collect()
     )
+
+
+def test_auto_takes_spark_writer_for_assigned_offsets_from_a_size(
+    spark, lake, tmp_path, monkeypatch, clock
+):
+    monkeypatch.delenv(APPEND_WRITER_ENV, raising=False)  # the default: auto
+    files = str(tmp_path / "input")
+    spark.range(300, numPartitions=2).selectExpr(
+        "format_string('k%d', id % 70) as key", "'v' as value", "cast(id % 3 as int) as partition"
+    ).write.parquet(files)
+    batch = spark.read.parquet(files)
+    size = estimated_bytes(batch)
+    assert size is not None and 0 < size < spark_append.SPARK_WRITER_MIN_BYTES
+
+    small = CompactedStateSink(str(lake / "small"), config=NO_CLEAN, clock=clock)
+    small(batch, 0)
+    assert writers(lake / "small") == {"parquet-cpp-arrow"}  # below the size: the Python task
+
+    monkeypatch.setattr(spark_append, "SPARK_WRITER_MIN_BYTES", size)
+    large = CompactedStateSink(str(lake / "large"), config=NO_CLEAN, clock=clock)
+    large(batch, 0)
+    assert writers(lake / "large") == {"parquet-mr"}  # from the size on: Spark's writer
+    assert records(large) == records(small)
+
+    rows = [(f"k{i % 40}", f"v{i}", i % 3, 100 + i) for i in range(90)]
+    spark.createDataFrame(rows, KAFKA).write.parquet(str(tmp_path / "kafka"))
+    kafka = spark.read.parquet(str(tmp_path / "kafka"))
+    monkeypatch.setattr(spark_append, "SPARK_WRITER_MIN_BYTES", 1)
+    assert estimated_bytes(kafka) is not None
+    offsets = CompactedStateSink(str(lake / "kafka"), config=NO_CLEAN, clock=clock)
+    offsets(kafka, 0)
+    assert writers(lake / "kafka") == {"parquet-cpp-arrow"}  # Kafka input: the Python task
+
+
+def test_a_micro_batch_has_an_estimate_from_files_and_none_from_the_rate_source(spark, tmp_path):
+    """What ``auto`` sees in ``foreachBatch``: a file stream's batch has a size, the rate
+    source's (like Kafka's) has none, so it keeps the Python task."""
+    files = tmp_path / "input"
+    spark.range(100).selectExpr("cast(id as string) as key").write.parquet(str(files))
+    seen: dict[str, int | None] = {}
+
+    def run(name, stream):
+        def look(df, _):
+            seen.setdefault(name, estimated_bytes(df))
+
+        checkpoint = str(tmp_path / f"checkpoint-{name}")
+        query = stream.writeStream.foreachBatch(look).option("checkpointLocation", checkpoint)
+        query = query.start()
+        try:
+            deadline = time.monotonic() + 120
+            while name not in seen and query.isActive and time.monotonic() < deadline:
+                time.sleep(0.2)
+        finally:
+            query.stop()
+
+    run("files", spark.readStream.schema("key string").parquet(str(files)))
+    rate = spark.readStream.format("rate-micro-batch").option("rowsPerBatch", 10).load()
+    run("rate", rate)
+    assert seen["files"] is not None and seen["files"] > 0
+    assert seen["rate"] is None

@@ -40,7 +40,7 @@ from deltalake.transaction import AddAction
 from sinks.errors import ForeignChangeError
 from sinks.log.bad_files import find_bad_files
 from sinks.log.foreign.stale_rewrites import UNDO_OPERATION, StaleRewrite, describe_stale
-from sinks.log.segment import DataFile, data_file
+from sinks.log.segment import DataFile, add_action_rows, data_file
 from sinks.log.segment_writer import stat_value
 from sinks.log.storage import LogLocation
 
@@ -49,7 +49,7 @@ from sinks.log.storage import LogLocation
 class RestoredFile:
     """A file a stale rewrite removed while it was live, as its add action had it then.
 
-    ``row`` is its row of delta-rs's ``get_add_actions(flatten=True)`` at that version.
+    ``row`` is its row of `sinks.log.segment.add_action_rows` at that version.
     """
 
     row: Mapping[str, Any]
@@ -176,7 +176,7 @@ def _files_before(
     except Exception:  # noqa: BLE001 - an expired version fails in several ways
         return None
     wanted = set(paths)
-    flat = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+    flat = add_action_rows(table.get_add_actions(flatten=True))
     typed = {r["path"]: r for r in pa.table(table.get_add_actions(flatten=False)).to_pylist()}
     return [
         RestoredFile(row, stats_json(typed[row["path"]]), int(row["modification_time"]))
