@@ -117,9 +117,9 @@ lint: $(STAMP)
 
 # The sink beside the baselines users write (delta-spark MERGE INTO from foreachBatch,
 # delta-rs MERGE fed from Spark, Spark's Delta append, Spark's Parquet write), in one run:
-# on $(KAFKA_VENV) with delta-spark's jars from .jars (about 40 min on 2 shared cores).
+# on $(KAFKA_VENV) with delta-spark's jars from .jars (about 10 min idle, 50 on 2 shared cores).
 # RESULTS.md keeps the earlier run's figures ($(BENCH_PREVIOUS)) below the new ones.
-BENCH_PREVIOUS ?= results-2026-11-23.json
+BENCH_PREVIOUS ?= results.json
 bench: $(KAFKA_STAMP) $(DELTA_JARS)
 	$(KAFKA_PY) -m bench.run --out bench --previous $(BENCH_PREVIOUS)
 

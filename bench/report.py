@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import statistics
 from datetime import UTC, datetime
 from importlib.metadata import version
@@ -298,6 +299,19 @@ def write(results: dict[str, Any], out: str) -> None:
         text += earlier_run(previous, out)
     with open(os.path.join(out, "RESULTS.md"), "w") as f:
         f.write(text)
+
+
+def keep_earlier(path: str, out: str) -> str:
+    """``path`` itself, or, when it is the ``results.json`` this run will write over, a copy
+    of it named by the day it was generated (``results-YYYY-MM-DD.json``), made now."""
+    source = path if os.path.isabs(path) else os.path.join(out, path)
+    if os.path.abspath(source) != os.path.abspath(os.path.join(out, "results.json")):
+        return path
+    with open(source) as f:
+        day = json.load(f)["generated_utc"][:10]
+    kept = f"results-{day}.json"
+    shutil.copyfile(source, os.path.join(out, kept))
+    return kept
 
 
 def earlier_run(path: str, out: str) -> str:

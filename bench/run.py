@@ -350,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
             "notes": list(args.note),
         }
         if args.previous:
-            results["previous"] = args.previous
+            results["previous"] = report.keep_earlier(args.previous, args.out)
         warm_up(spark, work, systems, rss, workloads)
         for workload in workloads:
             log.info("workload %s", workload)
