@@ -19,7 +19,9 @@ import pytest
 from pyspark.sql import functions as F
 
 from sinks import BadInputError, CleanerConfig, CompactedStateSink
+from sinks.log.storage import LogLocation
 from sinks.produce import spark_append
+from sinks.produce.dead_letter import DeadLetterTable
 from sinks.produce.spark_append import (
     APPEND_WRITER_ENV,
     PYTHON_WRITER,
@@ -238,3 +240,31 @@ def test_a_micro_batch_has_an_estimate_from_files_and_none_from_the_rate_source(
     run("rate", rate)
     assert seen["files"] is not None and seen["files"] > 0
     assert seen["rate"] is None
+
+
+def test_dead_letters_are_split_off_before_spark_writes_the_good_rows(
+    spark, lake, monkeypatch, clock
+):
+    """With a dead-letter table the batch is split first (design.md §12); Spark's writer then
+    writes only the good rows, and the letters are the Python task's."""
+    config = CleanerConfig(min_cleanable_dirty_ratio=1.0, message_max_bytes=16)
+    rows = [(f"k{i}", str(i), None) for i in range(40)]
+    rows += [(None, "no key", None), ("big", "x" * 17, None), ("bad", None, "bad magic 0x07")]
+    schema = "key string, value string, _decode_error string"
+    letters, states = {}, {}
+    for writer in (PYTHON_WRITER, SPARK_WRITER):
+        monkeypatch.setenv(APPEND_WRITER_ENV, writer)
+        dead = str(lake / f"dead-{writer}")
+        sink = CompactedStateSink(
+            str(lake / writer), config=config, clock=clock, dead_letter_table=dead
+        )
+        sink(spark.createDataFrame(rows, schema).repartition(3), 0)
+        states[writer] = records(sink)
+        letters[writer] = sorted(
+            r["reason"] for r in DeadLetterTable(LogLocation(dead)).read().to_pylist()
+        )
+    assert states[SPARK_WRITER] == states[PYTHON_WRITER]
+    assert len(states[SPARK_WRITER]) == 40
+    assert letters[SPARK_WRITER] == letters[PYTHON_WRITER] and len(letters[SPARK_WRITER]) == 3
+    assert writers(lake / SPARK_WRITER) == {"parquet-mr"}
+    assert not (lake / SPARK_WRITER / "_staging").exists()
