@@ -301,10 +301,14 @@ def write(results: dict[str, Any], out: str) -> None:
         f.write(text)
 
 
+def _under(out: str, path: str) -> str:
+    return path if os.path.isabs(path) else os.path.join(out, path)
+
+
 def keep_earlier(path: str, out: str) -> str:
     """``path`` itself, or, when it is the ``results.json`` this run will write over, a copy
     of it named by the day it was generated (``results-YYYY-MM-DD.json``), made now."""
-    source = path if os.path.isabs(path) else os.path.join(out, path)
+    source = _under(out, path)
     if os.path.abspath(source) != os.path.abspath(os.path.join(out, "results.json")):
         return path
     with open(source) as f:
@@ -316,7 +320,7 @@ def keep_earlier(path: str, out: str) -> str:
 
 def earlier_run(path: str, out: str) -> str:
     """The earlier run's RESULTS.md, kept below the new one with its headings one level down."""
-    with open(path if os.path.isabs(path) else os.path.join(out, path)) as f:
+    with open(_under(out, path)) as f:
         earlier = json.load(f)
     earlier.setdefault("goals", goals(earlier))
     body = markdown(earlier).split("\n", 1)[1]  # its own title goes

@@ -149,14 +149,27 @@ def classify(
     )
 
 
-def add_action_rows(actions: Any) -> list[dict[str, Any]]:
-    """The rows of delta-rs's ``get_add_actions(flatten=True)`` (an Arrow stream), with
-    every timestamp statistic as epoch milliseconds (Delta's statistics are UTC).
+def add_action_table(actions: Any) -> pa.Table:
+    """delta-rs's add actions (``get_add_actions``, an Arrow stream) as a pyarrow Table.
 
-    Integers, not datetimes: pyarrow turns a timestamp into a Python value through
-    pandas, and importing pandas is a fifth of a consumer's query start (#33).
+    Read as a stream, not with ``pa.table(...)``: that asks whether its argument is a
+    pandas DataFrame and imports pandas to know, a fifth of a consumer's query start (#33).
     """
-    table = pa.RecordBatchReader.from_stream(actions).read_all()
+    return pa.RecordBatchReader.from_stream(actions).read_all()
+
+
+def add_action_paths(actions: Any) -> set[str]:
+    """The paths (unquoted) of delta-rs's add actions."""
+    return {unquote(p) for p in add_action_table(actions).column("path").to_pylist()}
+
+
+def add_action_rows(actions: Any) -> list[dict[str, Any]]:
+    """The rows of delta-rs's ``get_add_actions(flatten=True)``, with every timestamp
+    statistic as epoch milliseconds (Delta's statistics are UTC).
+
+    Integers, not datetimes: pyarrow makes a Python datetime through pandas.
+    """
+    table = add_action_table(actions)
     columns = [
         column.cast(pa.timestamp("ms", tz=field.type.tz), safe=False).cast(pa.int64())
         if pa.types.is_timestamp(field.type)

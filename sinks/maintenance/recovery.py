@@ -47,7 +47,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import unquote
 
-import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
@@ -65,7 +64,7 @@ from sinks.log.ownership import (
     is_own_data_path,
     is_staged_write,
 )
-from sinks.log.segment import Segment
+from sinks.log.segment import Segment, add_action_paths
 from sinks.log.storage import arrow_filesystem
 from sinks.maintenance.file_inventory import FileOnDisk, list_data_files, referenced_paths
 
@@ -451,5 +450,5 @@ def _files_added_since(log: LogTable, snapshot: LogSnapshot, version: int | None
         earlier = DeltaTable(log.uri, version=version, storage_options=log.storage_options or None)
     except Exception:  # the version's log entries were cleaned up: check everything
         return segments
-    known = {unquote(p) for p in pa.table(earlier.get_add_actions()).column("path").to_pylist()}
+    known = add_action_paths(earlier.get_add_actions())
     return [s for s in segments if unquote(s.path) not in known]

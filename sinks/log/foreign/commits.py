@@ -42,7 +42,6 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote
 
 import pyarrow as pa
 from deltalake import DeltaTable
@@ -56,6 +55,7 @@ from sinks.log.foreign.stale_rewrites import (
     gone_after,
     stale_rewrite,
 )
+from sinks.log.segment import add_action_paths
 from sinks.log.storage import LogLocation
 
 logger = logging.getLogger("compacted_sink")
@@ -297,8 +297,7 @@ class CommitGuard:
             table = self.location.delta_table(version)
         except Exception:  # noqa: BLE001 - an expired version fails in several ways
             return None
-        paths = pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist()
-        return {unquote(p) for p in paths}
+        return add_action_paths(table.get_add_actions(flatten=True))
 
 
 def _newest(*versions: int | None) -> int | None:

@@ -34,13 +34,12 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
-import pyarrow as pa
 from deltalake.transaction import AddAction
 
 from sinks.errors import ForeignChangeError
 from sinks.log.bad_files import find_bad_files
 from sinks.log.foreign.stale_rewrites import UNDO_OPERATION, StaleRewrite, describe_stale
-from sinks.log.segment import DataFile, add_action_rows, data_file
+from sinks.log.segment import DataFile, add_action_rows, add_action_table, data_file
 from sinks.log.segment_writer import stat_value
 from sinks.log.storage import LogLocation
 
@@ -177,7 +176,9 @@ def _files_before(
         return None
     wanted = set(paths)
     flat = add_action_rows(table.get_add_actions(flatten=True))
-    typed = {r["path"]: r for r in pa.table(table.get_add_actions(flatten=False)).to_pylist()}
+    typed = {
+        r["path"]: r for r in add_action_table(table.get_add_actions(flatten=False)).to_pylist()
+    }
     return [
         RestoredFile(row, stats_json(typed[row["path"]]), int(row["modification_time"]))
         for row in flat
