@@ -46,11 +46,15 @@ LOG_CLEANER_NICE = "log.cleaner.nice"
 LOG_CLEANER_BACKOFF_MS = "log.cleaner.backoff.ms"
 LOG_CLEANER_DEDUPE_BUFFER_SIZE = "log.cleaner.dedupe.buffer.size"
 
+MAX_MESSAGE_BYTES = "max.message.bytes"
+"""Kafka's topic-level name for ``message.max.bytes`` (the broker's): the same setting here."""
+
 LONG_MAX = 2**63 - 1
 
 # Kafka's segment.bytes default is 1 GiB of log; a Parquet file of that size is
 # too coarse for Spark's parallelism, so files default to 128 MiB.
 DEFAULT_SEGMENT_BYTES = 128 * 1024 * 1024
+KAFKA_DEFAULT_SEGMENT_BYTES = 1024 * 1024 * 1024
 
 _POLICIES = ("compact", "delete", "compact,delete")
 
@@ -83,6 +87,49 @@ TOPIC_PROPERTIES = (
 """Kafka's topic-level settings: stored on the log, obeyed by every process that opens it.
 ``file.delete.delay.ms`` is stored as Delta's own ``delta.deletedFileRetentionDuration``
 (`sinks.log.history_window`), so that other engines' VACUUM keeps the same window."""
+
+KAFKA_TOPIC_CONFIGS_NOT_APPLYING = frozenset(
+    {
+        "compression.gzip.level",
+        "compression.lz4.level",
+        "compression.type",
+        "compression.zstd.level",
+        "flush.messages",
+        "flush.ms",
+        "follower.replication.throttled.replicas",
+        "index.interval.bytes",
+        "leader.replication.throttled.replicas",
+        "local.retention.bytes",
+        "local.retention.ms",
+        "message.downconversion.enable",
+        "message.format.version",
+        "message.timestamp.after.max.ms",
+        "message.timestamp.before.max.ms",
+        "message.timestamp.difference.max.ms",
+        "message.timestamp.type",
+        "min.insync.replicas",
+        "preallocate",
+        "remote.log.copy.disable",
+        "remote.log.delete.on.disable",
+        "remote.storage.enable",
+        "segment.index.bytes",
+        "segment.jitter.ms",
+        "segment.ms",
+        "unclean.leader.election.enable",
+    }
+)
+"""Kafka's topic-level configs (Kafka 3.x and 4.x ``kafka-configs --describe --all``) that
+mean nothing for a log on Delta: segment rolling, flushing, compression of record batches,
+replication, tiered storage, timestamp checks. `CleanerConfig.from_properties` accepts them
+and says once per process that they do not apply."""
+
+MEANINGS_HERE = {
+    SEGMENT_BYTES: (
+        "here the largest Parquet file a cleaner pass writes (default 128 MiB), not the size "
+        "at which Kafka rolls a segment: the sink writes one file per partition and batch"
+    ),
+}
+"""Kafka's names that mean something else here: what each means here, for errors and docs."""
 
 ConfigSource = Literal["log", "override", "default"]
 
@@ -177,7 +224,10 @@ class CleanerConfig:
             LOG_CLEANER_BACKOFF_MS,
         ):
             _check_int(name, getattr(self, _FIELD_OF[name]), minimum=0)
-        _check_int(SEGMENT_BYTES, self.segment_bytes, minimum=1)
+        try:
+            _check_int(SEGMENT_BYTES, self.segment_bytes, minimum=1)
+        except ConfigError as e:
+            raise ConfigError(f"{e} ({SEGMENT_BYTES} is {MEANINGS_HERE[SEGMENT_BYTES]})") from None
         _check_int(MESSAGE_MAX_BYTES, self.message_max_bytes, minimum=1)
         rate = self.log_cleaner_io_max_bytes_per_second
         if isinstance(rate, bool) or not isinstance(rate, int | float) or not rate > 0:
@@ -223,18 +273,46 @@ class CleanerConfig:
         return {key: str(getattr(self, _FIELD_OF[key])) for key in TOPIC_PROPERTIES}
 
     @classmethod
-    def from_properties(cls, properties: Mapping[str, Any]) -> CleanerConfig:
+    def from_properties(cls, properties: Mapping[str, Any] | str) -> CleanerConfig:
         """Build a config from Kafka's dotted names; values may be strings, as in a properties file.
 
-        Raises `ConfigError` naming the key for an unknown key or an invalid value.
+        ``properties`` is a mapping, or the text ``kafka-configs --describe`` prints for a
+        topic (`parse_kafka_describe`), so a topic's whole config is taken as it is. Kafka's
+        topic configs that do not apply here (`KAFKA_TOPIC_CONFIGS_NOT_APPLYING`) are
+        accepted and named in one warning, once per process for each key. Kafka's
+        ``max.message.bytes`` is ``message.max.bytes``.
+
+        Raises `ConfigError` naming the key for an unknown key or an invalid value (for
+        ``segment.bytes``, saying what it means here, `MEANINGS_HERE`). Pure but for the
+        warning.
         """
+        if isinstance(properties, str):
+            properties = parse_kafka_describe(properties)
         kwargs: dict[str, Any] = {}
+        not_applying = []
         for key, raw in properties.items():
             field = _FIELD_OF.get(key) or _ALIASES.get(key)
+            if field is None and key in KAFKA_TOPIC_CONFIGS_NOT_APPLYING:
+                not_applying.append(key)
+                continue
             if field is None:
                 known = ", ".join(sorted([*_FIELD_OF, *_ALIASES]))
-                raise ConfigError(f"unknown cleaner property {key!r}; known: {known}")
-            kwargs[field] = _parse(key, raw, _TYPE_OF[field])
+                raise ConfigError(
+                    f"unknown cleaner property {key!r}; known: {known} (and Kafka's topic "
+                    "configs that do not apply to a log on Delta, accepted and ignored: "
+                    f"{', '.join(sorted(KAFKA_TOPIC_CONFIGS_NOT_APPLYING))})"
+                )
+            try:
+                kwargs[field] = _parse(key, raw, _TYPE_OF[field])
+            except ConfigError as e:
+                meaning = MEANINGS_HERE.get(key)
+                raise ConfigError(f"{e} ({key} is {meaning})" if meaning else str(e)) from None
+        _say_not_applying(not_applying)
+        if kwargs.get("segment_bytes") == KAFKA_DEFAULT_SEGMENT_BYTES:
+            _say_once(
+                f"{SEGMENT_BYTES}={KAFKA_DEFAULT_SEGMENT_BYTES} (Kafka's default) is "
+                f"{MEANINGS_HERE[SEGMENT_BYTES]}: leave it out for 128 MiB files"
+            )
         return cls(**kwargs)
 
     def to_properties(self) -> dict[str, str]:
@@ -261,11 +339,81 @@ _FIELD_OF = {
     LOG_CLEANER_BACKOFF_MS: "backoff_ms",
     LOG_CLEANER_DEDUPE_BUFFER_SIZE: "dedupe_buffer_size",
 }
-# Other names for the same field: the history window under its Delta table property name.
-_ALIASES = {DELETED_FILE_RETENTION_DURATION: "file_delete_delay_ms"}
+# Other names for the same field: the history window under its Delta table property name,
+# the largest value under Kafka's topic-level name.
+_ALIASES = {
+    DELETED_FILE_RETENTION_DURATION: "file_delete_delay_ms",
+    MAX_MESSAGE_BYTES: "message_max_bytes",
+}
 _TYPE_OF = {f.name: f.type for f in fields(CleanerConfig)}
 PROPERTY_NAMES = frozenset([*_FIELD_OF, *_ALIASES])
 """Every dotted name `CleanerConfig.from_properties` accepts."""
+
+
+_NAMED_NOT_APPLYING: set[str] = set()  # keys already said in this process
+_SAID: set[str] = set()
+
+
+def _say_once(line: str) -> None:
+    if line not in _SAID:
+        _SAID.add(line)
+        logger.warning("%s", line)
+
+
+def topic_key(key: str) -> str:
+    """The name this package stores a topic config under: Kafka's topic-level
+    ``max.message.bytes`` is ``message.max.bytes``; every other name is itself."""
+    return MESSAGE_MAX_BYTES if key == MAX_MESSAGE_BYTES else key
+
+
+def _say_not_applying(keys: list[str]) -> None:
+    """One warning naming the Kafka topic configs in ``keys`` not already named in this process."""
+    new = sorted(set(keys) - _NAMED_NOT_APPLYING)
+    if not new:
+        return
+    _NAMED_NOT_APPLYING.update(new)
+    logger.warning(
+        "Kafka topic config%s %s do%s not apply to a log on Delta (segments, flushing, "
+        "compression, replication, tiered storage are Delta's or Spark's here): ignored",
+        "s" if len(new) > 1 else "",
+        ", ".join(new),
+        "" if len(new) > 1 else "es",
+    )
+
+
+_DESCRIBE_ENTRY = re.compile(r"^\s*([A-Za-z0-9_.\-]+)=(.*?)(?:\s+sensitive=(?:true|false).*)?$")
+
+
+def parse_kafka_describe(text: str) -> dict[str, str]:
+    """The settings in the text ``kafka-configs --describe`` (with or without ``--all``)
+    prints for a topic, or a properties file's ``key=value`` lines: ``{name: value}``.
+
+    Header lines (``Dynamic configs for topic users are:``, ``All configs for ...``),
+    blank lines and ``#`` comments are skipped; each entry's ``sensitive=...`` and
+    ``synonyms={...}`` are dropped. Left out: an entry whose value is Kafka's built-in
+    default (``--all`` prints them with ``synonyms={DEFAULT_CONFIG:...}``), so the sink's
+    own defaults apply where they differ (``segment.bytes``, ``file.delete.delay.ms``),
+    and a sensitive value Kafka hides (``null`` with ``sensitive=true``). Raises
+    `ConfigError` naming the line for any other line. Pure.
+    """
+    settings: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        stripped = line.strip()
+        if not stripped or stripped.startswith(("#", "!")) or stripped.endswith(" are:"):
+            continue
+        match = _DESCRIBE_ENTRY.match(line)
+        if match is None:
+            raise ConfigError(
+                f"line {number} of a topic config is not KEY=VALUE (as kafka-configs "
+                f"--describe prints): {stripped!r}"
+            )
+        key, value = match.group(1), match.group(2).strip()
+        if value == "null" and "sensitive=true" in line:
+            continue
+        if "synonyms={DEFAULT_CONFIG:" in line:
+            continue
+        settings[key] = value
+    return settings
 
 
 def _parse(key: str, raw: Any, type_name: Any) -> Any:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from sinks.config import (
     DELETED_FILE_RETENTION_DURATION,
     FILE_DELETE_DELAY_MS,
+    KAFKA_TOPIC_CONFIGS_NOT_APPLYING,
     PROPERTY_NAMES,
     TOPIC_CONFIG_PREFIX,
     TOPIC_PROPERTIES,
@@ -31,8 +32,9 @@ from sinks.config import (
     LogConfig,
     ResolvedConfig,
     resolve,
+    topic_key,
 )
-from sinks.errors import CompactedSinkError, ConfigError
+from sinks.errors import ConfigError, NotACompactedLogError
 from sinks.log.foreign.commits import COMMIT_INFO_KEY
 from sinks.log.history_window import DEFAULT_WINDOW_MS, table_properties
 from sinks.log.log_keys import KEY_COLUMNS_PROPERTY
@@ -100,7 +102,8 @@ def alter_log_config(
     commit is Delta's SET TBLPROPERTIES, with ``compactedSink.operation`` =
     `ALTER_OPERATION`; processes that open the log afterwards apply it.
     """
-    add = dict(add or {})
+    add = {topic_key(k): v for k, v in (add or {}).items()}
+    delete = [topic_key(k) for k in delete]
     snapshot = log.snapshot(verify=False)
     if snapshot is None:
         raise FileNotFoundError(f"no compacted log at {log.uri}")
@@ -155,10 +158,11 @@ def _check_compacted_log(snapshot: LogSnapshot) -> None:
     names = set(snapshot.spark_schema.names)
     if KEY_COLUMNS_PROPERTY in configuration or {VALUE, PARTITION, OFFSET} <= names:
         return
-    raise CompactedSinkError(
+    raise NotACompactedLogError(
         f"{snapshot.uri} is a Delta table but not a compacted log (no "
         f"{KEY_COLUMNS_PROPERTY} property, columns {sorted(names)}); nothing committed: "
-        "configs changes only logs a compacted-state sink wrote"
+        "configs changes only logs a compacted-state sink wrote",
+        path=snapshot.uri,
     )
 
 
@@ -167,6 +171,12 @@ def _check_topic_key(key: str) -> None:
         return
     if key == DELETED_FILE_RETENTION_DURATION:
         raise ConfigError(f"{key}: set the history window as {FILE_DELETE_DELAY_MS} (ms)")
+    if key in KAFKA_TOPIC_CONFIGS_NOT_APPLYING:
+        raise ConfigError(
+            f"{key} is a Kafka topic config that does not apply to a log on Delta (segments, "
+            "flushing, compression, replication, tiered storage are Delta's or Spark's here): "
+            "nothing to store"
+        )
     if key not in PROPERTY_NAMES:
         raise ConfigError(
             f"unknown topic config {key!r}; topic configs: {', '.join(TOPIC_PROPERTIES)}"

@@ -77,6 +77,16 @@ def session(app: str, args: argparse.Namespace | None = None):
     return local_session(app)
 
 
+def check_is_log(path: str) -> None:
+    """Raise `NotACompactedLogError` when ``path`` holds a Delta table that is not a
+    compacted log, or no Delta table but files the sink did not write: the check every
+    command makes before it reads or writes a log (`sinks.log.ownership`; a missing or
+    empty path is left to the command). Reads Delta metadata (or one LIST) only."""
+    from sinks.log import LogTable, check_log_location, normalize_uri
+
+    check_log_location(LogTable(normalize_uri(path)).location)
+
+
 def refs(args: argparse.Namespace):
     """The logs a command's log selection names (`streaming.jobs.registry.discover_logs`)."""
     from streaming.jobs import discover_logs

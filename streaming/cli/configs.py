@@ -6,8 +6,13 @@ value and where it comes from (the log, or the default). ``--alter --add-config 
 (`sinks.log.log_config.alter_log_config`), validated first: an unknown key or an invalid
 value fails naming the key, and nothing is committed. A deleted setting goes back to its
 default. A value holding commas is given in brackets, as Kafka's tool takes it:
-``--add-config cleanup.policy=[compact,delete]``. Reads and writes Delta metadata only:
-no Spark session.
+``--add-config cleanup.policy=[compact,delete]``. ``--alter --from-describe FILE`` takes
+a topic's config as ``kafka-configs --describe`` printed it (`sinks.config.parse_kafka_describe`):
+the topic configs that apply here are set, Kafka's that do not (``segment.ms``,
+``compression.type``, ...) are named once as ignored. Where a Kafka name means something
+else here (``segment.bytes``), ``--describe`` says so beside its value. Reads and writes
+Delta metadata only: no Spark session. A Delta table that is not a compacted log is
+refused (`NotACompactedLogError`), as by every command.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from __future__ import annotations
 import argparse
 
 from sinks.errors import ConfigError
-from streaming.cli.common import out
+from streaming.cli.common import check_is_log, out
 
 
 def add_configs(commands: argparse._SubParsersAction) -> None:
@@ -34,6 +39,11 @@ def add_configs(commands: argparse._SubParsersAction) -> None:
         default=[],
         metavar="K=V[,K=V]",
         help="settings to set (Kafka's dotted names), e.g. delete.retention.ms=604800000",
+    )
+    configs.add_argument(
+        "--from-describe",
+        metavar="FILE",
+        help="with --alter: a topic's config as `kafka-configs --describe` printed it ('-': stdin)",
     )
     configs.add_argument(
         "--delete-config",
@@ -74,21 +84,43 @@ def _split(text: str) -> list[str]:
     return [i.strip() for i in items if i.strip()]
 
 
+def from_describe(text: str) -> tuple[dict[str, str], list[str]]:
+    """The settings to alter from ``kafka-configs --describe`` output, and the Kafka topic
+    configs in it that do not apply here (left out). Raises `ConfigError` naming a bad line
+    or an unknown key. Pure."""
+    from sinks.config import KAFKA_TOPIC_CONFIGS_NOT_APPLYING, parse_kafka_describe, topic_key
+
+    settings: dict[str, str] = {}
+    ignored = []
+    for key, value in parse_kafka_describe(text).items():
+        if key in KAFKA_TOPIC_CONFIGS_NOT_APPLYING:
+            ignored.append(key)
+        else:
+            settings[topic_key(key)] = value
+    return settings, sorted(ignored)
+
+
 def _configs(args: argparse.Namespace) -> int:
-    from sinks.config import CleanerConfig, resolve
+    from sinks.config import MEANINGS_HERE, CleanerConfig, resolve
     from sinks.log import LogTable, alter_log_config, normalize_uri
     from sinks.log.log_config import log_config
 
     log = LogTable(normalize_uri(args.path))
+    check_is_log(args.path)  # someone else's table or files: NotACompactedLogError
     if args.alter:
         add = parse_add_config(args.add_config)
+        if args.from_describe:
+            described, ignored = from_describe(_read(args.from_describe))
+            add = {**described, **add}
+            if ignored:
+                out(f"configs: do not apply to a log on Delta, ignored: {', '.join(ignored)}")
         delete = [k for text in args.delete_config for k in _split(text)]
         if not add and not delete:
-            raise ConfigError("--alter needs --add-config or --delete-config")
+            raise ConfigError("--alter needs --add-config, --from-describe or --delete-config")
         out(f"configs: {alter_log_config(log, add=add, delete=delete).summary()}")
         return 0
-    if args.add_config or args.delete_config:
-        raise ConfigError("--add-config and --delete-config go with --alter")
+    if args.add_config or args.delete_config or args.from_describe:
+        raise ConfigError("--add-config, --from-describe and --delete-config go with --alter")
     snapshot = log.snapshot(verify=False)
     if snapshot is None:
         raise FileNotFoundError(f"no compacted log at {log.uri}")
@@ -97,5 +129,13 @@ def _configs(args: argparse.Namespace) -> int:
     where = "stored on the log" if stored.recorded else "not stored on the log: defaults apply"
     out(f"configs for log {log.uri} (Delta v{snapshot.version}; {where}):")
     for key, value, source in resolved.describe():
-        out(f"  {key}={value}  ({source})")
+        meaning = MEANINGS_HERE.get(key)
+        out(f"  {key}={value}  ({source}{'; ' + meaning if meaning else ''})")
     return 0
+
+
+def _read(file: str) -> str:
+    import sys
+    from pathlib import Path
+
+    return sys.stdin.read() if file == "-" else Path(file).read_text()

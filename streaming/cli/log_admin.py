@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 from sinks.errors import ConfigError
-from streaming.cli.common import out
+from streaming.cli.common import check_is_log, out
 
 
 def add_accept(commands: argparse._SubParsersAction) -> None:
@@ -71,6 +71,7 @@ def _consumers(args: argparse.Namespace) -> int:
 
     if (args.reset or args.delete) and not args.consumer:
         raise ConfigError("--reset and --delete need --consumer ID")
+    check_is_log(args.log)
     if args.delete:
         deleted = delete_consumer(args.log, args.consumer, args.checkpoint_table)
         out(f"consumers: {args.consumer} deleted ({deleted} row(s)); it holds nothing now")

@@ -67,10 +67,15 @@ COMMANDS = [
     ("export", "--to", "out"),
     ("accept",),
     ("restore", "--to-version", "0"),
+    ("configs", "--describe"),
+    ("configs", "--alter", "--add-config", "delete.retention.ms=1000"),
+    ("consumers",),
 ]
 
 
 def command_on(command: tuple[str, ...], path: str) -> list[str]:
+    if command[0] == "configs":
+        return [command[0], "--path", path, *command[1:]]
     return [command[0], path, *command[1:]]
 
 
