@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 
 from sinks.errors import CompactedSinkError, ConfigError
 from streaming.cli import cleaning, configs, log_admin, query, recovery, status
-from streaming.cli.common import EXIT_CONFIG, EXIT_FAILED, EXIT_INTERRUPTED
+from streaming.cli.common import EXIT_CONFIG, EXIT_FAILED, EXIT_INTERRUPTED, python_cause
 
 _SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     query.add_run,
@@ -70,7 +70,9 @@ def failure_message(error: BaseException) -> str:
 
     Spark's errors carry their logical plan and JVM stack after the first line;
     an error a Spark job raised from this package's code is reported by that
-    error's own message (the class name and text Spark quotes in its first lines).
+    error's own message (the class name and text Spark quotes in its first lines),
+    any other Python error under py4j's or Spark's wrapping by its own last line
+    (`streaming.cli.common.python_cause`).
     """
     if isinstance(error, ConfigError):
         return f"configuration error: {error}"
@@ -82,6 +84,9 @@ def failure_message(error: BaseException) -> str:
             marker = f"{name}: "
             if marker in line:
                 return f"{name}: {line.split(marker, 1)[1].strip()}"
+    cause = python_cause(text)
+    if cause is not None:
+        return cause
     first = text.splitlines()[0] if text else ""
     return f"{type(error).__name__}: {first}" if first else type(error).__name__
 

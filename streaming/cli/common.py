@@ -9,6 +9,7 @@ metadata only never call it.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 from sinks.errors import ConfigError
@@ -101,3 +102,39 @@ def as_of(text: str | None):
     if text is None:
         return None
     return int(text) if text.isdigit() else text
+
+
+_TRACEBACK = "Traceback (most recent call last):"
+_EXCEPTION_LINE = re.compile(
+    r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning)): ?(.*)$"
+)
+# What Spark and py4j wrap a Python error in: never the cause itself.
+_WRAPPERS = ("PythonException", "Py4JJavaError", "Py4JException", "StreamingQueryException")
+
+
+def python_cause(text: str) -> str | None:
+    """The Python exception at the root of a Spark or py4j error's text, as Python prints its
+    last line (``OverflowError: date value out of range``); None when the text holds no
+    Python traceback. Pure.
+
+    A foreachBatch function that raises reaches the driver as a `StreamingQueryException`
+    around py4j's "An exception was raised by the Python Proxy. Return Message: Traceback
+    ...", and an error in a Python worker (``mapInArrow``) as a ``PythonException`` holding
+    that worker's traceback inside it: the root is the last exception line after the last
+    traceback that is not one of those wrappers.
+    """
+    lines = text.splitlines()
+    starts = [i for i, line in enumerate(lines) if _TRACEBACK in line]
+    for start in reversed(starts):
+        found = None
+        for line in lines[start + 1 :]:
+            if line.startswith((" ", "\t")):
+                continue
+            match = _EXCEPTION_LINE.match(line.strip())
+            if match and match.group(1).rsplit(".", 1)[-1] not in _WRAPPERS:
+                found = f"{match.group(1).rsplit('.', 1)[-1]}: {match.group(2).strip()}".rstrip(
+                    ": "
+                )
+        if found is not None:
+            return found
+    return None

@@ -26,6 +26,7 @@ from streaming.cli.common import (
     add_remote,
     err,
     out,
+    python_cause,
     remote_url,
     session,
 )
@@ -129,11 +130,16 @@ def root_cause(text: str) -> str | None:
     A source that cannot read its files fails the query with ~60 lines (a streaming
     error around a task failure around the reader's exception); the last ``Caused by``
     line holds what went wrong, e.g. ``file:/in/part-0.json is not a Parquet file``.
+    A Python error (in the foreachBatch function or a Python worker) is named by its
+    class and message (`python_cause`), never by py4j's "Return Message: Traceback".
     """
     from streaming.cli import _SINK_ERRORS
 
     if any(f"{name}: " in text for name in _SINK_ERRORS):
         return None
+    python = python_cause(text)
+    if python is not None:
+        return python
     causes = [line.strip() for line in text.splitlines() if line.strip().startswith("Caused by: ")]
     if not causes:
         return None

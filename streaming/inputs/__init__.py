@@ -7,6 +7,7 @@
 from streaming.inputs.kafka import (
     KAFKA_SCHEMA,
     TopicRouter,
+    file_columns,
     kafka_shaped_files,
     kafka_stream,
     write_kafka_files,
@@ -18,6 +19,7 @@ __all__ = [
     "BrokerStartError",
     "LocalKafka",
     "TopicRouter",
+    "file_columns",
     "kafka_shaped_files",
     "kafka_stream",
     "write_kafka_files",

@@ -12,14 +12,15 @@ JSON files: tests and local runs feed the exact shape without a broker.
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -82,13 +83,21 @@ HEADERS_FIELD = T.StructField(
     ),
 )
 
-# JSON cannot carry bytes: key and value arrive as text and are cast to binary.
+# JSON cannot carry bytes: key and value arrive as text and are cast to binary. The
+# timestamp arrives as text too, read by `json_timestamp`.
+_JSON_TEXT = ("key", "value", "timestamp")
 _JSON_SCHEMA = T.StructType(
     [
-        T.StructField(f.name, T.StringType()) if f.name in ("key", "value") else f
+        T.StructField(f.name, T.StringType()) if f.name in _JSON_TEXT else f
         for f in KAFKA_SCHEMA.fields
     ]
 )
+
+MILLISECONDS_FROM = 100_000_000_000
+"""A JSON timestamp number at or above this is epoch milliseconds (Kafka's unit, what its
+tools print: 1e11 ms is March 1973), below it epoch seconds (1e11 s is the year 5138)."""
+
+KAFKA_COLUMNS = tuple(f.name for f in KAFKA_SCHEMA.fields)
 
 
 def kafka_stream(spark: SparkSession, options: Mapping[str, str]) -> DataFrame:
@@ -105,26 +114,77 @@ def kafka_shaped_files(
     *,
     file_format: Literal["parquet", "json"] = "parquet",
     max_files_per_trigger: int | None = None,
+    columns: Collection[str] | None = None,
 ) -> DataFrame:
     """A file stream with the Kafka source's columns, for runs without a broker.
 
-    Parquet files must carry `KAFKA_SCHEMA`; JSON lines carry ``key`` and ``value``
-    as text (cast to binary) and ``timestamp`` as an ISO string or epoch seconds.
+    Parquet files carry `KAFKA_SCHEMA`'s columns; JSON lines carry ``key`` and ``value``
+    as text (cast to binary) and ``timestamp`` as an ISO string or a number, epoch
+    milliseconds as Kafka's tools print them (seconds below `MILLISECONDS_FROM`).
+    ``columns``: the Kafka columns the files hold (`file_columns`; None: all). A column
+    they lack is left out of the stream, so the sink fills it as for any batch without
+    it: offsets assigned per partition from the log end offset in input order,
+    partition 0, the time of the append.
     """
+    kept = [c for c in KAFKA_COLUMNS if columns is None or c in columns or c in ("key", "value")]
     reader = spark.readStream
     if max_files_per_trigger:
         reader = reader.option("maxFilesPerTrigger", max_files_per_trigger)
     if file_format == "parquet":
-        return reader.schema(KAFKA_SCHEMA).parquet(path)
+        return reader.schema(KAFKA_SCHEMA).parquet(path).select(*kept)
     if file_format == "json":
         raw = reader.schema(_JSON_SCHEMA).json(path)
         return raw.select(
             *[
-                F.col(f.name).cast("binary").alias(f.name) if f.name in ("key", "value") else f.name
-                for f in KAFKA_SCHEMA.fields
+                F.col(name).cast("binary").alias(name)
+                if name in ("key", "value")
+                else json_timestamp(F.col(name)).alias(name)
+                if name == "timestamp"
+                else name
+                for name in kept
             ]
         )
     raise ValueError(f"file_format must be 'parquet' or 'json', got {file_format!r}")
+
+
+_NUMBER = r"^\s*-?[0-9]+(\.[0-9]*)?([eE][-+]?[0-9]+)?\s*$"
+
+
+def json_timestamp(text: Column) -> Column:
+    """A JSON line's ``timestamp`` text as a timestamp: a number is epoch milliseconds
+    (seconds below `MILLISECONDS_FROM`), anything else is read as Spark reads a timestamp
+    string (ISO 8601); text that is neither gives null."""
+    number = F.when(text.rlike(_NUMBER), text.cast("double"))
+    micros = F.when(F.abs(number) >= MILLISECONDS_FROM, number * 1_000).otherwise(
+        number * 1_000_000
+    )
+    return F.when(number.isNotNull(), F.timestamp_micros(micros.cast("long"))).otherwise(
+        F.try_to_timestamp(text)
+    )
+
+
+def file_columns(
+    file_format: Literal["parquet", "json"], filesystem: Any, files: Sequence[str]
+) -> frozenset[str] | None:
+    """The Kafka columns (`KAFKA_COLUMNS`) the first of ``files`` (paths on ``filesystem``,
+    a pyarrow file system) holds: a Parquet file's schema, or a JSON line's keys (its first
+    line). None when there is no file to look at. Reads one footer or one line."""
+    for file in files:
+        if file_format == "parquet":
+            with filesystem.open_input_file(file) as f:
+                names = pq.read_schema(f).names
+        else:
+            with filesystem.open_input_stream(file) as f:
+                head = f.read(1 << 20).decode("utf-8", errors="replace")
+            first = next((line for line in head.splitlines() if line.strip()), None)
+            if first is None:
+                continue
+            try:
+                names = list(json.loads(first))
+            except (ValueError, TypeError):
+                return None  # the stream's own reader says what is wrong with it
+        return frozenset(n for n in names if n in KAFKA_COLUMNS)
+    return None
 
 
 BatchHook = Callable[[DataFrame, int], None]

@@ -14,6 +14,7 @@ import json
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from pyarrow.fs import FileSelector
 from pyspark.sql import DataFrame, SparkSession
@@ -21,7 +22,8 @@ from pyspark.sql.streaming import StreamingQuery
 
 from sinks import CompactedStateSink
 from sinks.log import arrow_filesystem, join, normalize_uri, sibling
-from streaming.inputs import TopicRouter, kafka_shaped_files, kafka_stream
+from streaming.inputs import TopicRouter, file_columns, kafka_shaped_files, kafka_stream
+from streaming.inputs.kafka import TOPIC
 from streaming.jobs.job import FILE_FORMATS, FileFormat, JobConfig, JobConfigError
 from streaming.status.progress import ProgressHook, stderr_line
 
@@ -38,6 +40,7 @@ def build_source(spark: SparkSession, job: JobConfig) -> DataFrame:
             source["path"],
             file_format=file_format,
             max_files_per_trigger=source.get("max_files_per_trigger"),
+            columns=source_columns(source["path"], file_format, job),
         )
     if source["format"] == "kafka":
         return kafka_stream(spark, {str(k): str(v) for k, v in source["options"].items()})
@@ -64,22 +67,15 @@ def infer_file_format(path: str, job: JobConfig | None = None) -> FileFormat:
     both kinds or neither, naming one of each and the key that settles it
     (``source.file_format``).
     """
-    fs, root = arrow_filesystem(normalize_uri(path))
-    try:
-        infos = fs.get_file_info(FileSelector(root, recursive=True, allow_not_found=True))
-    except OSError:
-        return "parquet"
+    fs, files = _data_files(path)
     kinds: dict[str, str] = {}
-    for info in sorted(infos, key=lambda i: i.path):
-        name = info.path.rsplit("/", 1)[-1]
-        if info.type.name != "File" or name.startswith(_SIDE_FILES) or not info.size:
-            continue
-        with fs.open_input_stream(info.path) as f:
+    for file in files:
+        with fs.open_input_stream(file) as f:
             head = f.read(64)
         kind = "parquet" if head.startswith(PARQUET_MAGIC) else None
         if kind is None and head.lstrip()[:1] == b"{":
             kind = "json"
-        kinds.setdefault(kind or "neither Parquet nor JSON lines", info.path)
+        kinds.setdefault(kind or "neither Parquet nor JSON lines", file)
         if len(kinds) > 1:
             break
     where = f"{job.file}: source.file_format" if job is not None else "source.file_format"
@@ -90,6 +86,48 @@ def infer_file_format(path: str, job: JobConfig | None = None) -> FileFormat:
             "keep one format in the source directory, or set file_format"
         )
     return next(iter(kinds), "parquet")  # type: ignore[return-value]
+
+
+def source_columns(path: str, file_format: FileFormat, job: JobConfig) -> frozenset[str] | None:
+    """The Kafka columns the files at ``path`` hold (None: no file yet, all of them).
+
+    Files without ``offset`` get offsets as the Python API gives them (assigned per
+    partition from the log end offset, in input order) and the run says so in one line;
+    a routed job (``[topics.*]``) whose files lack ``topic`` raises `JobConfigError`
+    naming the column, before the query starts. Reads one file's footer or first line.
+    """
+    fs, files = _data_files(path)
+    columns = file_columns(file_format, fs, files)
+    if columns is None:
+        return None
+    if job.routed and TOPIC not in columns:
+        raise JobConfigError(
+            f"{job.file}: [topics.*] routes records by their {TOPIC!r} column, and the files "
+            f"at {path} have none ({files[0]} holds {', '.join(sorted(columns))}); add the "
+            "column, or write the job with one [sink]"
+        )
+    if "offset" not in columns:
+        stderr_line(
+            f"source: the files at {path} have no 'offset' column: offsets are assigned "
+            "per partition from the log end offset, in input order"
+        )
+    return columns
+
+
+def _data_files(path: str) -> tuple[Any, list[str]]:
+    """The file system of ``path`` and its data files (not ``_SUCCESS``, ``.crc``, empty
+    files), sorted; none for a missing directory."""
+    fs, root = arrow_filesystem(normalize_uri(path))
+    try:
+        infos = fs.get_file_info(FileSelector(root, recursive=True, allow_not_found=True))
+    except OSError:
+        return fs, []
+    files = []
+    for info in sorted(infos, key=lambda i: i.path):
+        name = info.path.rsplit("/", 1)[-1]
+        if info.type.name == "File" and not name.startswith(_SIDE_FILES) and info.size:
+            files.append(info.path)
+    return fs, files
 
 
 def build_hook(
