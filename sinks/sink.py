@@ -26,6 +26,7 @@ from sinks.cleaner.cleaner_stats import CleanerStats
 from sinks.cleaner.log_cleaner import CleaningMode, LogCleaner
 from sinks.cleaner.log_to_clean import LogToClean
 from sinks.config import CleanerConfig
+from sinks.errors import ForeignChangeError
 from sinks.log.foreign import changes as foreign_changes
 from sinks.log.log_config import opened_log_config
 from sinks.log.log_keys import opened_log_keys
@@ -56,6 +57,8 @@ __all__ = ["AppendReport", "CompactedStateSink"]
 logger = logging.getLogger("compacted_sink")
 
 CHECKPOINT_TABLE_DIR = "_cleaner-offset-checkpoint"
+
+_CLOSED_OVER_FOREIGN_CHANGES: set[tuple[str, int]] = set()  # (log, version) said by close()
 
 
 class CompactedStateSink:
@@ -240,19 +243,45 @@ class CompactedStateSink:
         return self.last_recovery
 
     def close(self, timeout_s: float | None = None) -> None:
-        """Stop the background cleaner after its pass; mark a clean shutdown. Idempotent."""
+        """Stop the background cleaner after its pass; mark a clean shutdown. Idempotent.
+
+        Does not raise over another engine's change to the log (`ForeignChangeError`):
+        closing has nothing to undo, so no clean-shutdown marker is written (the next open
+        checks the log in full), and one warning per change and process says what to do
+        (the error's own message). The next write or read raises it as before.
+        """
         if self._log_cleaner is not None:
             self._log_cleaner.shutdown(timeout_s)
-        snapshot = self.log_table.snapshot()
+        try:
+            snapshot = self.log_table.snapshot()
+        except ForeignChangeError as e:
+            said = (e.log_path, e.version)
+            if said not in _CLOSED_OVER_FOREIGN_CHANGES:
+                _CLOSED_OVER_FOREIGN_CHANGES.add(said)
+                logger.warning("closed %s without a clean-shutdown marker: %s", self.path, e)
+            return
         if snapshot is not None:
             write_clean_shutdown_marker(self.log_table, snapshot.version)
 
     def __enter__(self) -> CompactedStateSink:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        if exc[0] is None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        """`close`; with an exception in flight, a failure to close is logged, never raised
+        over it (the exception in flight is what the caller must see)."""
+        if exc_type is None:
             self.close()
+            return
+        try:
+            self.close()
+        except Exception as e:  # noqa: BLE001 - the exception in flight wins
+            logger.warning(
+                "closing %s after %s failed too: %s: %s",
+                self.path,
+                exc_type.__name__,
+                type(e).__name__,
+                e,
+            )
 
     def delete_records(self, partition: int, before_offset: int) -> RetentionPlan:
         """Move ``partition``'s log start offset to ``before_offset`` (Kafka's DeleteRecords),

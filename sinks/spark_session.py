@@ -7,7 +7,8 @@ of the code never touches ``sparkContext``:
 
 - `active_session`: the session a sink method without a DataFrame argument uses;
 - `default_parallelism`: how many tasks run at once (a probe job under Connect);
-- `warn_unsafe_beside_delta_spark`: says once per log when the session's delta-spark could
+- `warn_unsafe_beside_delta_spark`: says once (a paragraph per process, a line per further
+  log) when the session's delta-spark could
   overwrite the sink's commits (`sinks.log.storage.unsafe_beside_delta_spark`);
 - `hadoop_settings`: the session's Hadoop settings under a prefix (``fs.s3a.``), read
   once when a sink opens its log, so a lake configured in Spark is configured once;
@@ -47,6 +48,7 @@ QUERY_ID_PROPERTY = "sql.streaming.queryId"
 _PROBE_ROWS = 1 << 16
 
 _warned_unsafe: set[str] = set()  # logs already warned about in this process
+_said_race_paragraph: list[str] = []  # the log the race's paragraph was said for, once
 _parallelism: dict[str, int] = {}
 _parallelism_lock = threading.Lock()
 
@@ -56,9 +58,12 @@ class QueryIdentityError(ConfigError):
 
 
 def warn_unsafe_beside_delta_spark(spark: SparkSession, uri: str) -> str | None:
-    """Log a warning, once per log and process, when ``spark`` has delta-spark with a log
-    store whose commits can overwrite the sink's on ``uri``'s store; the warning, or None.
+    """Log a warning when ``spark`` has delta-spark with a log store whose commits can
+    overwrite the sink's on ``uri``'s store; the warning, or None. Called where the sink
+    writes (an append), never where it only reads.
 
+    The paragraph (the race and what to do) is said once per process; another log under an
+    unsafe store gets one line naming it and its log store; a log already named, nothing.
     A warning rather than a refusal: delta-spark reading the log, or writing it while no
     sink commits, is safe, and the session cannot tell which it will do.
     """
@@ -67,8 +72,13 @@ def warn_unsafe_beside_delta_spark(spark: SparkSession, uri: str) -> str | None:
     conf = {key: spark.conf.get(key, None) for key in delta_spark_conf_keys(uri)}
     warning = unsafe_beside_delta_spark(uri, conf)
     _warned_unsafe.add(uri)
-    if warning:
-        logger.warning("%s", warning)
+    if warning is None:
+        return None
+    if _said_race_paragraph:
+        race, _, _ = warning.partition(". A delta-spark commit")
+        warning = f"{race}: the same race as the warning above says (said once per process)"
+    _said_race_paragraph.append(uri)
+    logger.warning("%s", warning)
     return warning
 
 

@@ -323,9 +323,11 @@ def reconcile_checkpoint(
     Each row moves by compare-and-set, so a pass finishing meanwhile is not overwritten.
     A row that describes another table or history (`checkpoints.split_histories`: a new
     table at the path, an older copy put back) is replaced by one that starts from the
-    log's own record, or its log start offset.
+    log's own record, or its log start offset, and one warning names the partitions (so
+    the next open, finding the rows replaced, says nothing).
     """
     changes: dict[int, tuple[int | None, int]] = {}
+    replaced: dict[str, list[int]] = {}  # why -> the partitions whose rows said it
     for partition in snapshot.partitions:
         for _attempt in range(10):
             rows = checkpoints.read(snapshot.uri)
@@ -339,12 +341,7 @@ def reconcile_checkpoint(
                 ).version(),
             )
             if entry is not None and other:
-                logger.warning(
-                    "log %s partition %s: checkpoint %s: ignored",
-                    snapshot.uri,
-                    partition,
-                    other[partition],
-                )
+                replaced.setdefault(other[partition], []).append(partition)
                 start = snapshot.cleaner_offset(partition)
                 target = start if start is not None else snapshot.log_start_offset(partition)
                 fresh = CheckpointEntry(
@@ -376,6 +373,16 @@ def reconcile_checkpoint(
             if checkpoints.compare_and_set(entry, new):
                 changes[partition] = (current, target)
                 break
+    for why, partitions in replaced.items():
+        shown = ", ".join(str(p) for p in sorted(set(partitions)))
+        logger.warning(
+            "log %s: the cleaner checkpoint of partition%s %s %s: replaced by the log's own "
+            "record (the next pass starts there)",
+            snapshot.uri,
+            "s" if len(set(partitions)) > 1 else "",
+            shown,
+            why,
+        )
     return changes
 
 
