@@ -19,6 +19,7 @@ idempotent.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,13 +46,12 @@ from sinks.log.storage import normalize_uri
 from sinks.reading.arrow_state import state_schema
 
 _WANTED = "_wanted"  # a wanted key's position in the caller's list
-_FILE = "_file"
-_GROUP = "_group"
 _ROW = "_row"
 _HEADER_BYTES = 64  # covers a BloomFilterHeader (about 15 bytes)
 # Below this many wanted keys a filter's blocks are read one by one, 32 bytes each;
 # above it the whole bitset is read at once.
 _BLOCK_READS_MAX_KEYS = 8
+_READERS = 4  # files read at once: pyarrow decodes without the GIL
 
 
 def lookup(
@@ -118,105 +118,77 @@ class KeyLookup:
         ]
         return pa.schema([*state, *(f for f in extra if f.name not in state.names)])
 
+    @property
+    def read_schema(self) -> pa.Schema:
+        """What is read of a matching row: the answer's columns and the sequence column."""
+        schema = self.schema
+        sequence = self.keys.sequence_column
+        if sequence is not None and sequence not in schema.names:
+            schema = schema.append(self.snapshot.arrow_schema.field(sequence))
+        return schema
+
     def find(self, keys: Any) -> pa.Table:
         """`lookup`'s answer for ``keys`` on this snapshot."""
         wanted = wanted_keys(keys, self.snapshot.arrow_schema, self.own_keys)
         if wanted.num_rows == 0:
             return self.schema.empty_table()
-        candidates = self._candidates(wanted)
-        if candidates.num_rows == 0:
+        records = self._records_of(wanted)
+        if records.num_rows == 0:
             return self.schema.empty_table()
-        winners = arrow_latest_offsets(candidates, self.keys.partitioned())
-        on = [PARTITION, *self.own_keys, OFFSET]
-        won = candidates.join(winners.select(on), on, join_type="left semi")
-        won = _first_of_each(won, [PARTITION, *self.own_keys])
+        group = [PARTITION, *self.own_keys]
+        narrow = records.select(
+            list(dict.fromkeys([*group, *_order_columns(self.keys), OFFSET]))
+        ).append_column(_ROW, pa.array(np.arange(records.num_rows, dtype=np.int64)))
+        winners = arrow_latest_offsets(narrow, self.keys.partitioned())
+        on = [*group, OFFSET]
+        won = narrow.join(winners.select(on), on, join_type="left semi")
+        won = _first_of_each(won, group)  # a record two files hold is one record
         won = won.join(wanted, self.own_keys, join_type="inner")
         won = won.sort_by([(_WANTED, "ascending"), (PARTITION, "ascending")])
-        rows = self._read_rows(won)
+        rows = records.take(won.column(_ROW)).select(self.schema.names)
         return rows.filter(pc.is_valid(rows.column(VALUE)))
 
-    def _candidates(self, wanted: pa.Table) -> pa.Table:
-        """The narrow columns (partition, keys, sequence, offset) of every visible record of
-        a wanted key, with the file, row group and row each sits at."""
-        narrow = self._narrow_schema()
-        found = [
-            t
-            for index, data_file in enumerate(self.files)
-            for t in self._matches(index, data_file, wanted, narrow)
-        ]
+    def _records_of(self, wanted: pa.Table) -> pa.Table:
+        """Every visible record of a wanted key, with `read_schema`'s columns."""
+        with ThreadPoolExecutor(max_workers=_READERS) as pool:
+            found = [
+                t
+                for tables in pool.map(lambda f: list(self._matches(f, wanted)), self.files)
+                for t in tables
+            ]
         if not found:
-            return narrow.empty_table()
+            return self.read_schema.empty_table()
         return pa.concat_tables(found)
 
-    def _narrow_schema(self) -> pa.Schema:
-        names = [PARTITION, *self.own_keys]
-        sequence = self.keys.sequence_column
-        if sequence is not None and sequence not in names and sequence != OFFSET:
-            names.append(sequence)
-        names.append(OFFSET)
-        log_schema = self.snapshot.arrow_schema
-        return pa.schema(
-            [
-                *(log_schema.field(n) for n in names),
-                pa.field(_FILE, pa.int32()),
-                pa.field(_GROUP, pa.int32()),
-                pa.field(_ROW, pa.int64()),
-            ]
-        )
-
-    def _matches(
-        self, index: int, data_file: DataFile, wanted: pa.Table, narrow: pa.Schema
-    ) -> Iterator[pa.Table]:
+    def _matches(self, data_file: DataFile, wanted: pa.Table) -> Iterator[pa.Table]:
+        """The records of a wanted key in ``data_file``: for each row group its key filter
+        does not rule out, the key columns are read; the rest only where a key matched."""
         fs, root = self.snapshot.location.filesystem()
-        columns = [f.name for f in narrow if not f.name.startswith("_")]
-        read_as = pa.schema([narrow.field(n) for n in columns])
+        schema = self.read_schema
+        keys = pa.schema([schema.field(k) for k in self.own_keys])
+        rest = pa.schema([f for f in schema if f.name not in self.own_keys])
         with fs.open_input_file(f"{root}/{data_file.path}") as source:
             parquet = pq.ParquetFile(source, metadata=self._footers.get(data_file.path))
             self._footers.setdefault(data_file.path, parquet.metadata)
-            present = [n for n in columns if n in parquet.schema_arrow.names]
+            present = set(parquet.schema_arrow.names)
             for group in candidate_row_groups(source, parquet.metadata, wanted, self.own_keys):
-                records = conform(parquet.read_row_group(group, columns=present), read_as)
-                records = records.append_column(
-                    _ROW, pa.array(np.arange(records.num_rows, dtype=np.int64))
-                )
+                read = [k for k in keys.names if k in present]
+                key_rows = conform(parquet.read_row_group(group, columns=read), keys)
+                rows = _rows_of(key_rows, wanted, self.own_keys)
+                if len(rows) == 0:
+                    continue
+                read = [n for n in rest.names if n in present]
+                others = conform(parquet.read_row_group(group, columns=read), rest).take(rows)
+                matched = pa.Table.from_arrays(
+                    [
+                        *(key_rows.column(k).take(rows) for k in keys.names),
+                        *others.columns,
+                    ],
+                    names=[*keys.names, *rest.names],
+                ).select(schema.names)
                 if self.floors:
-                    records = at_or_above(records, self.floors)
-                matched = records.join(
-                    wanted.select(self.own_keys), self.own_keys, join_type="left semi"
-                )
-                if matched.num_rows:
-                    yield (
-                        matched.append_column(
-                            _FILE, pa.array(np.full(matched.num_rows, index, dtype=np.int32))
-                        )
-                        .append_column(
-                            _GROUP, pa.array(np.full(matched.num_rows, group, dtype=np.int32))
-                        )
-                        .select(narrow.names)
-                    )
-
-    def _read_rows(self, won: pa.Table) -> pa.Table:
-        """The whole rows at ``won``'s (file, row group, row), in ``won``'s order; each row
-        group read once."""
-        fs, root = self.snapshot.location.filesystem()
-        schema = self.schema
-        places: dict[int, dict[int, list[tuple[int, int]]]] = {}
-        columns = (won.column(c).to_pylist() for c in (_FILE, _GROUP, _ROW))
-        for position, (f, g, r) in enumerate(zip(*columns, strict=True)):
-            places.setdefault(f, {}).setdefault(g, []).append((r, position))
-        tables, positions = [], []
-        for index, groups in places.items():
-            path = self.files[index].path
-            with fs.open_input_file(f"{root}/{path}") as source:
-                parquet = pq.ParquetFile(source, metadata=self._footers.get(path))
-                present = [n for n in schema.names if n in parquet.schema_arrow.names]
-                for group, rows in groups.items():
-                    records = parquet.read_row_group(group, columns=present)
-                    tables.append(conform(records.take([r for r, _ in rows]), schema))
-                    positions += [p for _, p in rows]
-        if not tables:
-            return schema.empty_table()
-        return pa.concat_tables(tables).take(np.argsort(np.array(positions), kind="stable"))
+                    matched = at_or_above(matched, self.floors)
+                yield matched.cast(schema)
 
 
 def wanted_keys(keys: Any, log_schema: pa.Schema, key_columns: Sequence[str]) -> pa.Table:
@@ -324,6 +296,22 @@ def _probe(source: Any, offset: int, hashes: np.ndarray) -> np.ndarray | None:
             return None
         words = np.frombuffer(data, dtype="<u4").reshape(-1, 8)[blocks]
     return blocks_contain(words, hashes)
+
+
+def _rows_of(records: pa.Table, wanted: pa.Table, key_columns: Sequence[str]) -> np.ndarray:
+    """Indices (ascending) of ``records``' rows whose key is one of ``wanted``'s."""
+    if len(key_columns) == 1:
+        (name,) = key_columns
+        mask = pc.is_in(records.column(name), value_set=wanted.column(name).combine_chunks())
+        return np.flatnonzero(mask.to_numpy(zero_copy_only=False))
+    numbered = records.append_column(_ROW, pa.array(np.arange(records.num_rows, dtype=np.int64)))
+    kept = numbered.join(wanted.select(list(key_columns)), list(key_columns), join_type="left semi")
+    return np.sort(kept.column(_ROW).to_numpy())
+
+
+def _order_columns(keys: LogKeys) -> list[str]:
+    sequence = keys.sequence_column
+    return [sequence] if sequence and sequence not in (*keys.key_columns, PARTITION) else []
 
 
 def _first_of_each(table: pa.Table, columns: list[str]) -> pa.Table:

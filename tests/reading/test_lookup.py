@@ -267,7 +267,12 @@ def test_spark_writers_files_carry_the_filter(spark, lake, clock, monkeypatch):
     path = str(lake / "log")
     sink = CompactedStateSink(path, config=NO_CLEAN, clock=clock)
     rows = [(f"k{n}", f"v{n}", n % 2) for n in range(200)]
-    sink(spark.createDataFrame(rows, KVP).repartition(2), 0)
+    batch = spark.range(0, 200, numPartitions=2).selectExpr(
+        "format_string('k%d', id) AS key",
+        "format_string('v%d', id) AS value",
+        "CAST(id % 2 AS INT) AS partition",
+    )
+    sink(batch, 0)
     snapshot = sink.log_table.snapshot()
     for segment in snapshot.all_segments():
         metadata = pq.read_metadata(f"{path}/{segment.path}")
