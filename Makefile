@@ -32,7 +32,7 @@ SMOKE_SPARKS ?= 4.0.1 4.1.4 4.2.0
 # The ones `make test` checks too: 4.2 runs the kafka and delta_spark tests, 4.3 the whole suite.
 TEST_SMOKE_SPARKS ?= 4.0.1 4.1.4
 
-.PHONY: demo demo-kafka jars test test-kafka test-delta-spark race smoke lint bench bench-quick bench-append bench-consumer bench-scale bench-cluster soak soak-quick soak-exit soak-faults clean
+.PHONY: demo demo-kafka jars test test-kafka test-delta-spark race smoke lint bench bench-quick bench-append bench-consumer bench-lookup bench-scale bench-cluster soak soak-quick soak-exit soak-faults clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -142,6 +142,12 @@ bench-append: $(STAMP)
 # Parquet read of the same files and Spark's own Parquet file stream (about 3 min).
 bench-consumer: $(STAMP)
 	$(PY) -m bench.consumer_read --out bench/consumer_read.json
+
+# Not part of `make test`: lookups of one key and of 1,000 keys at 1e6 and 1e7 live keys,
+# cleaned and with a 10 % dirty region, against read_state, DuckDB and Spark's state(), and
+# the key filter's cost to the writers (bench/lookup.json; about 15 min on 2 cores).
+bench-lookup: $(STAMP)
+	$(PY) -m bench.lookup --out bench/lookup.json
 
 # Not part of `make test`: one pass on a two-worker standalone cluster on loopback, its tasks
 # on both workers (bench/cluster_pass.json; about 5 min on 2 cores).

@@ -21,6 +21,7 @@ from sinks.errors import (
 from sinks.log.history_window import HistoryExpiredError, TimeTravelError
 from sinks.log.log_keys import KeyColumnsMismatchError
 from sinks.reading.arrow_state import read_state, read_state_batches
+from sinks.reading.lookup import lookup
 from sinks.sink import CHECKPOINT_TABLE_DIR, AppendReport, CompactedStateSink
 from sinks.spark_compat import SparkVersionError
 from sinks.spark_session import QueryIdentityError
@@ -50,6 +51,7 @@ __all__ = [
     "SparkVersionError",
     "TableFeatureError",
     "TimeTravelError",
+    "lookup",
     "read_state",
     "read_state_batches",
 ]

@@ -613,6 +613,7 @@ class RecopyTask:
             max_file_bytes=self.max_file_bytes,
             group_column=None,
             storage_options=self.storage_options,
+            key_columns=self.key_columns,
         )
         indexes = self.indexes(batches)
 

@@ -26,6 +26,7 @@ from deltalake.transaction import AddAction
 from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
 
+from sinks.log.key_filter import key_filter_options
 from sinks.log.log_keys import LogKeys
 from sinks.log.records import DELETE_HORIZON_MS, OFFSET, PARTITION
 from sinks.log.segment import segment_path
@@ -130,6 +131,8 @@ class SegmentWriterTask:
     max_file_bytes: int
     group_column: str | None
     storage_options: dict[str, str]
+    key_columns: tuple[str, ...] = ()
+    """The columns each row group carries a key filter on (`sinks.log.key_filter`)."""
 
     @cached_property
     def file_schema(self) -> pa.Schema:
@@ -191,7 +194,7 @@ class _OpenSegment:
         self._fs, self._root, self._task = fs, root, task
         fs.create_dir(f"{root}/partition-{self.partition}", recursive=True)
         self._stream = fs.open_output_stream(f"{root}/{self.path}")
-        self._writer = pq.ParquetWriter(self._stream, task.file_schema, compression="zstd")
+        self._writer: pq.ParquetWriter | None = None
         self._pending: list[pa.Table] = []
         self._pending_rows = self._pending_bytes = 0
         self._stats = _RunningStats(task.schema, task.stats_columns)
@@ -209,12 +212,28 @@ class _OpenSegment:
 
     def _flush(self) -> None:
         if self._pending:
+            if self._writer is None:
+                self._writer = self._open_writer(self._pending_rows)
             self._writer.write_table(pa.concat_tables(self._pending))
             self._pending, self._pending_rows, self._pending_bytes = [], 0, 0
             self.size_bytes = self._stream.tell()
 
+    def _open_writer(self, rows: int) -> pq.ParquetWriter:
+        """The file's writer, opened at the first flush: its key filters are sized for the
+        first row group, which is the largest but for a rare byte-bound flush."""
+        task = self._task
+        filters = key_filter_options(task.key_columns, min(rows, _FLUSH_ROWS))
+        return pq.ParquetWriter(
+            self._stream,
+            task.file_schema,
+            compression="zstd",
+            bloom_filter_options=filters or None,
+        )
+
     def close(self) -> dict[str, Any]:
         self._flush()
+        if self._writer is None:
+            self._writer = self._open_writer(1)
         self._writer.close()
         self._stream.close()
         size = self._fs.get_file_info(f"{self._root}/{self.path}").size

@@ -386,6 +386,7 @@ class LogAppender:
                 max_file_bytes=self.config.segment_bytes,
                 group_column=None,
                 storage_options=self.log.storage_options,
+                key_columns=self.keys.key_columns,
             ),
             log_end_offsets=dict(end_offsets),
             keys=self.keys,

@@ -74,6 +74,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from sinks.crash_points import APPEND_AFTER_STAGED_WRITE, crash_point
+from sinks.log.key_filter import spark_key_filter_options
 from sinks.log.ownership import STAGING_DIR
 from sinks.log.records import (
     COUNT_COLUMNS,
@@ -459,6 +460,7 @@ class _StagedWrite:
             rows.write.mode("overwrite")
             .option("compression", "zstd")
             .option("mapreduce.fileoutputcommitter.marksuccessfuljobs", "false")
+            .options(**spark_key_filter_options(self.task.writer.key_columns))
         )
         if split:
             writer = writer.partitionBy(_STAGED_PARTITION)

@@ -317,6 +317,7 @@ def _write_exact(log: LogTable, snapshot: LogSnapshot, source: RestoreSource, ba
             max_file_bytes=limits.segment_bytes,
             group_column=None,
             storage_options=log.storage_options,
+            key_columns=config.keys.key_columns,
         ),
         log_end_offsets={},
         keys=config.keys,

@@ -10,15 +10,15 @@ interrupted (Ctrl-C). A
 failing command prints one line, ``compacted-sink <command>: <what went wrong>``;
 ``--verbose`` adds the traceback.
 
-Commands that only read Delta metadata or the state (``status``, ``export``,
+Commands that only read Delta metadata or the state (``status``, ``lookup``, ``export``,
 ``clean --once`` when nothing is cleanable) start no Spark session: they use
 delta-rs and pyarrow (`sinks.read_state`).
 
 Each sub-command lives in a module of this package that adds its parser and
 handles it: ``run`` and ``demo`` in `query`, ``clean`` and ``vacuum`` in
 `cleaning`, ``accept``, ``restore`` and ``consumers`` in `log_admin`, ``status`` in
-`status`, ``configs`` in `configs`, ``export`` and ``replay`` in `recovery`; what they
-share is in `common`.
+`status`, ``lookup`` in `lookup`, ``configs`` in `configs`, ``export`` and ``replay`` in
+`recovery`; what they share is in `common`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import traceback
 from collections.abc import Callable, Sequence
 
 from sinks.errors import CompactedSinkError, ConfigError
-from streaming.cli import cleaning, configs, log_admin, query, recovery, status
+from streaming.cli import cleaning, configs, log_admin, lookup, query, recovery, status
 from streaming.cli.common import EXIT_CONFIG, EXIT_FAILED, EXIT_INTERRUPTED, python_cause
 
 _SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
@@ -41,6 +41,7 @@ _SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     log_admin.add_restore,
     log_admin.add_consumers,
     status.add_status,
+    lookup.add_lookup,
     configs.add_configs,
     recovery.add_export,
     recovery.add_replay,

@@ -1,0 +1,237 @@
+"""The key filter of a segment: Parquet's own bloom filter on the key columns (design.md §38).
+
+Kafka finds a key's record through the offset index of each segment; a compacted log on
+Delta keeps its segments in offset order, so a key may sit in any file and min/max
+statistics of the key column prune nothing. Each row group a writer of this log writes
+(the Python task, Spark's writer, a pass) carries a Parquet split-block bloom filter
+(SBBF, parquet-format's BloomFilter.md) on each key column, in the file itself: it
+travels with the file and goes with it when the file is deleted. A lookup probes it to
+skip the row groups that cannot hold a key.
+
+Invariant: a row group is skipped only when a key column's filter, read from the file,
+proves that none of the wanted values is there. A row group without a filter (another
+engine's OPTIMIZE, a file written before filters existed), with a filter this module does
+not understand, or with a column of a type it does not hash, is read whole.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+# False-positive rate of each filter: about 1.2 bytes a distinct key (rounded up to a
+# power of two by the writers), one row group in a hundred read in vain per key.
+KEY_FILTER_FPP = 0.01
+# Spark's writer (parquet-mr) sizes one filter for a whole row group of up to 128 MiB;
+# parquet-mr caps a filter at 1 MiB whatever is asked.
+SPARK_KEY_FILTER_NDV = 1_000_000
+
+_P1 = 0x9E3779B185EBCA87
+_P2 = 0xC2B2AE3D27D4EB4F
+_P3 = 0x165667B19E3779F9
+_P4 = 0x85EBCA77C2B2AE63
+_P5 = 0x27D4EB2F165667C5
+_M64 = (1 << 64) - 1
+_SALT = np.array(
+    [
+        0x47B6137B,
+        0x44974D91,
+        0x8824AD5B,
+        0xA2B7289D,
+        0x705495C7,
+        0x2DF1424B,
+        0x9EFC4947,
+        0x5C6BFB31,
+    ],
+    dtype=np.uint64,
+)
+_BLOCK_BYTES = 32
+_HEADER_PROBE_BYTES = 64  # a BloomFilterHeader is about 15 bytes
+
+
+def key_filter_options(columns: Sequence[str], rows: int) -> dict[str, dict[str, Any]]:
+    """pyarrow's ``bloom_filter_options`` for a key filter on ``columns``, sized for row
+    groups of ``rows`` distinct keys at most. Pure."""
+    ndv = max(int(rows), 1)
+    return {c: {"ndv": ndv, "fpp": KEY_FILTER_FPP} for c in columns}
+
+
+def spark_key_filter_options(columns: Sequence[str]) -> dict[str, str]:
+    """The Parquet writer options that make Spark's writer (parquet-mr) write the same
+    filter on ``columns``. Pure."""
+    options = {}
+    for c in columns:
+        options[f"parquet.bloom.filter.enabled#{c}"] = "true"
+        options[f"parquet.bloom.filter.expected.ndv#{c}"] = str(SPARK_KEY_FILTER_NDV)
+        options[f"parquet.bloom.filter.fpp#{c}"] = str(KEY_FILTER_FPP)
+    return options
+
+
+def xxhash64(data: bytes, seed: int = 0) -> int:
+    """XXH64 of ``data``: the hash Parquet's bloom filters use (with seed 0). Pure."""
+    n = len(data)
+    i = 0
+    if n >= 32:
+        v1 = (seed + _P1 + _P2) & _M64
+        v2 = (seed + _P2) & _M64
+        v3 = seed & _M64
+        v4 = (seed - _P1) & _M64
+        while i + 32 <= n:
+            a, b, c, d = struct.unpack_from("<QQQQ", data, i)
+            v1, v2, v3, v4 = _round(v1, a), _round(v2, b), _round(v3, c), _round(v4, d)
+            i += 32
+        h = (_rotl(v1, 1) + _rotl(v2, 7) + _rotl(v3, 12) + _rotl(v4, 18)) & _M64
+        for v in (v1, v2, v3, v4):
+            h = ((h ^ _round(0, v)) * _P1 + _P4) & _M64
+    else:
+        h = (seed + _P5) & _M64
+    h = (h + n) & _M64
+    while i + 8 <= n:
+        (lane,) = struct.unpack_from("<Q", data, i)
+        h = (_rotl(h ^ _round(0, lane), 27) * _P1 + _P4) & _M64
+        i += 8
+    if i + 4 <= n:
+        (lane,) = struct.unpack_from("<I", data, i)
+        h = (_rotl(h ^ ((lane * _P1) & _M64), 23) * _P2 + _P3) & _M64
+        i += 4
+    while i < n:
+        h = (_rotl(h ^ ((data[i] * _P5) & _M64), 11) * _P1) & _M64
+        i += 1
+    h ^= h >> 33
+    h = (h * _P2) & _M64
+    h ^= h >> 29
+    h = (h * _P3) & _M64
+    return h ^ (h >> 32)
+
+
+def _round(acc: int, lane: int) -> int:
+    return (_rotl((acc + lane * _P2) & _M64, 31) * _P1) & _M64
+
+
+def _rotl(x: int, r: int) -> int:
+    return ((x << r) | (x >> (64 - r))) & _M64
+
+
+def key_hashes(values: pa.Array, physical_type: str) -> np.ndarray | None:
+    """The filter hashes (uint64) of ``values`` as a column chunk of ``physical_type``
+    stores them (Parquet's plain encoding), or None when this module does not hash that
+    column (the row group is then read). A value that the chunk's type cannot hold gets a
+    hash anyway: a false "maybe" only costs a read. Pure."""
+    arrow_type = values.type
+    if physical_type == "BYTE_ARRAY" and (
+        pa.types.is_string(arrow_type)
+        or pa.types.is_large_string(arrow_type)
+        or pa.types.is_binary(arrow_type)
+        or pa.types.is_large_binary(arrow_type)
+    ):
+        encoded = [v.encode() if isinstance(v, str) else v for v in values.to_pylist()]
+    elif physical_type in ("INT32", "INT64") and pa.types.is_integer(arrow_type):
+        fmt = "<i" if physical_type == "INT32" else "<q"
+        bits = 32 if physical_type == "INT32" else 64
+        encoded = []
+        for v in values.to_pylist():
+            if not -(1 << (bits - 1)) <= v < (1 << (bits - 1)):
+                # Unsigned types are stored reinterpreted; a value out of range is never
+                # in the chunk, but hashing its reinterpretation is always safe.
+                v = ((v + (1 << (bits - 1))) % (1 << bits)) - (1 << (bits - 1))
+            encoded.append(struct.pack(fmt, v))
+    else:
+        return None
+    return np.array([xxhash64(e) for e in encoded], dtype=np.uint64)
+
+
+def parse_filter_header(head: bytes) -> tuple[int, int] | None:
+    """(header length, bitset length) of the BloomFilterHeader at the start of ``head``, or
+    None when it is not a split-block, xxHash, uncompressed filter (then nothing is skipped
+    with it). Pure."""
+    try:
+        reader = _CompactReader(head)
+        fields = reader.struct_fields()
+    except (IndexError, ValueError):
+        return None
+    num_bytes = fields.get(1)
+    known = all(fields.get(f) == {1: {}} for f in (2, 3, 4))
+    if not isinstance(num_bytes, int) or not known or num_bytes <= 0 or num_bytes % _BLOCK_BYTES:
+        return None
+    return reader.pos, num_bytes
+
+
+def block_indexes(hashes: np.ndarray, bitset_bytes: int) -> np.ndarray:
+    """The block each hash falls in, for a bitset of ``bitset_bytes``. Pure."""
+    blocks = np.uint64(bitset_bytes // _BLOCK_BYTES)
+    return (((hashes >> np.uint64(32)) * blocks) >> np.uint64(32)).astype(np.int64)
+
+
+def blocks_contain(blocks: np.ndarray, hashes: np.ndarray) -> np.ndarray:
+    """Per hash: whether its block (``blocks``, one 8-word row per hash) may hold it. Pure."""
+    return _in_blocks(blocks, hashes)
+
+
+def _in_blocks(blocks: np.ndarray, hashes: np.ndarray) -> np.ndarray:
+    key = (hashes & np.uint64(0xFFFFFFFF))[:, None]
+    bits = ((key * _SALT[None, :]) & np.uint64(0xFFFFFFFF)) >> np.uint64(27)
+    mask = np.left_shift(np.uint64(1), bits)
+    return np.all((blocks.astype(np.uint64) & mask) != 0, axis=1)
+
+
+class _CompactReader:
+    """Just enough of Thrift's compact protocol to read a BloomFilterHeader."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data, self.pos = data, 0
+
+    def byte(self) -> int:
+        b = self.data[self.pos]
+        self.pos += 1
+        return b
+
+    def varint(self) -> int:
+        shift = result = 0
+        while True:
+            b = self.byte()
+            result |= (b & 0x7F) << shift
+            if not b & 0x80:
+                return result
+            shift += 7
+            if shift > 70:
+                raise ValueError("varint too long")
+
+    def value(self, kind: int) -> Any:
+        if kind in (1, 2):
+            return kind == 1
+        if kind == 3:
+            return self.byte()
+        if kind in (4, 5, 6):
+            z = self.varint()
+            return (z >> 1) ^ -(z & 1)
+        if kind == 7:
+            self.pos += 8
+            return None
+        if kind == 8:
+            self.pos += self.varint()
+            return None
+        if kind == 12:
+            return self.struct_fields()
+        if kind in (9, 10):
+            head = self.byte()
+            size = head >> 4 if head >> 4 != 15 else self.varint()
+            for _ in range(size):
+                self.value(head & 0x0F)
+            return None
+        raise ValueError(f"unexpected thrift type {kind}")
+
+    def struct_fields(self) -> dict[int, Any]:
+        fields: dict[int, Any] = {}
+        last = 0
+        while True:
+            head = self.byte()
+            if head == 0:
+                return fields
+            delta, kind = head >> 4, head & 0x0F
+            field_id = last + delta if delta else self.value(4)
+            fields[field_id] = self.value(kind)
+            last = field_id

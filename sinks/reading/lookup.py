@@ -1,0 +1,324 @@
+"""One key's state without Spark: a KTable's ``get(key)`` on a compacted log.
+
+Kafka Streams answers "what is X now?" from a state store; here the state is the log, and
+`lookup` answers it from the files with pyarrow alone, reading only the row groups whose
+key filter (`sinks.log.key_filter`, design.md §38) does not rule the keys out. A row group
+without a filter is read, never skipped.
+
+The answer is the state's (`sinks.reading.arrow_state`, ``state()``): for each wanted key
+and each partition it appears in, the visible record of highest offset, or with a
+``sequence_column`` of highest (sequence, offset), over every live file, clean, dirty or
+another engine's; nothing when that record is a tombstone or the key has none. Records
+below a partition's log start offset are invisible. Over every live file the highest is
+the latest whichever files are clean (design.md §6: a clean section holds at most one
+record per key, a dirty one lies above it), so the lookup needs no split into sections;
+a record two files both hold (another engine's rewrite) is one record. Reads only;
+idempotent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from sinks.cleaner.rules import arrow_latest_offsets
+from sinks.errors import BadInputError
+from sinks.log.file_reader import conform
+from sinks.log.key_filter import (
+    block_indexes,
+    blocks_contain,
+    key_hashes,
+    parse_filter_header,
+)
+from sinks.log.log_keys import LogKeys, log_keys
+from sinks.log.log_table import AsOf, LogSnapshot, LogTable
+from sinks.log.ownership import check_new_log_location
+from sinks.log.records import OFFSET, PARTITION, TIMESTAMP, VALUE, at_or_above
+from sinks.log.segment import DataFile
+from sinks.log.storage import normalize_uri
+from sinks.reading.arrow_state import state_schema
+
+_WANTED = "_wanted"  # a wanted key's position in the caller's list
+_ROW = "_row"
+_HEADER_BYTES = 64  # covers a BloomFilterHeader (about 15 bytes)
+# Below this many wanted keys a filter's blocks are read one by one, 32 bytes each;
+# above it the whole bitset is read at once.
+_BLOCK_READS_MAX_KEYS = 8
+_READERS = 4  # files read at once: pyarrow decodes without the GIL
+
+
+def lookup(
+    path: str,
+    keys: Any,
+    as_of: AsOf | None = None,
+    storage_options: Mapping[str, str] | None = None,
+) -> pa.Table:
+    """The latest live record of each of ``keys`` in the log at ``path``, as of its latest
+    version or ``as_of`` (a Delta version or a timestamp inside the history window).
+
+    ``keys`` is one key or a list of keys; a key is a value of the key column, or for a
+    log with several key columns a tuple in the log's key-column order (a dict by column
+    name works too). Values are cast to the key columns' types (``"42"`` finds the
+    integer key 42). Returns one row per key found live, per partition it lives in, in
+    the order of ``keys``: the state's columns (key columns, ``value``, payload), then
+    ``partition``, ``offset`` and ``timestamp``. A deleted or unknown key has no row.
+    Raises `FileNotFoundError` when no log exists at ``path``, the sink's time-travel
+    error outside the history window, `BadInputError` when a key does not fit the log's
+    key columns; a live data file that is gone raises `MissingDataFileError`. Reads only,
+    no Spark; idempotent.
+    """
+    log = LogTable(normalize_uri(path), storage_options)
+    snapshot = log.snapshot(as_of, repair=False)
+    if snapshot is None:
+        check_new_log_location(log.location)  # someone else's files: say so
+        raise FileNotFoundError(f"no compacted log at {path}")
+    return KeyLookup.of(snapshot).find(keys)
+
+
+@dataclass
+class KeyLookup:
+    """Lookups on one snapshot of a log: its live files and what a row of the answer holds.
+
+    Footers are read once per file and kept, so a service that keeps the object answers
+    later lookups on the same snapshot without reading them again.
+    """
+
+    snapshot: LogSnapshot
+    keys: LogKeys
+    files: tuple[DataFile, ...]
+    floors: dict[int, int]
+    _footers: dict[str, pq.FileMetaData] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def of(cls, snapshot: LogSnapshot) -> KeyLookup:
+        """A lookup on ``snapshot``; checks that its live files exist (metadata only)."""
+        files = tuple(snapshot.data_files())
+        snapshot.check_files(list(files))
+        starts = {p: snapshot.log_start_offset(p) for p in snapshot.partitions}
+        return cls(snapshot, log_keys(snapshot), files, {p: s for p, s in starts.items() if s > 0})
+
+    @property
+    def own_keys(self) -> list[str]:
+        return [k for k in self.keys.key_columns if k != PARTITION]
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The answer's columns: the state's, then ``partition``, ``offset``, ``timestamp``."""
+        log_schema = self.snapshot.arrow_schema
+        state = state_schema(log_schema, self.keys)
+        extra = [
+            log_schema.field(n) for n in (PARTITION, OFFSET, TIMESTAMP) if n in log_schema.names
+        ]
+        return pa.schema([*state, *(f for f in extra if f.name not in state.names)])
+
+    @property
+    def read_schema(self) -> pa.Schema:
+        """What is read of a matching row: the answer's columns and the sequence column."""
+        schema = self.schema
+        sequence = self.keys.sequence_column
+        if sequence is not None and sequence not in schema.names:
+            schema = schema.append(self.snapshot.arrow_schema.field(sequence))
+        return schema
+
+    def find(self, keys: Any) -> pa.Table:
+        """`lookup`'s answer for ``keys`` on this snapshot."""
+        wanted = wanted_keys(keys, self.snapshot.arrow_schema, self.own_keys)
+        if wanted.num_rows == 0:
+            return self.schema.empty_table()
+        records = self._records_of(wanted)
+        if records.num_rows == 0:
+            return self.schema.empty_table()
+        group = [PARTITION, *self.own_keys]
+        narrow = records.select(
+            list(dict.fromkeys([*group, *_order_columns(self.keys), OFFSET]))
+        ).append_column(_ROW, pa.array(np.arange(records.num_rows, dtype=np.int64)))
+        winners = arrow_latest_offsets(narrow, self.keys.partitioned())
+        on = [*group, OFFSET]
+        won = narrow.join(winners.select(on), on, join_type="left semi")
+        won = _first_of_each(won, group)  # a record two files hold is one record
+        won = won.join(wanted, self.own_keys, join_type="inner")
+        won = won.sort_by([(_WANTED, "ascending"), (PARTITION, "ascending")])
+        rows = records.take(won.column(_ROW)).select(self.schema.names)
+        return rows.filter(pc.is_valid(rows.column(VALUE)))
+
+    def _records_of(self, wanted: pa.Table) -> pa.Table:
+        """Every visible record of a wanted key, with `read_schema`'s columns."""
+        with ThreadPoolExecutor(max_workers=_READERS) as pool:
+            found = [
+                t
+                for tables in pool.map(lambda f: list(self._matches(f, wanted)), self.files)
+                for t in tables
+            ]
+        if not found:
+            return self.read_schema.empty_table()
+        return pa.concat_tables(found)
+
+    def _matches(self, data_file: DataFile, wanted: pa.Table) -> Iterator[pa.Table]:
+        """The records of a wanted key in ``data_file``: for each row group its key filter
+        does not rule out, the key columns are read; the rest only where a key matched."""
+        fs, root = self.snapshot.location.filesystem()
+        schema = self.read_schema
+        keys = pa.schema([schema.field(k) for k in self.own_keys])
+        rest = pa.schema([f for f in schema if f.name not in self.own_keys])
+        with fs.open_input_file(f"{root}/{data_file.path}") as source:
+            parquet = pq.ParquetFile(source, metadata=self._footers.get(data_file.path))
+            self._footers.setdefault(data_file.path, parquet.metadata)
+            present = set(parquet.schema_arrow.names)
+            for group in candidate_row_groups(source, parquet.metadata, wanted, self.own_keys):
+                read = [k for k in keys.names if k in present]
+                key_rows = conform(parquet.read_row_group(group, columns=read), keys)
+                rows = _rows_of(key_rows, wanted, self.own_keys)
+                if len(rows) == 0:
+                    continue
+                read = [n for n in rest.names if n in present]
+                others = conform(parquet.read_row_group(group, columns=read), rest).take(rows)
+                matched = pa.Table.from_arrays(
+                    [
+                        *(key_rows.column(k).take(rows) for k in keys.names),
+                        *others.columns,
+                    ],
+                    names=[*keys.names, *rest.names],
+                ).select(schema.names)
+                if self.floors:
+                    matched = at_or_above(matched, self.floors)
+                yield matched.cast(schema)
+
+
+def wanted_keys(keys: Any, log_schema: pa.Schema, key_columns: Sequence[str]) -> pa.Table:
+    """``keys`` (see `lookup`) as a table of ``key_columns`` of the log's types, plus each
+    key's position; a key given twice is kept once. Pure. Raises `BadInputError`."""
+    if isinstance(keys, pa.Table):
+        rows = keys.select(list(key_columns)).to_pylist()
+        keys = [tuple(r[c] for c in key_columns) for r in rows]
+    elif not isinstance(keys, list):
+        keys = [keys]
+    n = len(key_columns)
+    columns: list[list[Any]] = [[] for _ in key_columns]
+    for key in keys:
+        if isinstance(key, Mapping):
+            missing = [c for c in key_columns if c not in key]
+            if missing:
+                raise BadInputError(f"key {key!r} lacks the key column(s) {missing}")
+            values = [key[c] for c in key_columns]
+        elif n > 1:
+            if not isinstance(key, tuple | list) or len(key) != n:
+                raise BadInputError(
+                    f"key {key!r}: the log's key has {n} columns {list(key_columns)}; "
+                    f"give each key as a tuple of {n} values in that order"
+                )
+            values = list(key)
+        else:
+            values = [key[0] if isinstance(key, tuple) and len(key) == 1 else key]
+        if any(v is None for v in values):
+            raise BadInputError(f"key {key!r} holds a null: a log's keys are never null")
+        for column, value in zip(columns, values, strict=True):
+            column.append(value)
+    arrays = []
+    for name, values in zip(key_columns, columns, strict=True):
+        target = log_schema.field(name).type
+        try:
+            arrays.append(_as_array(values, target))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
+            raise BadInputError(
+                f"a key does not fit key column {name!r} of type {target}: {e}"
+            ) from e
+    table = pa.table(dict(zip(key_columns, arrays, strict=True)))
+    table = table.append_column(_WANTED, pa.array(np.arange(table.num_rows, dtype=np.int64)))
+    return _first_of_each(table, list(key_columns))
+
+
+def _as_array(values: list[Any], target: pa.DataType) -> pa.Array:
+    """``values`` as an array of ``target``, each cast on its own when they mix types."""
+    try:
+        return pa.array(values).cast(target)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        return pa.array([pa.scalar(v).cast(target).as_py() for v in values], target)
+
+
+def candidate_row_groups(
+    source: Any, metadata: pq.FileMetaData, wanted: pa.Table, key_columns: Sequence[str]
+) -> list[int]:
+    """The row groups of a file (``source``, open for random reads) that may hold a
+    ``wanted`` key: every row group but those whose key filter rules out every wanted key."""
+    hashes: dict[tuple[str, str], np.ndarray | None] = {}
+    chunk_of = {metadata.schema.column(i).path: i for i in range(metadata.num_columns)}
+    groups = []
+    for group in range(metadata.num_row_groups):
+        row_group = metadata.row_group(group)
+        maybe = np.ones(wanted.num_rows, dtype=bool)
+        for name in key_columns:
+            if name not in chunk_of:
+                continue  # the file lacks the column: it holds only nulls there, read it
+            chunk = row_group.column(chunk_of[name])
+            if chunk.bloom_filter_offset is None:
+                continue
+            cache = (name, chunk.physical_type)
+            if cache not in hashes:
+                hashes[cache] = key_hashes(
+                    wanted.column(name).combine_chunks(), chunk.physical_type
+                )
+            wanted_hashes = hashes[cache]
+            if wanted_hashes is None:
+                continue
+            found = _probe(source, chunk.bloom_filter_offset, wanted_hashes[maybe])
+            if found is not None:
+                maybe[np.flatnonzero(maybe)[~found]] = False
+            if not maybe.any():
+                break
+        if maybe.any():
+            groups.append(group)
+    return groups
+
+
+def _probe(source: Any, offset: int, hashes: np.ndarray) -> np.ndarray | None:
+    """Per hash: whether the filter at ``offset`` may hold it; None when it is unreadable."""
+    head = source.read_at(_HEADER_BYTES, offset)
+    parsed = parse_filter_header(head)
+    if parsed is None:
+        return None
+    header, bitset = parsed
+    blocks = block_indexes(hashes, bitset)
+    start = offset + header
+    if len(hashes) <= _BLOCK_READS_MAX_KEYS:
+        words = np.stack(
+            [np.frombuffer(source.read_at(32, start + 32 * int(b)), dtype="<u4") for b in blocks]
+        )
+    else:
+        data = source.read_at(bitset, start)
+        if len(data) != bitset:
+            return None
+        words = np.frombuffer(data, dtype="<u4").reshape(-1, 8)[blocks]
+    return blocks_contain(words, hashes)
+
+
+def _rows_of(records: pa.Table, wanted: pa.Table, key_columns: Sequence[str]) -> np.ndarray:
+    """Indices (ascending) of ``records``' rows whose key is one of ``wanted``'s."""
+    if len(key_columns) == 1:
+        (name,) = key_columns
+        mask = pc.is_in(records.column(name), value_set=wanted.column(name).combine_chunks())
+        return np.flatnonzero(mask.to_numpy(zero_copy_only=False))
+    numbered = records.append_column(_ROW, pa.array(np.arange(records.num_rows, dtype=np.int64)))
+    kept = numbered.join(wanted.select(list(key_columns)), list(key_columns), join_type="left semi")
+    return np.sort(kept.column(_ROW).to_numpy())
+
+
+def _order_columns(keys: LogKeys) -> list[str]:
+    sequence = keys.sequence_column
+    return [sequence] if sequence and sequence not in (*keys.key_columns, PARTITION) else []
+
+
+def _first_of_each(table: pa.Table, columns: list[str]) -> pa.Table:
+    """``table``'s first row of each distinct ``columns`` value."""
+    if table.num_rows <= 1:
+        return table
+    numbered = table.append_column("_n", pa.array(np.arange(table.num_rows, dtype=np.int64)))
+    firsts = numbered.group_by(columns, use_threads=False).aggregate([("_n", "min")])
+    keep = np.sort(firsts.column("_n_min").to_numpy())
+    return table.take(keep)
