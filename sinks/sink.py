@@ -263,8 +263,21 @@ class CompactedStateSink:
             return retention.delete_records(self.log_table, partition, before_offset)
 
     def accept_foreign_changes(self, through_version: int | None = None) -> int:
-        """Take every commit up to ``through_version`` (default: now) as it is; that version."""
-        return foreign_changes.accept(self.log_table, through_version)
+        """Take every commit up to ``through_version`` (default: now) as it is; that version.
+
+        The log's offsets follow its records in the same commit (cleaner offsets, log end
+        offsets, partitions: design.md §41), cleaning paused meanwhile, and the cleaner's
+        checkpoint follows the log. Raises `ForeignChangeError` for rows the log cannot take,
+        naming the version and how many. Idempotent.
+        """
+        snapshot = self._existing(verify=False)
+        with self.manager.paused(snapshot.partitions):
+            accepted = foreign_changes.accept(
+                self.log_table, through_version, key_columns=self.key_columns
+            )
+        if accepted.version == snapshot.version:  # else later commits are still refused
+            self.recover()
+        return accepted.version
 
     def restore(self, version: int) -> int:
         """Bring the log back to Delta ``version``, cleaning paused meanwhile; the new version."""
