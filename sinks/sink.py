@@ -26,6 +26,7 @@ from sinks.cleaner.cleaner_stats import CleanerStats
 from sinks.cleaner.log_cleaner import CleaningMode, LogCleaner
 from sinks.cleaner.log_to_clean import LogToClean
 from sinks.config import CleanerConfig
+from sinks.errors import CompactedSinkError
 from sinks.log.foreign import changes as foreign_changes
 from sinks.log.log_config import opened_log_config
 from sinks.log.log_keys import opened_log_keys
@@ -240,10 +241,17 @@ class CompactedStateSink:
         return self.last_recovery
 
     def close(self, timeout_s: float | None = None) -> None:
-        """Stop the background cleaner after its pass; mark a clean shutdown. Idempotent."""
+        """Stop the background cleaner after its pass; mark a clean shutdown, only on a log
+        the sink reads (never on one it refuses, such as a shallow clone). Idempotent."""
         if self._log_cleaner is not None:
             self._log_cleaner.shutdown(timeout_s)
-        snapshot = self.log_table.snapshot()
+        try:
+            snapshot = self.log_table.snapshot()
+            if snapshot is not None:
+                snapshot.data_files()  # raises for a log the sink refuses to own
+        except CompactedSinkError as refused:
+            logger.info("%s: no clean-shutdown marker on a log the sink refuses: %s", self, refused)
+            return
         if snapshot is not None:
             write_clean_shutdown_marker(self.log_table, snapshot.version)
 

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 from sinks.errors import CompactedSinkError
 from sinks.log.foreign.acceptance import Acceptance, plan_acceptance
-from sinks.log.foreign.commits import ACCEPTED_VERSION_TXN, CHECKED_VERSION_TXN, COMMIT_INFO_KEY
+from sinks.log.foreign.commits import ACCEPTED_VERSION_TXN, CHECKED_VERSION_TXN, commit_metadata
 from sinks.log.log_table import (
     CLEANER_OFFSET_TXN,
     LOG_END_OFFSET_TXN,
@@ -85,7 +85,7 @@ def restore_version(log: LogTable, version: int) -> int:
             current.table,
             version,
             transactions=offsets,
-            metadata={COMMIT_INFO_KEY: {"operation": "restore", "toVersion": version}},
+            metadata=commit_metadata({"operation": "restore", "toVersion": version}),
             timestamp_ms=stamp,
         )
     except Exception as e:  # noqa: BLE001 - delta-rs reports missing files in several ways

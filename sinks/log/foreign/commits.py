@@ -67,11 +67,24 @@ ACCEPTED_VERSION_TXN = "compacted-sink/accepted-version"
 DELTA_LOG = "_delta_log"
 
 
+HISTORY_OPERATION_KEY = "compactedSinkOperation"
+"""The ``operationParameters`` entry naming a sink commit's operation (``append``, ``clean``,
+``absorb``, ``retention``, ``accept-foreign-changes``, ``restore``...): delta-rs writes
+every commit's ``operation`` itself (``WRITE``, ``RESTORE``) and refuses to let a writer
+set it, so ``DESCRIBE HISTORY`` tells the sink's commits apart by this parameter and by
+``userMetadata``."""
+
+
 def commit_metadata(info: Mapping[str, Any]) -> dict[str, Any]:
     """The commit-info entries of one of the sink's commits: ``info`` under `COMMIT_INFO_KEY`
-    (how the sink knows its own commits), and Delta's ``userMetadata``, the line other engines'
-    history shows (``DESCRIBE HISTORY``: every commit of delta-rs is a ``WRITE``)."""
-    return {COMMIT_INFO_KEY: dict(info), "userMetadata": history_line(info)}
+    (how the sink knows its own commits), Delta's ``userMetadata``, the line other engines'
+    history shows, and the operation among ``operationParameters`` (`HISTORY_OPERATION_KEY`;
+    ``DESCRIBE HISTORY``'s ``operation`` is delta-rs's ``WRITE`` for every file commit)."""
+    return {
+        COMMIT_INFO_KEY: dict(info),
+        "userMetadata": history_line(info),
+        "operationParameters": {HISTORY_OPERATION_KEY: str(info.get("operation", "commit"))},
+    }
 
 
 def history_line(info: Mapping[str, Any]) -> str:
@@ -89,6 +102,13 @@ def history_line(info: Mapping[str, Any]) -> str:
         )
     if operation == "schema":
         return f"compacted-sink schema change: before batch {info.get('batchId')}"
+    if operation == "accept-foreign-changes":
+        return (
+            f"compacted-sink accept: other engines' changes through version "
+            f"{info.get('throughVersion')}, offsets re-derived from the records"
+        )
+    if operation == "restore":
+        return f"compacted-sink restore: back to version {info.get('toVersion')}"
     return f"compacted-sink {operation}"
 
 
