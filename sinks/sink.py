@@ -26,7 +26,7 @@ from sinks.cleaner.cleaner_stats import CleanerStats
 from sinks.cleaner.log_cleaner import CleaningMode, LogCleaner
 from sinks.cleaner.log_to_clean import LogToClean
 from sinks.config import CleanerConfig
-from sinks.errors import ForeignChangeError
+from sinks.errors import CompactedSinkError, ForeignChangeError
 from sinks.log.foreign import changes as foreign_changes
 from sinks.log.log_config import opened_log_config
 from sinks.log.log_keys import opened_log_keys
@@ -243,7 +243,8 @@ class CompactedStateSink:
         return self.last_recovery
 
     def close(self, timeout_s: float | None = None) -> None:
-        """Stop the background cleaner after its pass; mark a clean shutdown. Idempotent.
+        """Stop the background cleaner after its pass; mark a clean shutdown, only on a log
+        the sink reads (never on one it refuses, such as a shallow clone). Idempotent.
 
         Does not raise over another engine's change to the log (`ForeignChangeError`):
         closing has nothing to undo, so no clean-shutdown marker is written (the next open
@@ -254,11 +255,16 @@ class CompactedStateSink:
             self._log_cleaner.shutdown(timeout_s)
         try:
             snapshot = self.log_table.snapshot()
+            if snapshot is not None:
+                snapshot.data_files()  # raises for a log the sink refuses to own
         except ForeignChangeError as e:
             said = (e.log_path, e.version)
             if said not in _CLOSED_OVER_FOREIGN_CHANGES:
                 _CLOSED_OVER_FOREIGN_CHANGES.add(said)
                 logger.warning("closed %s without a clean-shutdown marker: %s", self.path, e)
+            return
+        except CompactedSinkError as refused:
+            logger.info("%s: no clean-shutdown marker on a log the sink refuses: %s", self, refused)
             return
         if snapshot is not None:
             write_clean_shutdown_marker(self.log_table, snapshot.version)
@@ -292,8 +298,21 @@ class CompactedStateSink:
             return retention.delete_records(self.log_table, partition, before_offset)
 
     def accept_foreign_changes(self, through_version: int | None = None) -> int:
-        """Take every commit up to ``through_version`` (default: now) as it is; that version."""
-        return foreign_changes.accept(self.log_table, through_version)
+        """Take every commit up to ``through_version`` (default: now) as it is; that version.
+
+        The log's offsets follow its records in the same commit (cleaner offsets, log end
+        offsets, partitions: design.md §41), cleaning paused meanwhile, and the cleaner's
+        checkpoint follows the log. Raises `ForeignChangeError` for rows the log cannot take,
+        naming the version and how many. Idempotent.
+        """
+        snapshot = self._existing(verify=False)
+        with self.manager.paused(snapshot.partitions):
+            accepted = foreign_changes.accept(
+                self.log_table, through_version, key_columns=self.key_columns
+            )
+        if accepted.version == snapshot.version:  # else later commits are still refused
+            self.recover()
+        return accepted.version
 
     def restore(self, version: int) -> int:
         """Bring the log back to Delta ``version``, cleaning paused meanwhile; the new version."""

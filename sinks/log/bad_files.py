@@ -21,10 +21,12 @@ from dataclasses import dataclass
 from urllib.parse import unquote
 
 import pyarrow.fs as pafs
+from deltalake import DeltaTable
 
 from sinks.errors import CorruptDataFileError, MissingDataFileError
 from sinks.log.foreign.commits import read_commit
-from sinks.log.segment import DataFile
+from sinks.log.foreign.stale_rewrites import CommitSummary
+from sinks.log.segment import DataFile, add_action_rows, data_file
 from sinks.log.storage import LogLocation, is_local
 
 # Past this many files on an object store, list their directories (1,000 keys a request)
@@ -62,6 +64,84 @@ def find_bad_files(location: LogLocation, files: Sequence[DataFile]) -> list[Bad
     return bad
 
 
+def repair_advice(location: LogLocation, before: int | None, *, read_version: int) -> str:
+    """What to do about a bad file found reading ``read_version``, safe to follow.
+
+    Never proposes a version whose live records differ from the current ones without
+    saying so: when the log as it is now has every file (an older version was read, whose
+    files a VACUUM deleted), there is nothing to repair; a restore is proposed only to a
+    version whose files are all on storage, with what it undoes in records.
+    """
+    uri = location.uri
+    try:
+        latest = location.delta_table()
+        live_now = _live_files(latest)
+    except Exception:  # noqa: BLE001 - the log cannot be opened: no advice to check
+        return "To repair, restore the log to a version whose files are all on storage; "
+    if read_version < latest.version() and not find_bad_files(location, live_now):
+        return (
+            f"The log as it is now (version {latest.version()}) has all its files: nothing "
+            f"needs repair, but version {read_version} can no longer be read (a VACUUM, or "
+            "a deletion, removed files only older versions use); read a newer version. "
+        )
+    records_now = sum(f.num_records for f in live_now)
+    target = None
+    if before is not None and before >= 0:
+        try:
+            target = _live_files(location.delta_table(before))
+        except Exception:  # noqa: BLE001 - an expired version fails in several ways
+            target = None
+    if target is None or find_bad_files(location, target):
+        return (
+            "No version before it is known to have all its files; put the file back from a "
+            "copy of the storage, or replay what remains into a new log (`compacted-sink "
+            "replay`); "
+        )
+    if not target:
+        return (
+            f"Version {before}, before the file was added, holds no record: restoring it "
+            "would empty the log, so put the file back from a copy of the storage, or "
+            "replay what remains into a new log (`compacted-sink replay`); "
+        )
+    changed = _data_changes(location, before, latest.version())
+    if changed is None:
+        undone = "every commit after it (the Delta log no longer says which changed records)"
+    elif not changed:
+        undone = (
+            f"versions {before + 1} to {latest.version()}, which only rearranged records (a "
+            "pass, an OPTIMIZE): no record is lost"
+        )
+    else:
+        shown = ", ".join(map(str, changed[:10])) + (" ..." if len(changed) > 10 else "")
+        undone = (
+            f"versions {before + 1} to {latest.version()}, {len(changed)} of which changed "
+            f"records (version(s) {shown}: appended batches, deletes): their records are lost "
+            f"({sum(f.num_records for f in target)} stored record(s) then, {records_now} now)"
+        )
+    return (
+        f"To repair, put the file back from a copy of the storage, or restore version "
+        f"{before} (`compacted-sink restore {uri} --to-version {before}`), which undoes "
+        f"{undone}; compare sink.state(as_of={before}) with the state you expect first; "
+    )
+
+
+def _data_changes(location: LogLocation, after: int, through: int) -> list[int] | None:
+    """The versions in (``after``, ``through``] whose commit added or removed records
+    (``dataChange=true``); None when the Delta log no longer holds one of them."""
+    changed = []
+    for version in range(after + 1, through + 1):
+        actions = read_commit(location, version)
+        if actions is None:
+            return None
+        if CommitSummary.of(version, actions).changes_data:
+            changed.append(version)
+    return changed
+
+
+def _live_files(table: DeltaTable) -> list[DataFile]:
+    return [data_file(r) for r in add_action_rows(table.get_add_actions(flatten=True))]
+
+
 def check_files(location: LogLocation, files: Sequence[DataFile], *, current_version: int) -> None:
     """Raise `MissingDataFileError` or `CorruptDataFileError` for the first bad file of
     ``files`` (of the log at ``location``, version ``current_version``); reads nothing else."""
@@ -94,12 +174,7 @@ def bad_file_error(
         referenced = f"referenced by versions {added.version} to {current_version}"
         before = added.version - 1
     others = f"; {len(bad) - 1} more file(s) are bad too" if len(bad) > 1 else ""
-    repair = (
-        f"To repair, restore version {before} (`compacted-sink restore {uri} --to-version "
-        f"{before}`) while its files are on storage (inside the history window); "
-        if before is not None and before >= 0
-        else "To repair, restore the log to a version whose files are all on storage; "
-    )
+    repair = repair_advice(location, before, read_version=current_version)
     message = (
         f"log {uri}: data file {first.path} {what}; {origin}, {referenced}{others}. "
         f'{repair}see docs/operations.md, "Bad files".'

@@ -50,6 +50,7 @@ from sinks.log.foreign.commits import (
     CHECKED_VERSION_TXN,
     COMMIT_INFO_KEY,  # noqa: F401 (status and recovery import it from here)
     CommitGuard,
+    check_placed,
     check_readable,
     check_writable,
     commit_metadata,
@@ -257,6 +258,7 @@ class LogSnapshot:
     def _files(self) -> tuple[dict[int, list[Segment]], list[ForeignFile]]:
         rows = add_action_rows(self.table.get_add_actions(flatten=True))
         check_readable(self.uri, self.table, [r["path"] for r in rows])
+        check_placed(self.location, self.version, rows)
         if self.seen_through is not None:
             hidden = self.seen_through.hidden
             rows = [r for r in rows if unquote(r["path"]) not in hidden]

@@ -17,8 +17,12 @@ operator then chooses:
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Sequence
+
 from sinks.errors import CompactedSinkError
-from sinks.log.foreign.commits import ACCEPTED_VERSION_TXN, CHECKED_VERSION_TXN, COMMIT_INFO_KEY
+from sinks.log.foreign.acceptance import Acceptance, plan_acceptance
+from sinks.log.foreign.commits import ACCEPTED_VERSION_TXN, CHECKED_VERSION_TXN, commit_metadata
 from sinks.log.log_table import (
     CLEANER_OFFSET_TXN,
     LOG_END_OFFSET_TXN,
@@ -28,19 +32,36 @@ from sinks.log.log_table import (
     now_ms,
 )
 
+logger = logging.getLogger("compacted_sink")
 
-def accept(log: LogTable, through_version: int | None = None) -> int:
-    """Accept every commit up to ``through_version`` (default: the current one) as it is."""
+
+def accept(
+    log: LogTable, through_version: int | None = None, *, key_columns: Sequence[str] = ("key",)
+) -> Acceptance:
+    """Accept every commit up to ``through_version`` (default: the current one) as it is,
+    re-deriving the log's offsets from its records in the same commit
+    (`sinks.log.foreign.acceptance`); returns what was committed.
+
+    Raises `ForeignChangeError` for rows the log cannot take (a null partition, offset or
+    key; an offset another live record holds), naming the version and the rows' count;
+    ``ValueError`` for a version the log does not have. Idempotent.
+    """
     snapshot = _current(log)
     version = snapshot.version if through_version is None else through_version
     if not 0 <= version <= snapshot.version:
         raise ValueError(f"log {log.uri} has versions 0 to {snapshot.version}, not {version}")
-    snapshot.commit(
-        data_change=False,
-        transactions={ACCEPTED_VERSION_TXN: version, CHECKED_VERSION_TXN: version},
-        info={"operation": "accept-foreign-changes", "throughVersion": version},
-    )
-    return version
+    plan = plan_acceptance(log, snapshot, version, key_columns)
+    snapshot.commit(data_change=False, transactions=plan.transactions(), info=plan.info())
+    if plan.reset:
+        logger.warning(
+            "log %s: accepted through version %d; partition(s) %s are dirty again (%s): "
+            "readers merge them whole until the next pass cleans them",
+            log.uri,
+            version,
+            ", ".join(map(str, sorted(plan.reset))),
+            "; ".join(f"{p}: {why}" for p, why in sorted(plan.reset.items())),
+        )
+    return plan
 
 
 def restore_version(log: LogTable, version: int) -> int:
@@ -64,7 +85,7 @@ def restore_version(log: LogTable, version: int) -> int:
             current.table,
             version,
             transactions=offsets,
-            metadata={COMMIT_INFO_KEY: {"operation": "restore", "toVersion": version}},
+            metadata=commit_metadata({"operation": "restore", "toVersion": version}),
             timestamp_ms=stamp,
         )
     except Exception as e:  # noqa: BLE001 - delta-rs reports missing files in several ways

@@ -42,6 +42,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 import pyarrow as pa
 from deltalake import DeltaTable
@@ -66,11 +67,24 @@ ACCEPTED_VERSION_TXN = "compacted-sink/accepted-version"
 DELTA_LOG = "_delta_log"
 
 
+HISTORY_OPERATION_KEY = "compactedSinkOperation"
+"""The ``operationParameters`` entry naming a sink commit's operation (``append``, ``clean``,
+``absorb``, ``retention``, ``accept-foreign-changes``, ``restore``...): delta-rs writes
+every commit's ``operation`` itself (``WRITE``, ``RESTORE``) and refuses to let a writer
+set it, so ``DESCRIBE HISTORY`` tells the sink's commits apart by this parameter and by
+``userMetadata``."""
+
+
 def commit_metadata(info: Mapping[str, Any]) -> dict[str, Any]:
     """The commit-info entries of one of the sink's commits: ``info`` under `COMMIT_INFO_KEY`
-    (how the sink knows its own commits), and Delta's ``userMetadata``, the line other engines'
-    history shows (``DESCRIBE HISTORY``: every commit of delta-rs is a ``WRITE``)."""
-    return {COMMIT_INFO_KEY: dict(info), "userMetadata": history_line(info)}
+    (how the sink knows its own commits), Delta's ``userMetadata``, the line other engines'
+    history shows, and the operation among ``operationParameters`` (`HISTORY_OPERATION_KEY`;
+    ``DESCRIBE HISTORY``'s ``operation`` is delta-rs's ``WRITE`` for every file commit)."""
+    return {
+        COMMIT_INFO_KEY: dict(info),
+        "userMetadata": history_line(info),
+        "operationParameters": {HISTORY_OPERATION_KEY: str(info.get("operation", "commit"))},
+    }
 
 
 def history_line(info: Mapping[str, Any]) -> str:
@@ -88,6 +102,13 @@ def history_line(info: Mapping[str, Any]) -> str:
         )
     if operation == "schema":
         return f"compacted-sink schema change: before batch {info.get('batchId')}"
+    if operation == "accept-foreign-changes":
+        return (
+            f"compacted-sink accept: other engines' changes through version "
+            f"{info.get('throughVersion')}, offsets re-derived from the records"
+        )
+    if operation == "restore":
+        return f"compacted-sink restore: back to version {info.get('toVersion')}"
     return f"compacted-sink {operation}"
 
 
@@ -415,3 +436,43 @@ def _physical_names(schema: Mapping[str, Any]) -> list[tuple[str, str]]:
         if isinstance(field.get("type"), Mapping):
             found += _physical_names(field["type"])
     return found
+
+
+_SEARCH_COMMITS = 2_000  # how far back the commit that added a file is looked for
+
+
+def check_placed(location: LogLocation, version: int, rows: Iterable[Mapping[str, Any]]) -> None:
+    """Raise `ForeignChangeError` when a live file's statistics count rows with a null
+    ``partition`` or ``offset`` (rows another engine inserted with only some of the log's
+    columns, accepted before the accept refused them); names the file, the rows' count
+    and the version that added it. Every reader and writer refuses such a log alike,
+    rather than one skipping the rows and another failing on them. Metadata only."""
+    for row in rows:
+        nulls = max(int(row.get(f"null_count.{c}") or 0) for c in ("partition", "offset"))
+        if not nulls:
+            continue
+        path, uri = unquote(str(row["path"])), location.uri
+        added = _added_at(location, path, version)
+        at = f"Delta version {added}" if added is not None else "an earlier commit"
+        before = (added if added is not None else version) - 1
+        raise ForeignChangeError(
+            f"log {uri}: {at} added {path}, whose {nulls} row(s) have no partition or offset "
+            "(null): another engine's rows without the columns a log's record needs. The "
+            "sink reads no log with such rows. To go on, delete or fix them with that engine "
+            f"(DELETE FROM delta.`{uri}` WHERE partition IS NULL OR offset IS NULL), then "
+            f"sink.accept_foreign_changes(); or restore the log to version {before} "
+            f"(sink.restore({before})), which undoes every commit after it. See "
+            'docs/operations.md, "Other engines on the log".',
+            log_path=uri,
+            version=added if added is not None else version,
+        )
+
+
+def _added_at(location: LogLocation, path: str, version: int) -> int | None:
+    for v in range(version, max(-1, version - _SEARCH_COMMITS), -1):
+        actions = read_commit(location, v)
+        if actions is None:
+            return None
+        if any(unquote(a["add"]["path"]) == path for a in actions if "add" in a):
+            return v
+    return None
