@@ -2,6 +2,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
+# `make demo` runs on its own venv: the package with its runtime dependencies and pyspark (the
+# `spark` extra), none of the dev tools.
+DEMO_VENV ?= .venv-demo
+DEMO_STAMP := $(DEMO_VENV)/.installed
+
 # The Kafka tests (pytest marker `kafka`) run on a second venv: Spark's Kafka source is published
 # on Maven Central for pyspark 4.2.0 at the newest (none for 4.3). Same package, editable, dev extras.
 KAFKA_SPARK ?= 4.2.0
@@ -27,18 +32,28 @@ DELTA_JARS := $(JARS)/delta-$(KAFKA_SPARK)/.fetched
 # tests marked `delta_spark` (the sink taking its S3 settings from the session's fs.s3a.*).
 HADOOP_AWS_VERSION ?= 3.5.0
 HADOOP_AWS_JARS := $(JARS)/hadoop-aws-$(KAFKA_SPARK)/.fetched
-# The pyspark releases `make smoke` checks, one venv each (.venv-spark<major.minor>).
-SMOKE_SPARKS ?= 4.0.1 4.1.4 4.2.0
-# The ones `make test` checks too: 4.2 runs the kafka and delta_spark tests, 4.3 the whole suite.
-TEST_SMOKE_SPARKS ?= 4.0.1 4.1.4
+# The pyspark releases `make smoke` checks, one venv each (.venv-spark<major.minor>; 4.2's is
+# the Kafka venv). `make test` checks them all: its main suite runs the smoke tests on 4.3.
+SMOKE_SPARKS ?= 3.5.9 4.0.1 4.1.4 4.2.0
+TEST_SMOKE_SPARKS ?= $(SMOKE_SPARKS)
+# pyspark 3.5's wheel has no Spark Connect server (4.0 added it): Spark's plugin jar for the 3.5
+# line, put into the local Maven repository, where the tests' Connect server finds it. 3.5.7 is
+# the newest 3.5 plugin on the Maven Central this project's machines reach.
+CONNECT_PLUGIN_3.5 ?= 3.5.7
 
-.PHONY: demo demo-kafka jars test test-kafka test-delta-spark race smoke lint bench bench-quick bench-append bench-consumer bench-lookup bench-scale bench-cluster soak soak-quick soak-exit soak-faults clean
+.PHONY: demo demo-kafka wheel jars test test-install test-kafka test-delta-spark race smoke lint bench bench-quick bench-append bench-consumer bench-lookup bench-scale bench-cluster soak soak-quick soak-exit soak-faults clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
+
+$(DEMO_STAMP): pyproject.toml
+	python3 -m venv $(DEMO_VENV)
+	$(DEMO_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(DEMO_VENV)/bin/python -m pip install --quiet -e '.[spark]'
+	touch $@
 
 $(KAFKA_STAMP): pyproject.toml
 	python3 -m venv $(KAFKA_VENV)
@@ -68,22 +83,35 @@ $(HADOOP_AWS_JARS): jvm/hadoop-aws/pom.xml
 
 jars: $(KAFKA_JARS) $(SPARK_KAFKA_JARS) $(DELTA_JARS) $(HADOOP_AWS_JARS)
 
-demo: $(STAMP)
-	$(VENV)/bin/compacted-sink demo --lake lake-demo
+demo: $(DEMO_STAMP)
+	$(DEMO_VENV)/bin/compacted-sink demo --lake lake-demo
 
-# A local broker started and stopped by the demo itself (streaming/inputs/local_kafka.py).
-demo-kafka: $(KAFKA_STAMP) jars
+# A local broker started and stopped by the demo itself (streaming/inputs/local_kafka.py): the
+# broker's jars and Spark's Kafka source, nothing else.
+demo-kafka: $(KAFKA_STAMP) $(KAFKA_JARS) $(SPARK_KAFKA_JARS)
 	$(KAFKA_PY) examples/kafka_demo.py --lake lake-demo-kafka
+
+# The wheel (dist/compacted_sink-<version>-py3-none-any.whl): what a cluster, a Databricks job's
+# library or `pip install` beside a platform's Spark takes.
+wheel:
+	python3 -m pip wheel --quiet --no-deps --wheel-dir dist .
+	@ls dist/*.whl
 
 # The main suite on $(VENV), then the Kafka and the delta-spark tests on $(KAFKA_VENV); all
 # always run, and the target fails when any does.
 test: $(STAMP) $(KAFKA_STAMP) jars
 	@status=0; \
-	$(PY) -m pytest -q --durations=15 -m "not kafka and not delta_spark" tests || status=1; \
+	$(PY) -m pytest -q --durations=15 -m "not kafka and not delta_spark and not install" tests || status=1; \
 	$(MAKE) --no-print-directory test-kafka || status=1; \
 	$(MAKE) --no-print-directory test-delta-spark || status=1; \
 	$(MAKE) --no-print-directory smoke SMOKE_SPARKS="$(TEST_SMOKE_SPARKS)" || status=1; \
+	$(MAKE) --no-print-directory test-install || status=1; \
 	exit $$status
+
+# The package installed beside pyspark 3.5.9 and beside databricks-connect: throwaway venvs
+# under pytest's tmp_path, pip's cache (about 2-3 min once the cache holds the wheels).
+test-install: $(STAMP)
+	COMPACTED_SINK_INSTALL_TESTS=required $(PY) -m pytest -q --durations=5 -m install tests/install
 
 test-kafka: $(KAFKA_STAMP) jars
 	COMPACTED_SINK_KAFKA_TESTS=required $(KAFKA_PY) -m pytest -q --durations=10 -m kafka tests
@@ -99,15 +127,17 @@ race: $(KAFKA_STAMP) jars
 	COMPACTED_SINK_DELTA_TESTS=required COMPACTED_SINK_RACE_ROUNDS=50 $(KAFKA_PY) -m pytest -q -s \
 	  tests/delta_spark/test_two_engines_racing.py
 
-# The smoke suite on each pyspark of $(SMOKE_SPARKS), one venv each; `make test` runs it on
-# $(TEST_SMOKE_SPARKS).
-smoke:
+# The smoke suite on each pyspark of $(SMOKE_SPARKS), one venv each with the `test` extra (4.2's
+# is the Kafka venv, with the dev extras); `make test` runs it on $(TEST_SMOKE_SPARKS).
+smoke: $(KAFKA_STAMP)
 	@status=0; for v in $(SMOKE_SPARKS); do \
 	  venv=.venv-spark$${v%.*}; \
 	  if [ ! -f $$venv/.installed ]; then \
 	    python3 -m venv $$venv && $$venv/bin/python -m pip install --quiet --upgrade pip && \
-	    $$venv/bin/python -m pip install --quiet "pyspark==$$v" -e '.[dev]' && touch $$venv/.installed; \
+	    $$venv/bin/python -m pip install --quiet "pyspark==$$v" -e '.[test]' && touch $$venv/.installed; \
 	  fi; \
+	  case $$v in 3.5.*) $(MVN) -q -B $(DEPENDENCY_PLUGIN):get -Dtransitive=false \
+	    -Dartifact=org.apache.spark:spark-connect_2.12:$(CONNECT_PLUGIN_3.5) || status=1;; esac; \
 	  echo "== pyspark $$v"; $$venv/bin/python -m pytest -q -m smoke tests/smoke || status=1; \
 	done; exit $$status
 
@@ -170,4 +200,4 @@ soak-faults: $(STAMP)
 	FAULT_BATCHES=12 FAULT_RATE=0.05 $(PY) -m pytest -q -s tests/storage/test_object_store_faults.py
 
 clean:
-	rm -rf lake-demo lake-demo-kafka .pytest_cache
+	rm -rf lake-demo lake-demo-kafka .pytest_cache dist

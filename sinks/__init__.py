@@ -1,5 +1,7 @@
 """The compacted-state sink: Kafka's log compaction for Delta Lake tables on Spark."""
 
+# First: without a supported pyspark module the import stops here, naming the range.
+from sinks.spark_compat import SparkVersionError  # isort: skip
 from sinks.cleaner.cleaner_stats import CleanerStats
 from sinks.config import CleanerConfig
 from sinks.errors import (
@@ -23,7 +25,6 @@ from sinks.log.log_keys import KeyColumnsMismatchError
 from sinks.reading.arrow_state import read_state, read_state_batches
 from sinks.reading.lookup import lookup
 from sinks.sink import CHECKPOINT_TABLE_DIR, AppendReport, CompactedStateSink
-from sinks.spark_compat import SparkVersionError
 from sinks.spark_session import QueryIdentityError
 
 __all__ = [

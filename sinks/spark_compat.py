@@ -1,17 +1,25 @@
 """The Spark versions the sink runs on, and what each lacks.
 
-The sink runs on pyspark 4.0 and newer: the produce path, passes, ``state()``, ``log()``,
-``read_state`` and the CLI use only what every 4.x release has. A few features are built
-on Python APIs that arrived later; on an older Spark they fail by name, with the version
-they need (`SparkVersionError`), and everything else keeps working:
+The sink runs on pyspark 3.5 and newer, whichever distribution provides the ``pyspark``
+module (pyspark itself, a platform runtime's, databricks-connect's, pyspark-client's): the
+produce path, passes, ``state()``, ``log()``, ``read_state``, the CLI and job files use only
+what every release from 3.5 has. Importing the package without a ``pyspark`` module, or with
+one older than 3.5, fails at once with `SparkVersionError` naming the supported range. A few
+features are built on Python APIs that arrived later; on an older Spark they fail by name, at
+the call, with the version they need (`SparkVersionError`), and everything else keeps working:
 
 =================================================  =========  ================================
 feature                                            needs      missing before it
 =================================================  =========  ================================
+``format("compacted-state")`` (`DATA_SOURCE`)      4.0        Python data sources
+                                                              (``pyspark.sql.datasource``)
 ``writeStream.format("compacted-state")``          4.1        ``DataSourceStreamArrowWriter``
 ``readStream.format("compacted-state")``           4.2        admission control for Python
                                                               streaming sources (``ReadLimit``)
 =================================================  =========  ================================
+
+On a pyspark that lacks them, the data source's base classes are stand-ins defined here, so
+the modules that subclass them import everywhere.
 
 The Arrow schema of a Spark schema (`utc_arrow_schema`) is the same on every version:
 timestamps in UTC, as Delta stores them.
@@ -22,34 +30,85 @@ from __future__ import annotations
 import inspect
 
 import pyarrow as pa
-import pyspark
-from pyspark.sql import types as T
-from pyspark.sql.pandas.types import to_arrow_schema
 
 from sinks.errors import CompactedSinkError
 
-SPARK_VERSION: tuple[int, int] = tuple(int(p) for p in pyspark.__version__.split(".")[:2])  # type: ignore[assignment]
+MIN_VERSION: tuple[int, int] = (3, 5)
+SUPPORTED = "pyspark 3.5 to 4.x"
+INSTALL = (
+    "Use the Spark your platform provides (its runtime's pyspark, databricks-connect or "
+    "pyspark-client), or on a machine without one: pip install 'compacted-sink[spark]'."
+)
 
+DATA_SOURCE = "format('compacted-state')"
 STREAM_WRITER = "writeStream.format('compacted-state')"
 STREAM_READER = "readStream.format('compacted-state')"
-_NEEDS: dict[str, tuple[int, int]] = {STREAM_WRITER: (4, 1), STREAM_READER: (4, 2)}
+_NEEDS: dict[str, tuple[int, int]] = {
+    DATA_SOURCE: (4, 0),
+    STREAM_WRITER: (4, 1),
+    STREAM_READER: (4, 2),
+}
 
 
 class SparkVersionError(CompactedSinkError):
     """Raised when a feature needs a newer Spark than the session's; names both versions and
     what to use instead."""
 
-    def __init__(self, feature: str, needed: tuple[int, int], instead: str) -> None:
+    def __init__(
+        self, feature: str, needed: tuple[int, int], instead: str, *, found: str | None = None
+    ) -> None:
+        found = found or f"this is pyspark {_installed_version()}"
         super().__init__(
-            f"{feature} needs pyspark {needed[0]}.{needed[1]} or newer; this is pyspark "
-            f"{pyspark.__version__}. {instead}"
+            f"{feature} needs pyspark {needed[0]}.{needed[1]} or newer; {found}. {instead}"
         )
         self.feature = feature
         self.needed = needed
 
 
+def _installed_version() -> str:
+    import pyspark
+
+    return pyspark.__version__
+
+
+def _version(text: str) -> tuple[int, int]:
+    """``(major, minor)`` of a version string such as ``3.5.9`` or ``4.1.0.dev0``."""
+    major, minor = (text.split(".") + ["0"])[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+
+
+def check_installed() -> tuple[int, int]:
+    """The ``(major, minor)`` of the installed ``pyspark`` module.
+
+    Raises `SparkVersionError` naming the supported range when there is no ``pyspark``
+    module or it is older than `MIN_VERSION`.
+    """
+    try:
+        import pyspark
+    except ImportError as e:
+        raise SparkVersionError(
+            "compacted-sink",
+            MIN_VERSION,
+            f"It runs on {SUPPORTED}. {INSTALL}",
+            found="no pyspark module is installed",
+        ) from e
+    version = _version(pyspark.__version__)
+    if version < MIN_VERSION:
+        raise SparkVersionError(
+            "compacted-sink",
+            MIN_VERSION,
+            f"It runs on {SUPPORTED}: upgrade the Spark it runs on, or install it into an "
+            f"environment with a supported one ({INSTALL})",
+        )
+    return version
+
+
+SPARK_VERSION: tuple[int, int] = check_installed()
+
+
 def supports(feature: str) -> bool:
-    """Whether this pyspark has what ``feature`` (`STREAM_WRITER`, `STREAM_READER`) needs."""
+    """Whether this pyspark has what ``feature`` (`DATA_SOURCE`, `STREAM_WRITER`,
+    `STREAM_READER`) needs."""
     return SPARK_VERSION >= _NEEDS[feature]
 
 
@@ -58,6 +117,9 @@ def require(feature: str, instead: str) -> None:
     if not supports(feature):
         raise SparkVersionError(feature, _NEEDS[feature], instead)
 
+
+from pyspark.sql import types as T  # noqa: E402 - after the check that pyspark is there
+from pyspark.sql.pandas.types import to_arrow_schema  # noqa: E402
 
 _TAKES_TIMEZONE = "timezone" in inspect.signature(to_arrow_schema).parameters
 
@@ -68,6 +130,48 @@ def utc_arrow_schema(schema: T.StructType) -> pa.Schema:
     if _TAKES_TIMEZONE:
         return to_arrow_schema(schema, timezone="UTC")
     return to_arrow_schema(schema)
+
+
+try:
+    from pyspark.sql.datasource import (
+        DataSource,
+        DataSourceReader,
+        DataSourceStreamReader,
+        DataSourceStreamWriter,
+        InputPartition,
+        WriterCommitMessage,
+    )
+except ImportError:  # pyspark 3.5: the data source is refused by name (`DATA_SOURCE`)
+
+    class DataSource:  # type: ignore[no-redef]
+        """Stands in for pyspark 4.0's ``DataSource`` so the format's module imports."""
+
+        def __init__(self, options: dict[str, str]) -> None:
+            self.options = options
+
+    class DataSourceReader:  # type: ignore[no-redef]
+        """Stands in for pyspark 4.0's ``DataSourceReader``."""
+
+    class DataSourceStreamReader:  # type: ignore[no-redef]
+        """Stands in for pyspark 4.0's ``DataSourceStreamReader``."""
+
+    class DataSourceStreamWriter:  # type: ignore[no-redef]
+        """Stands in for pyspark 4.0's ``DataSourceStreamWriter``."""
+
+    class InputPartition:  # type: ignore[no-redef]
+        """Stands in for pyspark 4.0's ``InputPartition``."""
+
+        def __init__(self, value: object) -> None:
+            self.value = value
+
+    class WriterCommitMessage:  # type: ignore[no-redef]
+        """Stands in for pyspark 4.0's ``WriterCommitMessage`` (a dataclass base)."""
+
+
+try:
+    from pyspark.sql.datasource import DataSourceStreamArrowWriter
+except ImportError:  # pyspark < 4.1: the writer is refused by name (`STREAM_WRITER`)
+    DataSourceStreamArrowWriter = DataSourceStreamWriter  # type: ignore[misc,assignment]
 
 
 try:

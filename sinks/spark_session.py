@@ -106,10 +106,13 @@ def active_session() -> SparkSession:
 
 
 def _classic_active() -> SparkSession | None:
-    from pyspark.sql.utils import is_remote_only
-
-    if is_remote_only():
-        return None
+    try:
+        from pyspark.sql.utils import is_remote_only
+    except ImportError:  # pyspark 3.5: no Connect-only distribution, classic sessions exist
+        pass
+    else:
+        if is_remote_only():
+            return None
     session = SparkSession._instantiatedSession  # type: ignore[attr-defined]
     active = SparkSession._activeSession  # type: ignore[attr-defined]
     for candidate in (active, session):
@@ -123,7 +126,14 @@ def _connect_active() -> SparkSession | None:
         from pyspark.sql.connect.session import SparkSession as ConnectSession
     except ImportError:  # the Connect client's packages are not installed
         return None
-    return ConnectSession.getActiveSession() or ConnectSession._get_default_session()
+    active = ConnectSession.getActiveSession()
+    if active is not None:
+        return active
+    default = getattr(ConnectSession, "_get_default_session", None)
+    if default is not None:
+        return default()
+    # pyspark 3.5 keeps the default session in an attribute, and no stopped flag
+    return getattr(ConnectSession, "_default_session", None)
 
 
 def hadoop_settings(

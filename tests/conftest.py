@@ -116,6 +116,26 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
+# pyspark 3.5 ships no Connect server (4.0 added it to the wheel): `make smoke` puts Spark's
+# plugin (one shaded jar, the newest 3.5 on Maven Central) into the local Maven repository.
+MAVEN_REPOSITORY = Path.home() / ".m2" / "repository"
+CONNECT_PLUGIN = "org/apache/spark/spark-connect_2.12"
+
+
+def connect_plugin_jars(spark_home: Path, repository: Path = MAVEN_REPOSITORY) -> list[str]:
+    """The jars a Connect server needs beside ``spark_home``'s own: none when pyspark ships
+    the server, else the plugin of this pyspark's version, else the newest of its line."""
+    if any((spark_home / "jars").glob("spark-connect_*.jar")):
+        return []
+    line = ".".join(pyspark.__version__.split(".")[:2])
+    found = sorted(
+        (repository / CONNECT_PLUGIN).glob(f"{line}.*/spark-connect_2.12-{line}.*.jar"),
+        key=lambda jar: [int(p) for p in jar.parent.name.split(".") if p.isdigit()],
+    )
+    exact = [j for j in found if j.parent.name == pyspark.__version__]
+    return [str((exact or found)[-1])] if found else []
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -159,8 +179,15 @@ class ConnectServer:
             "spark.driver.host": "127.0.0.1",
             "spark.driver.bindAddress": "127.0.0.1",
         }
+        plugin = connect_plugin_jars(spark_home)
+        if not plugin and not any((spark_home / "jars").glob("spark-connect_*.jar")):
+            pytest.skip(
+                f"pyspark {pyspark.__version__} ships no Connect server and no "
+                f"{CONNECT_PLUGIN} jar is in {MAVEN_REPOSITORY} (`make smoke` fetches it)"
+            )
         command = [
             str(spark_home / "bin" / "spark-submit"),
+            *(["--jars", ",".join(plugin)] if plugin else []),
             "--class",
             "org.apache.spark.sql.connect.service.SparkConnectServer",
             "--master",

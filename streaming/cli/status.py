@@ -25,7 +25,10 @@ def add_status(commands: argparse._SubParsersAction) -> None:
 def _status(args: argparse.Namespace) -> int:
     from sinks.log import normalize_uri
     from streaming.status import history, log_status, plot_history, render_json, render_table
+    from streaming.status.status_render import check_plotting
 
+    if args.plot:
+        check_plotting()  # before any work: matplotlib is an extra
     selected = refs(args)
     found = {normalize_uri(ref.spec.path) for ref in selected}
     missing = [path for path in args.logs if normalize_uri(path) not in found]

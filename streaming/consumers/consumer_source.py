@@ -48,11 +48,13 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 from pyspark.sql import types as T
-from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 
 from sinks.errors import ConfigError
 from sinks.log import DELETE_HORIZON_MS, LogSnapshot, LogTable, log_arrow_schema, normalize_uri
 from sinks.spark_compat import (
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
     ReadAllAvailable,
     ReadLimit,
     ReadMaxRows,

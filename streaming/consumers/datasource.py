@@ -38,12 +38,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
-from pyspark.sql.datasource import DataSource, WriterCommitMessage
-
-try:
-    from pyspark.sql.datasource import DataSourceStreamArrowWriter
-except ImportError:  # pyspark 4.0: the writer is refused by name (`spark_compat.STREAM_WRITER`)
-    from pyspark.sql.datasource import DataSourceStreamWriter as DataSourceStreamArrowWriter
 
 from sinks import CleanerConfig, CompactedStateSink
 from sinks.errors import ConfigError, SchemaMismatchError
@@ -65,7 +59,15 @@ from sinks.produce import (
     log_schema,
 )
 from sinks.python_workers import check_python_workers
-from sinks.spark_compat import STREAM_READER, STREAM_WRITER, require
+from sinks.spark_compat import (
+    DATA_SOURCE,
+    STREAM_READER,
+    STREAM_WRITER,
+    DataSource,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+    require,
+)
 from sinks.spark_session import checkpoint_query_id
 from streaming.consumers import consumer_source
 from streaming.consumers.source_options import SourceOptions
@@ -93,7 +95,14 @@ def register(spark: SparkSession) -> None:
     (`sinks.python_workers.check_python_workers`) runs first, so a local session
     whose ``PYSPARK_PYTHON`` cannot import this project is pointed at this process's
     Python, and a cluster's fails in one line, exactly as the sink's first batch does.
+
+    Raises `SparkVersionError` on a pyspark without Python data sources (before 4.0).
     """
+    require(
+        DATA_SOURCE,
+        "Write with writeStream.foreachBatch(CompactedStateSink(...)); read with sink.log(), "
+        "sink.state() or read_state().",
+    )
     check_python_workers(spark, PACKAGES)
     spark.dataSource.register(CompactedStateDataSource)
 

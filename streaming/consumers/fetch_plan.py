@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from pyspark.sql.datasource import InputPartition
-
 from sinks.config import LONG_MAX
 from sinks.log import LogSnapshot, Segment, is_segment_path
+from sinks.spark_compat import InputPartition
 from streaming.consumers.consumer_position import FetchRange
 
 TASK_MAX_BYTES = 128 * 1024 * 1024  # files one task reads, as Spark's maxPartitionBytes

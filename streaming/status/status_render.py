@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from sinks.cleaner import format_bytes
+from sinks.errors import ConfigError
 
 if TYPE_CHECKING:
     from streaming.status.gauges import LogStatus, PartitionStatus, StorageStatus
@@ -147,10 +148,26 @@ def render_json(statuses: Sequence[LogStatus]) -> str:
     return json.dumps({"logs": [s.to_dict() for s in statuses]}, indent=2)
 
 
+def check_plotting() -> None:
+    """Raise `ConfigError` when matplotlib, which `plot_history` draws with, is not installed
+    (it is the ``plot`` extra, not a dependency of the sink)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as e:
+        raise ConfigError(
+            "status --plot needs matplotlib, which is not installed: "
+            "pip install 'compacted-sink[plot]' (or pip install matplotlib)"
+        ) from e
+
+
 def plot_history(
     series: dict[str, list[HistoryPoint]], file: str, *, threshold: float | None
 ) -> str:
-    """Draw dirty ratio and log size over time for each log into a PNG; returns the file."""
+    """Draw dirty ratio and log size over time for each log into a PNG; returns the file.
+
+    Raises `ConfigError` when matplotlib is not installed (`check_plotting`).
+    """
+    check_plotting()
     import matplotlib
 
     matplotlib.use("Agg")

@@ -22,7 +22,7 @@ import pytest
 from chispa import assert_df_equality
 
 from sinks import CleanerConfig, CompactedStateSink, SparkVersionError, read_state
-from sinks.spark_compat import STREAM_READER, STREAM_WRITER, supports
+from sinks.spark_compat import DATA_SOURCE, STREAM_READER, STREAM_WRITER, supports
 from streaming.consumers.datasource import register
 from streaming.inputs.kafka import write_kafka_files
 
@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = "key string, value string, partition int"
 
 
+@pytest.mark.both_sessions
 def test_append_a_pass_and_the_state(spark, lake, clock) -> None:
     sink = CompactedStateSink(
         str(lake / "log"), config=CleanerConfig(min_cleanable_dirty_ratio=1.0), clock=clock
@@ -91,6 +92,12 @@ def test_the_data_source_works_or_names_the_spark_it_needs(spark, lake, clock) -
     path = str(lake / "log")
     sink = CompactedStateSink(path, clock=clock)
     sink(spark.createDataFrame([("a", "1", 0), ("b", "2", 0)], SCHEMA), 0)
+    if not supports(DATA_SOURCE):
+        with pytest.raises(
+            SparkVersionError, match=r"needs pyspark 4\.0 or newer; this is pyspark 3\.5"
+        ):
+            register(spark)
+        return
     register(spark)
 
     batch = spark.read.format("compacted-state").load(path)
