@@ -201,3 +201,58 @@ soak-faults: $(STAMP)
 
 clean:
 	rm -rf lake-demo lake-demo-kafka .pytest_cache dist
+
+# ---- The peers: Apache Paimon, Apache Hudi merge-on-read, delta-spark MERGE with deletion vectors
+# (bench/peers.py). Maven Central serves Paimon's Spark connector (paimon-spark-3.5, up to 0.9.0) and
+# Hudi's Spark bundle (hudi-spark3.5-bundle_2.12, up to 1.2.0) for Spark 3.5 only, no Spark 4 build:
+# the peers run on pyspark $(PEERS_SPARK) in a venv of their own (without the package, which needs
+# pyspark >= 4.0; bench.peers runs from the checkout), with delta-spark 3.3 for the deletion-vector
+# MERGE; the sink and its usual baselines run the same batches on $(KAFKA_VENV) in a second process;
+# `bench.peers --report` checks that both processes' expected states and every system's state agree
+# and writes PEERS.md, results.json and peers.png.
+PEERS_SPARK ?= 3.5.9
+PEERS_VENV ?= .venv-peers
+PEERS_PY := $(PEERS_VENV)/bin/python
+PEERS_STAMP := $(PEERS_VENV)/.installed
+PEERS_OUT ?= bench/peers
+PAIMON_JARS := $(JARS)/paimon-$(PEERS_SPARK)/.fetched
+HUDI_JARS := $(JARS)/hudi-$(PEERS_SPARK)/.fetched
+PEERS_DELTA_JARS := $(JARS)/delta-$(PEERS_SPARK)/.fetched
+
+.PHONY: jars-peers bench-peers bench-peers-quick
+
+$(PEERS_STAMP):
+	python3 -m venv $(PEERS_VENV)
+	$(PEERS_PY) -m pip install --quiet --upgrade pip
+	$(PEERS_PY) -m pip install --quiet 'pyspark==$(PEERS_SPARK)' 'delta-spark==3.3.2' \
+	  'deltalake>=1.6,<2' 'pyarrow>=16' 'pandas<3' numpy matplotlib 'pypaimon==2.1.0' 'hudi==0.5.0'
+	touch $@
+
+$(PAIMON_JARS): jvm/paimon/pom.xml
+	$(call fetch-jars,jvm/paimon/pom.xml,$(@D))
+	touch $@
+
+$(HUDI_JARS): jvm/hudi/pom.xml
+	$(call fetch-jars,jvm/hudi/pom.xml,$(@D))
+	touch $@
+
+$(PEERS_DELTA_JARS): jvm/delta-3.5/pom.xml
+	$(call fetch-jars,jvm/delta-3.5/pom.xml,$(@D))
+	touch $@
+
+jars-peers: $(PAIMON_JARS) $(HUDI_JARS) $(PEERS_DELTA_JARS)
+
+# Not part of `make test`: 1e6 keys x 512 B, uniform and Zipf, 40 batches of 100,000 each, every
+# peer and the sink (hours on 2 cores: run it on an idle machine; bench/peers-quick/PEERS.md says
+# how long from the quick run).
+bench-peers: $(PEERS_STAMP) jars-peers $(KAFKA_STAMP) $(DELTA_JARS)
+	$(PEERS_PY) -m bench.peers --out $(PEERS_OUT)
+	$(KAFKA_PY) -m bench.peers --out $(PEERS_OUT)
+	$(KAFKA_PY) -m bench.peers --report --out $(PEERS_OUT)
+
+# The same on 1e5 keys, 6 batches of 20,000 (about 30 min on 2 loaded cores): every system runs
+# and ends in the same state.
+bench-peers-quick: $(PEERS_STAMP) jars-peers $(KAFKA_STAMP) $(DELTA_JARS)
+	$(PEERS_PY) -m bench.peers --quick --out bench/peers-quick
+	$(KAFKA_PY) -m bench.peers --quick --out bench/peers-quick
+	$(KAFKA_PY) -m bench.peers --report --out bench/peers-quick

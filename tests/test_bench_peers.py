@@ -1,0 +1,126 @@
+"""bench/peers.py's report: two processes' result files (one per pyspark) merged into one
+table, and a state that differs from the expected one, or expected states that differ
+between the processes, reported as disagreeing. No Spark: the files are written here."""
+
+from __future__ import annotations
+
+import json
+
+from bench.peers import directory_size, report
+
+
+def _system(rows: int, digest: int, agrees: bool) -> dict:
+    return {
+        "ingest_s": 10.0,
+        "drain_s": 0.0,
+        "p50_batch_s": 1.0,
+        "p99_batch_s": 2.0,
+        "bytes_written": 5_000_000,
+        "table_bytes": 2_000_000,
+        "files": 4,
+        "state_read_s": 0.5,
+        "live_keys": rows,
+        "state_checksum": digest,
+        "state_agrees": agrees,
+        "arrow_read": {"s": 0.1, "rows": rows},
+        "per_batch": [{"batch": b, "s": 1.0, "bytes_written": 1_000_000} for b in range(5)],
+    }
+
+
+def _run(spark: str, expected: tuple[int, int], systems: dict) -> dict:
+    return {
+        "mode": "quick",
+        "versions": {"spark": spark, "pyspark": spark},
+        "load_before": "load average: 1.0",
+        "load_after": "load average: 1.0",
+        "generated_utc": "2026-11-26 14:00 UTC",
+        "total_s": 60.0,
+        "notes": [],
+        "workloads": [
+            {
+                "name": "w",
+                "keys": 100,
+                "batches": 5,
+                "records_per_batch": 10,
+                "skew": "uniform",
+                "input_bytes": 1_000_000,
+                "expected": {"live_keys": expected[0], "state_checksum": expected[1]},
+                "systems": systems,
+            }
+        ],
+    }
+
+
+def _write(tmp_path, name: str, run: dict) -> None:
+    (tmp_path / name).write_text(json.dumps(run))
+
+
+def test_both_processes_agreeing_make_one_table(tmp_path) -> None:
+    _write(
+        tmp_path,
+        "peers-pyspark3.5.9.json",
+        _run("3.5.9", (90, 7), {"paimon_pk": _system(90, 7, True)}),
+    )
+    _write(
+        tmp_path,
+        "peers-pyspark4.2.0.json",
+        _run("4.2.0", (90, 7), {"compacted_sink": _system(90, 7, True)}),
+    )
+
+    text = report(str(tmp_path))
+
+    merged = json.loads((tmp_path / "results.json").read_text())["workloads"][0]
+    assert merged["expected_states_agree"] and merged["all_states_agree"]
+    assert merged["systems"]["paimon_pk"]["spark"] == "3.5.9"
+    assert merged["systems"]["compacted_sink"]["spark"] == "4.2.0"
+    assert "| compacted_sink | 4.2.0 |" in text and "| paimon_pk | 3.5.9 |" in text
+    assert (tmp_path / "PEERS.md").exists() and (tmp_path / "peers.png").exists()
+
+
+def test_a_system_off_the_expected_state_is_reported(tmp_path) -> None:
+    _write(
+        tmp_path,
+        "peers-pyspark3.5.9.json",
+        _run("3.5.9", (90, 7), {"hudi_mor": _system(91, 8, False)}),
+    )
+    _write(
+        tmp_path,
+        "peers-pyspark4.2.0.json",
+        _run("4.2.0", (90, 7), {"compacted_sink": _system(90, 7, True)}),
+    )
+
+    text = report(str(tmp_path))
+
+    merged = json.loads((tmp_path / "results.json").read_text())["workloads"][0]
+    assert merged["expected_states_agree"] and not merged["all_states_agree"]
+    assert "| hudi_mor | 3.5.9 |" in text and "**NO**" in text
+
+
+def test_processes_reading_different_expected_states_disagree(tmp_path) -> None:
+    _write(
+        tmp_path,
+        "peers-pyspark3.5.9.json",
+        _run("3.5.9", (90, 7), {"paimon_pk": _system(90, 7, True)}),
+    )
+    _write(
+        tmp_path,
+        "peers-pyspark4.2.0.json",
+        _run("4.2.0", (90, 6), {"compacted_sink": _system(90, 6, True)}),
+    )
+
+    report(str(tmp_path))
+
+    merged = json.loads((tmp_path / "results.json").read_text())["workloads"][0]
+    assert not merged["expected_states_agree"] and not merged["all_states_agree"]
+
+
+def test_directory_size_leaves_out_hadoop_files_and_skipped_directories(tmp_path) -> None:
+    (tmp_path / ".hoodie").mkdir()
+    (tmp_path / ".hoodie" / "meta").write_bytes(b"x" * 100)
+    (tmp_path / "part-0.parquet").write_bytes(b"x" * 10)
+    (tmp_path / ".part-0.parquet.crc").write_bytes(b"x" * 3)
+    (tmp_path / "_SUCCESS").write_bytes(b"")
+
+    size = directory_size(str(tmp_path), skip=(".hoodie",))
+
+    assert (size.bytes, size.files) == (10, 1)
