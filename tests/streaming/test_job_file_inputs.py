@@ -66,6 +66,7 @@ def test_the_columns_of_the_files_are_read_from_the_first(tmp_path):
     (tmp_path / "b").write_text('\n{"key": "a", "value": "1", "timestamp": 1, "x": 2}\n')
     assert file_columns("json", local, [str(tmp_path / "b")]) == {"key", "value", "timestamp"}
     assert file_columns("json", local, []) is None
+    assert file_columns("parquet", local, [str(tmp_path / "b")]) is None  # the reader says why
 
 
 def test_a_routed_job_without_a_topic_column_fails_before_it_runs(tmp_path):
