@@ -168,11 +168,15 @@ def file_columns(
 ) -> frozenset[str] | None:
     """The Kafka columns (`KAFKA_COLUMNS`) the first of ``files`` (paths on ``filesystem``,
     a pyarrow file system) holds: a Parquet file's schema, or a JSON line's keys (its first
-    line). None when there is no file to look at. Reads one footer or one line."""
+    line). None when there is no file to look at or it cannot be read as ``file_format``
+    (the stream's reader then fails naming it). Reads one footer or one line."""
     for file in files:
         if file_format == "parquet":
-            with filesystem.open_input_file(file) as f:
-                names = pq.read_schema(f).names
+            try:
+                with filesystem.open_input_file(file) as f:
+                    names = pq.read_schema(f).names
+            except (pa.ArrowInvalid, OSError):
+                return None  # not Parquet: the stream's own reader says what is wrong with it
         else:
             with filesystem.open_input_stream(file) as f:
                 head = f.read(1 << 20).decode("utf-8", errors="replace")

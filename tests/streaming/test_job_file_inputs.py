@@ -4,7 +4,11 @@ files without an ``offset`` column, and a failure's one line naming its Python c
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -66,6 +70,7 @@ def test_the_columns_of_the_files_are_read_from_the_first(tmp_path):
     (tmp_path / "b").write_text('\n{"key": "a", "value": "1", "timestamp": 1, "x": 2}\n')
     assert file_columns("json", local, [str(tmp_path / "b")]) == {"key", "value", "timestamp"}
     assert file_columns("json", local, []) is None
+    assert file_columns("parquet", local, [str(tmp_path / "b")]) is None  # the reader says why
 
 
 def test_a_routed_job_without_a_topic_column_fails_before_it_runs(tmp_path):
@@ -114,3 +119,26 @@ def test_kafka_tool_json_with_epoch_ms_and_no_offsets_runs(spark, tmp_path, caps
     ]
     seconds = {k: (t.replace(tzinfo=None) - base).total_seconds() for _, _, k, t in rows}
     assert seconds == pytest.approx({"a": 0.002, "b": 0.001, "c": 3, "d": 4})
+
+
+def test_a_python_error_in_a_batch_ends_run_with_its_cause_in_one_line(tmp_path):
+    """A timestamp Spark holds but Python's datetime cannot (the year 11476) fails the sink's
+    segment writer in a Python worker: ``run``'s one line names the OverflowError."""
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "part-0.json").write_text(
+        '{"key": "a", "value": "1", "timestamp": 300000000000000}\n'
+    )
+    (tmp_path / "job.toml").write_text(JOB.format(input="in", lake="lake"))
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-m", "streaming.cli", "run", "job.toml"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 1, done.stderr
+    (line,) = [x for x in done.stderr.splitlines() if x.startswith("compacted-sink run:")]
+    assert line.endswith("OverflowError: date value out of range"), line
+    assert "Traceback" not in done.stderr and "py4j" not in done.stderr, done.stderr
