@@ -86,6 +86,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -309,7 +310,6 @@ class HudiMorSystem:
 
     def arrow_state(self) -> Any:
         """The state as Arrow through hudi-rs (Hudi's native reader), no Spark."""
-        import pyarrow as pa
         from hudi import HudiTableBuilder
 
         table = HudiTableBuilder.from_base_uri(self.table_uri).build()
@@ -376,7 +376,6 @@ class DeltaMergeDvSystem:
 
     def describe(self) -> dict[str, Any]:
         """Files carrying a deletion vector in the last snapshot, and the table's features."""
-        import pyarrow as pa
         from deltalake import DeltaTable
 
         table = DeltaTable(self.table_uri)
@@ -397,15 +396,15 @@ class DeltaMergeDvSystem:
 
     def arrow_state(self) -> Any:
         """The state as Arrow through delta-rs's query engine (deletion vectors applied)."""
-        import pyarrow as pa
         from deltalake import DeltaTable, QueryBuilder
 
         query = QueryBuilder().register("state", DeltaTable(self.table_uri))
         return pa.table(query.execute("SELECT key, value FROM state").read_all())
 
 
-def make_peer(name: str, root: str) -> Any:
-    """A peer by name, or (on pyspark 4) one of ``bench.systems``'s systems."""
+def make_peer(name: str, root: str, schema: pa.Schema) -> Any:
+    """A peer by name, or (on pyspark 4) one of ``bench.systems``'s systems (``schema``:
+    the batches' Arrow schema, which delta-rs's MERGE table is created with)."""
     os.makedirs(root, exist_ok=True)
     if name == "paimon_pk":
         return PaimonSystem(root)
@@ -415,7 +414,7 @@ def make_peer(name: str, root: str) -> Any:
         return DeltaMergeDvSystem(root)
     from bench.systems import make_system  # needs the sink: pyspark >= 4.0
 
-    return make_system(name, root)
+    return make_system(name, root, schema)
 
 
 # -- running -----------------------------------------------------------------------------
@@ -431,7 +430,8 @@ def run_system(
     name: str,
     files: list[str],
     root: str,
-    make: Callable[[str, str], Any] = make_peer,
+    schema: pa.Schema,
+    make: Callable[[str, str, pa.Schema], Any] = make_peer,
 ) -> dict[str, Any]:
     """Feed every batch file to one system; measure as ``bench.run.run_system`` does.
 
@@ -441,7 +441,7 @@ def run_system(
     the per-batch seconds and bytes. The directory ``root`` is emptied first.
     """
     shutil.rmtree(root, ignore_errors=True)
-    system = make(name, root)
+    system = make(name, root, schema)
     meter = DirectoryMeter(root)
     per_batch, written = [], 0
     for batch_id, path in enumerate(files):
@@ -615,7 +615,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         warm = generate(WARM_UP, os.path.join(work, "input", WARM_UP.name))
         for name in systems:  # no system pays the JVM's warm-up in the measured run
-            run_system(spark, name, warm, os.path.join(work, WARM_UP.name, name))
+            run_system(spark, name, warm, os.path.join(work, WARM_UP.name, name), WARM_UP.schema)
         shutil.rmtree(os.path.join(work, WARM_UP.name), ignore_errors=True)
         for workload in workloads:
             files = generate(workload, os.path.join(work, "input", workload.name))
@@ -628,7 +628,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             }
             for name in systems:
                 root = os.path.join(work, workload.name, name)
-                result = run_system(spark, name, files, root)
+                result = run_system(spark, name, files, root, workload.schema)
                 result["state_agrees"] = (result["live_keys"], result["state_checksum"]) == (
                     rows,
                     digest,
