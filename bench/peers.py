@@ -375,23 +375,16 @@ class DeltaMergeDvSystem:
         return delta_table_size(self.table_uri)
 
     def describe(self) -> dict[str, Any]:
-        """Files carrying a deletion vector in the last snapshot, and the table's features."""
+        """Deletion-vector files on storage, live data files, and the table's reader features."""
         from deltalake import DeltaTable
 
         table = DeltaTable(self.table_uri)
-        actions = pa.table(table.get_add_actions(flatten=True))
-        dv_columns = [c for c in actions.column_names if "deletion" in c.lower()]
-        with_dv = 0
-        if dv_columns:
-            with_dv = sum(v is not None for v in actions.column(dv_columns[0]).to_pylist())
-        protocol = table.protocol()
         return {
-            "files_with_deletion_vector": with_dv,
-            "live_files": actions.num_rows,
-            "reader_features": list(protocol.reader_features or []),
             "deletion_vector_files": len(
                 glob.glob(os.path.join(self.table_uri, "deletion_vector_*.bin"))
             ),
+            "live_files": len(table.file_uris()),
+            "reader_features": list(table.protocol().reader_features or []),
         }
 
     def arrow_state(self) -> Any:
