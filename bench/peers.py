@@ -264,6 +264,27 @@ HUDI_OPTIONS = {
 }
 
 
+def hudi_latest_slices(table_uri: str) -> TableSize:
+    """Bytes and files of the latest file slice of each file group of the Hudi table at
+    ``table_uri`` (non-partitioned), from the file names: a base file is
+    ``<file id>_<write token>_<instant>.parquet``, a log file
+    ``.<file id>_<base instant>.log.<version>_<write token>``."""
+    bases: dict[str, tuple[str, str]] = {}
+    logs: list[tuple[str, str, str]] = []
+    for name in os.listdir(table_uri):
+        path = os.path.join(table_uri, name)
+        if name.endswith(".parquet"):
+            file_id, _token, instant = name[: -len(".parquet")].rsplit("_", 2)
+            if file_id not in bases or instant > bases[file_id][0]:
+                bases[file_id] = (instant, path)
+        elif name.startswith(".") and ".log." in name:
+            file_id, base_instant = name[1:].split(".log.", 1)[0].rsplit("_", 1)
+            logs.append((file_id, base_instant, path))
+    paths = [path for _instant, path in bases.values()]
+    paths += [p for f, i, p in logs if f not in bases or bases[f][0] == i]
+    return TableSize(sum(os.path.getsize(p) for p in paths), len(paths), tuple(sorted(paths)))
+
+
 class HudiMorSystem:
     """A Hudi merge-on-read table, upserted (module docstring: settings).
 
@@ -292,9 +313,10 @@ class HudiMorSystem:
         return spark.read.format("hudi").load(self.table_uri).select("key", "value")
 
     def size(self) -> TableSize:
-        """Data files and logs on storage (the file slices Hudi's cleaner retains included),
-        its ``.hoodie`` timeline and metadata table left out."""
-        return directory_size(self.table_uri, skip=(".hoodie",))
+        """The latest file slice of every file group: its newest base file and the log files
+        written against that base (older slices, which Hudi's cleaner retains for
+        ``hoodie.cleaner.commits.retained`` commits, and ``.hoodie`` left out)."""
+        return hudi_latest_slices(self.table_uri)
 
     def describe(self) -> dict[str, Any]:
         """Instants on the timeline by action (deltacommit, commit = a compaction, clean)."""
