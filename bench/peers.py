@@ -32,7 +32,10 @@ system                 settings, and why
                        the docs' advice for a Spark datasource writer, which cannot run
                        async compaction outside a Hudi streaming sink); metadata table on
                        (the default); no hive sync; zstd Parquet; the Kryo serializer on
-                       the session (Hudi's docs require it).
+                       the session (Hudi's docs require it). Below
+                       ``hoodie.parquet.small.file.limit`` (100 MB, the default) a file
+                       group is rewritten whole by each batch (no log, no compaction): a
+                       small table is copy-on-write in effect.
 ``delta_spark_merge_dv``  delta-spark ``MERGE INTO`` from foreachBatch as Delta's docs write
                        the upsert (batch deduped in Spark, tombstones deleted), on a table
                        with ``delta.enableDeletionVectors = true``: MERGE marks replaced
