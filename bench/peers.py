@@ -32,7 +32,10 @@ system                 settings, and why
                        the docs' advice for a Spark datasource writer, which cannot run
                        async compaction outside a Hudi streaming sink); metadata table on
                        (the default); no hive sync; zstd Parquet; the Kryo serializer on
-                       the session (Hudi's docs require it).
+                       the session (Hudi's docs require it). Below
+                       ``hoodie.parquet.small.file.limit`` (100 MB, the default) a file
+                       group is rewritten whole by each batch (no log, no compaction): a
+                       small table is copy-on-write in effect.
 ``delta_spark_merge_dv``  delta-spark ``MERGE INTO`` from foreachBatch as Delta's docs write
                        the upsert (batch deduped in Spark, tombstones deleted), on a table
                        with ``delta.enableDeletionVectors = true``: MERGE marks replaced
@@ -86,6 +89,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -263,6 +267,27 @@ HUDI_OPTIONS = {
 }
 
 
+def hudi_latest_slices(table_uri: str) -> TableSize:
+    """Bytes and files of the latest file slice of each file group of the Hudi table at
+    ``table_uri`` (non-partitioned), from the file names: a base file is
+    ``<file id>_<write token>_<instant>.parquet``, a log file
+    ``.<file id>_<base instant>.log.<version>_<write token>``."""
+    bases: dict[str, tuple[str, str]] = {}
+    logs: list[tuple[str, str, str]] = []
+    for name in os.listdir(table_uri):
+        path = os.path.join(table_uri, name)
+        if name.endswith(".parquet"):
+            file_id, _token, instant = name[: -len(".parquet")].rsplit("_", 2)
+            if file_id not in bases or instant > bases[file_id][0]:
+                bases[file_id] = (instant, path)
+        elif name.startswith(".") and ".log." in name:
+            file_id, base_instant = name[1:].split(".log.", 1)[0].rsplit("_", 1)
+            logs.append((file_id, base_instant, path))
+    paths = [path for _instant, path in bases.values()]
+    paths += [p for f, i, p in logs if f not in bases or bases[f][0] == i]
+    return TableSize(sum(os.path.getsize(p) for p in paths), len(paths), tuple(sorted(paths)))
+
+
 class HudiMorSystem:
     """A Hudi merge-on-read table, upserted (module docstring: settings).
 
@@ -291,9 +316,10 @@ class HudiMorSystem:
         return spark.read.format("hudi").load(self.table_uri).select("key", "value")
 
     def size(self) -> TableSize:
-        """Data files and logs on storage (the file slices Hudi's cleaner retains included),
-        its ``.hoodie`` timeline and metadata table left out."""
-        return directory_size(self.table_uri, skip=(".hoodie",))
+        """The latest file slice of every file group: its newest base file and the log files
+        written against that base (older slices, which Hudi's cleaner retains for
+        ``hoodie.cleaner.commits.retained`` commits, and ``.hoodie`` left out)."""
+        return hudi_latest_slices(self.table_uri)
 
     def describe(self) -> dict[str, Any]:
         """Instants on the timeline by action (deltacommit, commit = a compaction, clean)."""
@@ -309,7 +335,6 @@ class HudiMorSystem:
 
     def arrow_state(self) -> Any:
         """The state as Arrow through hudi-rs (Hudi's native reader), no Spark."""
-        import pyarrow as pa
         from hudi import HudiTableBuilder
 
         table = HudiTableBuilder.from_base_uri(self.table_uri).build()
@@ -375,37 +400,29 @@ class DeltaMergeDvSystem:
         return delta_table_size(self.table_uri)
 
     def describe(self) -> dict[str, Any]:
-        """Files carrying a deletion vector in the last snapshot, and the table's features."""
-        import pyarrow as pa
+        """Deletion-vector files on storage, live data files, and the table's reader features."""
         from deltalake import DeltaTable
 
         table = DeltaTable(self.table_uri)
-        actions = pa.table(table.get_add_actions(flatten=True))
-        dv_columns = [c for c in actions.column_names if "deletion" in c.lower()]
-        with_dv = 0
-        if dv_columns:
-            with_dv = sum(v is not None for v in actions.column(dv_columns[0]).to_pylist())
-        protocol = table.protocol()
         return {
-            "files_with_deletion_vector": with_dv,
-            "live_files": actions.num_rows,
-            "reader_features": list(protocol.reader_features or []),
             "deletion_vector_files": len(
                 glob.glob(os.path.join(self.table_uri, "deletion_vector_*.bin"))
             ),
+            "live_files": len(table.file_uris()),
+            "reader_features": list(table.protocol().reader_features or []),
         }
 
     def arrow_state(self) -> Any:
         """The state as Arrow through delta-rs's query engine (deletion vectors applied)."""
-        import pyarrow as pa
         from deltalake import DeltaTable, QueryBuilder
 
         query = QueryBuilder().register("state", DeltaTable(self.table_uri))
         return pa.table(query.execute("SELECT key, value FROM state").read_all())
 
 
-def make_peer(name: str, root: str) -> Any:
-    """A peer by name, or (on pyspark 4) one of ``bench.systems``'s systems."""
+def make_peer(name: str, root: str, schema: pa.Schema) -> Any:
+    """A peer by name, or (on pyspark 4) one of ``bench.systems``'s systems (``schema``:
+    the batches' Arrow schema, which delta-rs's MERGE table is created with)."""
     os.makedirs(root, exist_ok=True)
     if name == "paimon_pk":
         return PaimonSystem(root)
@@ -415,7 +432,7 @@ def make_peer(name: str, root: str) -> Any:
         return DeltaMergeDvSystem(root)
     from bench.systems import make_system  # needs the sink: pyspark >= 4.0
 
-    return make_system(name, root)
+    return make_system(name, root, schema)
 
 
 # -- running -----------------------------------------------------------------------------
@@ -431,7 +448,8 @@ def run_system(
     name: str,
     files: list[str],
     root: str,
-    make: Callable[[str, str], Any] = make_peer,
+    schema: pa.Schema,
+    make: Callable[[str, str, pa.Schema], Any] = make_peer,
 ) -> dict[str, Any]:
     """Feed every batch file to one system; measure as ``bench.run.run_system`` does.
 
@@ -441,7 +459,7 @@ def run_system(
     the per-batch seconds and bytes. The directory ``root`` is emptied first.
     """
     shutil.rmtree(root, ignore_errors=True)
-    system = make(name, root)
+    system = make(name, root, schema)
     meter = DirectoryMeter(root)
     per_batch, written = [], 0
     for batch_id, path in enumerate(files):
@@ -615,7 +633,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         warm = generate(WARM_UP, os.path.join(work, "input", WARM_UP.name))
         for name in systems:  # no system pays the JVM's warm-up in the measured run
-            run_system(spark, name, warm, os.path.join(work, WARM_UP.name, name))
+            run_system(spark, name, warm, os.path.join(work, WARM_UP.name, name), WARM_UP.schema)
         shutil.rmtree(os.path.join(work, WARM_UP.name), ignore_errors=True)
         for workload in workloads:
             files = generate(workload, os.path.join(work, "input", workload.name))
@@ -628,7 +646,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             }
             for name in systems:
                 root = os.path.join(work, workload.name, name)
-                result = run_system(spark, name, files, root)
+                result = run_system(spark, name, files, root, workload.schema)
                 result["state_agrees"] = (result["live_keys"], result["state_checksum"]) == (
                     rows,
                     digest,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from bench.peers import directory_size, report
+from bench.peers import directory_size, hudi_latest_slices, report
 
 
 def _system(rows: int, digest: int, agrees: bool) -> dict:
@@ -124,3 +124,21 @@ def test_directory_size_leaves_out_hadoop_files_and_skipped_directories(tmp_path
     size = directory_size(str(tmp_path), skip=(".hoodie",))
 
     assert (size.bytes, size.files) == (10, 1)
+
+
+def test_hudi_latest_slices_count_the_newest_base_and_its_logs(tmp_path) -> None:
+    files = {
+        "fg1-0_0-1-1_20261126100000000.parquet": 100,  # an older slice, retained
+        "fg1-0_0-2-2_20261126110000000.parquet": 200,
+        ".fg1-0_20261126100000000.log.1_0-3-3": 7,  # written against the older base
+        ".fg1-0_20261126110000000.log.1_0-4-4": 30,
+        ".fg1-0_20261126110000000.log.2_0-5-5": 40,
+        "fg2-0_0-6-6_20261126110000000.parquet": 50,
+        ".hoodie_partition_metadata": 9,
+    }
+    for name, size in files.items():
+        (tmp_path / name).write_bytes(b"x" * size)
+
+    size = hudi_latest_slices(str(tmp_path))
+
+    assert (size.bytes, size.files) == (200 + 30 + 40 + 50, 4)
