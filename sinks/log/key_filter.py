@@ -23,12 +23,14 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-# False-positive rate of each filter: about 1.2 bytes a distinct key (rounded up to a
-# power of two by the writers), one row group in a hundred read in vain per key.
+# False-positive rate of each filter: about 10 bits a distinct key, which the writers
+# round up to a power of two (2 bytes a key in a full row group of 131,072): at most one
+# row group in a hundred read in vain per key.
 KEY_FILTER_FPP = 0.01
-# Spark's writer (parquet-mr) sizes one filter for a whole row group of up to 128 MiB;
-# parquet-mr caps a filter at 1 MiB whatever is asked.
-SPARK_KEY_FILTER_NDV = 1_000_000
+# Spark's writer (parquet-mr) keeps candidate filters of 1 MiB (its cap), 512 KiB, ...
+# down to 8 KiB while it writes a row group, and writes the smallest that holds the
+# distinct keys it saw at this rate (its "adaptive" filter): a small file gets a small one.
+SPARK_KEY_FILTER_CANDIDATES = 8
 
 _P1 = 0x9E3779B185EBCA87
 _P2 = 0xC2B2AE3D27D4EB4F
@@ -62,11 +64,13 @@ def key_filter_options(columns: Sequence[str], rows: int) -> dict[str, dict[str,
 
 def spark_key_filter_options(columns: Sequence[str]) -> dict[str, str]:
     """The Parquet writer options that make Spark's writer (parquet-mr) write the same
-    filter on ``columns``. Pure."""
-    options = {}
+    filter on ``columns``, sized by the keys each row group holds. Pure."""
+    if not columns:
+        return {}
+    options = {"parquet.bloom.filter.adaptive.enabled": "true"}
     for c in columns:
         options[f"parquet.bloom.filter.enabled#{c}"] = "true"
-        options[f"parquet.bloom.filter.expected.ndv#{c}"] = str(SPARK_KEY_FILTER_NDV)
+        options[f"parquet.bloom.filter.candidates.number#{c}"] = str(SPARK_KEY_FILTER_CANDIDATES)
         options[f"parquet.bloom.filter.fpp#{c}"] = str(KEY_FILTER_FPP)
     return options
 
