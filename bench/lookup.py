@@ -351,7 +351,7 @@ def spark_writer_cost(spark, work: str, rounds: int) -> dict[str, Any]:
             target = os.path.join(work, f"spark-{r}-{filters}")
             w = rows.write.mode("overwrite").option("compression", "zstd")
             if filters:
-                w = w.options(**spark_key_filter_options(["key"]))
+                w = w.options(**spark_key_filter_options(log_arrow_schema(SCHEMA), ["key"]))
             started = time.perf_counter()
             w.parquet(target)
             seconds[filters].append(time.perf_counter() - started)

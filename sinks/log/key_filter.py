@@ -55,20 +55,40 @@ _BLOCK_BYTES = 32
 _HEADER_PROBE_BYTES = 64  # a BloomFilterHeader is about 15 bytes
 
 
-def key_filter_options(columns: Sequence[str], rows: int) -> dict[str, dict[str, Any]]:
-    """pyarrow's ``bloom_filter_options`` for a key filter on ``columns``, sized for row
-    groups of ``rows`` distinct keys at most. Pure."""
+def filtered_columns(schema: pa.Schema, columns: Sequence[str]) -> list[str]:
+    """The columns of ``columns`` that get a key filter: those of ``schema`` whose type a
+    lookup hashes (strings, binaries, integers). Pure."""
+    return [c for c in columns if c in schema.names and _hashed(schema.field(c).type)]
+
+
+def _hashed(arrow_type: pa.DataType) -> bool:
+    return (
+        pa.types.is_string(arrow_type)
+        or pa.types.is_large_string(arrow_type)
+        or pa.types.is_binary(arrow_type)
+        or pa.types.is_large_binary(arrow_type)
+        or pa.types.is_integer(arrow_type)
+    )
+
+
+def key_filter_options(
+    schema: pa.Schema, columns: Sequence[str], rows: int
+) -> dict[str, dict[str, Any]]:
+    """pyarrow's ``bloom_filter_options`` for a key filter on ``columns`` (those
+    `filtered_columns` keeps), sized for row groups of ``rows`` distinct keys at most. Pure."""
     ndv = max(int(rows), 1)
-    return {c: {"ndv": ndv, "fpp": KEY_FILTER_FPP} for c in columns}
+    return {c: {"ndv": ndv, "fpp": KEY_FILTER_FPP} for c in filtered_columns(schema, columns)}
 
 
-def spark_key_filter_options(columns: Sequence[str]) -> dict[str, str]:
+def spark_key_filter_options(schema: pa.Schema, columns: Sequence[str]) -> dict[str, str]:
     """The Parquet writer options that make Spark's writer (parquet-mr) write the same
-    filter on ``columns``, sized by the keys each row group holds. Pure."""
-    if not columns:
+    filter on ``columns`` (those `filtered_columns` keeps), sized by the keys each row
+    group holds. Pure."""
+    filtered = filtered_columns(schema, columns)
+    if not filtered:
         return {}
     options = {"parquet.bloom.filter.adaptive.enabled": "true"}
-    for c in columns:
+    for c in filtered:
         options[f"parquet.bloom.filter.enabled#{c}"] = "true"
         options[f"parquet.bloom.filter.candidates.number#{c}"] = str(SPARK_KEY_FILTER_CANDIDATES)
         options[f"parquet.bloom.filter.fpp#{c}"] = str(KEY_FILTER_FPP)
@@ -126,12 +146,9 @@ def key_hashes(values: pa.Array, physical_type: str) -> np.ndarray | None:
     column (the row group is then read). A value that the chunk's type cannot hold gets a
     hash anyway: a false "maybe" only costs a read. Pure."""
     arrow_type = values.type
-    if physical_type == "BYTE_ARRAY" and (
-        pa.types.is_string(arrow_type)
-        or pa.types.is_large_string(arrow_type)
-        or pa.types.is_binary(arrow_type)
-        or pa.types.is_large_binary(arrow_type)
-    ):
+    if not _hashed(arrow_type):
+        return None
+    if physical_type == "BYTE_ARRAY" and not pa.types.is_integer(arrow_type):
         encoded = [v.encode() if isinstance(v, str) else v for v in values.to_pylist()]
     elif physical_type in ("INT32", "INT64") and pa.types.is_integer(arrow_type):
         fmt = "<i" if physical_type == "INT32" else "<q"
