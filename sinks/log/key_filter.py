@@ -3,7 +3,7 @@
 Kafka finds a key's record through the offset index of each segment; a compacted log on
 Delta keeps its segments in offset order, so a key may sit in any file and min/max
 statistics of the key column prune nothing. Each row group a writer of this log writes
-(the Python task, Spark's writer, a pass) carries a Parquet split-block bloom filter
+(the Python task, Spark's writer, a pass, a restore) carries a Parquet split-block bloom filter
 (SBBF, parquet-format's BloomFilter.md) on each key column, in the file itself: it
 travels with the file and goes with it when the file is deleted. A lookup probes it to
 skip the row groups that cannot hold a key.
@@ -52,7 +52,6 @@ _SALT = np.array(
     dtype=np.uint64,
 )
 _BLOCK_BYTES = 32
-_HEADER_PROBE_BYTES = 64  # a BloomFilterHeader is about 15 bytes
 
 
 def filtered_columns(schema: pa.Schema, columns: Sequence[str]) -> list[str]:
