@@ -3,7 +3,7 @@
 Kafka finds a key's record through the offset index of each segment; a compacted log on
 Delta keeps its segments in offset order, so a key may sit in any file and min/max
 statistics of the key column prune nothing. Each row group a writer of this log writes
-(the Python task, Spark's writer, a pass) carries a Parquet split-block bloom filter
+(the Python task, Spark's writer, a pass, a restore) carries a Parquet split-block bloom filter
 (SBBF, parquet-format's BloomFilter.md) on each key column, in the file itself: it
 travels with the file and goes with it when the file is deleted. A lookup probes it to
 skip the row groups that cannot hold a key.
@@ -23,12 +23,14 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-# False-positive rate of each filter: about 1.2 bytes a distinct key (rounded up to a
-# power of two by the writers), one row group in a hundred read in vain per key.
+# False-positive rate of each filter: about 10 bits a distinct key, which the writers
+# round up to a power of two (2 bytes a key in a full row group of 131,072): at most one
+# row group in a hundred read in vain per key.
 KEY_FILTER_FPP = 0.01
-# Spark's writer (parquet-mr) sizes one filter for a whole row group of up to 128 MiB;
-# parquet-mr caps a filter at 1 MiB whatever is asked.
-SPARK_KEY_FILTER_NDV = 1_000_000
+# Spark's writer (parquet-mr) keeps candidate filters of 1 MiB (its cap), 512 KiB, ...
+# down to 8 KiB while it writes a row group, and writes the smallest that holds the
+# distinct keys it saw at this rate (its "adaptive" filter): a small file gets a small one.
+SPARK_KEY_FILTER_CANDIDATES = 8
 
 _P1 = 0x9E3779B185EBCA87
 _P2 = 0xC2B2AE3D27D4EB4F
@@ -50,23 +52,44 @@ _SALT = np.array(
     dtype=np.uint64,
 )
 _BLOCK_BYTES = 32
-_HEADER_PROBE_BYTES = 64  # a BloomFilterHeader is about 15 bytes
 
 
-def key_filter_options(columns: Sequence[str], rows: int) -> dict[str, dict[str, Any]]:
-    """pyarrow's ``bloom_filter_options`` for a key filter on ``columns``, sized for row
-    groups of ``rows`` distinct keys at most. Pure."""
+def filtered_columns(schema: pa.Schema, columns: Sequence[str]) -> list[str]:
+    """The columns of ``columns`` that get a key filter: those of ``schema`` whose type a
+    lookup hashes (strings, binaries, integers). Pure."""
+    return [c for c in columns if c in schema.names and _hashed(schema.field(c).type)]
+
+
+def _hashed(arrow_type: pa.DataType) -> bool:
+    return (
+        pa.types.is_string(arrow_type)
+        or pa.types.is_large_string(arrow_type)
+        or pa.types.is_binary(arrow_type)
+        or pa.types.is_large_binary(arrow_type)
+        or pa.types.is_integer(arrow_type)
+    )
+
+
+def key_filter_options(
+    schema: pa.Schema, columns: Sequence[str], rows: int
+) -> dict[str, dict[str, Any]]:
+    """pyarrow's ``bloom_filter_options`` for a key filter on ``columns`` (those
+    `filtered_columns` keeps), sized for row groups of ``rows`` distinct keys at most. Pure."""
     ndv = max(int(rows), 1)
-    return {c: {"ndv": ndv, "fpp": KEY_FILTER_FPP} for c in columns}
+    return {c: {"ndv": ndv, "fpp": KEY_FILTER_FPP} for c in filtered_columns(schema, columns)}
 
 
-def spark_key_filter_options(columns: Sequence[str]) -> dict[str, str]:
+def spark_key_filter_options(schema: pa.Schema, columns: Sequence[str]) -> dict[str, str]:
     """The Parquet writer options that make Spark's writer (parquet-mr) write the same
-    filter on ``columns``. Pure."""
-    options = {}
-    for c in columns:
+    filter on ``columns`` (those `filtered_columns` keeps), sized by the keys each row
+    group holds. Pure."""
+    filtered = filtered_columns(schema, columns)
+    if not filtered:
+        return {}
+    options = {"parquet.bloom.filter.adaptive.enabled": "true"}
+    for c in filtered:
         options[f"parquet.bloom.filter.enabled#{c}"] = "true"
-        options[f"parquet.bloom.filter.expected.ndv#{c}"] = str(SPARK_KEY_FILTER_NDV)
+        options[f"parquet.bloom.filter.candidates.number#{c}"] = str(SPARK_KEY_FILTER_CANDIDATES)
         options[f"parquet.bloom.filter.fpp#{c}"] = str(KEY_FILTER_FPP)
     return options
 
@@ -122,12 +145,9 @@ def key_hashes(values: pa.Array, physical_type: str) -> np.ndarray | None:
     column (the row group is then read). A value that the chunk's type cannot hold gets a
     hash anyway: a false "maybe" only costs a read. Pure."""
     arrow_type = values.type
-    if physical_type == "BYTE_ARRAY" and (
-        pa.types.is_string(arrow_type)
-        or pa.types.is_large_string(arrow_type)
-        or pa.types.is_binary(arrow_type)
-        or pa.types.is_large_binary(arrow_type)
-    ):
+    if not _hashed(arrow_type):
+        return None
+    if physical_type == "BYTE_ARRAY" and not pa.types.is_integer(arrow_type):
         encoded = [v.encode() if isinstance(v, str) else v for v in values.to_pylist()]
     elif physical_type in ("INT32", "INT64") and pa.types.is_integer(arrow_type):
         fmt = "<i" if physical_type == "INT32" else "<q"

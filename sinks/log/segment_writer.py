@@ -222,7 +222,7 @@ class _OpenSegment:
         """The file's writer, opened at the first flush: its key filters are sized for the
         first row group, which is the largest but for a rare byte-bound flush."""
         task = self._task
-        filters = key_filter_options(task.key_columns, min(rows, _FLUSH_ROWS))
+        filters = key_filter_options(task.file_schema, task.key_columns, min(rows, _FLUSH_ROWS))
         return pq.ParquetWriter(
             self._stream,
             task.file_schema,

@@ -456,11 +456,12 @@ class _StagedWrite:
         The staged files (empty ones left out), or None when a row broke a check
         (`_guarded`) or an offset is null.
         """
+        key_filter = spark_key_filter_options(self.task.writer.schema, self.task.writer.key_columns)
         writer = (
             rows.write.mode("overwrite")
             .option("compression", "zstd")
             .option("mapreduce.fileoutputcommitter.marksuccessfuljobs", "false")
-            .options(**spark_key_filter_options(self.task.writer.key_columns))
+            .options(**key_filter)
         )
         if split:
             writer = writer.partitionBy(_STAGED_PARTITION)

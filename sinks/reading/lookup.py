@@ -150,17 +150,23 @@ class KeyLookup:
 
     def _records_of(self, wanted: pa.Table) -> pa.Table:
         """Every visible record of a wanted key, with `read_schema`'s columns."""
+        hashes: dict[tuple[str, str], np.ndarray | None] = {}
         with ThreadPoolExecutor(max_workers=_READERS) as pool:
             found = [
                 t
-                for tables in pool.map(lambda f: list(self._matches(f, wanted)), self.files)
+                for tables in pool.map(lambda f: list(self._matches(f, wanted, hashes)), self.files)
                 for t in tables
             ]
         if not found:
             return self.read_schema.empty_table()
         return pa.concat_tables(found)
 
-    def _matches(self, data_file: DataFile, wanted: pa.Table) -> Iterator[pa.Table]:
+    def _matches(
+        self,
+        data_file: DataFile,
+        wanted: pa.Table,
+        hashes: dict[tuple[str, str], np.ndarray | None],
+    ) -> Iterator[pa.Table]:
         """The records of a wanted key in ``data_file``: for each row group its key filter
         does not rule out, the key columns are read; the rest only where a key matched."""
         fs, root = self.snapshot.location.filesystem()
@@ -171,7 +177,8 @@ class KeyLookup:
             parquet = pq.ParquetFile(source, metadata=self._footers.get(data_file.path))
             self._footers.setdefault(data_file.path, parquet.metadata)
             present = set(parquet.schema_arrow.names)
-            for group in candidate_row_groups(source, parquet.metadata, wanted, self.own_keys):
+            groups = candidate_row_groups(source, parquet.metadata, wanted, self.own_keys, hashes)
+            for group in groups:
                 read = [k for k in keys.names if k in present]
                 key_rows = conform(parquet.read_row_group(group, columns=read), keys)
                 rows = _rows_of(key_rows, wanted, self.own_keys)
@@ -243,11 +250,16 @@ def _as_array(values: list[Any], target: pa.DataType) -> pa.Array:
 
 
 def candidate_row_groups(
-    source: Any, metadata: pq.FileMetaData, wanted: pa.Table, key_columns: Sequence[str]
+    source: Any,
+    metadata: pq.FileMetaData,
+    wanted: pa.Table,
+    key_columns: Sequence[str],
+    hashes: dict[tuple[str, str], np.ndarray | None] | None = None,
 ) -> list[int]:
     """The row groups of a file (``source``, open for random reads) that may hold a
-    ``wanted`` key: every row group but those whose key filter rules out every wanted key."""
-    hashes: dict[tuple[str, str], np.ndarray | None] = {}
+    ``wanted`` key: every row group but those whose key filter rules out every wanted key.
+    ``hashes`` keeps the wanted keys' hashes per (column, physical type) between files."""
+    hashes = {} if hashes is None else hashes
     chunk_of = {metadata.schema.column(i).path: i for i in range(metadata.num_columns)}
     groups = []
     for group in range(metadata.num_row_groups):

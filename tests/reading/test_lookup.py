@@ -25,9 +25,11 @@ from sinks import BadInputError, CleanerConfig, CompactedStateSink, lookup, read
 from sinks.log.key_filter import (
     block_indexes,
     blocks_contain,
+    filtered_columns,
     key_filter_options,
     key_hashes,
     parse_filter_header,
+    spark_key_filter_options,
     xxhash64,
 )
 from sinks.log.segment_writer import SegmentWriterTask
@@ -51,7 +53,7 @@ def test_xxhash64_gives_the_published_values():
 
 def _written(table: pa.Table, columns, rows_per_group: int) -> bytes:
     sink = io.BytesIO()
-    options = key_filter_options(columns, rows_per_group)
+    options = key_filter_options(table.schema, columns, rows_per_group)
     pq.write_table(table, sink, bloom_filter_options=options, row_group_size=rows_per_group)
     return sink.getvalue()
 
@@ -98,6 +100,18 @@ def test_only_split_block_xxhash_uncompressed_filters_are_understood():
     assert parse_filter_header(other) is None  # an algorithm this reader does not know
     assert parse_filter_header(b"\x15\x80\x01\x1c\x2c\x00\x00\x1c\x1c\x00") is None
     assert parse_filter_header(b"\x00") is None
+
+
+def test_only_key_columns_a_lookup_hashes_get_a_filter():
+    schema = pa.schema(
+        [("s", pa.string()), ("i", pa.int16()), ("flag", pa.bool_()), ("day", pa.date32()),
+         ("nested", pa.struct([("x", pa.int64())]))]
+    )  # fmt: skip
+    columns = ["s", "i", "flag", "day", "nested", "absent"]
+    assert filtered_columns(schema, columns) == ["s", "i"]
+    assert set(key_filter_options(schema, columns, 10)) == {"s", "i"}
+    spark = spark_key_filter_options(schema, ["flag", "day"])
+    assert spark == {}  # Arrow and parquet-mr refuse a filter on a boolean
 
 
 def test_unsupported_key_types_are_never_skipped():
@@ -278,7 +292,9 @@ def test_spark_writers_files_carry_the_filter(spark, lake, clock, monkeypatch):
         metadata = pq.read_metadata(f"{path}/{segment.path}")
         assert "parquet-mr" in metadata.created_by  # Spark's writer wrote it
         index = metadata.schema.names.index("key")
-        assert metadata.row_group(0).column(index).bloom_filter_offset is not None
+        chunk = metadata.row_group(0).column(index)
+        assert chunk.bloom_filter_offset is not None
+        assert chunk.bloom_filter_length < 20_000  # parquet-mr's adaptive filter: 100 keys
     assert_lookups_match(path, ["k3", "k150", "nope"], model_at([rows]))
 
 
