@@ -181,9 +181,12 @@ def _trusted(log: LogTable, first_change: int | None) -> LogSnapshot | None:
     if first_change is None or first_change == 0:
         return None
     try:
-        return log.snapshot(first_change - 1, verify=False)
-    except Exception:  # noqa: BLE001 - an expired version fails in several ways
+        trusted = log.snapshot(first_change - 1, verify=False)
+        assert trusted is not None
+        trusted.segments  # noqa: B018 - its files, read now: a version the sink refuses too
+    except Exception:  # noqa: BLE001 - an expired or refused version fails in several ways
         return None
+    return trusted
 
 
 def _dirty_again(
