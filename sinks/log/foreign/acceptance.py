@@ -147,8 +147,7 @@ def plan_acceptance(
     added_by = {p: v for v, paths in sorted(changes.items()) for p in paths}
     rows = _foreign_rows(log, snapshot, added_by, key_columns)
     _check_placement(log, snapshot, rows, added_by)
-    first = first_change
-    trusted = _trusted(log, first)
+    trusted = _trusted(log, first_change)
     partitions = set(snapshot.partitions)
     partitions |= {int(p) for p in pc.unique(rows.partitions).to_pylist()}
     ends: dict[int, int] = {}
@@ -164,7 +163,7 @@ def plan_acceptance(
         if end != recorded or snapshot.txn_version(LOG_END_OFFSET_TXN.format(p)) is None:
             ends[p] = end
         offset = snapshot.cleaner_offset(p)
-        if offset is None or first is None:
+        if offset is None or first_change is None:
             continue
         why = _dirty_again(snapshot, trusted, p, offset, accepted_lowest.get(p))
         if why is not None:
@@ -174,7 +173,7 @@ def plan_acceptance(
     known = snapshot.txn_version(PARTITIONS_TXN) or 0
     return Acceptance(
         version=version,
-        first_change=first,
+        first_change=first_change,
         log_end_offsets=ends,
         cleaner_offsets=cleaner,
         partitions=count if count > known else 0,
