@@ -26,11 +26,12 @@ from sinks.cleaner.cleaner_stats import CleanerStats
 from sinks.cleaner.log_cleaner import CleaningMode, LogCleaner
 from sinks.cleaner.log_to_clean import LogToClean
 from sinks.config import CleanerConfig
-from sinks.errors import CompactedSinkError, ForeignChangeError
+from sinks.errors import CompactedSinkError, ForeignChangeError, TableFeatureError
 from sinks.log.foreign import changes as foreign_changes
 from sinks.log.log_config import opened_log_config
 from sinks.log.log_keys import opened_log_keys
 from sinks.log.log_table import AsOf, LogSnapshot, LogTable, now_ms
+from sinks.log.ownership import PARTITIONS_TXN
 from sinks.log.s3a_options import (
     S3A_PREFIX,
     credential_setting_names,
@@ -306,12 +307,20 @@ class CompactedStateSink:
         naming the version and how many. Idempotent.
         """
         snapshot = self._existing(verify=False)
-        with self.manager.paused(snapshot.partitions):
+        try:
+            partitions = snapshot.partitions
+        except TableFeatureError:  # files the readers refuse (deletion vectors): all of them
+            partitions = list(range(snapshot.txn_version(PARTITIONS_TXN) or 0))
+        with self.manager.paused(partitions):
             accepted = foreign_changes.accept(
                 self.log_table, through_version, key_columns=self.key_columns
             )
+        self.last_recovery = None  # the checkpoint follows the log before the next pass
         if accepted.version == snapshot.version:  # else later commits are still refused
-            self.recover()
+            try:
+                self.recover()
+            except TableFeatureError:
+                pass  # not readable yet (deletion vectors): recovered on first use after
         return accepted.version
 
     def restore(self, version: int) -> int:

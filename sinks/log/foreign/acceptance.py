@@ -41,7 +41,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from sinks.errors import ForeignChangeError
+from sinks.errors import ForeignChangeError, TableFeatureError
 from sinks.log.foreign.commits import (
     ACCEPTED_VERSION_TXN,
     CHECKED_VERSION_TXN,
@@ -137,11 +137,17 @@ def plan_acceptance(
     """The offsets an accept of ``snapshot`` (through ``version``) commits; raises
     `ForeignChangeError` for rows the log cannot take. Reads; commits nothing."""
     changes = foreign_data_changes(log, snapshot)
+    first_change = min(changes) if changes else None
+    try:
+        snapshot.data_files()
+    except TableFeatureError:
+        if not _has_deletion_vectors(snapshot):
+            raise  # a log the sink refuses to own (a shallow clone): no commit to it
+        return _all_dirty(snapshot, version, first_change)
     added_by = {p: v for v, paths in sorted(changes.items()) for p in paths}
     rows = _foreign_rows(log, snapshot, added_by, key_columns)
     _check_placement(log, snapshot, rows, added_by)
-    first = min(changes) if changes else None
-    trusted = _trusted(log, first)
+    trusted = _trusted(log, first_change)
     partitions = set(snapshot.partitions)
     partitions |= {int(p) for p in pc.unique(rows.partitions).to_pylist()}
     ends: dict[int, int] = {}
@@ -157,7 +163,7 @@ def plan_acceptance(
         if end != recorded or snapshot.txn_version(LOG_END_OFFSET_TXN.format(p)) is None:
             ends[p] = end
         offset = snapshot.cleaner_offset(p)
-        if offset is None or first is None:
+        if offset is None or first_change is None:
             continue
         why = _dirty_again(snapshot, trusted, p, offset, accepted_lowest.get(p))
         if why is not None:
@@ -167,10 +173,36 @@ def plan_acceptance(
     known = snapshot.txn_version(PARTITIONS_TXN) or 0
     return Acceptance(
         version=version,
-        first_change=first,
+        first_change=first_change,
         log_end_offsets=ends,
         cleaner_offsets=cleaner,
         partitions=count if count > known else 0,
+        reset=reset,
+    )
+
+
+def _has_deletion_vectors(snapshot: LogSnapshot) -> bool:
+    if "deletionVectors" not in (snapshot.table.protocol().reader_features or ()):
+        return False
+    return pa.table(snapshot.table.deletion_vectors()).num_rows > 0
+
+
+def _all_dirty(snapshot: LogSnapshot, version: int, first_change: int | None) -> Acceptance:
+    """The accept of a log whose files carry deletion vectors: its rows cannot be read as
+    they are (every reader refuses it until REORG ... APPLY (PURGE)), so no offset is read
+    from them; every cleaned partition is made dirty, which is exact whatever the change."""
+    count = snapshot.txn_version(PARTITIONS_TXN) or 0
+    reset = {
+        p: "its files carry deletion vectors: the clean section cannot be compared"
+        for p in range(count)
+        if first_change is not None and snapshot.cleaner_offset(p) is not None
+    }
+    return Acceptance(
+        version=version,
+        first_change=first_change,
+        log_end_offsets={},
+        cleaner_offsets={p: snapshot.log_start_offset(p) for p in reset},
+        partitions=0,
         reset=reset,
     )
 
@@ -181,9 +213,12 @@ def _trusted(log: LogTable, first_change: int | None) -> LogSnapshot | None:
     if first_change is None or first_change == 0:
         return None
     try:
-        return log.snapshot(first_change - 1, verify=False)
-    except Exception:  # noqa: BLE001 - an expired version fails in several ways
+        trusted = log.snapshot(first_change - 1, verify=False)
+        assert trusted is not None
+        trusted.segments  # noqa: B018 - its files, read now: a version the sink refuses too
+    except Exception:  # noqa: BLE001 - an expired or refused version fails in several ways
         return None
+    return trusted
 
 
 def _dirty_again(
