@@ -113,7 +113,8 @@ test: $(STAMP) $(KAFKA_STAMP) jars
 	exit $$status
 
 # The package installed beside pyspark 3.5.9 and beside databricks-connect: throwaway venvs
-# under pytest's tmp_path, pip's cache (about 2-3 min once the cache holds the wheels).
+# under pytest's tmp_path, set up side by side, wheels from pip's cache after the first run
+# (4-5 min on a 2-core machine at load average 15-20).
 test-install: $(STAMP)
 	COMPACTED_SINK_INSTALL_TESTS=required $(PY) -m pytest -q --durations=5 -m install tests/install
 
