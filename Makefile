@@ -92,10 +92,14 @@ demo-kafka: $(KAFKA_STAMP) $(KAFKA_JARS) $(SPARK_KAFKA_JARS)
 	$(KAFKA_PY) examples/kafka_demo.py --lake lake-demo-kafka
 
 # The wheel (dist/compacted_sink-<version>-py3-none-any.whl): what a cluster, a Databricks job's
-# library or `pip install` beside a platform's Spark takes.
+# library or `pip install` beside a platform's Spark takes; and the same file as
+# dist/compacted_sink.zip for `spark-submit --py-files`, which puts only .zip, .egg and .jar
+# files on the executors' Python path.
 wheel:
+	rm -f dist/compacted_sink-*.whl
 	python3 -m pip wheel --quiet --no-deps --wheel-dir dist .
-	@ls dist/*.whl
+	cp dist/compacted_sink-*.whl dist/compacted_sink.zip
+	@ls dist/compacted_sink-*.whl dist/compacted_sink.zip
 
 # The main suite on $(VENV), then the Kafka and the delta-spark tests on $(KAFKA_VENV); all
 # always run, and the target fails when any does.
@@ -109,7 +113,8 @@ test: $(STAMP) $(KAFKA_STAMP) jars
 	exit $$status
 
 # The package installed beside pyspark 3.5.9 and beside databricks-connect: throwaway venvs
-# under pytest's tmp_path, pip's cache (about 2-3 min once the cache holds the wheels).
+# under pytest's tmp_path, set up side by side, wheels from pip's cache after the first run
+# (4-5 min on a 2-core machine at load average 15-20).
 test-install: $(STAMP)
 	COMPACTED_SINK_INSTALL_TESTS=required $(PY) -m pytest -q --durations=5 -m install tests/install
 

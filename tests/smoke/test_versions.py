@@ -1,11 +1,11 @@
-"""What the sink must do on every pyspark it supports (4.0 to the newest): `make smoke` runs
-this module on one venv per Spark line (`.venv-spark4.0`, `.venv-spark4.1`, `.venv-spark4.2`)
-and the main suite runs it on the project's own.
+"""What the sink must do on every pyspark it supports (3.5 to the newest): `make smoke` runs
+this module on one venv per Spark line (`.venv-spark3.5`, `.venv-spark4.0`, `.venv-spark4.1`,
+`.venv-spark4.2`) and the main suite runs it on the project's own (4.3).
 
-Append, a pass, ``state()``, ``read_state``, a streaming query through ``foreachBatch`` (on a
-classic and a Spark Connect session), the CLI, and the ``compacted-state`` data source: on a
-Spark that has what it needs it works, on an older one it is refused with the version it
-needs (`sinks.spark_compat`).
+Append, a pass, ``state()`` and ``read_state`` (on a classic and a Spark Connect session), a
+streaming query through ``foreachBatch`` (on both), the CLI running a job file and
+``status``, and the ``compacted-state`` data source: on a Spark that has what it needs it
+works, on an older one it is refused with the version it needs (`sinks.spark_compat`).
 """
 
 from __future__ import annotations
