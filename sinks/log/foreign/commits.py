@@ -152,7 +152,8 @@ def describe(change: ForeignChange, *, log_path: str, current_version: int) -> s
         f"(sink.accept_foreign_changes({current_version}), or `compacted-sink accept "
         f"{log_path} --through-version {current_version}`), or restore it to the version "
         f"before the change (sink.restore({before}), or `compacted-sink restore {log_path} "
-        f"--to-version {before}`; within the history window). See docs/operations.md, "
+        f"--to-version {before}`; within the history window; it undoes that change and every "
+        "later commit). See docs/operations.md, "
         '"Other engines on the log".'
     )
 
@@ -355,7 +356,8 @@ def check_writable(location: LogLocation, table: DeltaTable) -> None:
         f"FEATURE {feature}; "
         "for clustering, ALTER TABLE ... CLUSTER BY NONE first), or restore the log to the "
         f"version before it (sink.restore({version - 1}), or `compacted-sink restore {uri} "
-        f'--to-version {version - 1}`). See docs/operations.md, "Spark\'s own Delta on the log".',
+        f"--to-version {version - 1}`; it undoes every later commit too). See "
+        'docs/operations.md, "Spark\'s own Delta on the log".',
         log_path=uri,
         version=version,
     )
