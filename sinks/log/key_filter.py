@@ -31,6 +31,9 @@ KEY_FILTER_FPP = 0.01
 # down to 8 KiB while it writes a row group, and writes the smallest that holds the
 # distinct keys it saw at this rate (its "adaptive" filter): a small file gets a small one.
 SPARK_KEY_FILTER_CANDIDATES = 8
+# Set (to anything) in a writer's environment, the Python segment writer writes no key
+# filter: not a setting, only for measuring what the filter costs a pass.
+KEY_FILTER_OFF_ENV = "_COMPACTED_SINK_NO_KEY_FILTER"
 
 _P1 = 0x9E3779B185EBCA87
 _P2 = 0xC2B2AE3D27D4EB4F

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from deltalake.transaction import AddAction
 from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
 
-from sinks.log.key_filter import key_filter_options
+from sinks.log.key_filter import KEY_FILTER_OFF_ENV, key_filter_options
 from sinks.log.log_keys import LogKeys
 from sinks.log.records import DELETE_HORIZON_MS, OFFSET, PARTITION
 from sinks.log.segment import segment_path
@@ -223,6 +224,8 @@ class _OpenSegment:
         first row group, which is the largest but for a rare byte-bound flush."""
         task = self._task
         filters = key_filter_options(task.file_schema, task.key_columns, min(rows, _FLUSH_ROWS))
+        if os.environ.get(KEY_FILTER_OFF_ENV):
+            filters = {}  # only to measure the filter's cost (bench/lookup_pass.py)
         return pq.ParquetWriter(
             self._stream,
             task.file_schema,
