@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,9 +46,7 @@ from sinks.log.storage import normalize_uri
 from sinks.reading.arrow_state import state_schema
 
 _WANTED = "_wanted"  # a wanted key's position in the caller's list
-_ROW = "_row"  # where a matched record is: its row in its row group
-_FILE = "_file"
-_GROUP = "_group"
+_ROW = "_row"
 _HEADER_BYTES = 64  # covers a BloomFilterHeader (about 15 bytes)
 # Below this many wanted keys a filter's blocks are read one by one, 32 bytes each;
 # above it the whole bitset is read at once.
@@ -130,141 +127,75 @@ class KeyLookup:
             schema = schema.append(self.snapshot.arrow_schema.field(sequence))
         return schema
 
-    @property
-    def narrow_schema(self) -> pa.Schema:
-        """What is read first of every row group that may hold a wanted key: the columns
-        that decide which record of a key is the latest (keys, partition, offset, the
-        sequence column)."""
-        schema = self.read_schema
-        names = dict.fromkeys([*self.own_keys, PARTITION, OFFSET, *_order_columns(self.keys)])
-        return pa.schema([schema.field(n) for n in names if n in schema.names])
-
     def find(self, keys: Any) -> pa.Table:
         """`lookup`'s answer for ``keys`` on this snapshot."""
         wanted = wanted_keys(keys, self.snapshot.arrow_schema, self.own_keys)
         if wanted.num_rows == 0:
             return self.schema.empty_table()
-        narrow = self._candidates(wanted)
-        if narrow.num_rows == 0:
+        records = self._records_of(wanted)
+        if records.num_rows == 0:
             return self.schema.empty_table()
         group = [PARTITION, *self.own_keys]
+        narrow = records.select(
+            list(dict.fromkeys([*group, *_order_columns(self.keys), OFFSET]))
+        ).append_column(_ROW, pa.array(np.arange(records.num_rows, dtype=np.int64)))
         winners = arrow_latest_offsets(narrow, self.keys.partitioned())
         on = [*group, OFFSET]
         won = narrow.join(winners.select(on), on, join_type="left semi")
         won = _first_of_each(won, group)  # a record two files hold is one record
         won = won.join(wanted, self.own_keys, join_type="inner")
         won = won.sort_by([(_WANTED, "ascending"), (PARTITION, "ascending")])
-        rows = self._completed(won).select(self.schema.names)
+        rows = records.take(won.column(_ROW)).select(self.schema.names)
         return rows.filter(pc.is_valid(rows.column(VALUE)))
 
-    def _candidates(self, wanted: pa.Table) -> pa.Table:
-        """Every visible record of a wanted key with `narrow_schema`'s columns, and where
-        it is: ``_file`` (an index into ``files``), ``_group`` and ``_row`` in the group."""
+    def _records_of(self, wanted: pa.Table) -> pa.Table:
+        """Every visible record of a wanted key, with `read_schema`'s columns."""
         hashes: dict[tuple[str, str], np.ndarray | None] = {}
         with ThreadPoolExecutor(max_workers=_READERS) as pool:
             found = [
                 t
-                for tables in pool.map(
-                    lambda i: list(self._matches(i, wanted, hashes)), range(len(self.files))
-                )
+                for tables in pool.map(lambda f: list(self._matches(f, wanted, hashes)), self.files)
                 for t in tables
             ]
         if not found:
-            return _located(self.narrow_schema).empty_table()
+            return self.read_schema.empty_table()
         return pa.concat_tables(found)
 
     def _matches(
         self,
-        index: int,
+        data_file: DataFile,
         wanted: pa.Table,
         hashes: dict[tuple[str, str], np.ndarray | None],
     ) -> Iterator[pa.Table]:
-        """The records of a wanted key in file ``index``, narrow (`_candidates`): the
-        narrow columns of each row group its key filter does not rule out, in one read."""
-        data_file = self.files[index]
-        schema = self.narrow_schema
-        located = _located(schema)
-        with self._open(data_file) as (source, parquet):
-            present = set(parquet.schema_arrow.names)
-            groups = candidate_row_groups(source, parquet.metadata, wanted, self.own_keys, hashes)
-            for group in groups:
-                narrow = conform(_read(parquet, group, schema.names, present), schema)
-                rows = _rows_of(narrow, wanted, self.own_keys)
-                if len(rows) == 0:
-                    continue
-                matched = pa.Table.from_arrays(
-                    [
-                        *narrow.take(rows).columns,
-                        pa.array(np.full(len(rows), index, dtype=np.int64)),
-                        pa.array(np.full(len(rows), group, dtype=np.int64)),
-                        pa.array(rows, pa.int64()),
-                    ],
-                    schema=located,
-                )
-                yield at_or_above(matched, self.floors) if self.floors else matched
-
-    def _completed(self, won: pa.Table) -> pa.Table:
-        """``won`` (narrow, located rows) with `read_schema`'s other columns, read only
-        from the row groups that hold a row of ``won``; in ``won``'s order."""
-        schema = self.read_schema
-        narrow = self.narrow_schema
-        rest = pa.schema([f for f in schema if f.name not in narrow.names])
-        if won.num_rows == 0:
-            return schema.empty_table()
-        files = won.column(_FILE).to_numpy()
-        order = np.lexsort((won.column(_ROW).to_numpy(), won.column(_GROUP).to_numpy(), files))
-        by_file = np.split(order, np.flatnonzero(np.diff(files[order])) + 1)
-        groups = won.column(_GROUP).to_numpy()
-        rows = won.column(_ROW).to_numpy()
-
-        def read(positions: np.ndarray) -> pa.Table:
-            data_file = self.files[int(files[positions[0]])]
-            pieces = []
-            with self._open(data_file) as (_, parquet):
-                present = set(parquet.schema_arrow.names)
-                runs = np.split(positions, np.flatnonzero(np.diff(groups[positions])) + 1)
-                for run in runs:
-                    table = _read(parquet, int(groups[run[0]]), rest.names, present)
-                    pieces.append(conform(table, rest).take(pa.array(rows[run])))
-            return pa.concat_tables(pieces)
-
-        if rest.names:
-            with ThreadPoolExecutor(max_workers=_READERS) as pool:
-                others = pa.concat_tables(list(pool.map(read, by_file)))
-            inverse = np.empty(len(order), dtype=np.int64)
-            inverse[np.concatenate(by_file)] = np.arange(len(order))
-            others = others.take(pa.array(inverse))
-        else:
-            others = rest.empty_table()
-        columns = {n: won.column(n) for n in narrow.names}
-        columns.update({n: others.column(n) for n in rest.names})
-        return pa.Table.from_arrays([columns[n] for n in schema.names], schema=schema)
-
-    @contextmanager
-    def _open(self, data_file: DataFile) -> Iterator[tuple[Any, pq.ParquetFile]]:
-        """``data_file`` open for random reads, and as a Parquet file (its footer kept)."""
+        """The records of a wanted key in ``data_file``: for each row group its key filter
+        does not rule out, the key columns are read; the rest only where a key matched."""
         fs, root = self.snapshot.location.filesystem()
+        schema = self.read_schema
+        keys = pa.schema([schema.field(k) for k in self.own_keys])
+        rest = pa.schema([f for f in schema if f.name not in self.own_keys])
         with fs.open_input_file(f"{root}/{data_file.path}") as source:
             parquet = pq.ParquetFile(source, metadata=self._footers.get(data_file.path))
             self._footers.setdefault(data_file.path, parquet.metadata)
-            yield source, parquet
-
-
-def _read(parquet: pq.ParquetFile, group: int, names: Sequence[str], present: set[str]) -> pa.Table:
-    """Columns ``names`` (those the file has) of row group ``group``."""
-    return parquet.read_row_group(group, columns=[n for n in names if n in present])
-
-
-def _located(schema: pa.Schema) -> pa.Schema:
-    """``schema`` and where a row is: file index, row group, row in the group."""
-    return pa.schema(
-        [
-            *schema,
-            pa.field(_FILE, pa.int64()),
-            pa.field(_GROUP, pa.int64()),
-            pa.field(_ROW, pa.int64()),
-        ]
-    )
+            present = set(parquet.schema_arrow.names)
+            groups = candidate_row_groups(source, parquet.metadata, wanted, self.own_keys, hashes)
+            for group in groups:
+                read = [k for k in keys.names if k in present]
+                key_rows = conform(parquet.read_row_group(group, columns=read), keys)
+                rows = _rows_of(key_rows, wanted, self.own_keys)
+                if len(rows) == 0:
+                    continue
+                read = [n for n in rest.names if n in present]
+                others = conform(parquet.read_row_group(group, columns=read), rest).take(rows)
+                matched = pa.Table.from_arrays(
+                    [
+                        *(key_rows.column(k).take(rows) for k in keys.names),
+                        *others.columns,
+                    ],
+                    names=[*keys.names, *rest.names],
+                ).select(schema.names)
+                if self.floors:
+                    matched = at_or_above(matched, self.floors)
+                yield matched.cast(schema)
 
 
 def wanted_keys(keys: Any, log_schema: pa.Schema, key_columns: Sequence[str]) -> pa.Table:
