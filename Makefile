@@ -41,7 +41,7 @@ TEST_SMOKE_SPARKS ?= $(SMOKE_SPARKS)
 # the newest 3.5 plugin on the Maven Central this project's machines reach.
 CONNECT_PLUGIN_3.5 ?= 3.5.7
 
-.PHONY: demo demo-kafka wheel jars test test-install test-kafka test-delta-spark race smoke lint bench bench-quick bench-append bench-consumer bench-lookup bench-scale bench-cluster soak soak-quick soak-exit soak-faults clean
+.PHONY: demo demo-kafka wheel jars test test-install test-kafka test-delta-spark race smoke lint bench bench-quick bench-append bench-consumer bench-lookup bench-lookup-pass bench-scale bench-cluster soak soak-quick soak-exit soak-faults clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -183,6 +183,9 @@ bench-consumer: $(STAMP)
 # the key filter's cost to the writers (bench/lookup.json; about 15 min on 2 cores).
 bench-lookup: $(STAMP)
 	$(PY) -m bench.lookup --out bench/lookup.json
+
+bench-lookup-pass: $(STAMP)
+	$(PY) -m bench.lookup_pass --out bench/lookup_pass.json
 
 # Not part of `make test`: one pass on a two-worker standalone cluster on loopback, its tasks
 # on both workers (bench/cluster_pass.json; about 5 min on 2 cores).

@@ -27,9 +27,11 @@ import pyarrow as pa
 # round up to a power of two (2 bytes a key in a full row group of 131,072): at most one
 # row group in a hundred read in vain per key.
 KEY_FILTER_FPP = 0.01
-# Spark's writer (parquet-mr) keeps candidate filters of 1 MiB (its cap), 512 KiB, ...
-# down to 8 KiB while it writes a row group, and writes the smallest that holds the
-# distinct keys it saw at this rate (its "adaptive" filter): a small file gets a small one.
+# Spark's writer (parquet-mr), when a file's row count is not known beforehand, keeps
+# candidate filters of 1 MiB (its cap), 512 KiB, ... down to 8 KiB while it writes a row
+# group, and writes the smallest that holds the distinct keys it saw at this rate (its
+# "adaptive" filter): a small file gets a small one, at the cost of hashing every key
+# into each candidate still open (design.md §38).
 SPARK_KEY_FILTER_CANDIDATES = 8
 # Set (to anything) in a writer's environment, the Python segment writer writes no key
 # filter: not a setting, only for measuring what the filter costs a pass.
@@ -82,18 +84,28 @@ def key_filter_options(
     return {c: {"ndv": ndv, "fpp": KEY_FILTER_FPP} for c in filtered_columns(schema, columns)}
 
 
-def spark_key_filter_options(schema: pa.Schema, columns: Sequence[str]) -> dict[str, str]:
+def spark_key_filter_options(
+    schema: pa.Schema, columns: Sequence[str], rows_per_file: int | None = None
+) -> dict[str, str]:
     """The Parquet writer options that make Spark's writer (parquet-mr) write the same
-    filter on ``columns`` (those `filtered_columns` keeps), sized by the keys each row
-    group holds. Pure."""
+    filter on ``columns`` (those `filtered_columns` keeps): sized for ``rows_per_file``
+    distinct keys when the caller knows how many rows a file gets at most, otherwise
+    parquet-mr's adaptive filter, sized by the keys each row group holds. Pure."""
     filtered = filtered_columns(schema, columns)
     if not filtered:
         return {}
-    options = {"parquet.bloom.filter.adaptive.enabled": "true"}
+    options = {}
+    if rows_per_file is None:
+        options["parquet.bloom.filter.adaptive.enabled"] = "true"
     for c in filtered:
         options[f"parquet.bloom.filter.enabled#{c}"] = "true"
-        options[f"parquet.bloom.filter.candidates.number#{c}"] = str(SPARK_KEY_FILTER_CANDIDATES)
         options[f"parquet.bloom.filter.fpp#{c}"] = str(KEY_FILTER_FPP)
+        if rows_per_file is None:
+            options[f"parquet.bloom.filter.candidates.number#{c}"] = str(
+                SPARK_KEY_FILTER_CANDIDATES
+            )
+        else:
+            options[f"parquet.bloom.filter.expected.ndv#{c}"] = str(max(int(rows_per_file), 1))
     return options
 
 

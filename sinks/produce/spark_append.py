@@ -344,7 +344,7 @@ def _write_assigned(
     local = f"{_POSITION} & {(1 << _TASK_BITS) - 1}"
     rows = rows.withColumn(OFFSET, F.expr(f"{first}[{run}] + ({local})"))
     staged = rows.selectExpr(*columns, *([_STAGED_PARTITION_SQL] if split else []))
-    files = writer.write(staged, split=split)
+    files = writer.write(staged, split=split, rows_per_file=max(runs.values()))
     if files is None or not _tiles(files, runs, task.log_end_offsets):
         return None, []
     return files, _counts(files, redelivered=0)
@@ -447,16 +447,24 @@ class _StagedWrite:
         self.directory = f"{self.root}/{self.relative}"
 
     def write(
-        self, rows: DataFrame, *, split: bool, in_input_order: bool = False
+        self,
+        rows: DataFrame,
+        *,
+        split: bool,
+        in_input_order: bool = False,
+        rows_per_file: int | None = None,
     ) -> list[StagedSegment] | None:
         """Write ``rows`` with Spark's Parquet writer; ``split``: a file per ``_p`` value.
+        ``rows_per_file``: the most rows a file gets, when known (sizes the key filter).
 
         ``in_input_order``: the rows are not sorted by ``_p``; each task keeps a file open
         per partition (Spark's concurrent output writers) instead of sorting its rows.
         The staged files (empty ones left out), or None when a row broke a check
         (`_guarded`) or an offset is null.
         """
-        key_filter = spark_key_filter_options(self.task.writer.schema, self.task.writer.key_columns)
+        key_filter = spark_key_filter_options(
+            self.task.writer.schema, self.task.writer.key_columns, rows_per_file
+        )
         writer = (
             rows.write.mode("overwrite")
             .option("compression", "zstd")

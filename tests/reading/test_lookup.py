@@ -114,6 +114,17 @@ def test_only_key_columns_a_lookup_hashes_get_a_filter():
     assert spark == {}  # Arrow and parquet-mr refuse a filter on a boolean
 
 
+def test_spark_writers_filter_is_sized_for_a_file_when_its_rows_are_known():
+    schema = pa.schema([("s", pa.string())])
+    adaptive = spark_key_filter_options(schema, ["s"])
+    assert adaptive["parquet.bloom.filter.adaptive.enabled"] == "true"
+    assert "parquet.bloom.filter.expected.ndv#s" not in adaptive
+    sized = spark_key_filter_options(schema, ["s"], rows_per_file=500_000)
+    assert sized["parquet.bloom.filter.expected.ndv#s"] == "500000"
+    assert sized["parquet.bloom.filter.enabled#s"] == "true"
+    assert not any("adaptive" in k or "candidates" in k for k in sized)
+
+
 def test_unsupported_key_types_are_never_skipped():
     dates = pa.array([1, 2], pa.date32())
     assert key_hashes(dates, "INT32") is None
@@ -294,7 +305,7 @@ def test_spark_writers_files_carry_the_filter(spark, lake, clock, monkeypatch):
         index = metadata.schema.names.index("key")
         chunk = metadata.row_group(0).column(index)
         assert chunk.bloom_filter_offset is not None
-        assert chunk.bloom_filter_length < 20_000  # parquet-mr's adaptive filter: 100 keys
+        assert chunk.bloom_filter_length < 20_000  # sized for a file's 50 rows
     assert_lookups_match(path, ["k3", "k150", "nope"], model_at([rows]))
 
 
