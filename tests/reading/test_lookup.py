@@ -31,6 +31,7 @@ from sinks.log.key_filter import (
     parse_filter_header,
     spark_key_filter_options,
     xxhash64,
+    xxhash64_many,
 )
 from sinks.log.segment_writer import SegmentWriterTask
 from sinks.log.storage import LogLocation
@@ -42,6 +43,14 @@ KVP = "key string, value string, partition int"
 
 
 # -- pure: the key filter --------------------------------------------------------------------
+
+
+def test_xxhash64_many_equals_xxhash64_at_every_length():
+    rng = random.Random(11)
+    values = [bytes(rng.randrange(256) for _ in range(n)) for n in range(0, 100) for _ in range(3)]
+    rng.shuffle(values)
+    assert xxhash64_many(values).tolist() == [xxhash64(v) for v in values]
+    assert xxhash64_many([]).tolist() == []
 
 
 def test_xxhash64_gives_the_published_values():
