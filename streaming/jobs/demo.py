@@ -40,9 +40,12 @@ _MULTIPLIER = 7919  # a prime: successive rows touch keys spread over the key sp
 DEMO_MARKER = "compacted-sink-demo.json"
 """The file that makes a directory an earlier demo's lake (written when the demo starts)."""
 LOG_DIR, CHECKPOINT_DIR, QUERY_CHECKPOINT_DIR = "users", "_cleaner-offset-checkpoint", "_chk"
+# Spark's checkpoint files, with the checksum file Hadoop's local file system writes beside
+# each (".<name>.crc") and a commit's temporary file (".<name>.<uuid>.tmp"), whose checksum
+# ("..<name>.<uuid>.tmp.crc") outlives it when the query stops between the two.
 _SPARK_CHECKPOINT_FILE = re.compile(
-    r"users/(?:\.?metadata(?:\.crc)?"
-    r"|(?:offsets|commits|sources/\d+)/\.?\d+(?:\.compact)?(?:\.crc)?(?:\.[0-9a-f-]+\.tmp)?)"
+    r"users/(?:\.{0,2}metadata(?:\.[0-9a-f-]+\.tmp)?(?:\.crc)?"
+    r"|(?:offsets|commits|sources/\d+)/\.{0,2}\d+(?:\.compact)?(?:\.[0-9a-f-]+\.tmp)?(?:\.crc)?)"
 )
 _SPARK_CHECKPOINT_DIR = re.compile(r"users|users/(?:offsets|commits|sources|sources/\d+)")
 

@@ -175,6 +175,9 @@ def test_demo_strangers_are_whatever_an_earlier_demo_did_not_write():
         ("_chk/users/offsets/0", False),
         ("_chk/users/offsets/.0.crc", False),
         ("_chk/users/commits/12", False),
+        ("_chk/users/commits/.12.crc", False),
+        (f"_chk/users/commits/.13.{uuid.uuid4()}.tmp", False),
+        (f"_chk/users/commits/..13.{uuid.uuid4()}.tmp.crc", False),  # a stop between the two
         ("_chk/users/sources/0/0", False),
     ]
     assert demo_strangers(demo) == []
