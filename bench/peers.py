@@ -81,8 +81,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -93,6 +92,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from bench.delta_upsert import latest_per_key, merge_batch
 from bench.measure import DirectoryMeter, TableSize, delta_table_size, load_average
 from bench.workload import Workload, generate
 
@@ -138,12 +138,6 @@ def checksum(df: DataFrame) -> tuple[int, int]:
     row = df.agg(F.count(F.lit(1)).alias("n"), F.bit_xor(F.xxhash64("key", "value")).alias("x"))
     first = row.collect()[0]
     return int(first["n"]), int(first["x"] or 0)
-
-
-def latest_per_key(df: DataFrame) -> DataFrame:
-    """One row per key, its highest ``seq``."""
-    latest = df.groupBy("key").agg(F.max_by(F.struct("value", "seq"), "seq").alias("l"))
-    return latest.select("key", "l.value", "l.seq")
 
 
 def expected_state(spark: SparkSession, files: list[str]) -> DataFrame:
@@ -341,22 +335,6 @@ class HudiMorSystem:
         return pa.Table.from_batches(table.read()).select(["key", "value"])
 
 
-TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
-TXN_VERSION = "spark.databricks.delta.write.txnVersion"
-
-
-@contextmanager
-def _delta_txn(spark: SparkSession, app_id: str, batch_id: int) -> Iterator[None]:
-    """delta-spark's idempotent-DML session settings around one write, unset after it."""
-    spark.conf.set(TXN_APP_ID, app_id)
-    spark.conf.set(TXN_VERSION, str(batch_id))
-    try:
-        yield
-    finally:
-        spark.conf.unset(TXN_APP_ID)
-        spark.conf.unset(TXN_VERSION)
-
-
 class DeltaMergeDvSystem:
     """foreachBatch + delta-spark ``MERGE INTO`` on a table with deletion vectors on.
 
@@ -381,16 +359,10 @@ class DeltaMergeDvSystem:
                 f"ALTER TABLE delta.`{self.table_uri}` "
                 "SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')"
             )
-        source.createOrReplaceTempView(self.VIEW)
-        with _delta_txn(spark, self.app_id, batch_id):
-            metrics = spark.sql(
-                f"MERGE INTO delta.`{self.table_uri}` AS t USING {self.VIEW} AS s "
-                "ON t.key = s.key "
-                "WHEN MATCHED AND s.value IS NULL THEN DELETE "
-                "WHEN MATCHED THEN UPDATE SET * "
-                "WHEN NOT MATCHED AND s.value IS NOT NULL THEN INSERT *"
-            ).collect()
-        return {"merge": metrics[0].asDict() if metrics else {}}
+        merged = merge_batch(
+            spark, self.table_uri, source, view=self.VIEW, app_id=self.app_id, batch_id=batch_id
+        )
+        return {"merge": merged}
 
     def state(self, spark: SparkSession) -> DataFrame:
         return spark.read.format("delta").load(self.table_uri).select("key", "value")

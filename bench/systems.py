@@ -41,8 +41,6 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any, Protocol
 
 import pyarrow as pa
@@ -51,6 +49,7 @@ from deltalake.transaction import AddAction
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from bench.delta_upsert import latest_per_key, merge_batch
 from bench.measure import TableSize, delta_table_size
 from bench.recopy import pass_recopy
 from bench.session import delta_spark_on
@@ -87,12 +86,6 @@ def checksum(df: DataFrame) -> tuple[int, int]:
     row = df.agg(F.count(F.lit(1)).alias("n"), F.bit_xor(F.xxhash64("key", "value")).alias("x"))
     first = row.collect()[0]
     return int(first["n"]), int(first["x"] or 0)
-
-
-def latest_per_key(df: DataFrame) -> DataFrame:
-    """One row per key, its highest ``seq`` (Delta docs' ``max(struct(...))`` dedupe)."""
-    latest = df.groupBy("key").agg(F.max_by(F.struct("value", "seq"), "seq").alias("l"))
-    return latest.select("key", "l.value", "l.seq")
 
 
 class SinkSystem:
@@ -309,16 +302,10 @@ class DeltaSparkMergeSystem:
         source = latest_per_key(spark.read.parquet(batch_path))
         if not os.path.isdir(os.path.join(self.table_uri, "_delta_log")):
             source.limit(0).write.format("delta").mode("ignore").save(self.table_uri)
-        source.createOrReplaceTempView(self.VIEW)
-        with _delta_txn(spark, self.app_id, batch_id):
-            metrics = spark.sql(
-                f"MERGE INTO delta.`{self.table_uri}` AS t USING {self.VIEW} AS s "
-                "ON t.key = s.key "
-                "WHEN MATCHED AND s.value IS NULL THEN DELETE "
-                "WHEN MATCHED THEN UPDATE SET * "
-                "WHEN NOT MATCHED AND s.value IS NOT NULL THEN INSERT *"
-            ).collect()
-        return {"merge": metrics[0].asDict() if metrics else {}}
+        merged = merge_batch(
+            spark, self.table_uri, source, view=self.VIEW, app_id=self.app_id, batch_id=batch_id
+        )
+        return {"merge": merged}
 
     def analyse(self, info: dict[str, Any]) -> None:
         pass
@@ -355,22 +342,6 @@ class DeltaSparkAppendSystem:
     def state(self, spark: SparkSession) -> DataFrame:
         latest = latest_per_key(spark.read.format("delta").load(self.table_uri))
         return latest.filter(F.col("value").isNotNull()).select("key", "value")
-
-
-TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
-TXN_VERSION = "spark.databricks.delta.write.txnVersion"
-
-
-@contextmanager
-def _delta_txn(spark: SparkSession, app_id: str, version: int) -> Iterator[None]:
-    """delta-spark's idempotent-DML session settings around one write, unset after it."""
-    spark.conf.set(TXN_APP_ID, app_id)
-    spark.conf.set(TXN_VERSION, str(version))
-    try:
-        yield
-    finally:
-        spark.conf.unset(TXN_APP_ID)
-        spark.conf.unset(TXN_VERSION)
 
 
 def _require_delta_spark(spark: SparkSession, system: str) -> None:
