@@ -288,6 +288,27 @@ def measure_log(path: str, live: int, spark, runs: dict[str, int], seed: int) ->
     return result
 
 
+def writer_rounds(
+    work: str, schema: pa.Schema, tables: Sequence[pa.Table], rounds: int
+) -> tuple[dict[bool, list[float]], dict[bool, list[float]], dict[bool, int]]:
+    """The segment writer over ``tables`` with and without the key filter, alternating for
+    ``rounds`` rounds: wall seconds, CPU seconds and bytes written, keyed by filter on/off."""
+    seconds: dict[bool, list[float]] = {True: [], False: []}
+    cpu: dict[bool, list[float]] = {True: [], False: []}
+    sizes: dict[bool, int] = {}
+    for r in range(rounds):
+        for filters in (r % 2 == 0, r % 2 == 1):
+            target = f"{work}-{r}-{filters}"
+            task = writer(target, schema, filters=filters, max_file_bytes=128 << 20)
+            started, started_cpu = time.perf_counter(), time.process_time()
+            written = write(task, tables)
+            seconds[filters].append(time.perf_counter() - started)
+            cpu[filters].append(time.process_time() - started_cpu)
+            sizes[filters] = sum(w.size_bytes for w in written)
+            shutil.rmtree(target)
+    return seconds, cpu, sizes
+
+
 def writer_cost(work: str, rounds: int) -> dict[str, Any]:
     """The Python segment writer with and without the key filter, alternating."""
     arrow_schema = log_arrow_schema(SCHEMA)
@@ -299,19 +320,9 @@ def writer_cost(work: str, rounds: int) -> dict[str, Any]:
     pass_ = [records(rng.permutation(10**6) * PARTITIONS, 0, 0, "p")]
     result = {}
     for name, tables in (("append_50k", append), ("pass_1e6", pass_)):
-        seconds: dict[bool, list[float]] = {True: [], False: []}
-        cpu: dict[bool, list[float]] = {True: [], False: []}
-        sizes: dict[bool, int] = {}
-        for r in range(rounds):
-            for filters in (r % 2 == 0, r % 2 == 1):
-                target = os.path.join(work, f"w-{name}-{r}-{filters}")
-                task = writer(target, arrow_schema, filters=filters, max_file_bytes=128 << 20)
-                started, started_cpu = time.perf_counter(), time.process_time()
-                written = write(task, tables)
-                seconds[filters].append(time.perf_counter() - started)
-                cpu[filters].append(time.process_time() - started_cpu)
-                sizes[filters] = sum(w.size_bytes for w in written)
-                shutil.rmtree(target)
+        seconds, cpu, sizes = writer_rounds(
+            os.path.join(work, f"w-{name}"), arrow_schema, tables, rounds
+        )
         with_, without = statistics.median(seconds[True]), statistics.median(seconds[False])
         cpu_with, cpu_without = statistics.median(cpu[True]), statistics.median(cpu[False])
         result[name] = {

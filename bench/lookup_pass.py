@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from bench.lookup import KEYS, PARTITIONS, SCHEMA, key_names, write, writer
+from bench.lookup import KEYS, PARTITIONS, SCHEMA, key_names, write, writer, writer_rounds
 from bench.measure import load_average, machine_description
 from sinks import CleanerConfig, CompactedStateSink
 from sinks.config import topic_table_properties
@@ -174,19 +174,7 @@ def append_cost(work: str, rounds: int) -> dict[str, Any]:
         for p in range(PARTITIONS)
     ]
     schema = log_arrow_schema(SCHEMA)
-    seconds: dict[bool, list[float]] = {True: [], False: []}
-    cpu: dict[bool, list[float]] = {True: [], False: []}
-    sizes: dict[bool, int] = {}
-    for r in range(rounds):
-        for filters in (r % 2 == 0, r % 2 == 1):
-            target = os.path.join(work, f"append-{r}-{filters}")
-            task = writer(target, schema, filters=filters, max_file_bytes=128 << 20)
-            started, started_cpu = time.perf_counter(), time.process_time()
-            written = write(task, tables)
-            seconds[filters].append(time.perf_counter() - started)
-            cpu[filters].append(time.process_time() - started_cpu)
-            sizes[filters] = sum(w.size_bytes for w in written)
-            shutil.rmtree(target)
+    seconds, cpu, sizes = writer_rounds(os.path.join(work, "append"), schema, tables, rounds)
     return _ratios(seconds, cpu, sizes, rounds)
 
 
