@@ -41,6 +41,11 @@ class NotACompactedLogError(CompactedSinkError, ValueError):
         self.path = path
 
 
+class ConcurrentCommitError(CompactedSinkError):
+    """Raised by a log's commit when another writer committed first and this commit cannot be
+    rebased over it; nothing of it landed, and the caller refreshes and plans again."""
+
+
 class CommitConflictError(CompactedSinkError):
     """Raised when a Delta commit kept conflicting with concurrent writers after all retries."""
 

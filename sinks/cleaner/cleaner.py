@@ -70,7 +70,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from deltalake.exceptions import CommitFailedError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -88,7 +87,7 @@ from sinks.cleaner.rules import apply_arrow_tombstone_rules, spark_latest_offset
 from sinks.cleaner.throttler import Throttler, at_lower_priority
 from sinks.config import LONG_MAX, CleanerConfig
 from sinks.crash_points import CLEAN_BEFORE_CHECKPOINT, CLEAN_BEFORE_COMMIT, crash_point
-from sinks.errors import CleanerError, TableFeatureError
+from sinks.errors import CleanerError, ConcurrentCommitError, TableFeatureError
 from sinks.log.file_reader import conform
 from sinks.log.foreign.rearrangement import absorb
 from sinks.log.log_keys import LogKeys
@@ -184,7 +183,8 @@ class Cleaner:
             except CleanerError as e:
                 # Another writer swapped the same files first (another cleaner, an
                 # OPTIMIZE): nothing was committed; plan again from the new version.
-                if attempt + 1 == PASS_ATTEMPTS or not isinstance(e.__cause__, CommitFailedError):
+                conflicted = isinstance(e.__cause__, ConcurrentCommitError)
+                if attempt + 1 == PASS_ATTEMPTS or not conflicted:
                     raise
                 logger.info("pass over %s conflicted; planning again: %s", self.log.uri, e)
         if stats is not None:
@@ -240,7 +240,7 @@ class Cleaner:
                     niceness=niceness,
                     held_below=self.planner.consumer_holds(claim.snapshot, now_ms=start),
                 )
-        except CommitFailedError as e:
+        except ConcurrentCommitError as e:
             self.manager.abort_cleaning(claim.partitions)
             raise CleanerError(
                 f"another cleaner committed first ({e}); this pass was dropped",
@@ -299,7 +299,7 @@ class Cleaner:
                     keys=self.keys,
                     latest_offsets=spark_latest_offsets,
                 )
-        except CommitFailedError as e:
+        except ConcurrentCommitError as e:
             raise CleanerError(
                 f"another writer rewrote the same files first ({e}); tried again next round",
                 log_path=self.log.uri,
@@ -333,7 +333,7 @@ class Cleaner:
         niced by ``niceness``. ``held_below`` keeps expired tombstones registered consumers
         have not read (`sinks.cleaner.cleaner_manager.consumer_holds`).
 
-        Raises delta-rs's ``CommitFailedError`` when another cleaner swapped the
+        Raises `ConcurrentCommitError` when another cleaner swapped the
         same files first; the files this pass wrote are then orphans for recovery.
         A crash anywhere leaves either the old files or the new ones live, never both.
         """
@@ -460,7 +460,7 @@ class Cleaner:
                     "bytesWritten": stats.bytes_written,
                 },
             )
-        except CommitFailedError:
+        except ConcurrentCommitError:
             # Nothing was committed: the files this pass wrote are garbage now.
             delete_files(self.log.uri, [w.path for w in written], self.log.storage_options)
             raise

@@ -64,7 +64,6 @@ from dataclasses import dataclass, replace
 
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from deltalake.exceptions import CommitFailedError
 
 from checkpoints import CheckpointEntry, CleanerOffsetCheckpoint, split_histories
 from checkpoints.cleaner_states import (
@@ -91,7 +90,7 @@ from sinks.cleaner.log_to_clean import (
     within_budget,
 )
 from sinks.config import CleanerConfig
-from sinks.errors import CleanerError, CommitConflictError
+from sinks.errors import CleanerError, CommitConflictError, ConcurrentCommitError
 from sinks.log.log_table import LogSnapshot, LogTable
 from sinks.log.records import DELETE_HORIZON_MS
 from sinks.log.segment import Segment
@@ -646,7 +645,7 @@ def grab_filthiest_compacted_log(
     log is then planned once a pass), else from a plan of ``snapshot`` made here.
     Checkpoints found out of range are rewritten on the way, as Kafka does.
 
-    Raises `CleanerError` (caused by `CommitFailedError`, so the caller plans again) when
+    Raises `CleanerError` (caused by `ConcurrentCommitError`, so the caller plans again) when
     another engine rewrote files after the choice.
     """
     if plan is None or not plan.fresh or plan.version != snapshot.version:
@@ -671,7 +670,7 @@ def grab_filthiest_compacted_log(
             "another engine rewrote files while this pass was planned",
             log_path=log.uri,
             partition=chosen[0].partition,
-        ) from CommitFailedError(f"{log.uri}: foreign files at version {fresh.version}")
+        ) from ConcurrentCommitError(f"{log.uri}: foreign files at version {fresh.version}")
     if fresh.version != snapshot.version:  # plan again after the claim: less to conflict
         snapshot = fresh
         replanned = planner.plan(snapshot)

@@ -8,21 +8,24 @@ through a `LogCommitter`, so the engine that writes the Delta log is named in th
 module only. `DeltaRsCommitter` is the one the sink uses. A committer for Spark's own
 Delta (an ``OptimisticTransaction`` of the session's ``DeltaLog``, through Py4J) would
 implement the same four methods, commit at the version of the table it is handed, and
-raise delta-rs's ``CommitFailedError`` on a conflict, so that the guards around a commit
+raise the sink's `ConcurrentCommitError` on a conflict, so that the guards around a commit
 in `sinks.log.log_table` (the foreign-change check, the token that finds a lost answer,
 the rebase of a commit that removes files) hold for it unchanged.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, Protocol
 
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
+from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, CommitProperties, Transaction
 from deltalake.transaction import RemoveAction as _RemoveAction
 
+from sinks.errors import ConcurrentCommitError
 from sinks.log.segment import DataFile
 from sinks.log.storage import LogLocation
 
@@ -37,7 +40,11 @@ class NewFile(Protocol):
 
 
 class LogCommitter(Protocol):
-    """What the sink needs from the engine that commits to a log's Delta log."""
+    """What the sink needs from the engine that commits to a log's Delta log.
+
+    Each method but `create_table` raises `ConcurrentCommitError` when another writer
+    committed a conflicting change first; nothing of the commit landed then.
+    """
 
     def create_table(
         self,
@@ -142,30 +149,33 @@ class DeltaRsCommitter:
             custom_metadata=dict(metadata),
             max_commit_retries=0 if removed else None,
         )
-        table.create_write_transaction(actions, "append", schema, commit_properties=properties)
+        with _conflicts_raised():
+            table.create_write_transaction(actions, "append", schema, commit_properties=properties)
 
     def commit_schema(
         self, table: DeltaTable, schema: pa.Schema, *, metadata: Mapping[str, Any]
     ) -> None:
         # delta-rs drops a schema change in append mode without an error (design.md §34):
         # an overwrite that matches no record commits the schema and nothing else.
-        write_deltalake(
-            table,
-            schema.empty_table(),
-            mode="overwrite",
-            schema_mode="overwrite",
-            predicate=NO_RECORD,
-            commit_properties=CommitProperties(custom_metadata=dict(metadata)),
-        )
+        with _conflicts_raised():
+            write_deltalake(
+                table,
+                schema.empty_table(),
+                mode="overwrite",
+                schema_mode="overwrite",
+                predicate=NO_RECORD,
+                commit_properties=CommitProperties(custom_metadata=dict(metadata)),
+            )
 
     def set_properties(
         self, table: DeltaTable, properties: Mapping[str, str], *, metadata: Mapping[str, Any]
     ) -> None:
-        table.alter.set_table_properties(
-            dict(properties),
-            raise_if_not_exists=False,  # the sink's own keys are not Delta's
-            commit_properties=CommitProperties(custom_metadata=dict(metadata)),
-        )
+        with _conflicts_raised():
+            table.alter.set_table_properties(
+                dict(properties),
+                raise_if_not_exists=False,  # the sink's own keys are not Delta's
+                commit_properties=CommitProperties(custom_metadata=dict(metadata)),
+            )
 
     def restore(
         self,
@@ -176,13 +186,23 @@ class DeltaRsCommitter:
         metadata: Mapping[str, Any],
         timestamp_ms: int,
     ) -> None:
-        table.restore(
-            version,
-            commit_properties=CommitProperties(
-                app_transactions=_transactions(transactions, timestamp_ms),
-                custom_metadata=dict(metadata),
-            ),
-        )
+        with _conflicts_raised():
+            table.restore(
+                version,
+                commit_properties=CommitProperties(
+                    app_transactions=_transactions(transactions, timestamp_ms),
+                    custom_metadata=dict(metadata),
+                ),
+            )
+
+
+@contextmanager
+def _conflicts_raised() -> Iterator[None]:
+    """Raise delta-rs's conflict as the sink's own `ConcurrentCommitError`."""
+    try:
+        yield
+    except CommitFailedError as e:
+        raise ConcurrentCommitError(str(e)) from e
 
 
 def _transactions(versions: Mapping[str, int], timestamp_ms: int) -> list[Transaction]:

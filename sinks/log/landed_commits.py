@@ -14,8 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from urllib.parse import unquote
 
-from deltalake.exceptions import CommitFailedError
-
+from sinks.errors import ConcurrentCommitError
 from sinks.log.foreign.commits import COMMIT_INFO_KEY, read_commit
 from sinks.log.storage import LogLocation
 
@@ -35,13 +34,13 @@ def landed_version(location: LogLocation, token: str, after: int) -> int | None:
 
 
 def check_removes(location: LogLocation, removed: set[str], after: int, through: int) -> None:
-    """Raise ``CommitFailedError`` when a commit in ``(after, through]`` removed a file of
+    """Raise `ConcurrentCommitError` when a commit in ``(after, through]`` removed a file of
     ``removed``."""
     for version in range(after + 1, through + 1):
         for action in read_commit(location, version) or []:
             path = action.get("remove", {}).get("path")
             if path is not None and unquote(path) in removed:
-                raise CommitFailedError(
+                raise ConcurrentCommitError(
                     f"{location.uri}: version {version} removed {path}, "
                     "which this commit removes too"
                 )

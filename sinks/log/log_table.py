@@ -37,11 +37,11 @@ from urllib.parse import unquote
 
 import pyarrow as pa
 from deltalake import DeltaTable
-from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
+from deltalake.exceptions import DeltaError, TableNotFoundError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
-from sinks.errors import CompactedSinkError
+from sinks.errors import CompactedSinkError, ConcurrentCommitError
 from sinks.log.bad_files import check_files
 from sinks.log.committer import DELTA_RS, LogCommitter
 from sinks.log.file_reader import read_files
@@ -151,10 +151,10 @@ class LogTable:
                     transactions={CHECKED_VERSION_TXN: snapshot.version},
                     info=undo.info(),
                 )
-            except CommitFailedError:
+            except ConcurrentCommitError:
                 continue  # another commit came first (another process's undo?): check again
             logger.warning("log %s: %s", self.uri, undo.summary())
-        raise CommitFailedError(
+        raise ConcurrentCommitError(
             f"{self.uri}: could not undo a stale rewrite in {REBASE_ATTEMPTS} attempts"
         )
 
@@ -351,7 +351,7 @@ class LogSnapshot:
         append beside a pass). A commit that removes files is rebased here instead, and
         only over commits that removed none of them: delta-rs lets a remove through
         after another engine's OPTIMIZE removed the same file, which would bring its
-        records back twice. Raises ``CommitFailedError`` when a concurrent commit
+        records back twice. Raises `ConcurrentCommitError` when a concurrent commit
         removed a file this one removes; the caller decides whether to re-plan.
         ``info`` lands in the commit's metadata under ``compactedSink``; the commit also
         records this snapshot's version as checked for foreign changes, when it was.
@@ -389,7 +389,7 @@ class LogSnapshot:
                 commit_at(self.table)
             # A conflict, or a store error after retries (delta-rs raises the store's as
             # OSError): did it land?
-            except (DeltaError, OSError):
+            except (ConcurrentCommitError, DeltaError, OSError):
                 if landed_version(self.location, token, self.version) is None:
                     raise
             return
@@ -399,7 +399,7 @@ class LogSnapshot:
             try:
                 commit_at(table)
                 return
-            except CommitFailedError:
+            except ConcurrentCommitError:
                 if landed_version(self.location, token, table.version()) is not None:
                     return
                 latest = self.location.delta_table()
@@ -411,7 +411,7 @@ class LogSnapshot:
                 if landed_version(self.location, token, table.version()) is None:
                     raise
                 return
-        raise CommitFailedError(f"{self.uri}: still behind after {REBASE_ATTEMPTS} rebases")
+        raise ConcurrentCommitError(f"{self.uri}: still behind after {REBASE_ATTEMPTS} rebases")
 
 
 def log_arrow_schema(schema: StructType) -> pa.Schema:

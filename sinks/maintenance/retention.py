@@ -28,10 +28,8 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from deltalake.exceptions import CommitFailedError
-
 from sinks.crash_points import RETENTION_BEFORE_COMMIT, crash_point
-from sinks.errors import CommitConflictError, OffsetOutOfRangeError
+from sinks.errors import CommitConflictError, ConcurrentCommitError, OffsetOutOfRangeError
 from sinks.log.log_table import LOG_START_OFFSET_TXN, LogSnapshot, LogTable
 from sinks.log.segment import Segment
 
@@ -156,7 +154,7 @@ def commit_retention(snapshot: LogSnapshot, plan: RetentionPlan, *, operation: s
     """Remove the plan's files and record the new log start offsets, in one commit.
 
     Commits against ``snapshot`` (the one the plan came from); raises delta-rs's
-    ``CommitFailedError`` when a concurrent pass or retention removed one of the
+    `ConcurrentCommitError` when a concurrent pass or retention removed one of the
     same files, in which case nothing was committed and the caller re-plans.
     """
     crash_point(RETENTION_BEFORE_COMMIT)
@@ -225,7 +223,7 @@ def _commit_with_retries(
             return plan
         try:
             commit_retention(snapshot, plan, operation=operation)
-        except CommitFailedError as e:
+        except ConcurrentCommitError as e:
             logger.info("%s of %s conflicted (%s); planning again", operation, log.uri, e)
             continue
         logger.info(

@@ -39,7 +39,6 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from deltalake.exceptions import CommitFailedError
 from pyspark.sql import types as T
 
 from sinks.config import CleanerConfig, topic_table_properties
@@ -49,7 +48,7 @@ from sinks.crash_points import (
     SCHEMA_BEFORE_APPEND,
     crash_point,
 )
-from sinks.errors import CommitConflictError, SchemaMismatchError
+from sinks.errors import CommitConflictError, ConcurrentCommitError, SchemaMismatchError
 from sinks.log.history_window import table_properties
 from sinks.log.log_keys import LogKeys
 from sinks.log.log_table import (
@@ -331,7 +330,7 @@ class LogAppender:
             try:
                 commit_append(snapshot, written, app_id, batch_id)
                 return LogAppendInfo(self._fresh(), tuple(written))
-            except CommitFailedError as e:
+            except ConcurrentCommitError as e:
                 logger.info("append of batch %s conflicted (%s); refreshing", batch_id, e)
                 snapshot = self._fresh()
                 if committed(snapshot, app_id, batch_id):
@@ -364,7 +363,7 @@ class LogAppender:
                     "changes": changes,
                 },
             )
-        except CommitFailedError as e:
+        except ConcurrentCommitError as e:
             logger.info("schema change of batch %s conflicted (%s); refreshing", batch_id, e)
             return None
         logger.info(

@@ -26,7 +26,7 @@ def commit_append(
 ) -> None:
     """Commit ``written`` against ``snapshot`` with the batch's ``txn`` and new log end offsets.
 
-    One Delta commit. Raises delta-rs's ``CommitFailedError`` on a conflict; the
+    One Delta commit. Raises `ConcurrentCommitError` on a conflict; the
     caller refreshes and decides (see `LogAppender.append_as_leader`).
     """
     ends: dict[int, int] = {}

@@ -30,7 +30,7 @@ from sinks.log.log_table import LogSnapshot, log_arrow_schema
 def commit_schema(snapshot: LogSnapshot, schema: StructType, *, info: Mapping[str, Any]) -> bool:
     """Commit ``schema`` as the log's schema against ``snapshot``; False when it already is.
 
-    Raises delta-rs's ``CommitFailedError`` when another writer committed a schema
+    Raises `ConcurrentCommitError` when another writer committed a schema
     (or anything delta-rs finds conflicting) first: the caller refreshes and decides.
     ``info`` lands in the commit's metadata under ``compactedSink``.
     """

@@ -18,13 +18,12 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from deltalake.exceptions import CommitFailedError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from sinks.config import CleanerConfig
-from sinks.errors import ConfigError
+from sinks.errors import ConcurrentCommitError, ConfigError
 from sinks.log.foreign.commits import COMMIT_INFO_KEY
 from sinks.log.history_window import table_properties
 from sinks.log.log_keys import (
@@ -355,7 +354,7 @@ def _write_exact(log: LogTable, snapshot: LogSnapshot, source: RestoreSource, ba
             transactions=transactions,
             info={"operation": "replay", "source": source.name, "batchId": batch_id},
         )
-    except CommitFailedError as e:
+    except ConcurrentCommitError as e:
         discard(log, written)
         raise ReplayError(
             f"{log.uri}: another writer committed to the log during the restore ({e}); "

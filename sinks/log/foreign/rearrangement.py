@@ -15,7 +15,7 @@ Why no record falls inside a remaining segment's range: the foreign files hold
 exactly the records of the segments the other engine removed, and a partition's
 segments never overlapped. The swap is one commit with ``dataChange=false``,
 against the snapshot the rewrite read; a concurrent rewrite of the same files
-makes it fail (``CommitFailedError``) and the caller tries again later.
+makes it fail (`ConcurrentCommitError`) and the caller tries again later.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from deltalake.exceptions import CommitFailedError
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from sinks.errors import ConcurrentCommitError
 from sinks.log.log_keys import LogKeys
 from sinks.log.log_table import LogSnapshot, LogTable
 from sinks.log.records import OFFSET, PARTITION
@@ -71,7 +71,7 @@ def absorb(
 ) -> AbsorbReport | None:
     """Rewrite ``snapshot``'s foreign files into segments in one commit; None when it has none.
 
-    Raises ``CommitFailedError`` when another commit removed one of those files first
+    Raises `ConcurrentCommitError` when another commit removed one of those files first
     (the files written here are deleted again).
     """
     foreign = snapshot.foreign_files
@@ -114,7 +114,7 @@ def absorb(
                 "records": report.records,
             },
         )
-    except CommitFailedError:
+    except ConcurrentCommitError:
         delete_files(log.uri, [w.path for w in written], log.storage_options)
         raise
     after = log.snapshot()
