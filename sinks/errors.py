@@ -46,6 +46,12 @@ class ConcurrentCommitError(CompactedSinkError):
     rebased over it; nothing of it landed, and the caller refreshes and plans again."""
 
 
+class LogCleaningAbortedError(CompactedSinkError):
+    """Raised inside a cleaning pass when another writer swapped the files it planned over
+    first (another cleaner, an OPTIMIZE); nothing of the pass landed, and it is planned
+    again from the newer version (Kafka's ``LogCleaningAbortedException``)."""
+
+
 class CommitConflictError(CompactedSinkError):
     """Raised when a Delta commit kept conflicting with concurrent writers after all retries."""
 
