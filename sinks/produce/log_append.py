@@ -1,35 +1,32 @@
 """Appending a batch to a compacted log: Kafka's partition leader (``UnifiedLog.appendAsLeader``).
 
-`LogAppender.append` is the log's one produce path, for the ``foreachBatch`` hook
-and the data source sink alike: skip a batch already committed, recover the log on
-first use, refuse a schema change, split bad rows to the dead-letter table, then
-validate, number, write and commit (`sinks.produce.append_batch` says where the rows come
-from, `sinks.produce.log_commit` how they are committed).
+`LogAppender.append` is the log's one produce path, for the ``foreachBatch`` hook and
+the data source sink alike. In order: skip a batch already committed, recover the log
+on first use, refuse a schema change, split bad rows to the dead-letter table, then
+`LogAppender.append_as_leader`: one retry loop, each round one `AppendAttempt`:
 
-An append is one Spark job. The prepared batch is shuffled once by ``partition``
-and sorted within partitions by input order (Kafka input: by offset); each task
-runs `AppendTask`, which checks, numbers from the partition's log end offset and
-writes the segments in one pass, and sends back the files it wrote beside its
-per-partition counts. The driver turns the counts into a `BatchReport`: on a bad
-batch it deletes the files just written and raises `BadInputError`; otherwise it
-commits them in one Delta commit. The data source's driver runs the same task
-over Arrow tables (`sinks.produce.append_batch.ArrowRecords`), so both paths share
-every check.
+1. ``write``: the batch's tasks check, number from the log end offsets and write the
+   segments (`sinks.produce.append_batch` runs them with one of two writers, chosen when
+   the appender is built; both answer with a `sinks.produce.append_task.TaskOutput`).
+   A bad batch raises `BadInputError`;
+2. ``create_log`` when there was none, ``evolve_schema`` when the batch evolves it
+   (committed before the files, design.md §18);
+3. ``commit`` (`sinks.produce.log_commit`), retried while a conflict leaves the files'
+   offsets valid; the attempt ``refresh``-es the log, ``validate``-s its files against
+   it and ``clean_up``-s the files it will not commit, in one place.
 
-What the log keeps true:
+Contract (design.md §1, §2, §10, §11, §12):
 
-- *Never half-written.* Data files become live only through the commit, so a bad
-  batch (found after its files were written) or a killed append leaves at most
-  files no commit names, which the append deletes or recovery removes. A bad first
-  batch leaves nothing: the table is created only once a batch has passed.
-- *Exactly once.* The commit carries a ``txn`` (app id, batch id) and each
-  written partition's new log end offset; `committed` tells whether a batch id
-  already went in, and `LogAppender.append` checks it first. Idempotent per
-  (app id, batch id).
-- *Offsets never repeat.* When a commit conflicts (another writer or a cleaner
-  committed first), the snapshot is refreshed; if another writer moved the log
-  end offset of a partition this batch wrote, the files are deleted and the batch
-  is numbered and written again; otherwise the same files are committed again.
+- *Never half-written.* Files become live only through the commit: a bad batch, a
+  conflict or a killed append leaves at most files no commit names, which the attempt
+  deletes or recovery removes. A bad first batch leaves nothing: the log is created
+  only once a batch has passed.
+- *Exactly once.* The commit carries a ``txn`` (app id, batch id) and each written
+  partition's new log end offset; `committed` tells whether a batch id already went
+  in. Idempotent per (app id, batch id).
+- *Offsets never repeat.* After a conflict, when another writer moved the log end
+  offset of a partition the batch wrote, the files are deleted and the batch numbered
+  again; otherwise the same files are committed again.
 """
 
 from __future__ import annotations
@@ -69,7 +66,7 @@ from sinks.log.records import (
 from sinks.log.segment_writer import SegmentWriterTask, WrittenSegment, stats_columns
 from sinks.log.storage import missing_files
 from sinks.produce.append_batch import ArrowRecords, SparkRecords, TaskRunner
-from sinks.produce.append_task import AppendTask, read_task_output
+from sinks.produce.append_task import AppendTask
 from sinks.produce.dead_letter import DeadLetterTable
 from sinks.produce.log_commit import commit_append, commit_empty, discard, moved, overlapping
 from sinks.produce.schema_commit import commit_schema
@@ -80,6 +77,7 @@ from sinks.produce.schema_evolution import (
     evolve_schema,
     schema_changes,
 )
+from sinks.produce.spark_append import append_writer, check_writer
 
 logger = logging.getLogger("compacted_sink")
 
@@ -121,6 +119,9 @@ class LogAppender:
     with it. ``dead_letters`` quarantines bad rows instead of failing the batch;
     ``recover`` runs before the first append to an existing log (the front passes
     `sinks.maintenance.recovery`, a layer above this one); ``clock`` gives epoch ms.
+    ``writer`` says which writer writes a Spark batch's files (`sinks.produce.spark_append`,
+    "Which writer runs"), chosen here once: by default from ``COMPACTED_SINK_APPEND_WRITER``
+    as it is when the appender is built. Raises `ConfigError` for an unknown writer.
     """
 
     def __init__(
@@ -133,6 +134,7 @@ class LogAppender:
         dead_letters: DeadLetterTable | None = None,
         recover: Callable[[], object] | None = None,
         clock: Callable[[], int] = now_ms,
+        writer: str | None = None,
     ) -> None:
         self.log = log
         self.keys = keys
@@ -141,6 +143,7 @@ class LogAppender:
         self.dead_letters = dead_letters
         self.recover = recover
         self.clock = clock
+        self.writer = check_writer(writer) if writer is not None else append_writer()
 
     def evolved_schema(self, snapshot: LogSnapshot, schema: T.StructType) -> T.StructType:
         """The log's schema once a batch of ``schema`` is appended (the log's own when equal).
@@ -189,7 +192,7 @@ class LogAppender:
                 return LogAppendInfo(None)  # no log and nothing to create it with
             commit_empty(snapshot, app_id, batch_id)
             return LogAppendInfo(self.fresh_snapshot())
-        prepared = records.prepare(keys=self.keys, now_ms=self.clock())
+        prepared = records.prepare(keys=self.keys, now_ms=self.clock(), writer=self.writer)
         try:
             if snapshot is not None:
                 self.evolved_schema(snapshot, prepared.schema)  # refused: fail before any file
@@ -342,9 +345,9 @@ class AppendAttempt:
         """
         task = self.appender.task(self.target, self.end_offsets, has_offsets)
         for exchange in (False, True) if has_offsets else (True,):
-            self.written, report = read_task_output(run(task, exchange=exchange))
-            self.redelivered = report.redelivered
-            problems = report.problems(
+            output = run(task, exchange=exchange)
+            self.written, self.redelivered = output.written, output.report.redelivered
+            problems = output.report.problems(
                 keys=self.appender.keys, message_max_bytes=self.appender.config.message_max_bytes
             )
             if exchange or not (problems or overlapping(self.written)):

@@ -15,12 +15,13 @@ from pyspark.sql import types as T
 
 from sinks import CleanerConfig
 from sinks.crash_points import APPEND_BEFORE_COMMIT, armed
-from sinks.errors import CommitConflictError
+from sinks.errors import CommitConflictError, ConfigError
 from sinks.log.log_keys import LogKeys
 from sinks.log.log_table import LogTable
 from sinks.produce import log_append
 from sinks.produce.append_batch import ArrowRecords
 from sinks.produce.log_append import LogAppender
+from sinks.produce.spark_append import APPEND_WRITER_ENV, PYTHON_WRITER, SPARK_WRITER
 
 NO_CLEAN = CleanerConfig(min_cleanable_dirty_ratio=1.0)
 SCHEMA = T.StructType(
@@ -117,3 +118,14 @@ def test_conflicts_that_never_settle_give_up_and_leave_nothing(lake, monkeypatch
     live, on_disk = live_and_on_disk(path)
     assert on_disk == live
     assert LogTable(str(path)).snapshot().txn_version("ours") == 0
+
+
+def test_the_writer_is_chosen_once_when_the_appender_is_built(lake, monkeypatch):
+    monkeypatch.setenv(APPEND_WRITER_ENV, " Spark ")
+    built = appender(lake / "log")
+    monkeypatch.setenv(APPEND_WRITER_ENV, PYTHON_WRITER)
+    assert built.writer == SPARK_WRITER  # read at build time, not per batch
+    assert appender(lake / "log", writer=PYTHON_WRITER).writer == PYTHON_WRITER
+    monkeypatch.setenv(APPEND_WRITER_ENV, "jvm")
+    with pytest.raises(ConfigError, match="COMPACTED_SINK_APPEND_WRITER='jvm' names no"):
+        appender(lake / "log")
