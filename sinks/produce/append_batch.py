@@ -93,10 +93,12 @@ class SparkPrepared:
 
     @property
     def schema(self) -> T.StructType:
+        """The batch's log columns (no Spark job)."""
         return log_columns(self.batch.df).schema
 
     @property
     def has_offsets(self) -> bool:
+        """Whether the batch brings Kafka's offsets (else the append assigns them)."""
         return self.batch.has_offsets
 
     def quarantine(self, *, keys: LogKeys, message_max_bytes: int) -> DataFrame:
@@ -142,6 +144,7 @@ class SparkPrepared:
         )
 
     def release(self) -> None:
+        """Free the cached evaluation `quarantine` made, if any. Idempotent."""
         if self._split is not None:
             self._split.release()
 
@@ -161,6 +164,7 @@ class ArrowRecords:
 
     @property
     def empty(self) -> bool:
+        """True for a batch of no rows."""
         return self.table.num_rows == 0
 
     def prepare(self, *, keys: LogKeys, now_ms: int, writer: str) -> ArrowPrepared:
@@ -206,7 +210,7 @@ class ArrowPrepared:
         )
 
     def release(self) -> None:
-        pass
+        """Nothing to free: the rows are this process's."""
 
 
 def log_schema(input_schema: T.StructType, keys: LogKeys) -> T.StructType:
