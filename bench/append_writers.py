@@ -71,7 +71,10 @@ def run(
 ) -> dict[str, Any]:
     root = os.path.join(work, f"{per_batch}-{'kafka' if kafka else 'assigned'}")
     inputs = batches(spark, root, per_batch=per_batch, count=count, kafka=kafka)
-    sinks = {w: open_sink(os.path.join(root, f"log-{w}")) for w in writers}
+    sinks = {}
+    for w in writers:  # an appender reads its writer once, when it is built
+        os.environ[APPEND_WRITER_ENV] = w
+        sinks[w] = open_sink(os.path.join(root, f"log-{w}"))
     runs: dict[str, list[float]] = {w: [] for w in [*writers, "spark_parquet", SPLIT_FLOOR]}
     if kafka:
         # Read as Spark's Kafka source reads a topic: each partition's records are input
@@ -81,7 +84,6 @@ def run(
     try:
         for b, path in enumerate(inputs):
             for w, sink in sinks.items():
-                os.environ[APPEND_WRITER_ENV] = w
                 started = time.perf_counter()
                 sink(spark.read.parquet(path), b)
                 runs[w].append(time.perf_counter() - started)

@@ -4,8 +4,9 @@ What a batch is (`append_batch`), the producer-side checks Kafka's broker makes
 (`validity`) and where refused rows go (`dead_letter`), a schema change a batch
 may make (`schema_evolution`, committed by `schema_commit`), the executor half
 that assigns offsets and writes segments (`append_task`, or `spark_append` in the
-JVM), the batch's commit (`log_commit`) and the one append that ties them
-together (`log_append.LogAppender`).
+JVM; both answer with an `append_task.TaskOutput`), the batch's commit (`log_commit`)
+and the one append that ties them together (`log_append.LogAppender`, whose retry loop
+runs one `log_append.AppendAttempt` a round).
 """
 
 from sinks.produce.append_batch import ArrowRecords, log_schema

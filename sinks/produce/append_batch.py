@@ -14,7 +14,7 @@ task over its rows:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -37,13 +37,13 @@ from sinks.log.records import (
     log_columns,
     prepare_batch,
 )
-from sinks.produce.append_task import APPEND_TASK_DDL, AppendTask
+from sinks.produce.append_task import APPEND_TASK_DDL, AppendTask, TaskOutput
 from sinks.produce.dead_letter import SplitBatch, split_arrow_batch, split_batch
-from sinks.produce.spark_append import run_in_jvm
+from sinks.produce.spark_append import PYTHON_WRITER, run_in_jvm
 
 
 class TaskRunner(Protocol):
-    """Runs an `AppendTask` over every row of a batch and returns all the tasks' output rows.
+    """Runs an `AppendTask` over every row of a batch; returns what the tasks wrote and counted.
 
     ``exchange`` false lets a batch that carries Kafka offsets skip the shuffle by
     partition: each task then writes the partitions it holds, which is right only when
@@ -51,9 +51,7 @@ class TaskRunner(Protocol):
     written, `sinks.produce.log_commit.overlapping`, and runs again with an exchange).
     """
 
-    def __call__(
-        self, task: AppendTask, *, exchange: bool = True
-    ) -> Sequence[Mapping[str, object]]: ...
+    def __call__(self, task: AppendTask, *, exchange: bool = True) -> TaskOutput: ...
 
 
 # -- from Spark: the foreachBatch hook ---------------------------------------------------------
@@ -71,28 +69,36 @@ class SparkRecords:
     before_prepare: Callable[[], None] | None = None
     empty: bool = False  # not known without a Spark job: an empty batch is appended as one
 
-    def prepare(self, *, keys: LogKeys, now_ms: int) -> SparkPrepared:
+    def prepare(self, *, keys: LogKeys, now_ms: int, writer: str) -> SparkPrepared:
+        """The batch in the log's columns, to be written by ``writer`` (an appender's choice,
+        `sinks.produce.spark_append.append_writer`). Lazy: no Spark job runs."""
         if self.before_prepare is not None:
             self.before_prepare()
         batch = prepare_batch(self.df, keys=keys, now_ms=now_ms)
-        return SparkPrepared(batch, record_columns=list(self.df.columns))
+        return SparkPrepared(batch, record_columns=list(self.df.columns), writer=writer)
 
 
 @dataclass
 class SparkPrepared:
-    """A prepared Spark batch: its log columns, its bad rows split off on request."""
+    """A prepared Spark batch: its log columns, its bad rows split off on request.
+
+    ``writer`` is the appender's (`sinks.produce.spark_append`, "Which writer runs").
+    """
 
     batch: PreparedBatch
     record_columns: list[str]
+    writer: str
     _split: SplitBatch | None = field(default=None, repr=False)
     _in_jvm: bool = field(default=True, repr=False)  # until Spark's writer declines the batch
 
     @property
     def schema(self) -> T.StructType:
+        """The batch's log columns (no Spark job)."""
         return log_columns(self.batch.df).schema
 
     @property
     def has_offsets(self) -> bool:
+        """Whether the batch brings Kafka's offsets (else the append assigns them)."""
         return self.batch.has_offsets
 
     def quarantine(self, *, keys: LogKeys, message_max_bytes: int) -> DataFrame:
@@ -110,29 +116,35 @@ class SparkPrepared:
         self.batch = PreparedBatch(self._split.good, self.batch.has_offsets)
         return self._split.bad
 
-    def run(self, task: AppendTask, *, exchange: bool = True) -> list[dict[str, object]]:
+    def run(self, task: AppendTask, *, exchange: bool = True) -> TaskOutput:
         """Shuffle once by partition, sort by input order (Kafka input: offset), run ``task``.
 
         Kafka input without ``exchange``: each input partition is sorted where it is, no
         shuffle. Spark's Kafka source reads each topic-partition's offset range as one
         input partition, so its rows never move; the values cross the network once less.
 
-        Spark's own Parquet writer runs the task when it can (`sinks.produce.spark_append`:
-        the rows never leave the JVM); the Python workers run it where it cannot.
+        Spark's own Parquet writer runs the task when ``writer`` lets it and it can
+        (`sinks.produce.spark_append`: the rows never leave the JVM); the Python workers
+        run it otherwise. Not idempotent: every call writes new files.
         """
-        if task.log_schema is not None and self._in_jvm:
-            written = run_in_jvm(self.batch.df, task, task.log_schema, exchange=exchange)
-            if written is not None:
-                return written
+        if task.log_schema is not None and self._in_jvm and self.writer != PYTHON_WRITER:
+            output = run_in_jvm(
+                self.batch.df, task, task.log_schema, exchange=exchange, writer=self.writer
+            )
+            if output is not None:
+                return output
             self._in_jvm = False  # the Python task counts this batch's problems, if any
         if self.batch.has_offsets and not exchange:
             rows = self.batch.df.sortWithinPartitions(PARTITION, OFFSET)
         else:
             order = OFFSET if self.batch.has_offsets else INPUT_ORDER
             rows = self.batch.df.repartition(PARTITION).sortWithinPartitions(PARTITION, order)
-        return [r.asDict() for r in rows.mapInArrow(task, APPEND_TASK_DDL).collect()]
+        return TaskOutput.from_rows(
+            r.asDict() for r in rows.mapInArrow(task, APPEND_TASK_DDL).collect()
+        )
 
     def release(self) -> None:
+        """Free the cached evaluation `quarantine` made, if any. Idempotent."""
         if self._split is not None:
             self._split.release()
 
@@ -152,9 +164,13 @@ class ArrowRecords:
 
     @property
     def empty(self) -> bool:
+        """True for a batch of no rows."""
         return self.table.num_rows == 0
 
-    def prepare(self, *, keys: LogKeys, now_ms: int) -> ArrowPrepared:
+    def prepare(self, *, keys: LogKeys, now_ms: int, writer: str) -> ArrowPrepared:
+        """The rows with the log's columns. ``writer`` changes nothing: Arrow rows are
+        always written by the Python task, in this process."""
+        del writer
         schema = log_schema(self.input_schema, keys)
         return ArrowPrepared(
             _with_log_columns(self.table, schema, now_ms),
@@ -184,15 +200,17 @@ class ArrowPrepared:
         )
         return letters
 
-    def run(self, task: AppendTask, *, exchange: bool = True) -> list[dict[str, object]]:
+    def run(self, task: AppendTask, *, exchange: bool = True) -> TaskOutput:
         """Sort by (partition, input order or offset) and run ``task`` here: one task, so
-        ``exchange`` changes nothing."""
+        ``exchange`` changes nothing. Not idempotent: every call writes new files."""
         keys = [(PARTITION, "ascending"), *([(OFFSET, "ascending")] if self.has_offsets else [])]
         ordered = self.table.sort_by(keys)  # a stable sort: input order within a partition
-        return [row for out in task(iter(ordered.to_batches())) for row in out.to_pylist()]
+        return TaskOutput.from_rows(
+            row for out in task(iter(ordered.to_batches())) for row in out.to_pylist()
+        )
 
     def release(self) -> None:
-        pass
+        """Nothing to free: the rows are this process's."""
 
 
 def log_schema(input_schema: T.StructType, keys: LogKeys) -> T.StructType:

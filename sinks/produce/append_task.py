@@ -12,7 +12,7 @@ only counts, since the driver will discard the batch anyway.
 
 The task sends back two kinds of rows in one schema: a written segment
 (``path`` set) and, per partition value it saw, the validator's counts (``path``
-null). The driver (`sinks.produce.log_append`) reads them with `read_task_output`. The
+null). The driver (`sinks.produce.log_append`) reads them as a `TaskOutput`. The
 task never commits: a file it wrote is live only once the driver commits it.
 """
 
@@ -89,10 +89,28 @@ class AppendTask:
             yield pa.RecordBatch.from_pylist(counts, schema=_OUTPUT_SCHEMA)
 
 
+@dataclass(frozen=True)
+class TaskOutput:
+    """What an append's tasks did, as either writer answers the driver.
+
+    ``written`` are the segments written (uncommitted: live only once the driver commits
+    them); ``report`` is what the checks counted per partition value.
+    """
+
+    written: list[WrittenSegment]
+    report: BatchReport
+
+    @classmethod
+    def from_rows(cls, rows: Iterable[Mapping[str, object]]) -> TaskOutput:
+        """The output of the Python task, from the rows its ``mapInArrow`` sent back. Pure."""
+        written, report = read_task_output(rows)
+        return cls(written, report)
+
+
 def read_task_output(
     rows: Iterable[Mapping[str, object]],
 ) -> tuple[list[WrittenSegment], BatchReport]:
-    """The segments the tasks wrote and what their checks found, from their output rows."""
+    """The segments the tasks wrote and what their checks found, from their output rows. Pure."""
     written: list[WrittenSegment] = []
     counts: list[tuple[int | None, PartitionCounts]] = []
     segment_fields = WRITTEN_ARROW_SCHEMA.names

@@ -1,40 +1,36 @@
 """Appending a batch to a compacted log: Kafka's partition leader (``UnifiedLog.appendAsLeader``).
 
-`LogAppender.append` is the log's one produce path, for the ``foreachBatch`` hook
-and the data source sink alike: skip a batch already committed, recover the log on
-first use, refuse a schema change, split bad rows to the dead-letter table, then
-validate, number, write and commit (`sinks.produce.append_batch` says where the rows come
-from, `sinks.produce.log_commit` how they are committed).
+`LogAppender.append` is the log's one produce path, for the ``foreachBatch`` hook and
+the data source sink alike. In order: skip a batch already committed, recover the log
+on first use, refuse a schema change, split bad rows to the dead-letter table, then
+`LogAppender.append_as_leader`: one retry loop, each round one `AppendAttempt`:
 
-An append is one Spark job. The prepared batch is shuffled once by ``partition``
-and sorted within partitions by input order (Kafka input: by offset); each task
-runs `AppendTask`, which checks, numbers from the partition's log end offset and
-writes the segments in one pass, and sends back the files it wrote beside its
-per-partition counts. The driver turns the counts into a `BatchReport`: on a bad
-batch it deletes the files just written and raises `BadInputError`; otherwise it
-commits them in one Delta commit. The data source's driver runs the same task
-over Arrow tables (`sinks.produce.append_batch.ArrowRecords`), so both paths share
-every check.
+1. ``write``: the batch's tasks check, number from the log end offsets and write the
+   segments (`sinks.produce.append_batch` runs them with one of two writers, chosen when
+   the appender is built; both answer with a `sinks.produce.append_task.TaskOutput`).
+   A bad batch raises `BadInputError`;
+2. ``create_log`` when there was none, ``evolve_schema`` when the batch evolves it
+   (committed before the files, design.md §18);
+3. ``commit`` (`sinks.produce.log_commit`), retried while a conflict leaves the files'
+   offsets valid; the attempt ``refresh``-es the log, ``validate``-s its files against
+   it and ``clean_up``-s the files it will not commit, in one place.
 
-What the log keeps true:
+Contract (design.md §1, §2, §10, §11, §12):
 
-- *Never half-written.* Data files become live only through the commit, so a bad
-  batch (found after its files were written) or a killed append leaves at most
-  files no commit names, which the append deletes or recovery removes. A bad first
-  batch leaves nothing: the table is created only once a batch has passed.
-- *Exactly once.* The commit carries a ``txn`` (app id, batch id) and each
-  written partition's new log end offset; `committed` tells whether a batch id
-  already went in, and `LogAppender.append` checks it first. Idempotent per
-  (app id, batch id).
-- *Offsets never repeat.* When a commit conflicts (another writer or a cleaner
-  committed first), the snapshot is refreshed; if another writer moved the log
-  end offset of a partition this batch wrote, the files are deleted and the batch
-  is numbered and written again; otherwise the same files are committed again.
+- *Never half-written.* Files become live only through the commit: a bad batch, a
+  conflict or a killed append leaves at most files no commit names, which the attempt
+  deletes or recovery removes. A bad first batch leaves nothing: the log is created
+  only once a batch has passed.
+- *Exactly once.* The commit carries a ``txn`` (app id, batch id) and each written
+  partition's new log end offset; `committed` tells whether a batch id already went
+  in. Idempotent per (app id, batch id).
+- *Offsets never repeat.* After a conflict, when another writer moved the log end
+  offset of a partition the batch wrote, the files are deleted and the batch numbered
+  again; otherwise the same files are committed again.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -48,7 +44,12 @@ from sinks.crash_points import (
     SCHEMA_BEFORE_APPEND,
     crash_point,
 )
-from sinks.errors import CommitConflictError, ConcurrentCommitError, SchemaMismatchError
+from sinks.errors import (
+    BadInputError,
+    CommitConflictError,
+    ConcurrentCommitError,
+    SchemaMismatchError,
+)
 from sinks.log.history_window import table_properties
 from sinks.log.log_keys import LogKeys
 from sinks.log.log_table import (
@@ -60,13 +61,12 @@ from sinks.log.log_table import (
 from sinks.log.ownership import check_new_log_location
 from sinks.log.records import (
     TRANSIENT_COLUMNS,
-    BatchReport,
     raise_for_problems,
 )
 from sinks.log.segment_writer import SegmentWriterTask, WrittenSegment, stats_columns
 from sinks.log.storage import missing_files
 from sinks.produce.append_batch import ArrowRecords, SparkRecords, TaskRunner
-from sinks.produce.append_task import AppendTask, read_task_output
+from sinks.produce.append_task import AppendTask
 from sinks.produce.dead_letter import DeadLetterTable
 from sinks.produce.log_commit import commit_append, commit_empty, discard, moved, overlapping
 from sinks.produce.schema_commit import commit_schema
@@ -77,6 +77,7 @@ from sinks.produce.schema_evolution import (
     evolve_schema,
     schema_changes,
 )
+from sinks.produce.spark_append import append_writer, check_writer
 
 logger = logging.getLogger("compacted_sink")
 
@@ -118,6 +119,9 @@ class LogAppender:
     with it. ``dead_letters`` quarantines bad rows instead of failing the batch;
     ``recover`` runs before the first append to an existing log (the front passes
     `sinks.maintenance.recovery`, a layer above this one); ``clock`` gives epoch ms.
+    ``writer`` says which writer writes a Spark batch's files (`sinks.produce.spark_append`,
+    "Which writer runs"), chosen here once: by default from ``COMPACTED_SINK_APPEND_WRITER``
+    as it is when the appender is built. Raises `ConfigError` for an unknown writer.
     """
 
     def __init__(
@@ -130,6 +134,7 @@ class LogAppender:
         dead_letters: DeadLetterTable | None = None,
         recover: Callable[[], object] | None = None,
         clock: Callable[[], int] = now_ms,
+        writer: str | None = None,
     ) -> None:
         self.log = log
         self.keys = keys
@@ -138,6 +143,7 @@ class LogAppender:
         self.dead_letters = dead_letters
         self.recover = recover
         self.clock = clock
+        self.writer = check_writer(writer) if writer is not None else append_writer()
 
     def evolved_schema(self, snapshot: LogSnapshot, schema: T.StructType) -> T.StructType:
         """The log's schema once a batch of ``schema`` is appended (the log's own when equal).
@@ -185,8 +191,8 @@ class LogAppender:
             if snapshot is None:
                 return LogAppendInfo(None)  # no log and nothing to create it with
             commit_empty(snapshot, app_id, batch_id)
-            return LogAppendInfo(self._fresh())
-        prepared = records.prepare(keys=self.keys, now_ms=self.clock())
+            return LogAppendInfo(self.fresh_snapshot())
+        prepared = records.prepare(keys=self.keys, now_ms=self.clock(), writer=self.writer)
         try:
             if snapshot is not None:
                 self.evolved_schema(snapshot, prepared.schema)  # refused: fail before any file
@@ -223,160 +229,39 @@ class LogAppender:
         app_id: str,
         batch_id: int,
     ) -> LogAppendInfo:
-        """Validate, number and write with ``run``, then commit; number again after a conflict.
+        """Number, write and commit the batch: one retry loop over `AppendAttempt`.
 
-        ``schema`` is the batch's log columns (it creates the log when ``snapshot``
-        is None). Checks `committed` only after a conflict or a creation race: `append`
-        checks it first.
+        Takes the log as `append` read it (None: the batch creates the log with
+        ``schema``, the batch's log columns) and the batch's task runner. Each round
+        numbers and writes the batch from ``snapshot`` and commits it
+        (`AppendAttempt.commit`); when another writer took the offsets it was numbered
+        with, the next round numbers it again from the log as refreshed. Returns what
+        the append did. Raises `BadInputError` (nothing written), `SchemaMismatchError`
+        (another writer created the log with other columns) or `CommitConflictError`
+        (conflicts never settled in `APPEND_ATTEMPTS` rounds or commits). Idempotent per
+        (app id, batch id): a batch found committed after a conflict is not added again.
         """
         if snapshot is None:
             # Never create a log over someone else's files (sinks.log.ownership).
             check_new_log_location(self.log.location)
-        for _attempt in range(APPEND_ATTEMPTS):
-            end_offsets = snapshot.log_end_offsets() if snapshot is not None else {}
-            target = self.evolved_schema(snapshot, schema) if snapshot is not None else schema
-            task = self._task(target, end_offsets, has_offsets)
-            written, report, problems = self._write(run, task, new_log=snapshot is None)
-            if problems:
-                discard(self.log, written, new_log=snapshot is None)
-                raise_for_problems(problems, batch_id=batch_id)
-            if snapshot is None:
-                # Only a valid batch creates the log: bad input leaves no trace at all.
-                snapshot = self.log.create(
-                    schema,
-                    {
-                        **table_properties(self.config.file_delete_delay_ms),
-                        **self.keys.to_properties(),
-                        **topic_table_properties(self.config),
-                    },
-                )
-                try:
-                    created = self.evolved_schema(snapshot, schema) == snapshot.spark_schema
-                except SchemaMismatchError:
-                    discard(self.log, written)  # another writer created it with other columns
-                    raise
-                if committed(snapshot, app_id, batch_id):
-                    discard(self.log, written)
-                    return LogAppendInfo(snapshot, already_committed=True)
-                if not created or moved(snapshot, written, end_offsets):
-                    discard(self.log, written)  # another writer created it and appended first
-                    continue
-                target = snapshot.spark_schema  # the batch's own: nothing to evolve
-            if not written:
-                commit_empty(snapshot, app_id, batch_id)
-                return LogAppendInfo(self._fresh(), redelivered=report.redelivered)
-            if target != snapshot.spark_schema:
-                evolved = self._commit_schema(snapshot, target, app_id, batch_id)
-                if evolved is None or moved(evolved, written, end_offsets):
-                    discard(self.log, written)  # another writer changed the log first: again
-                    snapshot = self._fresh()
-                    continue
-                snapshot = evolved
-            outcome = self._commit_until_settled(snapshot, written, end_offsets, app_id, batch_id)
-            if isinstance(outcome, LogAppendInfo):
-                if outcome.already_committed:
-                    return outcome
-                return dataclasses.replace(outcome, redelivered=report.redelivered)
-            if outcome is None:
-                break
-            snapshot = outcome
+        for _round in range(APPEND_ATTEMPTS):
+            with AppendAttempt(self, snapshot, schema, app_id=app_id, batch_id=batch_id) as attempt:
+                attempt.write(run, has_offsets=has_offsets)
+                if attempt.create_log() and attempt.evolve_schema():
+                    attempt.commit()
+                if attempt.outcome is not None:
+                    return attempt.outcome
+            snapshot = attempt.snapshot  # our offsets were taken: number again from here
         raise CommitConflictError(
             f"batch {batch_id} of {self.log.uri}: append kept conflicting after "
             f"{APPEND_ATTEMPTS} attempts; nothing was committed"
         )
 
-    def _write(
-        self, run: TaskRunner, task: AppendTask, *, new_log: bool
-    ) -> tuple[list[WrittenSegment], BatchReport, list[str]]:
-        """Run ``task`` over the batch: the files written, the checks' report, its problems.
-
-        Kafka input is first written where it was read (no shuffle). Its tasks each saw
-        their own rows: a repeat across tasks (overlapping files) and the whole count of
-        a bad batch take one task per partition, so then the batch goes through the shuffle.
-        """
-        rounds = (False, True) if task.has_offsets else (True,)
-        for exchange in rounds:
-            written, report = read_task_output(run(task, exchange=exchange))
-            problems = report.problems(
-                keys=self.keys, message_max_bytes=self.config.message_max_bytes
-            )
-            if exchange or not (problems or overlapping(written)):
-                break
-            discard(self.log, written, new_log=new_log)
-        return written, report, problems
-
-    def _commit_until_settled(
-        self,
-        snapshot: LogSnapshot,
-        written: list[WrittenSegment],
-        end_offsets: Mapping[int, int],
-        app_id: str,
-        batch_id: int,
-    ) -> LogAppendInfo | LogSnapshot | None:
-        """Commit ``written``, retrying conflicts that leave our offsets valid.
-
-        Returns the append's outcome, a fresh snapshot to number the batch again
-        from (the files are deleted), or None when conflicts never settle.
-        """
-        for _retry in range(APPEND_ATTEMPTS):
-            crash_point(APPEND_BEFORE_COMMIT)
-            gone = missing_files(self.log.uri, [w.path for w in written], self.log.storage_options)
-            if gone:
-                # A recovery took our files for orphans (this append stalled past
-                # file.delete.delay.ms): committing them would lose the batch.
-                logger.warning("batch %s: %d file(s) vanished; rewriting", batch_id, len(gone))
-                discard(self.log, written)
-                return snapshot
-            try:
-                commit_append(snapshot, written, app_id, batch_id)
-                return LogAppendInfo(self._fresh(), tuple(written))
-            except ConcurrentCommitError as e:
-                logger.info("append of batch %s conflicted (%s); refreshing", batch_id, e)
-                snapshot = self._fresh()
-                if committed(snapshot, app_id, batch_id):
-                    discard(self.log, written)
-                    return LogAppendInfo(snapshot, already_committed=True)
-                if moved(snapshot, written, end_offsets):
-                    discard(self.log, written)
-                    return snapshot  # offsets taken by another writer: number the batch again
-        discard(self.log, written)  # conflicts that never settle: give up, bounded
-        return None
-
-    def _commit_schema(
-        self, snapshot: LogSnapshot, schema: T.StructType, app_id: str, batch_id: int
-    ) -> LogSnapshot | None:
-        """Commit the schema a batch evolves the log to, before the batch; the log after.
-
-        None when the commit conflicted (another writer changed the log first). The
-        batch's files are written with ``schema``: its commit comes next, so a crash
-        between the two leaves an evolved log without the batch, which its retry appends.
-        """
-        changes = schema_changes(snapshot.spark_schema, schema)
-        try:
-            commit_schema(
-                snapshot,
-                schema,
-                info={
-                    "operation": "schema",
-                    "appId": app_id,
-                    "batchId": batch_id,
-                    "changes": changes,
-                },
-            )
-        except ConcurrentCommitError as e:
-            logger.info("schema change of batch %s conflicted (%s); refreshing", batch_id, e)
-            return None
-        logger.info(
-            "batch %s evolved the schema of %s: %s", batch_id, self.log.uri, "; ".join(changes)
-        )
-        crash_point(SCHEMA_BEFORE_APPEND)
-        return self._fresh()
-
-    def _task(
+    def task(
         self, log_schema: T.StructType, end_offsets: Mapping[int, int], has_offsets: bool
     ) -> AppendTask:
-        # Files are written with the log's schema after the batch (the writer casts fields
-        # by name, widening types); a first batch's own columns create the log.
+        """The task that writes a batch with ``log_schema`` (the log's after the batch, or a
+        first batch's own columns), numbering from ``end_offsets``. Pure."""
         return AppendTask(
             writer=SegmentWriterTask(
                 table_uri=self.log.uri,
@@ -394,7 +279,196 @@ class LogAppender:
             log_schema=log_schema,
         )
 
-    def _fresh(self) -> LogSnapshot:
+    def fresh_snapshot(self) -> LogSnapshot:
+        """The log as it is now; it exists (an append reads it only once it made or saw it)."""
         snapshot = self.log.snapshot()
         assert snapshot is not None
         return snapshot
+
+
+class AppendAttempt:
+    """One numbering of a batch: the log it numbers from, the offsets it took, the files it wrote.
+
+    The attempt state of `LogAppender.append_as_leader`'s retry loop (as pyiceberg's
+    snapshot producer holds a commit's): `refresh` reads the log again after a conflict,
+    `validate` tells whether the files can still be committed, `clean_up` deletes the
+    files it will not commit. Used as a context manager: leaving it without a commit of
+    its files, or with `BadInputError` or `CommitConflictError`, cleans up. Any other
+    error leaves the files where they are: a commit that failed in flight may have gone
+    in, and files no commit names are recovery's (`sinks.maintenance.recovery`).
+
+    ``outcome`` is set once the append is settled (committed, or found committed);
+    ``snapshot`` is the log as this attempt last read it, where the next one numbers
+    from when it is not.
+    """
+
+    def __init__(
+        self,
+        appender: LogAppender,
+        snapshot: LogSnapshot | None,
+        schema: T.StructType,
+        *,
+        app_id: str,
+        batch_id: int,
+    ) -> None:
+        self.appender = appender
+        self.log = appender.log
+        self.snapshot = snapshot
+        self.schema = schema  # the batch's log columns
+        self.app_id = app_id
+        self.batch_id = batch_id
+        self.new_log = snapshot is None  # no table: clean-up removes the directories too
+        self.end_offsets = snapshot.log_end_offsets() if snapshot is not None else {}
+        # The log's schema after the batch: the files are written with it.
+        self.target = appender.evolved_schema(snapshot, schema) if snapshot is not None else schema
+        self.written: list[WrittenSegment] = []
+        self.redelivered = 0
+        self.outcome: LogAppendInfo | None = None
+
+    def __enter__(self) -> AppendAttempt:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        settled_by_us = self.outcome is not None and not self.outcome.already_committed
+        if (kind is None and not settled_by_us) or (kind and issubclass(kind, _CLEAN_UP_ON)):
+            self.clean_up()
+
+    # -- the steps, in order -------------------------------------------------------------------
+
+    def write(self, run: TaskRunner, *, has_offsets: bool) -> None:
+        """Validate, number and write the batch with ``run``, from `end_offsets`.
+
+        Kafka input is first written where it was read (no shuffle). Its tasks each saw
+        their own rows: a repeat across tasks (overlapping files) and the whole count of
+        a bad batch take one task per partition, so then the batch goes through the shuffle.
+        Raises `BadInputError` listing what the checks found (the files are cleaned up).
+        """
+        task = self.appender.task(self.target, self.end_offsets, has_offsets)
+        for exchange in (False, True) if has_offsets else (True,):
+            output = run(task, exchange=exchange)
+            self.written, self.redelivered = output.written, output.report.redelivered
+            problems = output.report.problems(
+                keys=self.appender.keys, message_max_bytes=self.appender.config.message_max_bytes
+            )
+            if exchange or not (problems or overlapping(self.written)):
+                break
+            self.clean_up()
+        raise_for_problems(problems, batch_id=self.batch_id)
+
+    def create_log(self) -> bool:
+        """Create the log when none existed (only a valid batch creates it); True to go on.
+
+        False when another writer created it first and then committed this batch (the
+        outcome says so) or appended to a partition this batch wrote: number again.
+        Raises `SchemaMismatchError` when that writer created it with other columns.
+        """
+        if self.snapshot is not None:
+            return True
+        config = self.appender.config
+        self.snapshot = self.log.create(
+            self.schema,
+            {
+                **table_properties(config.file_delete_delay_ms),
+                **self.appender.keys.to_properties(),
+                **topic_table_properties(config),
+            },
+        )
+        self.new_log = False
+        created = self.appender.evolved_schema(self.snapshot, self.schema)
+        if not self.validate() or created != self.snapshot.spark_schema:
+            return False
+        self.target = self.snapshot.spark_schema  # the batch's own: nothing to evolve
+        return True
+
+    def evolve_schema(self) -> bool:
+        """Commit the schema the batch evolves the log to, before its files; True to go on.
+
+        The files are written with it, and their commit comes next: a crash between the
+        two leaves an evolved log without the batch, which its retry appends. False when
+        the schema commit conflicted or the log moved under it: number again.
+        """
+        snapshot = self.snapshot
+        assert snapshot is not None
+        if not self.written or self.target == snapshot.spark_schema:
+            return True
+        changes = schema_changes(snapshot.spark_schema, self.target)
+        info = {"operation": "schema", "appId": self.app_id, "batchId": self.batch_id}
+        try:
+            commit_schema(snapshot, self.target, info={**info, "changes": changes})
+        except ConcurrentCommitError as e:
+            logger.info("schema change of batch %s conflicted (%s); refreshing", self.batch_id, e)
+            self.refresh()
+            return False
+        logger.info(
+            "batch %s evolved the schema of %s: %s", self.batch_id, self.log.uri, "; ".join(changes)
+        )
+        crash_point(SCHEMA_BEFORE_APPEND)
+        self.refresh()
+        return not moved(self.snapshot, self.written, self.end_offsets)
+
+    def commit(self) -> None:
+        """Commit the files (an empty batch: its id), retrying conflicts that leave them valid.
+
+        Sets `outcome` when settled. Leaves it None when the files must be written again:
+        another writer took the offsets, or a recovery took the files for orphans (this
+        append stalled past ``file.delete.delay.ms``). Raises `CommitConflictError` when
+        conflicts never settle in `APPEND_ATTEMPTS` commits.
+        """
+        snapshot = self.snapshot
+        assert snapshot is not None
+        if not self.written:
+            commit_empty(snapshot, self.app_id, self.batch_id)
+            self.outcome = LogAppendInfo(
+                self.appender.fresh_snapshot(), redelivered=self.redelivered
+            )
+            return
+        for _retry in range(APPEND_ATTEMPTS):
+            crash_point(APPEND_BEFORE_COMMIT)
+            paths = [w.path for w in self.written]
+            gone = missing_files(self.log.uri, paths, self.log.storage_options)
+            if gone:
+                logger.warning("batch %s: %d file(s) vanished; rewriting", self.batch_id, len(gone))
+                return
+            try:
+                commit_append(self.snapshot, self.written, self.app_id, self.batch_id)
+            except ConcurrentCommitError as e:
+                logger.info("append of batch %s conflicted (%s); refreshing", self.batch_id, e)
+                self.refresh()
+                if not self.validate():
+                    return
+                continue
+            self.outcome = LogAppendInfo(
+                self.appender.fresh_snapshot(), tuple(self.written), redelivered=self.redelivered
+            )
+            return
+        raise CommitConflictError(
+            f"batch {self.batch_id} of {self.log.uri}: append kept conflicting after "
+            f"{APPEND_ATTEMPTS} attempts; nothing was committed"
+        )
+
+    # -- refresh, validate, clean up -----------------------------------------------------------
+
+    def refresh(self) -> None:
+        """Read the log again (after a conflict)."""
+        self.snapshot = self.appender.fresh_snapshot()
+
+    def validate(self) -> bool:
+        """Whether the files can still be committed against `snapshot`.
+
+        False when the batch is already in (`outcome` says so: another attempt or writer
+        committed it) or another writer moved the log end offset of a partition the files
+        hold (their offsets are taken).
+        """
+        assert self.snapshot is not None
+        if committed(self.snapshot, self.app_id, self.batch_id):
+            self.outcome = LogAppendInfo(self.snapshot, already_committed=True)
+            return False
+        return not moved(self.snapshot, self.written, self.end_offsets)
+
+    def clean_up(self) -> None:
+        """Delete the files this attempt wrote and will not commit. Idempotent."""
+        discard(self.log, self.written, new_log=self.new_log)
+        self.written = []
+
+
+_CLEAN_UP_ON = (BadInputError, SchemaMismatchError, CommitConflictError)

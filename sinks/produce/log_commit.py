@@ -4,7 +4,7 @@
 written partition's new log end offset; `commit_empty` records an empty batch's id;
 `moved` tells whether another writer took the offsets a batch was numbered with;
 `discard` deletes files an append will not commit. Used by
-`sinks.produce.log_append.LogAppender`, which decides when.
+`sinks.produce.log_append.AppendAttempt`, which decides when.
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ def commit_append(
 ) -> None:
     """Commit ``written`` against ``snapshot`` with the batch's ``txn`` and new log end offsets.
 
-    One Delta commit. Raises `ConcurrentCommitError` on a conflict; the
-    caller refreshes and decides (see `LogAppender.append_as_leader`).
+    One Delta commit (design.md §2). Raises `ConcurrentCommitError` on a conflict; the
+    caller refreshes and decides (`AppendAttempt.commit`). Not idempotent by itself:
+    the caller checks `committed` first.
     """
     ends: dict[int, int] = {}
     for w in written:
@@ -46,7 +47,8 @@ def commit_append(
 
 
 def commit_empty(snapshot: LogSnapshot, app_id: str, batch_id: int) -> None:
-    """Record an empty batch's id so that it stays skipped after a restart."""
+    """Record an empty batch's id so that it stays skipped after a restart: one Delta commit
+    of no file. Raises `ConcurrentCommitError` on a conflict."""
     snapshot.commit(
         data_change=False,
         transactions={app_id: batch_id},
@@ -59,6 +61,7 @@ def discard(log: LogTable, written: Sequence[WrittenSegment], *, new_log: bool =
 
     ``new_log``: no table existed, so the partition directories and the log's own
     directory go too when they are left empty (a bad first batch leaves no trace).
+    Idempotent: a file already gone is skipped.
     """
     delete_files(log.uri, [w.path for w in written], log.storage_options)
     if new_log:
@@ -69,7 +72,8 @@ def discard(log: LogTable, written: Sequence[WrittenSegment], *, new_log: bool =
 def moved(
     snapshot: LogSnapshot, written: Sequence[WrittenSegment], end_offsets: Mapping[int, int]
 ) -> bool:
-    """True when another writer moved the log end offset of a partition ``written`` holds."""
+    """True when another writer moved the log end offset of a partition ``written`` holds
+    (``end_offsets`` are those the files were numbered from). Pure."""
     return any(
         snapshot.log_end_offset(p) != end_offsets.get(p, 0) for p in {w.partition for w in written}
     )
@@ -77,7 +81,8 @@ def moved(
 
 def overlapping(written: Sequence[WrittenSegment]) -> bool:
     """True when two of the files hold overlapping offsets of one partition (tasks that read
-    Kafka input without a shuffle held the same offsets: a repeat the tasks could not see)."""
+    Kafka input without a shuffle held the same offsets: a repeat the tasks could not see).
+    Pure."""
     last_by_partition: dict[int, int] = {}
     for w in sorted(written, key=lambda w: (w.partition, w.base_offset)):
         if w.base_offset <= last_by_partition.get(w.partition, -1):

@@ -1,7 +1,7 @@
 """Committing a log's evolved schema: one Delta commit that holds a ``metaData`` action only.
 
 delta-rs's ``create_write_transaction`` drops a schema change in append mode without an
-error (delta-rs#3934), and in overwrite mode it removes every live file. So the schema
+error (design.md §34), and in overwrite mode it removes every live file. So the schema
 goes in a commit of its own, made through the log's committer (`sinks.log.committer`;
 with delta-rs, ``write_deltalake``) as an overwrite whose predicate
 no record matches (``offset < 0``; file statistics prune every file, so nothing is read):

@@ -1,12 +1,12 @@
-"""The append through Spark's own Parquet writer: a batch's rows never leave the JVM (#33).
+"""The append through Spark's own Parquet writer: a batch's rows never leave the JVM.
 
 `run_in_jvm` is the executor half of an append (`sinks.produce.append_task.AppendTask`'s
-job) as a plan of Spark's own: the log's columns in the log's order, the offsets
-assigned in the plan, Kafka's producer-side checks as a guard in the same job (the
-write fails on the first row a check refuses), and the files written by Spark's
-Parquet writer. It answers with the same
-rows the Python task sends back (`sinks.produce.append_task.read_task_output`), so the
-driver's numbering, commit and exactly-once logic (`sinks.produce.log_append`) is one.
+job) as a plan of Spark's own (design.md §37): the log's columns in the log's order, the
+offsets assigned in the plan, Kafka's producer-side checks as a guard in the same job
+(the write fails on the first row a check refuses), and the files written by Spark's
+Parquet writer. It answers with the same `sinks.produce.append_task.TaskOutput` the
+Python task does, so the driver's numbering, commit and exactly-once logic
+(`sinks.produce.log_append`) is one.
 
 How the files become the log's (design.md §10, §26):
 
@@ -43,18 +43,12 @@ answers None and the caller takes it:
 - the counting job and the write saw different rows (a source that is not
   deterministic), so the offsets do not tile.
 
-Which writer runs (``COMPACTED_SINK_APPEND_WRITER``): ``auto``, the default, takes
-this one for a batch of assigned offsets that Spark's optimizer estimates at
-`SPARK_WRITER_MIN_BYTES` or more, and the Python task otherwise; ``spark`` takes this
-one wherever it can; ``python`` never. Measured side by side on an idle machine
-(``make bench-append``, bench/append_writers.json), median batch against Spark's plain
-Parquet write of the same batch: for assigned offsets 1.37x at 1e6 records (the Python
-task, which shuffles, 2.07x), level at 250,000 (2.10x against 2.04x), and slower than the
-Python task below that (a second job and the footers' reads, a fixed cost per write of
-about 0.4 s); for Kafka input 1.17x at 1e6 (the Python task 1.21x, within
-run-to-run noise) and slower at 50,000, so Kafka input keeps the Python task unless
-``spark`` is asked for. A batch without an estimate (a Kafka or rate source, a Spark
-Connect session) takes the Python task under ``auto``.
+Which writer runs (design.md §37; figures in docs/benchmarks.md): `append_writer` reads
+``COMPACTED_SINK_APPEND_WRITER`` once, when an appender is built. ``auto``, the default,
+takes this one for a batch of assigned offsets that Spark's optimizer estimates at
+`SPARK_WRITER_MIN_BYTES` or more, and the Python task otherwise (Kafka input, a smaller
+batch, a batch without an estimate: a Kafka or rate source, a Spark Connect session);
+``spark`` takes this one wherever it can; ``python`` never.
 """
 
 from __future__ import annotations
@@ -74,22 +68,24 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from sinks.crash_points import APPEND_AFTER_STAGED_WRITE, crash_point
+from sinks.errors import ConfigError
 from sinks.log.key_filter import spark_key_filter_options
 from sinks.log.ownership import STAGING_DIR
 from sinks.log.records import (
-    COUNT_COLUMNS,
     INPUT_ORDER,
     OFFSET,
     PARTITION,
+    BatchReport,
+    PartitionCounts,
     at_or_above,
     spark_at_or_above,
     sql_map,
     sql_name,
 )
 from sinks.log.segment import segment_path
-from sinks.log.segment_writer import WRITTEN_ARROW_SCHEMA, stats_from_footer
+from sinks.log.segment_writer import WrittenSegment, stats_from_footer
 from sinks.log.storage import arrow_filesystem, is_local
-from sinks.produce.append_task import AppendTask
+from sinks.produce.append_task import AppendTask, TaskOutput
 from sinks.produce.validity import spark_row_problems_sql
 
 logger = logging.getLogger("compacted_sink")
@@ -99,11 +95,8 @@ SPARK_WRITER = "spark"
 PYTHON_WRITER = "python"
 AUTO_WRITER = "auto"
 SPARK_WRITER_MIN_BYTES = 128 << 20
-"""Under ``auto``, the estimated batch size from which assigned offsets take Spark's writer.
-
-Measured (module docstring): the two writers tie at 250,000 records of 512 B (1.11 s
-and 1.14 s a batch; Spark estimates the batch, read from Parquet, at 90 MiB), and Spark's
-writer is 1.5x faster at 1e6 (estimated 363 MiB)."""
+"""Under ``auto``, the estimated batch size from which assigned offsets take Spark's writer:
+where the two writers measured level (docs/benchmarks.md)."""
 CONCURRENT_WRITERS = 64
 """Files a task of Kafka input keeps open at once (partitions it holds) before Spark sorts."""
 MAX_RUNS = 100_000
@@ -117,20 +110,32 @@ _BAD_ROW = "compacted-sink: a record the log refuses"  # the guard's error (`_gu
 
 
 def append_writer() -> str:
-    """Which writer an append uses: `AUTO_WRITER` unless ``COMPACTED_SINK_APPEND_WRITER``
-    says `SPARK_WRITER` or `PYTHON_WRITER`."""
-    chosen = os.environ.get(APPEND_WRITER_ENV, AUTO_WRITER).strip().lower() or AUTO_WRITER
+    """Which writer an append uses, from the environment as it is now: `AUTO_WRITER`
+    unless ``COMPACTED_SINK_APPEND_WRITER`` says `SPARK_WRITER` or `PYTHON_WRITER`.
+
+    Read once, when an appender is built (`sinks.produce.log_append.LogAppender`).
+    Raises `ConfigError` for any other value.
+    """
+    return check_writer(os.environ.get(APPEND_WRITER_ENV, AUTO_WRITER), source=APPEND_WRITER_ENV)
+
+
+def check_writer(name: str, *, source: str = "writer") -> str:
+    """``name`` as a writer's name (trimmed, lower case; empty: `AUTO_WRITER`). Pure.
+
+    Raises `ConfigError` when it names no writer; ``source`` says where it came from.
+    """
+    chosen = name.strip().lower() or AUTO_WRITER
     if chosen not in (AUTO_WRITER, SPARK_WRITER, PYTHON_WRITER):
-        raise ValueError(
-            f"{APPEND_WRITER_ENV}={chosen!r}: use {AUTO_WRITER!r}, {SPARK_WRITER!r} "
-            f"or {PYTHON_WRITER!r}"
+        raise ConfigError(
+            f"{source}={name!r} names no append writer: use {AUTO_WRITER!r}, "
+            f"{SPARK_WRITER!r} or {PYTHON_WRITER!r}"
         )
     return chosen
 
 
-def _takes_spark_writer(df: DataFrame, task: AppendTask) -> bool:
-    """Whether this batch is Spark's writer's (module docstring, "Which writer runs")."""
-    chosen = append_writer()
+def _takes_spark_writer(df: DataFrame, task: AppendTask, chosen: str) -> bool:
+    """Whether this batch is Spark's writer's under ``chosen`` (module docstring, "Which
+    writer runs")."""
     if chosen == PYTHON_WRITER or not is_local(task.writer.table_uri):
         return False
     if chosen == SPARK_WRITER:
@@ -180,31 +185,34 @@ def run_in_jvm(
     log_schema: T.StructType,
     *,
     exchange: bool,
-) -> list[dict[str, object]] | None:
+    writer: str,
+) -> TaskOutput | None:
     """Write the prepared batch ``df`` with Spark's writer, as ``task`` would with Python.
 
-    Returns the task's output rows (segments, then per-partition counts), or None when
-    this batch takes the Python path (module docstring; nothing is left behind then).
-    ``log_schema`` is the log's schema the files are written with.
+    Returns what the Python task would (the segments written, uncommitted, and the
+    per-partition counts), or None when this batch takes the Python path under the
+    appender's ``writer`` (module docstring; nothing is left behind then). ``log_schema``
+    is the log's schema the files are written with. Not idempotent: every call writes
+    new files.
     """
-    if not _takes_spark_writer(df, task):
+    if not _takes_spark_writer(df, task, writer):
         return None
     columns = _log_columns(df, log_schema)
     if columns is None:
         return None
-    writer = _StagedWrite(task)
+    staging = _StagedWrite(task)
     try:
         if task.has_offsets:
-            files, counts = _write_kafka_input(df, columns, task, writer, exchange=exchange)
+            files, report = _write_kafka_input(df, columns, task, staging, exchange=exchange)
         else:
-            files, counts = _write_assigned(df, columns, task, writer)
+            files, report = _write_assigned(df, columns, task, staging)
         if files is None:
             return None
         crash_point(APPEND_AFTER_STAGED_WRITE)
-        rows = writer.publish(files)
+        written = staging.publish(files)
     finally:
-        writer.remove()
-    return [*rows, *counts]
+        staging.remove()
+    return TaskOutput(written, report)
 
 
 # -- the plan ----------------------------------------------------------------------------
@@ -238,9 +246,8 @@ def _guarded(df: DataFrame, task: AppendTask) -> DataFrame:
     """``df`` with Kafka's checks as a guard: the write fails on the first bad row.
 
     A predicate, not a count: it stays in the write's generated code, where an
-    ``observe`` costs a pass of its own over every row (measured: about 1.14x the
-    plain write at 1e6 records, the guard 1.08x together with the log's columns).
-    The Python task then counts the batch's problems for the exact error.
+    ``observe`` costs a pass of its own over every row. The Python task then counts
+    the batch's problems for the exact error. Lazy: no Spark job runs.
     """
     problems = spark_row_problems_sql(
         df,
@@ -263,7 +270,7 @@ def _write_kafka_input(
     writer: _StagedWrite,
     *,
     exchange: bool,
-) -> tuple[list[StagedSegment] | None, list[dict[str, object]]]:
+) -> tuple[list[StagedSegment] | None, BatchReport]:
     """Kafka input: offsets given; records below the log end offset dropped (a redelivery).
 
     Without ``exchange``, first as Spark read them: a file per input task, unsorted and
@@ -284,11 +291,11 @@ def _write_kafka_input(
                 writer.clear()
                 files = _write_shape(df, columns, task, writer, shape, exchange, redelivered)
         if files is None:
-            return None, []
+            return None, BatchReport()
         if all(f.in_order for f in files):
             return files, _counts(files, redelivered=redelivered or 0)
         writer.clear()
-    return None, []  # a repeated offset: the Python task counts it per partition
+    return None, BatchReport()  # a repeated offset: the Python task counts it per partition
 
 
 def _write_shape(
@@ -316,7 +323,7 @@ def _write_shape(
 
 def _write_assigned(
     df: DataFrame, columns: list[str], task: AppendTask, writer: _StagedWrite
-) -> tuple[list[StagedSegment] | None, list[dict[str, object]]]:
+) -> tuple[list[StagedSegment] | None, BatchReport]:
     """No offsets given: number each partition from its log end offset, in input order.
 
     A first job counts each input task's rows per partition (only the ``partition``
@@ -328,10 +335,10 @@ def _write_assigned(
     counted = df.selectExpr("spark_partition_id() AS t", f"{sql_name(PARTITION)} AS p")
     for row in counted.groupBy("t", "p").count().collect():
         if row["p"] is None or row["p"] < 0:
-            return None, []  # a bad partition: the Python task reports it
+            return None, BatchReport()  # a bad partition: the Python task reports it
         runs[(int(row["t"]), int(row["p"]))] = int(row["count"])
     if not runs or len(runs) > MAX_RUNS:
-        return ([], []) if not runs else (None, [])
+        return ([], BatchReport()) if not runs else (None, BatchReport())
     split = len({t for t, _ in runs}) < len(runs)  # some task holds several partitions
     first = sql_map(_first_offsets(runs, task.log_end_offsets), long_keys=True)
     rows = _guarded(df, task)
@@ -346,7 +353,7 @@ def _write_assigned(
     staged = rows.selectExpr(*columns, *([_STAGED_PARTITION_SQL] if split else []))
     files = writer.write(staged, split=split, rows_per_file=max(runs.values()))
     if files is None or not _tiles(files, runs, task.log_end_offsets):
-        return None, []
+        return None, BatchReport()
     return files, _counts(files, redelivered=0)
 
 
@@ -398,19 +405,18 @@ def _tiles(
     return True
 
 
-def _counts(files: Sequence[StagedSegment], *, redelivered: int) -> list[dict[str, object]]:
-    """Per-partition counts in the task's output form: every row valid (the checks passed)."""
+def _counts(files: Sequence[StagedSegment], *, redelivered: int) -> BatchReport:
+    """The checks' report, as the Python task would count: every row valid (the guard
+    passed); ``redelivered`` counted on the first partition."""
     rows_by_partition: dict[int, int] = {}
     for f in files:
         rows_by_partition[f.partition] = rows_by_partition.get(f.partition, 0) + f.num_records
     if not rows_by_partition and redelivered:
         rows_by_partition[0] = 0
-    out = []
-    for i, (p, n) in enumerate(sorted(rows_by_partition.items())):
-        counts = dict.fromkeys(COUNT_COLUMNS, 0)
-        counts.update(rows=n, redelivered=redelivered if i == 0 else 0)
-        out.append({**{k: None for k in WRITTEN_ARROW_SCHEMA.names}, **counts, "partition": p})
-    return out
+    return BatchReport.merged(
+        (p, PartitionCounts(rows=n, redelivered=redelivered if i == 0 else 0))
+        for i, (p, n) in enumerate(sorted(rows_by_partition.items()))
+    )
 
 
 # -- the staging directory ---------------------------------------------------------------
@@ -524,27 +530,26 @@ class _StagedWrite:
             below_log_end=table.num_rows - at_or_above(table, floors).num_rows if floors else 0,
         )
 
-    def publish(self, files: Sequence[StagedSegment]) -> list[dict[str, object]]:
-        """Rename each file to its segment name; the task's rows describing them."""
-        rows = []
+    def publish(self, files: Sequence[StagedSegment]) -> list[WrittenSegment]:
+        """Rename each file to its segment name; the segments, uncommitted."""
+        written = []
         for f in files:
             relative = segment_path(f.partition, f.base_offset, uuid.uuid4().hex)
             self.fs.create_dir(f"{self.root}/partition-{f.partition}", recursive=True)
             size = self.fs.get_file_info(f.path).size
             self.fs.move(f.path, f"{self.root}/{relative}")
-            rows.append(
-                {
-                    "path": relative,
-                    "size_bytes": size,
-                    "partition": f.partition,
-                    "base_offset": f.base_offset,
-                    "last_offset": f.last_offset,
-                    "num_records": f.num_records,
-                    "stats": f.stats,
-                    **dict.fromkeys(COUNT_COLUMNS),
-                }
+            written.append(
+                WrittenSegment(
+                    path=relative,
+                    size_bytes=size,
+                    partition=f.partition,
+                    base_offset=f.base_offset,
+                    last_offset=f.last_offset,
+                    num_records=f.num_records,
+                    stats=f.stats,
+                )
             )
-        return rows
+        return written
 
     def clear(self) -> None:
         """Delete what the last write staged (it will not be published)."""

@@ -259,6 +259,7 @@ class RecordValidator:
         return any(c.bad or p is None or p < 0 for p, c in self._counts.items())
 
     def report(self) -> BatchReport:
+        """What was counted so far, per partition value (a copy). Pure."""
         return BatchReport(dict(self._counts))
 
 

@@ -1,4 +1,4 @@
-"""The append in one Spark job: checks, numbering and writing in one task pass (issue #6).
+"""The append in one Spark job: checks, numbering and writing in one task pass (design.md §12).
 
 A bad batch is found after its files were written; the files are deleted and
 nothing is committed, so design.md §12 (never half-written) still holds. Kafka input

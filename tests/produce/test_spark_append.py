@@ -1,4 +1,4 @@
-"""The append through Spark's own Parquet writer (`sinks.produce.spark_append`, issue #33).
+"""The append through Spark's own Parquet writer (`sinks.produce.spark_append`, design.md §37).
 
 Most tests ask for it with ``COMPACTED_SINK_APPEND_WRITER=spark``; the last ones hold
 the default (``auto``) to its choice. Each comparing test appends the same batches to two
