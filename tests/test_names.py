@@ -2,7 +2,7 @@
 
 - No public name (a class, function or module constant not starting with ``_``) is defined
   at the top level of two library modules: a reader who meets ``read_state`` or
-  ``CleanerThread`` knows which one it is. A package's ``__init__`` re-exporting a name
+  ``CleanerLoop`` knows which one it is. A package's ``__init__`` re-exporting a name
   defines nothing; every module's own ``logger`` is the one exception by convention.
 - One exit registry: only `sinks.shutdown` hooks the interpreter's exit.
 - A class named a thread (``...Thread``) is one: it derives from ``threading.Thread``; a

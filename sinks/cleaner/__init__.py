@@ -1,8 +1,9 @@
 """The log cleaner, as Kafka's: ten modules, one concept each, named as Kafka names them.
 
 - `log_cleaner`: ``LogCleaner``, one log's rounds (retention, a pass, the segment
-  deleter), the hand-over after an append, and its threads (`CleanerLoop`, the one
-  loop over one or many logs: the sink's worker and the ``clean`` command).
+  deleter), the hand-over after an append, the one loop over one or many logs
+  (`CleanerLoop`, Kafka's ``CleanerThread``: run by the ``clean`` command and by the
+  sink's worker thread, `CleanerWorker`).
 - `cleaner_manager`: ``LogCleanerManager``, the partitions' cleaner states and
   checkpoints in the cleaner-offset checkpoint table: claims, transitions, pauses.
 - `pass_planning`: the log measured into a `CleaningPlan` (Kafka's ``cleanableOffsets``),

@@ -8,17 +8,16 @@ the rules live once, in `sinks.cleaner.rules`.
 1. `Cleaner.clean`: the pass, planned again from the new version when it is aborted
    (`LogCleaningAbortedError`: another writer swapped its files first), at most
    ``PASS_ATTEMPTS`` times, then throttled (design.md §33);
-2. `Cleaner.clean_filthiest`: another engine's files rewritten into segments first
-   (`Cleaner.absorb_foreign_files`, design.md §14); the filthiest cleanable partitions
-   chosen and claimed (`Cleaner.grab_filthiest_compacted_log`), which makes the
-   `CleaningPass`, what the pass knows, once; the pass run; its checkpoint written
+2. `Cleaner.absorb_foreign_files`: another engine's files rewritten into segments first
+   (design.md §14), then `Cleaner.grab_filthiest_compacted_log`: the filthiest cleanable
+   partitions chosen and claimed, which makes the `CleaningPass`, what the pass knows;
+3. `Cleaner.run_pass`: the pass run under its claims, then checkpointed
    (`CleanerManager.checkpoint_pass`, Kafka's ``doneCleaning``, design.md §8);
-3. `Cleaner.do_clean`: each claimed partition's share (`Cleaner.plan`,
+4. `Cleaner.do_clean`: each claimed partition's share (`Cleaner.plan`,
    `sinks.cleaner.pass_planning.plan_partition`), the inputs checked, the Spark job
    (`Cleaner.clean_segments`, whose tasks are `sinks.cleaner.recopy_task.RecopyTask`),
-   the figures (`CleanerStats`);
-4. `Cleaner.replace_segments`: the old files swapped for the new in one Delta commit with
-   ``dataChange=false`` (design.md §9).
+   the figures (`CleanerStats`), and `Cleaner.replace_segments`: the old files swapped
+   for the new in one Delta commit with ``dataChange=false`` (design.md §9).
 
 The driver plans from the Delta log alone and never holds a key (design.md §33). Not
 idempotent: every pass writes new files, which only its commit makes part of the log; a
@@ -172,9 +171,16 @@ class Cleaner:
             if snapshot is None:
                 return None
             try:
-                stats = self.clean_filthiest(
-                    spark, snapshot, plan if attempt == 0 else None, force=force, budget=budget
+                if snapshot.foreign_files:  # a pass plans over segments only
+                    snapshot = self.absorb_foreign_files(spark, snapshot)
+                    if snapshot is None:
+                        return None
+                cleaning = self.grab_filthiest_compacted_log(
+                    snapshot, plan if attempt == 0 else None, force=force, budget=budget
                 )
+                if cleaning is None:
+                    return None
+                stats = self.run_pass(spark, cleaning)
                 break
             except LogCleaningAbortedError as e:
                 if attempt + 1 == PASS_ATTEMPTS:
@@ -191,67 +197,45 @@ class Cleaner:
                 stats = replace(stats, throttled_ms=int(slept * 1000))
         return stats
 
-    # -- 2. choose and claim, clean, checkpoint -------------------------------------------
+    # -- 2. another engine's files, then choose and claim ---------------------------------
 
-    def clean_filthiest(
-        self,
-        spark: SparkSession,
-        snapshot: LogSnapshot,
-        plan: CleaningPlan | None,
-        *,
-        force: bool,
-        budget: TaskBudget,
-    ) -> CleanerStats | None:
-        """Choose and claim the filthiest partitions of ``snapshot``, run their pass,
-        checkpoint it: Kafka's ``grabFilthiestCompactedLog`` + ``doClean`` +
-        ``doneCleaning``. Returns None when nothing was claimed.
+    def absorb_foreign_files(
+        self, spark: SparkSession, snapshot: LogSnapshot
+    ) -> LogSnapshot | None:
+        """Rewrite another engine's files into segments (`sinks.log.foreign.rearrangement`,
+        design.md §14), holding every partition of the log. Returns the log after it;
+        None when some partition is busy elsewhere.
 
-        Raises `LogCleaningAbortedError` (the partitions released) when another writer
-        beat the pass, `TableFeatureError` as it is, and `CleanerError` for any other
-        failure (the partitions then marked uncleanable, retried with backoff).
+        Raises `LogCleaningAbortedError` when another writer rewrote the same files first.
         """
-        if snapshot.foreign_files:
-            absorbed = self.absorb_foreign_files(spark, snapshot)
-            if absorbed is None:
-                return None
-            snapshot = absorbed
-        cleaning = self.grab_filthiest_compacted_log(snapshot, plan, force=force, budget=budget)
-        if cleaning is None:
+        partitions = snapshot.partitions
+        claimed = set(self.manager.start_cleaning(partitions))
+        if claimed != set(partitions):
+            self.manager.abort_cleaning(claimed)
+            logger.info("files another engine wrote in %s wait: partitions busy", self.log.uri)
             return None
-        claimed = cleaning.partitions
         try:
             with self.manager.heartbeating(claimed):
-                held_below = self.planner.consumer_holds(
-                    cleaning.snapshot, now_ms=cleaning.start_ms
+                fresh = self.log.snapshot() or snapshot
+                report = absorb(
+                    spark,
+                    self.log,
+                    fresh,
+                    stats_columns=self.stats_columns(fresh),
+                    segment_bytes=self.segment_bytes,
+                    keys=self.keys,
+                    latest_offsets=spark_latest_offsets,
                 )
-                cleaning = replace(cleaning, held_below=held_below)
-                stats = self.do_clean(spark, cleaning)
         except ConcurrentCommitError as e:
-            self.manager.abort_cleaning(claimed)
             raise LogCleaningAbortedError(
-                f"another cleaner committed first over partitions {sorted(claimed)} ({e})"
+                f"another writer rewrote the same files first while another engine's files "
+                f"were rewritten ({e})"
             ) from e
-        except TableFeatureError:
-            # Not this partition's failure: no commit to the log can succeed until the
-            # feature goes, and the error says how.
+        finally:
             self.manager.abort_cleaning(claimed)
-            raise
-        except Exception as e:
-            self.manager.mark_uncleanable(claimed, e)
-            raise CleanerError(
-                f"pass failed ({type(e).__name__}: {str(e)[:500]}); marked uncleanable, "
-                "retried with backoff",
-                log_path=self.log.uri,
-                partition=cleaning.logs[0].partition,
-            ) from e
-        budget_bytes = self.config.log_cleaner_max_bytes_per_pass
-        if budget_bytes < LONG_MAX:
-            work_left = cleaning.work_left or stats.work_left
-            stats = replace(stats, budget_bytes=budget_bytes, work_left=work_left)
-        crash_point(CLEAN_BEFORE_CHECKPOINT)
-        self.manager.checkpoint_pass(cleaning.logs, stats, table_id=cleaning.snapshot.table_id)
-        logger.info("%s", stats.summary())
-        return stats
+        if report is not None:
+            logger.info("cleaner: %s: %s", self.log.uri, report.summary())
+        return self.log.snapshot()
 
     def grab_filthiest_compacted_log(
         self,
@@ -267,11 +251,10 @@ class Cleaner:
 
         Takes ``plan``, the round's measure of the log and its choice (`CleaningPlan.choose`),
         when it is of ``snapshot``'s version and its checkpoint rows were read fresh; else
-        the log is measured and chosen from here. Returns
-        the pass (``held_below`` not read yet), its partitions claimed; None: nothing to do.
-        Checkpoints found out of range are rewritten on the way, as Kafka does. Raises
-        `LogCleaningAbortedError` (the partitions released) when another engine rewrote
-        files after the choice.
+        the log is measured and chosen from here. Returns the pass, its partitions claimed
+        (``held_below`` not read yet); None: nothing to do. Checkpoints found out of range
+        are rewritten on the way, as Kafka does. Raises `LogCleaningAbortedError` (the
+        partitions released) when another engine rewrote files after the choice.
         """
         now_ms = self.clock()
         if plan is None or not plan.fresh or plan.version != snapshot.version:
@@ -324,45 +307,52 @@ class Cleaner:
             work_left=budgeted.work_left,
         )
 
-    def absorb_foreign_files(
-        self, spark: SparkSession, snapshot: LogSnapshot
-    ) -> LogSnapshot | None:
-        """Rewrite another engine's files into segments (`sinks.log.foreign.rearrangement`,
-        design.md §14), holding every partition of the log. Returns the log after it;
-        None when some partition is busy elsewhere.
+    # -- 3. the claimed pass, run and checkpointed ----------------------------------------
 
-        Raises `LogCleaningAbortedError` when another writer rewrote the same files first.
+    def run_pass(self, spark: SparkSession, cleaning: CleaningPass) -> CleanerStats:
+        """Run the claimed pass (`do_clean`) while heartbeating its claims, then checkpoint
+        it (Kafka's ``doneCleaning``, design.md §8); returns its figures.
+
+        Raises `LogCleaningAbortedError` (the partitions released) when another writer
+        committed first, `TableFeatureError` as it is (released), and `CleanerError` for
+        any other failure (the partitions marked uncleanable, retried with backoff).
         """
-        partitions = snapshot.partitions
-        claimed = set(self.manager.start_cleaning(partitions))
-        if claimed != set(partitions):
-            self.manager.abort_cleaning(claimed)
-            logger.info("files another engine wrote in %s wait: partitions busy", self.log.uri)
-            return None
+        claimed = cleaning.partitions
         try:
             with self.manager.heartbeating(claimed):
-                fresh = self.log.snapshot() or snapshot
-                report = absorb(
-                    spark,
-                    self.log,
-                    fresh,
-                    stats_columns=self.stats_columns(fresh),
-                    segment_bytes=self.segment_bytes,
-                    keys=self.keys,
-                    latest_offsets=spark_latest_offsets,
+                held_below = self.planner.consumer_holds(
+                    cleaning.snapshot, now_ms=cleaning.start_ms
                 )
+                cleaning = replace(cleaning, held_below=held_below)
+                stats = self.do_clean(spark, cleaning)
         except ConcurrentCommitError as e:
-            raise LogCleaningAbortedError(
-                f"another writer rewrote the same files first while another engine's files "
-                f"were rewritten ({e})"
-            ) from e
-        finally:
             self.manager.abort_cleaning(claimed)
-        if report is not None:
-            logger.info("cleaner: %s: %s", self.log.uri, report.summary())
-        return self.log.snapshot()
+            raise LogCleaningAbortedError(
+                f"another cleaner committed first over partitions {sorted(claimed)} ({e})"
+            ) from e
+        except TableFeatureError:
+            # Not this partition's failure: no commit to the log can succeed until the
+            # feature goes, and the error says how.
+            self.manager.abort_cleaning(claimed)
+            raise
+        except Exception as e:
+            self.manager.mark_uncleanable(claimed, e)
+            raise CleanerError(
+                f"pass failed ({type(e).__name__}: {str(e)[:500]}); marked uncleanable, "
+                "retried with backoff",
+                log_path=self.log.uri,
+                partition=cleaning.logs[0].partition,
+            ) from e
+        budget_bytes = self.config.log_cleaner_max_bytes_per_pass
+        if budget_bytes < LONG_MAX:
+            work_left = cleaning.work_left or stats.work_left
+            stats = replace(stats, budget_bytes=budget_bytes, work_left=work_left)
+        crash_point(CLEAN_BEFORE_CHECKPOINT)
+        self.manager.checkpoint_pass(cleaning.logs, stats, table_id=cleaning.snapshot.table_id)
+        logger.info("%s", stats.summary())
+        return stats
 
-    # -- 3. the claimed partitions' pass ------------------------------------------------
+    # -- 4. Kafka's doClean: plan, recopy, swap ------------------------------------------
 
     def do_clean(self, spark: SparkSession, cleaning: CleaningPass) -> CleanerStats:
         """Kafka's ``doClean``: the pass over the claimed partitions, committed atomically
@@ -380,7 +370,7 @@ class Cleaner:
         snapshot = cleaning.snapshot
         if snapshot.foreign_files:
             raise ValueError("a pass plans over segments: rewrite the foreign files first")
-        plans = self.plan(cleaning)
+        plans = self.plan(snapshot, cleaning.logs)
         snapshot.check_files([s for plan in plans for s in plan.inputs])
         written = self.clean_segments(spark, cleaning, plans)
         inputs = [s for plan in plans for s in plan.inputs]
@@ -412,10 +402,9 @@ class Cleaner:
         after = self.log.snapshot()
         return replace(stats, duration_ms=duration, delta_version=after.version if after else None)
 
-    def plan(self, cleaning: CleaningPass) -> list[PartitionPlan]:
-        """Each claimed partition's share of the pass (`plan_partition`), from the Delta log
-        only. Pure."""
-        snapshot = cleaning.snapshot
+    def plan(self, snapshot: LogSnapshot, logs: Sequence[LogToClean]) -> list[PartitionPlan]:
+        """Each of ``logs``' share of a pass over ``snapshot`` (`plan_partition`), from the
+        Delta log only. Pure."""
         return [
             plan_partition(
                 log,
@@ -424,7 +413,7 @@ class Cleaner:
                 keys=self.keys,
                 dedupe_buffer_size=self.dedupe_buffer_size,
             )
-            for log in cleaning.logs
+            for log in logs
         ]
 
     def clean_segments(

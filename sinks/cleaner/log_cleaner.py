@@ -1,4 +1,4 @@
-"""`LogCleaner`: Kafka's ``LogCleaner``: one log's rounds, and the threads that run them.
+"""`LogCleaner`: Kafka's ``LogCleaner``: one log's rounds, and the loop and thread that run them.
 
 A `LogCleaner` builds and owns the log's `Cleaner` (one pass, and its `Throttler`), its
 `CleanerManager` (which partitions to clean, their claims and checkpoints, Kafka's
