@@ -15,7 +15,7 @@ copy of the same log with ``local[2]``, for comparison, and for each Spark's I/O
 How many tasks a pass runs is Spark's ``defaultParallelism`` (`sinks.spark_session.
 default_parallelism`): on a standalone cluster the cores of the executors registered
 when the pass plans (at least 2), so the pass's partitions are packed into one task per
-executor core (`sinks.cleaner.cleaner.packed`).
+executor core (`sinks.cleaner.recopy_task.packed`).
 
 Writes ``cluster_pass.json`` to ``--out`` and prints a summary. Every process it started
 (daemons, executors, their Python workers) is ended on the way out, also on failure.
@@ -50,7 +50,7 @@ from bench.task_placement import (
     tasks_of_jobs,
     tasks_per_executor,
 )
-from sinks.cleaner.cleaner import PartitionToClean, packed
+from sinks.cleaner.recopy_task import PartitionToClean, packed
 from streaming.jobs.session import local_session
 
 ROOT = Path(__file__).resolve().parents[1]

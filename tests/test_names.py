@@ -2,9 +2,11 @@
 
 - No public name (a class, function or module constant not starting with ``_``) is defined
   at the top level of two library modules: a reader who meets ``read_state`` or
-  ``CleanerThread`` knows which one it is. A package's ``__init__`` re-exporting a name
+  ``CleanerLoop`` knows which one it is. A package's ``__init__`` re-exporting a name
   defines nothing; every module's own ``logger`` is the one exception by convention.
 - One exit registry: only `sinks.shutdown` hooks the interpreter's exit.
+- A class named a thread (``...Thread``) is one: it derives from ``threading.Thread``; a
+  loop that runs on its caller's thread is named a loop.
 - No library function or class is there for the tests alone: what only ``tests/`` uses
   lives in ``tests/`` (``testkit.py`` or the test module), unless the documentation offers
   it to users (``docs/``, the README).
@@ -138,6 +140,18 @@ def exit_hooks() -> list[str]:
     return found
 
 
+def threads_that_are_not() -> list[str]:
+    """Library classes named ``...Thread`` that do not derive from ``threading.Thread``."""
+    found = []
+    for path in library_modules():
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ClassDef) and node.name.endswith("Thread"):
+                bases = {ast.unparse(b) for b in node.bases}
+                if not bases & {"Thread", "threading.Thread"}:
+                    found.append(f"{path.relative_to(ROOT)}:{node.name}")
+    return found
+
+
 def test_no_public_name_is_defined_in_two_library_modules():
     assert defined_twice() == []
 
@@ -159,6 +173,10 @@ def test_what_is_kept_for_the_tests_still_exists_in_the_library():
 
 def test_one_exit_registry():
     assert exit_hooks() == []
+
+
+def test_a_class_named_a_thread_is_a_thread():
+    assert threads_that_are_not() == []
 
 
 def test_the_checks_see_what_they_look_for():

@@ -1,14 +1,17 @@
-"""The log cleaner, as Kafka's: eight modules, one concept each, named as Kafka names them.
+"""The log cleaner, as Kafka's: ten modules, one concept each, named as Kafka names them.
 
 - `log_cleaner`: ``LogCleaner``, one log's rounds (retention, a pass, the segment
-  deleter), the hand-over after an append, and its threads (`CleanerThread`, the one
-  loop over one or many logs: the sink's worker and the ``clean`` command).
-- `cleaner_manager`: ``LogCleanerManager``, which partitions may be cleaned (the log
-  measured into a `CleaningPlan`, consumer holds, the filthiest claimed), their states
-  and checkpoints in the cleaner-offset checkpoint table.
-- `cleaner`: ``Cleaner``, one pass top to bottom: choose and claim, plan, the Spark
-  task per partition that builds its offset map and recopies its files, one commit,
-  the checkpoint.
+  deleter), the hand-over after an append, the one loop over one or many logs
+  (`CleanerLoop`, Kafka's ``CleanerThread``: run by the ``clean`` command and by the
+  sink's worker thread, `CleanerWorker`).
+- `cleaner_manager`: ``LogCleanerManager``, the partitions' cleaner states and
+  checkpoints in the cleaner-offset checkpoint table: claims, transitions, pauses.
+- `pass_planning`: the log measured into a `CleaningPlan` (Kafka's ``cleanableOffsets``),
+  consumer holds, and each partition's share of a pass; pure but for two table reads.
+- `cleaner`: ``Cleaner``, the driver's half of one pass top to bottom: choose and claim
+  (a `CleaningPass`), plan, one Spark job, one commit, the checkpoint.
+- `recopy_task`: the executors' half: `RecopyTask`, the Spark task that builds a
+  partition's offset map and recopies its files, shared with the state readers.
 - `offset_map`: ``OffsetMap``, exact, over keys encoded as Spark groups them.
 - `throttler`: ``Throttler``, the pass's I/O rate, and its tasks' CPU priority.
 - `log_to_clean`: ``LogToClean``, pure planning over numbers from the Delta log
@@ -22,7 +25,7 @@
 from sinks.cleaner.cleaner import Cleaner
 from sinks.cleaner.cleaner_manager import CleanerManager
 from sinks.cleaner.cleaner_stats import CleanerStats, format_bytes
-from sinks.cleaner.log_cleaner import Candidate, CleanerThread, LogCleaner, RoundReport
+from sinks.cleaner.log_cleaner import Candidate, CleanerLoop, LogCleaner, RoundReport
 from sinks.cleaner.log_to_clean import (
     LogToClean,
     OffsetsToClean,
@@ -37,7 +40,7 @@ __all__ = [
     "Cleaner",
     "CleanerManager",
     "CleanerStats",
-    "CleanerThread",
+    "CleanerLoop",
     "LogCleaner",
     "LogToClean",
     "OffsetsToClean",

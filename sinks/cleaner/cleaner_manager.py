@@ -1,71 +1,26 @@
-"""`CleanerManager`: Kafka's ``LogCleanerManager`` for one log, in the checkpoint table.
+"""`CleanerManager`: Kafka's ``LogCleanerManager`` for one log: the partitions' cleaner
+states (design.md §31) and checkpoints (design.md §8), in the checkpoint table.
 
 It tells which partitions this owner may claim (`claimable`), claims (`start_cleaning`,
-kept live by `heartbeating`), and records (`checkpoint_pass` / `done_cleaning`,
-`abort_cleaning`, `mark_uncleanable`), and pauses around ``delete_records`` and
-restores. Kafka keeps these states in memory, guarded by a lock, because one broker owns
-its logs; here cleaners run in different processes, so each state lives in the
-checkpoint table's row for the partition (`checkpoints.cleaner_states` says what a row
-means) and moves by compare-and-set: one commit per transition of a pass's partitions,
-however many (`CleanerOffsetCheckpoint.compare_and_set_many`). A partition whose pass
-failed is retried once ``backoff_ms`` doubled per failed attempt (capped at an hour) has
-passed.
+kept live by `heartbeating`), records (`checkpoint_pass` / `done_cleaning`,
+`abort_cleaning`, `mark_uncleanable`), and pauses around ``delete_records`` and restores.
+Each transition is one compare-and-set commit over a pass's partitions, however many
+(`CleanerOffsetCheckpoint.compare_and_set_many`); `checkpoints.cleaner_states` says what
+a row means. The states are advisory: correctness rests on design.md §9 and §11.
 
-The state is advisory for correctness: a pass that loses its claim (expired,
-paused) can still only commit against the snapshot it planned from, and delta-rs
-rejects a swap whose removed files another commit already removed. The states
-save wasted passes and make pauses and failures visible to ``status``.
-
-The cleanable offsets (Kafka's ``LogCleanerManager.cleanableOffsets``): every partition
-of a log as a cleaning candidate, from Delta metadata only.
-
-`LogPlanner.plan` measures one version of a log (first dirty and uncleanable
-offsets, cleanable bytes, expired tombstones a registered consumer still holds) into
-a `CleaningPlan`, the one list of `LogToClean` that a batch's hand-over, a round's
-choice and ``status`` share. Pure arithmetic over the snapshot
-(`sinks.cleaner.log_to_clean`), plus at most one read of the checkpoint table.
-
-The choice (Kafka's ``grabFilthiestCompactedLog``): Kafka's manager chooses under a lock
-and marks the log in progress. Here the claim is a compare-and-set on each partition's
-checkpoint row (`CleanerManager.start_cleaning`), so another process may take partitions
-between the choice and the claim, and other writers may commit meanwhile:
-`grab_filthiest_compacted_log` plans again after claiming when the log moved (a pass
-planned from the newest version has less to conflict with), refuses to go on over files
-another engine wrote since (they are absorbed first), and cuts the choice to the pass's
-byte budget (``log.cleaner.max.bytes.per.pass``), releasing the partitions it does not
-keep.
-
-Deletes held for registered consumers (`consumer_holds`), what Kafka's cleaner cannot
-promise: Kafka drops a tombstone once its delete horizon has passed (KIP-534), so "a consumer
-that lags by more than ``delete.retention.ms`` may miss delete markers". Here a
-consumer reading the log with ``consumer.id`` commits its offsets in the
-consumer-offsets table (`checkpoints.consumer_offsets`), and a pass gets, per
-partition, the offset its live consumers have all read up to (``held_below``, the
-lowest committed offset). The invariant:
-
-    a tombstone at offset O of partition p whose delete horizon has passed is dropped
-    only when O < held_below[p] (every live consumer has read it); a partition with no
-    live consumer has no entry, and Kafka's rule applies unchanged.
-
-Only tombstones are held; a superseded record goes as before, files and Delta
-versions are never held beyond the history window. A consumer that has not
-committed for ``consumer.expiration.ms`` holds nothing.
+What to claim is planned in `sinks.cleaner.pass_planning`; the choice and the claim are
+made together by `sinks.cleaner.cleaner.Cleaner.grab_filthiest_compacted_log`.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
 
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
-
-from checkpoints import CheckpointEntry, CleanerOffsetCheckpoint, split_histories
+from checkpoints import CheckpointEntry, CleanerOffsetCheckpoint
 from checkpoints.cleaner_states import (
     BACKOFF_BASE_MS,
     BACKOFF_MAX_MS,
@@ -80,22 +35,11 @@ from checkpoints.cleaner_states import (
     may_start_cleaning,
     uncleanable_backoff_ms,
 )
-from checkpoints.consumer_offsets import ConsumerOffsets, consumer_offsets_uri
 from sinks.cleaner.cleaner_stats import CleanerStats
 from sinks.cleaner.log_to_clean import (
     LogToClean,
-    cleanable_offsets,
-    filthiest_cleanable,
-    log_to_clean,
-    within_budget,
 )
-from sinks.config import CleanerConfig
-from sinks.errors import CleanerError, CommitConflictError, ConcurrentCommitError
-from sinks.log.log_table import LogSnapshot, LogTable
-from sinks.log.records import DELETE_HORIZON_MS
-from sinks.log.segment import Segment
-from sinks.log.segment_writer import WrittenSegment
-from sinks.log.storage import LogLocation
+from sinks.errors import CleanerError, CommitConflictError
 
 logger = logging.getLogger("compacted_sink")
 
@@ -441,246 +385,3 @@ class CleanerManager:
             f"cleaner states of {self.log_path} partitions {pending} kept changing under "
             f"{_CAS_ATTEMPTS} attempts to update them"
         )
-
-
-@dataclass(frozen=True)
-class CleaningPlan:
-    """Every partition of one log version as a cleaning candidate (`LogPlanner.plan`).
-
-    ``fresh`` unless checkpoint rows older than this plan went into it (a partition the
-    log records no pass for, measured from the cached checkpoint table).
-    """
-
-    version: int
-    logs: tuple[LogToClean, ...]
-    fresh: bool = True
-    foreign_files: bool = False  # another engine's files, for the next pass to rewrite
-
-
-class LogPlanner:
-    """Plans one log's cleaning; caches the checkpoint rows it read for ``backoff_ms``."""
-
-    def __init__(
-        self,
-        log: LogTable,
-        checkpoints: CleanerOffsetCheckpoint,
-        config: CleanerConfig,
-        *,
-        clock: Callable[[], int],
-    ) -> None:
-        self.log = log
-        self.checkpoints = checkpoints
-        self.config = config
-        self.clock = clock
-        self._checkpoint_cache: tuple[float, dict[int, int] | None] = (0.0, None)
-
-    def plan(
-        self, snapshot: LogSnapshot | None = None, *, fresh_checkpoints: bool = True
-    ) -> CleaningPlan | None:
-        """Every partition as a cleaning candidate, measured now (no Spark job); None
-        without a log.
-
-        The first dirty offset comes from the cleaner's ``txn`` entry in the log;
-        the checkpoint table is read only for partitions the log has none for
-        (a log not cleaned yet, or a checkpoint set by hand). Without
-        ``fresh_checkpoints`` (a batch's plan) rows read within ``backoff_ms`` do.
-        """
-        snapshot = snapshot or self.log.snapshot()
-        if snapshot is None:
-            return None
-        recorded = {p: snapshot.cleaner_offset(p) for p in snapshot.partitions}
-        fresh = True
-        if any(offset is None for offset in recorded.values()):
-            checkpointed, fresh = self._checkpointed_offsets(snapshot, fresh=fresh_checkpoints)
-            for p, offset in checkpointed.items():
-                if recorded.get(p, 0) is None:
-                    recorded[p] = offset
-        now = self.clock()
-        candidates = []
-        for p in snapshot.partitions:
-            segments = snapshot.segments.get(p, [])
-            offsets = cleanable_offsets(
-                segments,
-                checkpoint_dirty_offset=recorded[p],
-                log_start_offset=snapshot.log_start_offset(p),
-                log_end_offset=snapshot.log_end_offset(p),
-                now_ms=now,
-                min_compaction_lag_ms=self.config.min_compaction_lag_ms,
-            )
-            candidates.append(log_to_clean(self.log.uri, p, segments, offsets))
-        if any(c.has_expired_tombstones(now) for c in candidates):
-            held = self.consumer_holds(snapshot, now_ms=now)
-            candidates = [
-                without_held_tombstones(
-                    c, snapshot.segments.get(c.partition, []), held.get(c.partition)
-                )
-                for c in candidates
-            ]
-        return CleaningPlan(
-            snapshot.version, tuple(candidates), fresh, foreign_files=bool(snapshot.foreign_files)
-        )
-
-    def consumer_holds(self, snapshot: LogSnapshot, *, now_ms: int) -> dict[int, int]:
-        """Per partition, where registered consumers hold expired tombstones (see
-        `consumer_holds`); empty when no live consumer reads the log."""
-        return consumer_holds(
-            LogLocation(self.checkpoints.uri, self.checkpoints.storage_options),
-            self.log.uri,
-            snapshot.partitions,
-            now_ms=now_ms,
-            table_id=snapshot.table_id,
-            version=snapshot.version,
-        )
-
-    def _checkpointed_offsets(
-        self, snapshot: LogSnapshot, *, fresh: bool
-    ) -> tuple[dict[int, int], bool]:
-        """This log's checkpointed first dirty offsets, and whether they were read now.
-        Rows that describe another table or history are left out (`split_histories`):
-        the partition starts from what the log itself records."""
-        read_at, offsets = self._checkpoint_cache
-        if fresh or offsets is None or time.monotonic() - read_at > self.config.backoff_ms / 1000:
-            rows, _ = split_histories(
-                self.checkpoints.read(self.log.uri),
-                table_id=snapshot.table_id,
-                version=snapshot.version,
-                latest_version=lambda: self.log.snapshot(verify=False).version,  # type: ignore[union-attr]
-            )
-            offsets = {p: entry.first_dirty_offset for (_, p), entry in rows.items()}
-            self._checkpoint_cache = (time.monotonic(), offsets)
-            return offsets, True
-        return offsets, False
-
-
-def consumer_holds(
-    checkpoint_table: LogLocation,
-    log_path: str,
-    partitions: Sequence[int],
-    *,
-    now_ms: int,
-    table_id: str | None = None,
-    version: int | None = None,
-) -> dict[int, int]:
-    """Per partition, the offset below which expired tombstones may go (empty: no consumer).
-    Offsets committed for another table or history of the log (``table_id``, ``version``)
-    hold nothing."""
-    uri = consumer_offsets_uri(checkpoint_table.uri)
-    offsets = ConsumerOffsets(uri, checkpoint_table.storage_options)
-    return offsets.held_below(
-        log_path, partitions, now_ms=now_ms, table_id=table_id, version=version
-    )
-
-
-def without_held_tombstones(
-    log: LogToClean, segments: Sequence[Segment], held_below: int | None
-) -> LogToClean:
-    """``log`` with only the tombstones a pass may drop counted as a reason to clean. Pure.
-
-    A tombstone held for a consumer is no reason for a pass: the earliest delete horizon
-    counts only segments that start below ``held_below`` (and below the first uncleanable
-    offset, as `log_to_clean` counts them). Without this a held tombstone would make its
-    partition cleanable on every check, and each pass would copy it again.
-    """
-    if held_below is None or log.earliest_delete_horizon_ms is None:
-        return log
-    horizons = [
-        s.min_delete_horizon_ms
-        for s in segments
-        if s.min_delete_horizon_ms is not None
-        and s.base_offset < min(held_below, log.first_uncleanable_offset)
-    ]
-    return replace(log, earliest_delete_horizon_ms=min(horizons, default=None))
-
-
-def held_tombstones(
-    log: LogLocation, written: Sequence[WrittenSegment], *, pass_start_ms: int
-) -> int:
-    """How many tombstones a pass kept past their delete horizon: only held ones survive it.
-
-    Reads the ``delete_horizon_ms`` column of the written files whose statistics say
-    they may hold one (only tombstones carry a horizon).
-    """
-    fs, root = log.filesystem()
-    held = 0
-    for segment in written:
-        low = json.loads(segment.stats or "{}").get("minValues", {}).get(DELETE_HORIZON_MS)
-        if low is None or low >= pass_start_ms:
-            continue
-        column = pq.read_table(
-            f"{root}/{segment.path}", filesystem=fs, columns=[DELETE_HORIZON_MS]
-        ).column(DELETE_HORIZON_MS)
-        held += pc.sum(pc.less(column, pass_start_ms)).as_py() or 0
-    return held
-
-
-@dataclass(frozen=True)
-class Claim:
-    """The partitions a pass holds: their plans (``logs``), of ``snapshot``; ``work_left``
-    when the byte budget left cleanable partitions for the next pass."""
-
-    snapshot: LogSnapshot
-    logs: list[LogToClean]
-    work_left: bool
-
-    @property
-    def partitions(self) -> set[int]:
-        return {log.partition for log in self.logs}
-
-
-def grab_filthiest_compacted_log(
-    log: LogTable,
-    planner: LogPlanner,
-    manager: CleanerManager,
-    config: CleanerConfig,
-    snapshot: LogSnapshot,
-    *,
-    plan: CleaningPlan | None = None,
-    now_ms: int,
-    force: bool,
-) -> Claim | None:
-    """Choose the cleanable partitions of ``snapshot``, dirtiest first, claim them, plan
-    again if the log moved meanwhile, and cut the choice to the pass's byte budget; None:
-    nothing to do. ``plan`` is the round's measure of the log: the choice is made from it
-    when it is of ``snapshot``'s version and its checkpoint rows were read fresh (the
-    log is then planned once a pass), else from a plan of ``snapshot`` made here.
-    Checkpoints found out of range are rewritten on the way, as Kafka does.
-
-    Raises `CleanerError` (caused by `ConcurrentCommitError`, so the caller plans again) when
-    another engine rewrote files after the choice.
-    """
-    if plan is None or not plan.fresh or plan.version != snapshot.version:
-        plan = planner.plan(snapshot)  # the pass's own version, checkpoint rows read now
-        assert plan is not None
-    chosen = filthiest_cleanable(plan.logs, config, now_ms=now_ms, force=force)
-    reset = [p for p in plan.logs if p.force_checkpoint and p not in chosen]
-    if reset:
-        manager.reset_checkpoints(reset, table_id=snapshot.table_id, version=snapshot.version)
-    if not chosen:
-        return None
-    claimed = set(manager.start_cleaning([p.partition for p in chosen]))
-    if not claimed:
-        return None  # paused, cleaned by a live cleaner elsewhere, or backing off
-    if claimed != {p.partition for p in chosen}:
-        logger.info("cleaning only %s of %s: the others are busy", claimed, log.uri)
-    fresh = log.snapshot()
-    assert fresh is not None
-    if fresh.foreign_files:  # another engine rewrote files since: absorb them first
-        manager.abort_cleaning(claimed)
-        raise CleanerError(
-            "another engine rewrote files while this pass was planned",
-            log_path=log.uri,
-            partition=chosen[0].partition,
-        ) from ConcurrentCommitError(f"{log.uri}: foreign files at version {fresh.version}")
-    if fresh.version != snapshot.version:  # plan again after the claim: less to conflict
-        snapshot = fresh
-        replanned = planner.plan(snapshot)
-        assert replanned is not None
-        chosen = filthiest_cleanable(replanned.logs, config, now_ms=now_ms, force=force)
-    chosen = [p for p in chosen if p.partition in claimed]
-    budgeted = within_budget(chosen, snapshot.segments, config.log_cleaner_max_bytes_per_pass)
-    unused = claimed - {p.partition for p in budgeted.logs}
-    if unused:
-        manager.abort_cleaning(unused)
-    if not budgeted.logs:
-        return None
-    return Claim(snapshot, list(budgeted.logs), budgeted.work_left)

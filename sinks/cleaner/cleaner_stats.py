@@ -15,7 +15,7 @@ class CleanerStats:
     ``budget_bytes`` is ``log.cleaner.max.bytes.per.pass`` when one is set, ``work_left``
     says the budget cut this pass short, ``throttled_ms`` how long the Throttler then
     held the cleaner back; ``tombstones_held`` counts expired tombstones kept for
-    registered consumers (`sinks.cleaner.cleaner_manager.consumer_holds`).
+    registered consumers (`sinks.cleaner.pass_planning.consumer_holds`).
     """
 
     log_path: str

@@ -1,4 +1,4 @@
-"""`LogCleaner`: Kafka's ``LogCleaner``: one log's rounds, and the threads that run them.
+"""`LogCleaner`: Kafka's ``LogCleaner``: one log's rounds, and the loop and thread that run them.
 
 A `LogCleaner` builds and owns the log's `Cleaner` (one pass, and its `Throttler`), its
 `CleanerManager` (which partitions to clean, their claims and checkpoints, Kafka's
@@ -11,10 +11,11 @@ and checkpointed where it ended; then, at most every
 the history window.
 
 The round's pass itself reads top to bottom in `sinks.cleaner.cleaner`. The log is
-measured once a round (`CleaningPlan`): the batch's hand-over or the thread's choice of
-the filthiest log plans it, and the plan goes along to the pass.
+measured and its filthiest partitions chosen once a round (`CleaningPlan.choose`): the
+batch's hand-over or the loop's choice of the filthiest log makes the plan, and it goes
+along to the pass.
 
-Where rounds run is `CleanerThread`: one loop over one or many logs, beside a
+Where rounds run is `CleanerLoop`: one loop over one or many logs, beside a
 streaming query (the sink's worker, `wakeup`) or in the ``clean`` command.
 Called directly (``cleaning="inline"``, ``sink.clean()``) a round runs in the caller's
 thread. One pass at a time per `LogCleaner`: a pass holds the cleaner's lock, so the
@@ -22,19 +23,18 @@ caller and the worker never race each other (passes of other processes are kept 
 by the claims). A worker killed mid-pass (the process died) leaves what a crash
 leaves: the old files or the new ones, never both; recovery handles the rest.
 
-The threads (Kafka's ``CleanerThread``): a round (`CleanerThread.run_once`) gives every
-log's segment deleter its turn, then takes the logs that have work (retention, a
-cleanable partition, a checkpoint to reset, another engine's files), filthiest first,
-and runs each one's round (`LogCleaner.maintain`) once. A round that cleaned nothing is
-followed by a back-off of ``log.cleaner.backoff.ms`` (`CleanerConfig.backoff_ms`), which
-is how time-based triggers (the max compaction lag, expired tombstones) fire without a
-new append. A partition whose pass failed backs off in the checkpoint table (its
-``uncleanable`` state, `CleanerManager`): the one persisted backoff, doubling per
-failure, capped.
+The loop (Kafka's ``CleanerThread``, here not a thread of its own): a round
+(`CleanerLoop.run_once`) gives every log's segment deleter its turn, then takes the logs
+that have work (retention, a cleanable partition, a checkpoint to reset, another
+engine's files), filthiest first, and runs each one's round (`LogCleaner.maintain`)
+once. A round that cleaned nothing is followed by a back-off of
+``log.cleaner.backoff.ms``, which is how time-based triggers (the max compaction lag,
+expired tombstones) fire without a new append. A partition whose pass failed backs off
+in the checkpoint table (its ``uncleanable`` state, design.md §31).
 
 Two drivers run the loop:
 
-- `CleanerThread.run`, the ``clean`` command over every log it was given, until stopped;
+- `CleanerLoop.run`, the ``clean`` command over every log it was given, until stopped;
 - `CleanerWorker`, the sink's daemon thread beside a streaming query, over its one log:
   a round when a batch asks (`LogCleaner.wakeup`) or every back-off; it ends after
   ``idle_ms`` without a request (a stopped or long-idle query; the next batch starts
@@ -55,10 +55,11 @@ from typing import Literal
 from pyspark.sql import SparkSession
 
 from checkpoints import CleanerOffsetCheckpoint
-from sinks.cleaner.cleaner import Cleaner
-from sinks.cleaner.cleaner_manager import CleanerManager, CleaningPlan, LogPlanner
+from sinks.cleaner.cleaner import EVERY_CORE, Cleaner, TaskBudget
+from sinks.cleaner.cleaner_manager import CleanerManager
 from sinks.cleaner.cleaner_stats import CleanerStats
-from sinks.cleaner.log_to_clean import LogToClean, dirty_ratio, filthiest_cleanable
+from sinks.cleaner.log_to_clean import LogToClean, dirty_ratio
+from sinks.cleaner.pass_planning import CleaningPlan, LogPlanner
 from sinks.config import CleanerConfig
 from sinks.errors import CleanerError, CommitConflictError
 from sinks.log.log_keys import LogKeys
@@ -88,7 +89,7 @@ class RoundReport:
 
 
 class LogCleaner:
-    """Retention and cleaning of one log: a round inline (`maintain`, `clean`), or on the
+    """Retention and cleaning of one log: a round inline (`maintain`, `clean_log`), or on the
     worker thread (`wakeup`).
 
     ``keys`` are the log's key and sequence columns (for its `Cleaner`);
@@ -153,20 +154,20 @@ class LogCleaner:
     def logs_to_clean(
         self, snapshot: LogSnapshot | None = None, *, fresh_checkpoints: bool = True
     ) -> list[LogToClean]:
-        """Every partition as a cleaning candidate, measured now (no Spark job)."""
+        """The candidates of `plan` as a list (empty without a log)."""
         plan = self.plan(snapshot, fresh_checkpoints=fresh_checkpoints)
         return list(plan.logs) if plan is not None else []
 
     def plan(
         self, snapshot: LogSnapshot | None = None, *, fresh_checkpoints: bool = True
     ) -> CleaningPlan | None:
-        """Every partition as a cleaning candidate, measured now (see `LogPlanner.plan`)."""
+        """This log measured now (`LogPlanner.plan`); None without a log. Read-only."""
         return self.planner.plan(snapshot, fresh_checkpoints=fresh_checkpoints)
 
-    def has_work(self, plan: CleaningPlan | None, *, force: bool = False) -> bool:
+    def has_work(self, plan: CleaningPlan | None) -> bool:
         """Whether a round now could do anything: retention, deletion of expired files, a
-        checkpoint to reset, or a cleanable partition (design.md §4, time triggers
-        included; ``force``: any cleanable bytes). No Spark job.
+        checkpoint to reset, or a cleanable partition (``plan``'s choice,
+        `CleaningPlan.choose`). No Spark job.
 
         A batch asks this before handing the log over, so the many batches that leave
         nothing cleanable cost no round (no snapshot load, no claim) beside the query.
@@ -179,10 +180,8 @@ class LogCleaner:
             return False
         if plan.foreign_files:
             return True
-        now = self.clock()
-        return any(log.force_checkpoint for log in plan.logs) or bool(
-            filthiest_cleanable(plan.logs, self.config, now_ms=now, force=force)
-        )
+        assert plan.filthiest is not None, "a plan is chosen from before a round is asked for"
+        return any(log.force_checkpoint for log in plan.logs) or bool(plan.filthiest)
 
     def dirty_ratio(
         self, snapshot: LogSnapshot | None = None, *, fresh_checkpoints: bool = True
@@ -203,6 +202,7 @@ class LogCleaner:
         Returns the pass run here (if any), the log after it and its dirty ratio.
         """
         plan = self.plan(snapshot, fresh_checkpoints=False)
+        plan = plan.choose(self.config, now_ms=self.clock(), force=False) if plan else None
         stats = None
         if appended and self.has_work(plan):
             if background:
@@ -222,14 +222,13 @@ class LogCleaner:
         *,
         force: bool = False,
         plan: CleaningPlan | None = None,
-        max_tasks: int | None = None,
-        niceness: int = 0,
+        budget: TaskBudget = EVERY_CORE,
         raise_errors: bool = False,
     ) -> RoundReport:
         """One round: retention (delete policies), one pass over what is cleanable now,
         then the segment deleter's turn when due.
 
-        ``max_tasks`` and ``niceness`` are the pass's share of the cores (see `clean`).
+        ``budget`` is the pass's share of the cores (`TaskBudget`).
         ``plan``: the measure that led to the round, which the pass goes on from when
         the log has not moved since and its checkpoint rows were read fresh
         (`Cleaner.clean`); otherwise the pass plans its own version.
@@ -249,9 +248,7 @@ class LogCleaner:
         stats = None
         if self.config.compact:
             try:
-                stats = self.clean(
-                    spark, force=force, plan=plan, max_tasks=max_tasks, niceness=niceness
-                )
+                stats = self.clean_log(spark, force=force, plan=plan, budget=budget)
             except CleanerError as e:
                 self.last_error = e
                 if raise_errors:
@@ -270,15 +267,13 @@ class LogCleaner:
             retention_bytes=self.config.retention_bytes,
         )
 
-    def clean(
+    def clean_log(
         self,
         spark: SparkSession,
         *,
         force: bool = False,
-        snapshot: LogSnapshot | None = None,
         plan: CleaningPlan | None = None,
-        max_tasks: int | None = None,
-        niceness: int = 0,
+        budget: TaskBudget = EVERY_CORE,
     ) -> CleanerStats | None:
         """One pass over every cleanable partition now, dirtiest first; None when none is
         (`Cleaner.clean`, which reads the pass top to bottom).
@@ -287,14 +282,7 @@ class LogCleaner:
         when the pass fails; the log is then unchanged.
         """
         with self._pass_lock:
-            stats = self.cleaner.clean(
-                spark,
-                force=force,
-                snapshot=snapshot,
-                plan=plan,
-                max_tasks=max_tasks,
-                niceness=niceness,
-            )
+            stats = self.cleaner.clean(spark, force=force, plan=plan, budget=budget)
         if stats is not None:
             self.passes += 1
             self.last_error = None
@@ -302,7 +290,7 @@ class LogCleaner:
                 listener(stats)
         return stats
 
-    # -- the worker thread (`CleanerThread`) ----------------------------------------------
+    # -- the worker thread (`CleanerWorker`) ------------------------------------------------
 
     def wakeup(self, spark: SparkSession) -> None:
         """Ask the worker for a round soon, starting it if needed (with ``spark``, the
@@ -323,7 +311,7 @@ class LogCleaner:
         self.worker.shutdown(timeout_s)
 
 
-# -- the threads: Kafka's ``CleanerThread``, the loop over one or many logs ------------
+# -- the loop: Kafka's ``CleanerThread``, over one or many logs --------------------------
 
 
 @dataclass(frozen=True)
@@ -340,15 +328,14 @@ class Candidate:
         return -1.0 if self.filthiest is None else self.filthiest.cleanable_ratio
 
 
-class CleanerThread:
+class CleanerLoop:
     """Rounds over ``cleaners``: the filthiest log first, each log once a round.
 
-    ``force`` cleans any partition with cleanable bytes, ignoring the ratio. A pass
-    runs at most ``max_tasks`` Spark tasks at once (None: every core), niced by
-    ``niceness``. ``before_round`` hears which log is next, ``on_round`` each log's
-    round as it ends. ``recover``: recover each log (`LogCleaner.recover`) before its
-    round, for a loop that opens the logs itself; the sink's worker does not (the
-    sink's first append recovered its log before any round).
+    ``force`` cleans any partition with cleanable bytes, ignoring the ratio; ``budget``
+    is each pass's share of the cores (`TaskBudget`). ``before_round`` hears which log is
+    next, ``on_round`` each log's round as it ends. ``recover``: recover each log
+    (`LogCleaner.recover`) before its round, for a loop that opens the logs itself; the
+    sink's worker does not (the sink's first append recovered its log before any round).
     """
 
     def __init__(
@@ -356,8 +343,7 @@ class CleanerThread:
         cleaners: Sequence[LogCleaner],
         *,
         force: bool = False,
-        max_tasks: int | None = None,
-        niceness: int = 0,
+        budget: TaskBudget = EVERY_CORE,
         before_round: Callable[[Candidate], None] | None = None,
         on_round: Callable[[LogCleaner, RoundReport], None] | None = None,
         recover: bool = False,
@@ -366,8 +352,7 @@ class CleanerThread:
         self.recover = recover
         self.cleaners = list(cleaners)
         self.force = force
-        self.max_tasks = max_tasks
-        self.niceness = niceness
+        self.budget = budget
         self.on_round = on_round
         self.passes = 0
         self.work_left = False
@@ -388,14 +373,12 @@ class CleanerThread:
             if cleaner in exclude:
                 continue
             plan = cleaner.plan(fresh_checkpoints=False)
-            if not cleaner.has_work(plan, force=self.force):
+            if plan is not None:  # the round's one choice, which its pass goes on from
+                plan = plan.choose(cleaner.config, now_ms=cleaner.clock(), force=self.force)
+            if not cleaner.has_work(plan):
                 continue
-            assert plan is not None
-            chosen = cleaner.manager.claimable(
-                filthiest_cleanable(
-                    plan.logs, cleaner.config, now_ms=cleaner.clock(), force=self.force
-                )
-            )
+            assert plan is not None and plan.filthiest is not None
+            chosen = cleaner.manager.claimable(plan.filthiest)
             candidate = Candidate(cleaner, chosen[0] if chosen else None, plan)
             if cleanable_only and candidate.filthiest is None:
                 continue
@@ -432,8 +415,7 @@ class CleanerThread:
                 spark,
                 force=self.force,
                 plan=candidate.plan,
-                max_tasks=self.max_tasks,
-                niceness=self.niceness,
+                budget=self.budget,
             )
             if report.clean is not None:
                 passes += 1
@@ -465,11 +447,7 @@ class CleanerWorker(threading.Thread):
         super().__init__(name=f"log-cleaner-{cleaner.log.uri.rsplit('/', 1)[-1]}", daemon=True)
         self.cleaner = cleaner
         self.spark = spark
-        self.loop = CleanerThread(
-            [cleaner],
-            max_tasks=cleaner.config.log_cleaner_threads,
-            niceness=cleaner.config.log_cleaner_nice,
-        )
+        self.loop = CleanerLoop([cleaner], budget=TaskBudget.background(cleaner.config))
         self._last_request = time.monotonic()
         self._condition = threading.Condition()
         self._pending = False

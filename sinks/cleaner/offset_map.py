@@ -29,9 +29,8 @@ per partition, the cheapest map that fits ``log.cleaner.dedupe.buffer.size``:
    hash buckets of keys (`key_buckets`), one bucket at a
    time, each bucket's build within the buffer. Each row's bucket is hashed in the
    first scan and kept (a byte a record); a later scan only reads and filters the
-   narrow columns (0.5 s per 7.5 M records here): 7.5 M records of 3.75 M keys map in
-   3.8 s in 4 buckets, peak 467 MiB, against 3.6 s and 1,083 MiB at once. Every input
-   file is then mapped, so no clean file is probed by key;
+   narrow columns (its cost against a map built at once: docs/benchmarks.md). Every
+   input file is then mapped, so no clean file is probed by key;
 3. when even ``MAX_MAP_BUCKETS`` buckets do not fit: Kafka's bound, the pass ending at
    the first segment the map cannot take (`map_end_offset`).
 

@@ -5,10 +5,10 @@ record with key K and offset O' > O*; with a ``sequence_column`` "newer" means t
 higher (sequence, offset), Spark's struct order (a null sequence is the lowest, NaN
 the highest). Then KIP-534 on the records kept: a tombstone whose delete horizon
 lies before the pass's start goes (unless a registered consumer still holds it,
-`sinks.cleaner.cleaner_manager.consumer_holds`); a tombstone without a horizon is stamped with
+`sinks.cleaner.pass_planning.consumer_holds`); a tombstone without a horizon is stamped with
 ``pass_start_ms + delete_retention_ms``.
 
-The pass runs the Arrow versions inside its tasks (`sinks.cleaner.cleaner.RecopyTask`);
+The pass runs the Arrow versions inside its tasks (`sinks.cleaner.recopy_task.RecopyTask`);
 the Spark versions are the reference the tests and readers hold a pass to
 (``retain_latest`` over a log is what a pass over all of it must leave), and
 ``tests/cleaner/test_rules.py`` checks that both agree on the same rows. Readers use

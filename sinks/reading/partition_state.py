@@ -4,7 +4,7 @@
 once the tail is too large to broadcast: with 1e7 dirty records `state()` took 14.7×
 Spark's plain read of the live files (``bench/SCALE.md``). A pass never shuffles: each
 of its tasks maps one partition where it runs and reads the partition's files once
-(`sinks.cleaner.cleaner.RecopyTask`). This reader runs that task without writing: for each
+(`sinks.cleaner.recopy_task.RecopyTask`). This reader runs that task without writing: for each
 partition with a dirty section, the offset map of its dirty section (or, in buckets, of
 all its records: `sinks.cleaner.offset_map.size_map`), then its files, clean and dirty,
 keeping each key's newest record and dropping tombstones. Partitions without a dirty
@@ -26,8 +26,8 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
-from sinks.cleaner.cleaner import RecopyTask, bin_rows, packed, partitions_to_clean
 from sinks.cleaner.offset_map import size_map
+from sinks.cleaner.recopy_task import RecopyTask, bin_rows, packed, partitions_to_clean
 from sinks.log.log_keys import LogKeys
 from sinks.log.log_table import LogSnapshot, LogTable
 from sinks.log.records import VALUE

@@ -1,6 +1,6 @@
-"""The ``clean`` command's loop over every registered log: the library's `CleanerThread`.
+"""The ``clean`` command's loop over every registered log: the library's `CleanerLoop`.
 
-The loop itself is `sinks.cleaner.log_cleaner.CleanerThread`, the one the sink's
+The loop itself is `sinks.cleaner.log_cleaner.CleanerLoop`, the one the sink's
 worker runs too: each round gives every log's segment deleter its turn (``vacuum``:
 on the first round whatever the interval), then runs the round of each log with
 work, filthiest first; a round that cleaned nothing backs off for
@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 from sinks.cleaner import (
     Candidate,
-    CleanerThread,
+    CleanerLoop,
     LogCleaner,
     LogToClean,
     RoundReport,
@@ -58,7 +58,7 @@ class RegisteredLogsCleaner:
         self.refs = {id(self.sinks[ref.spec.path].log_cleaner): ref for ref in self.logs}
         self.out = out
         self.vacuum = vacuum
-        self.loop = CleanerThread(
+        self.loop = CleanerLoop(
             [sink.log_cleaner for sink in self.sinks.values()],
             force=force,
             before_round=self._announce,

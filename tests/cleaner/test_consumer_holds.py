@@ -5,8 +5,8 @@ from __future__ import annotations
 import pyarrow as pa
 from testkit import segment
 
-from sinks.cleaner.cleaner_manager import without_held_tombstones
 from sinks.cleaner.log_to_clean import LogToClean
+from sinks.cleaner.pass_planning import without_held_tombstones
 from sinks.cleaner.rules import apply_arrow_tombstone_rules as apply_tombstone_rules
 from sinks.cleaner.rules import drop_expired_tombstones
 

@@ -146,7 +146,7 @@ def test_a_sink_with_a_running_worker_pickles_without_it(spark, lake, clock):
 @pytest.fixture
 def plans(monkeypatch) -> list[int]:
     """One entry per `LogPlanner.plan` call from here on (clear it to count anew)."""
-    from sinks.cleaner.cleaner_manager import LogPlanner
+    from sinks.cleaner.pass_planning import LogPlanner
 
     calls: list[int] = []
     original = LogPlanner.plan
@@ -159,7 +159,24 @@ def plans(monkeypatch) -> list[int]:
     return calls
 
 
-def test_a_batch_plans_the_log_once(spark, lake, clock, plans):
+@pytest.fixture
+def choices(monkeypatch) -> list[int]:
+    """One entry per choice of the filthiest partitions (`CleaningPlan.choose`'s only
+    call of `filthiest_cleanable`) from here on."""
+    from sinks.cleaner import pass_planning
+
+    calls: list[int] = []
+    original = pass_planning.filthiest_cleanable
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(pass_planning, "filthiest_cleanable", counted)
+    return calls
+
+
+def test_a_batch_plans_the_log_once(spark, lake, clock, plans, choices):
     """The hand-over measures the log once: whether a round has work, the batch's dirty
     ratio and the pass share one plan, and the pass's new version is measured for the
     report (before: two plans a batch, four with a pass; then three with a pass, the
@@ -172,15 +189,17 @@ def test_a_batch_plans_the_log_once(spark, lake, clock, plans):
     assert len(plans) == 1 and idle.last_append.clean is None
     plans.clear()
     eager = CompactedStateSink(str(lake / "eager"), config=EAGER, clock=clock, cleaning="inline")
+    choices.clear()
     eager(batch(spark, 0), 0)  # a key repeats: a pass runs inline
     assert eager.last_append.clean is not None
     assert len(plans) == 2  # the batch's plan (the pass's too), the pass's new version
+    assert len(choices) == 1  # whether a round has work and what the pass claims: one choice
 
 
-def test_a_round_of_the_cleaner_thread_plans_its_pass_once(spark, lake, clock, plans):
+def test_a_round_of_the_cleaner_thread_plans_its_pass_once(spark, lake, clock, plans, choices):
     """The thread measures a log to choose it, and its pass goes on from that measure
     instead of planning the same version again (before: two plans a pass)."""
-    from sinks.cleaner.log_cleaner import CleanerThread
+    from sinks.cleaner.log_cleaner import CleanerLoop
 
     # backoff 0: checkpoint rows are read fresh by every plan, so the choice's plan serves
     never = CleanerConfig(min_cleanable_dirty_ratio=1.0, backoff_ms=0)
@@ -189,7 +208,9 @@ def test_a_round_of_the_cleaner_thread_plans_its_pass_once(spark, lake, clock, p
     sink(batch(spark, 1), 1)  # nothing cleanable by ratio: no pass yet
     assert sink.last_append.clean is None
     plans.clear()
-    loop = CleanerThread([sink.log_cleaner], force=True)
+    choices.clear()
+    loop = CleanerLoop([sink.log_cleaner], force=True)
     assert loop.run_once(spark) == 1
     assert len(plans) == 1
+    assert len(choices) == 1  # the log's choice, its work and its pass's claim share one
     assert_df_equality(sorted_state(sink), expected_state(spark, range(2)))

@@ -15,7 +15,7 @@ import pytest
 from testkit import segment
 
 from sinks import CleanerConfig, CompactedStateSink
-from sinks.cleaner.cleaner import PartitionToClean, packed, partitions_to_clean
+from sinks.cleaner.cleaner import TaskBudget
 from sinks.cleaner.offset_map import (
     BYTES_PER_MAPPED_RECORD,
     MAX_MAP_BUCKETS,
@@ -26,6 +26,7 @@ from sinks.cleaner.offset_map import (
     map_end_offset,
     size_map,
 )
+from sinks.cleaner.recopy_task import PartitionToClean, packed, partitions_to_clean
 from sinks.cleaner.rules import apply_arrow_tombstone_rules, retain_latest
 from sinks.log.log_keys import LogKeys
 from sinks.log.records import DELETE_HORIZON_MS, OFFSET, PARTITION, VALUE
@@ -294,7 +295,7 @@ def test_a_pass_capped_to_one_niced_task_writes_the_same_log(spark, log_copy):
     whole, capped = open_log(location, clock), open_log(location + "-capped", clock)
     whole.cleaner.segment_bytes = capped.cleaner.segment_bytes = 1  # a group per input file
     a = whole.clean(force=True)
-    b = capped.log_cleaner.clean(spark, force=True, max_tasks=1, niceness=10)
+    b = capped.log_cleaner.clean_log(spark, force=True, budget=TaskBudget(1, 10))
     assert b is not None and (a.records_written, a.segments_written) == (
         b.records_written,
         b.segments_written,

@@ -8,9 +8,9 @@ from __future__ import annotations
 from testkit import segment
 
 from sinks import CleanerConfig
-from sinks.cleaner.cleaner import plan_partition
 from sinks.cleaner.log_to_clean import LogToClean, filthiest_cleanable
 from sinks.cleaner.offset_map import BYTES_PER_MAPPED_RECORD
+from sinks.cleaner.pass_planning import plan_partition
 from sinks.log.log_keys import LogKeys
 
 NOW = 10_000_000

@@ -21,15 +21,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from sinks.cleaner.cleaner import (
-    PartitionPlan,
-    RecopyTask,
-    packed,
-    partitions_to_clean,
-    plan_partition,
-)
 from sinks.cleaner.log_to_clean import LogToClean, group_segments_by_size
 from sinks.cleaner.offset_map import BYTES_PER_MAPPED_RECORD
+from sinks.cleaner.pass_planning import PartitionPlan, plan_partition
+from sinks.cleaner.recopy_task import RecopyTask, packed, partitions_to_clean
 from sinks.log.log_keys import LogKeys
 from sinks.log.records import DELETE_HORIZON_MS, OFFSET, PARTITION, TIMESTAMP, VALUE
 from sinks.log.segment import Segment
