@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 from urllib.parse import urlparse
 
-from sinks.errors import ConfigError
+from sinks.errors import CredentialsRefusedError
 from sinks.log.storage import delta_storage_options, store_of
 
 logger = logging.getLogger("compacted_sink")
@@ -192,15 +192,6 @@ REFUSED_CODES = (
     "AccessDenied",
 )
 _CODE = re.compile(r"<Code>(\w+)</Code>")
-
-
-class CredentialsRefusedError(ConfigError):
-    """Raised when an S3 bucket refuses the credentials the sink was given or derived."""
-
-    def __init__(self, message: str, *, bucket: str, code: str) -> None:
-        super().__init__(message)
-        self.bucket = bucket
-        self.code = code
 
 
 @contextmanager
