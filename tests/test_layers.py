@@ -1,6 +1,6 @@
 """The library's layers: no module imports one from a layer above its own.
 
-From the bottom (issue #19, point 5): ``checkpoints``, ``sinks.errors``,
+From the bottom: ``checkpoints``, ``sinks.errors``,
 ``sinks.crash_points``, ``sinks.shutdown`` and ``sinks.spark_compat``; ``sinks.config``;
 ``sinks.log`` (with ``sinks.log.foreign``) and ``sinks.spark_session``; ``sinks.produce``;
 ``sinks.maintenance``; ``sinks.cleaner``;

@@ -2,7 +2,7 @@
 
 A job whose lake is configured for Spark's S3A connector (hadoop-aws) already names its
 keys, endpoint and region there; the sink reads them from the session rather than asking
-for the same settings again as ``storage_options`` (issue #34, point 6). `s3a_storage_options`
+for the same settings again as ``storage_options``. `s3a_storage_options`
 is the pure translation, `resolve_storage_options` chooses the source:
 
 1. ``storage_options`` given to the sink: used as they are, the session is not read;
