@@ -9,17 +9,12 @@ versions the table's small files are compacted (and, for a table no one else vac
 its removed files deleted). A table created by an earlier version with fewer columns
 gains the new ones (nullable) on its next write.
 
-A commit whose answer the store lost counts once. An object store may store the
-commit's conditional PUT and lose the answer (a reset, a 500 after the write): the
-client's retry then finds the version taken, by this very commit, and delta-rs reports
-a conflict or a store error. A MERGE that fails so is taken as made when the table
-holds every row it wrote, column for column (`holds`): the rows a checkpoint writes
-carry a fresh ``updated_ms`` stamp and their writer's identity, so another writer's
-commit does not look like one's own, and an upsert whose rows are already there has
-nothing left to do. (The log recognises its own commits by a token in the commit info,
-`sinks.log.log_table`; reading commit files back needs a storage client this bottom
-layer does not have, and delta-rs's own, `deltalake.fs`, hangs on moto's listings and
-HEADs, where the fault tests run.)
+A commit whose answer the store lost counts once (design.md §39): a MERGE that fails so
+is taken as made when the table holds every row it wrote, column for column (`holds`),
+and an upsert whose rows are already there has nothing left to do. (A log finds its own
+commits by a token instead, `sinks.log.landed_commits`; reading commit files back needs a
+storage client this bottom layer does not have, and delta-rs's own, `deltalake.fs`, hangs
+on moto's listings and HEADs, where the fault tests run.)
 """
 
 from __future__ import annotations

@@ -13,19 +13,20 @@ from sinks.errors import (
     CorruptDataFileError,
     DataFileError,
     ForeignChangeError,
+    HistoryExpiredError,
+    KeyColumnsMismatchError,
     LogCorruptedError,
     MissingDataFileError,
     NotACompactedLogError,
     OffsetOutOfRangeError,
+    QueryIdentityError,
     SchemaMismatchError,
     TableFeatureError,
+    TimeTravelError,
 )
-from sinks.log.history_window import HistoryExpiredError, TimeTravelError
-from sinks.log.log_keys import KeyColumnsMismatchError
 from sinks.reading.arrow_state import read_state, read_state_batches
 from sinks.reading.lookup import lookup
 from sinks.sink import CHECKPOINT_TABLE_DIR, AppendReport, CompactedStateSink
-from sinks.spark_session import QueryIdentityError
 
 __all__ = [
     "CHECKPOINT_TABLE_DIR",

@@ -1,8 +1,9 @@
-"""The sink's exception tree: one root, a handful of leaves.
+"""The exception tree of the library (``sinks``, ``checkpoints``, ``streaming``): one root.
 
-Every error raised by this package derives from `CompactedSinkError`, so a job
-can catch the family in one clause. Lower-level failures (delta-rs, Spark) are
-wrapped with the log and partition they concern and chained with ``from``.
+Every error raised by the library is defined here and derives from `CompactedSinkError`,
+so a job can catch the family in one clause; each class says when it is raised. Lower-level
+failures (delta-rs, Spark) are wrapped with the log and partition they concern and chained
+with ``from``.
 """
 
 from __future__ import annotations
@@ -42,18 +43,104 @@ class NotACompactedLogError(CompactedSinkError, ValueError):
 
 
 class ConcurrentCommitError(CompactedSinkError):
-    """Raised by a log's commit when another writer committed first and this commit cannot be
-    rebased over it; nothing of it landed, and the caller refreshes and plans again."""
+    """Raised when a log's commit finds that another writer committed first and it cannot be
+    rebased over that; nothing of it landed, and the caller refreshes and plans again."""
 
 
 class LogCleaningAbortedError(CompactedSinkError):
-    """Raised inside a cleaning pass when another writer swapped the files it planned over
-    first (another cleaner, an OPTIMIZE); nothing of the pass landed, and it is planned
+    """Raised when another writer (another cleaner, an OPTIMIZE) swapped the files a cleaning
+    pass planned over before the pass committed; nothing of the pass landed, and it is planned
     again from the newer version (Kafka's ``LogCleaningAbortedException``)."""
 
 
 class CommitConflictError(CompactedSinkError):
     """Raised when a Delta commit kept conflicting with concurrent writers after all retries."""
+
+
+class KeyColumnsMismatchError(ConfigError):
+    """Raised when a sink names other key (or sequence) columns than the log records."""
+
+
+class UnsupportedStoreError(ConfigError):
+    """Raised when a URI names a scheme that neither delta-rs nor pyarrow can open."""
+
+
+class CredentialsRefusedError(ConfigError):
+    """Raised when an S3 bucket refuses the credentials the sink was given or derived."""
+
+    def __init__(self, message: str, *, bucket: str, code: str) -> None:
+        super().__init__(message)
+        self.bucket = bucket
+        self.code = code
+
+
+class QueryIdentityError(ConfigError):
+    """Raised when a batch's streaming query cannot be told from another under Spark Connect."""
+
+
+class JobConfigError(ConfigError):
+    """Raised when a job file is unreadable or has an unknown or invalid key; names file and key."""
+
+
+class SparkVersionError(CompactedSinkError):
+    """Raised when a feature needs a newer Spark than the session's; names both versions and
+    what to use instead."""
+
+    def __init__(
+        self, feature: str, needed: tuple[int, int], instead: str, *, found: str | None = None
+    ) -> None:
+        if not found:
+            import pyspark
+
+            found = f"this is pyspark {pyspark.__version__}"
+        super().__init__(
+            f"{feature} needs pyspark {needed[0]}.{needed[1]} or newer; {found}. {instead}"
+        )
+        self.feature = feature
+        self.needed = needed
+
+
+class InterpreterExitingError(CompactedSinkError):
+    """Raised when a sink call starts after the interpreter began to exit; nothing was written."""
+
+
+class TimeTravelError(CompactedSinkError, ValueError):
+    """Raised when time travel asks for a version or a time the log cannot be read at."""
+
+
+class HistoryExpiredError(TimeTravelError):
+    """Raised when time travel asks for a version older than the history window keeps."""
+
+
+class ReplayError(CompactedSinkError):
+    """Raised when an export cannot be written, read or verified, or a restore cannot start."""
+
+
+class RestoreTargetError(ReplayError, ConfigError):
+    """Raised when a restore's target already holds records, or another log than the source's."""
+
+
+class DataLossError(CompactedSinkError):
+    """Raised when a reader's position lies below a partition's log start offset."""
+
+
+class SchemaNotFoundError(CompactedSinkError):
+    """Raised when a reader schema or a schema registry cannot be read."""
+
+
+class BatchRefused(CompactedSinkError):
+    """Raised when a micro-batch reaches a job's hook after it was told to refuse new batches
+    (the job is stopping); nothing of the batch was written."""
+
+
+class QueryFailedError(CompactedSinkError):
+    """Raised when a job's query failed outside the sink (its source, Spark); the message is the
+    root cause."""
+
+
+class BrokerStartError(CompactedSinkError, RuntimeError):
+    """Raised when the local Kafka broker exited or did not answer in time; the message ends
+    with the tail of its log."""
 
 
 class LogCorruptedError(CompactedSinkError):

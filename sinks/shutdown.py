@@ -37,7 +37,7 @@ import weakref
 from collections.abc import Callable
 from typing import ParamSpec, Protocol, TypeVar
 
-from sinks.errors import CompactedSinkError
+from sinks.errors import InterpreterExitingError
 
 logger = logging.getLogger(__name__)
 
@@ -54,10 +54,6 @@ class Stoppable(Protocol):
 
 P = ParamSpec("P")
 R = TypeVar("R")
-
-
-class InterpreterExitingError(CompactedSinkError):
-    """Raised when a sink call starts after the interpreter began to exit; nothing was written."""
 
 
 class _Calls:

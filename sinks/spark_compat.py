@@ -31,7 +31,7 @@ import inspect
 
 import pyarrow as pa
 
-from sinks.errors import CompactedSinkError
+from sinks.errors import SparkVersionError
 
 MIN_VERSION: tuple[int, int] = (3, 5)
 SUPPORTED = "pyspark 3.5 to 4.x"
@@ -48,27 +48,6 @@ _NEEDS: dict[str, tuple[int, int]] = {
     STREAM_WRITER: (4, 1),
     STREAM_READER: (4, 2),
 }
-
-
-class SparkVersionError(CompactedSinkError):
-    """Raised when a feature needs a newer Spark than the session's; names both versions and
-    what to use instead."""
-
-    def __init__(
-        self, feature: str, needed: tuple[int, int], instead: str, *, found: str | None = None
-    ) -> None:
-        found = found or f"this is pyspark {_installed_version()}"
-        super().__init__(
-            f"{feature} needs pyspark {needed[0]}.{needed[1]} or newer; {found}. {instead}"
-        )
-        self.feature = feature
-        self.needed = needed
-
-
-def _installed_version() -> str:
-    import pyspark
-
-    return pyspark.__version__
 
 
 def _version(text: str) -> tuple[int, int]:

@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from sinks.errors import ConfigError
+from sinks.errors import QueryIdentityError
 from sinks.log.storage import (
     arrow_filesystem,
     delta_spark_conf_keys,
@@ -51,10 +51,6 @@ _warned_unsafe: set[str] = set()  # logs already warned about in this process
 _said_race_paragraph: list[str] = []  # the log the race's paragraph was said for, once
 _parallelism: dict[str, int] = {}
 _parallelism_lock = threading.Lock()
-
-
-class QueryIdentityError(ConfigError):
-    """Raised when a batch's streaming query cannot be told from another under Spark Connect."""
 
 
 def warn_unsafe_beside_delta_spark(spark: SparkSession, uri: str) -> str | None:

@@ -1,6 +1,6 @@
 """The library's layers: no module imports one from a layer above its own.
 
-From the bottom (issue #19, point 5): ``checkpoints``, ``sinks.errors``,
+From the bottom: ``checkpoints``, ``sinks.errors``,
 ``sinks.crash_points``, ``sinks.shutdown`` and ``sinks.spark_compat``; ``sinks.config``;
 ``sinks.log`` (with ``sinks.log.foreign``) and ``sinks.spark_session``; ``sinks.produce``;
 ``sinks.maintenance``; ``sinks.cleaner``;
@@ -15,6 +15,7 @@ inside them. Pure: parses the source, imports nothing.
 from __future__ import annotations
 
 import ast
+import builtins
 import sys
 from pathlib import Path
 
@@ -126,6 +127,146 @@ def upward_imports() -> list[str]:
                     f"(layer {layer_of(imported)})"
                 )
     return found
+
+
+ENGINE = "deltalake"
+ENGINE_HOMES = ("sinks.log", "checkpoints")
+"""Where the Delta engine may be imported: the log's seam and the checkpoint table."""
+
+ENGINE_IMPORTS_ALLOWED: dict[str, str] = {}
+"""Modules outside `ENGINE_HOMES` that still import the engine, each with why; to shrink."""
+
+
+def engine_importers() -> list[str]:
+    """Library modules outside `ENGINE_HOMES` that import ``deltalake``, at any depth."""
+    found = []
+    for path in library_modules():
+        importer = module_name(path)
+        if any(importer == h or importer.startswith(h + ".") for h in ENGINE_HOMES):
+            continue
+        if importer in ENGINE_IMPORTS_ALLOWED:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            else:
+                continue
+            if any(n == ENGINE or n.startswith(ENGINE + ".") for n in names):
+                found.append(f"{importer} imports {ENGINE}")
+                break
+    return found
+
+
+def test_the_engine_is_imported_behind_the_seam_only():
+    assert engine_importers() == []
+
+
+def test_an_engine_import_outside_the_seam_is_caught(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    for package in ("sinks", "sinks/log", "sinks/produce", "checkpoints", "streaming"):
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / "sinks/log/table.py").write_text("from deltalake import DeltaTable\n")
+    (tmp_path / "checkpoints/rows.py").write_text("import deltalake\n")
+    (tmp_path / "sinks/produce/append.py").write_text(
+        "def f():\n    from deltalake.exceptions import CommitFailedError\n"
+    )
+    assert engine_importers() == ["sinks.produce.append imports deltalake"]
+
+
+def test_every_allowed_engine_import_still_imports_it():
+    """An entry whose module no longer imports the engine is removed from the allow-list."""
+    for module in ENGINE_IMPORTS_ALLOWED:
+        path = ROOT.joinpath(*module.split(".")).with_suffix(".py")
+        assert ENGINE in path.read_text(), f"{module} no longer imports {ENGINE}: drop it"
+
+
+ERROR_HOME = "sinks.errors"
+
+ERROR_CLASSES_ALLOWED: dict[str, str] = {}
+"""Modules outside `ERROR_HOME` that still define an exception class, each with why; to shrink."""
+
+
+def _base_name(node: ast.expr) -> str:
+    return node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", "")
+
+
+def exception_classes_outside_home() -> list[str]:
+    """`exception_classes` but those of `ERROR_HOME` and `ERROR_CLASSES_ALLOWED`."""
+    return [
+        c
+        for c in exception_classes()
+        if c.rpartition(".")[0] not in (ERROR_HOME, *ERROR_CLASSES_ALLOWED)
+    ]
+
+
+def exception_classes() -> list[str]:
+    """Every library class deriving an exception (a built-in one, a library one at any depth,
+    or any base named ``*Error``/``*Exception``), as ``module.Class``."""
+    exceptions = {n for n in dir(builtins) if _is_exception(getattr(builtins, n))}
+    classes: list[tuple[str, str, list[str]]] = []
+    for path in library_modules():
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ClassDef):
+                classes.append((module_name(path), node.name, [_base_name(b) for b in node.bases]))
+    changed = True
+    while changed:  # a class deriving a library exception is one too, at any depth
+        changed = False
+        for _module, name, bases in classes:
+            if name not in exceptions and any(
+                b in exceptions or b.endswith(("Error", "Exception")) for b in bases
+            ):
+                exceptions.add(name)
+                changed = True
+    return [f"{module}.{name}" for module, name, _bases in classes if name in exceptions]
+
+
+def _is_exception(value: object) -> bool:
+    return isinstance(value, type) and issubclass(value, BaseException)
+
+
+def test_every_exception_class_lives_in_the_error_module():
+    assert exception_classes_outside_home() == []
+
+
+def test_an_exception_class_outside_the_error_module_is_caught(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    for package in ("sinks", "sinks/log", "streaming"):
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / "sinks/errors.py").write_text("class SinkError(Exception): ...\n")
+    (tmp_path / "sinks/log/table.py").write_text(
+        "class Gone(SinkError): ...\nclass Later(Gone): ...\nclass Plain: ...\n"
+    )
+    (tmp_path / "streaming/job.py").write_text("class Refused(RuntimeError): ...\n")
+    assert sorted(exception_classes_outside_home()) == [
+        "sinks.log.table.Gone",
+        "sinks.log.table.Later",
+        "streaming.job.Refused",
+    ]
+
+
+def test_the_error_module_has_one_root_and_says_when_each_is_raised():
+    path = ROOT.joinpath(*ERROR_HOME.split(".")).with_suffix(".py")
+    classes = [n for n in ast.parse(path.read_text()).body if isinstance(n, ast.ClassDef)]
+    root, *rest = classes
+    family = {root.name}
+    for node in rest:
+        assert any(_base_name(b) in family for b in node.bases), (
+            f"{node.name}: not under {root.name}"
+        )
+        family.add(node.name)
+    for node in classes:
+        assert (ast.get_docstring(node) or "").startswith("Raised when"), node.name
+
+
+def test_every_allowed_error_module_still_defines_one():
+    """An entry whose module no longer defines an exception class is removed from the list."""
+    defining = {c.rpartition(".")[0] for c in exception_classes()}
+    for module in ERROR_CLASSES_ALLOWED:
+        assert module in defining, f"{module} defines no exception class any more: drop it"
 
 
 def test_every_library_module_has_a_layer():

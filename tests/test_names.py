@@ -1,4 +1,4 @@
-"""One name per thing (issue #31, point 4), as tests. Pure: parses the source, imports nothing.
+"""One name per thing, as tests. Pure: parses the source, imports nothing.
 
 - No public name (a class, function or module constant not starting with ``_``) is defined
   at the top level of two library modules: a reader who meets ``read_state`` or

@@ -10,7 +10,12 @@ log owns (`ownership`). Commits other engines make to the log are read in
 """
 
 from sinks.log.file_reader import conform
-from sinks.log.history_window import list_delta_log, oldest_reachable_version, window_of
+from sinks.log.history_window import (
+    list_delta_log,
+    oldest_reachable_version,
+    reachable_commits,
+    window_of,
+)
 from sinks.log.log_config import alter_log_config
 from sinks.log.log_keys import LogKeys
 from sinks.log.log_table import COMMIT_INFO_KEY, LogSnapshot, LogTable, log_arrow_schema, now_ms
@@ -64,6 +69,7 @@ __all__ = [
     "normalize_uri",
     "now_ms",
     "oldest_reachable_version",
+    "reachable_commits",
     "sibling",
     "window_of",
 ]

@@ -5,9 +5,10 @@ and removed with the log's ``txn`` versions (an append, a pass, retention, an un
 stale rewrite), a schema change (§18), table properties (the topic's config, §29) and a
 restore to an earlier version (the way on after another engine's change, §14). Each goes
 through a `LogCommitter`, so the engine that writes the Delta log is named in this
-module only. `DeltaRsCommitter` is the one the sink uses. A committer for Spark's own
+module only; a table beside a log (the dead letters) is appended to through it too.
+`DeltaRsCommitter` is the one the sink uses. A committer for Spark's own
 Delta (an ``OptimisticTransaction`` of the session's ``DeltaLog``, through Py4J) would
-implement the same four methods, commit at the version of the table it is handed, and
+implement the same methods, commit at the version of the table it is handed, and
 raise the sink's `ConcurrentCommitError` on a conflict, so that the guards around a commit
 in `sinks.log.log_table` (the foreign-change check, the token that finds a lost answer,
 the rebase of a commit that removes files) hold for it unchanged.
@@ -101,6 +102,14 @@ class LogCommitter(Protocol):
         """Restore the log to ``version``, recording ``transactions`` in the same commit."""
         ...
 
+    def append_rows(
+        self, location: LogLocation, rows: pa.Table, *, transactions: Mapping[str, int]
+    ) -> None:
+        """Append ``rows`` to the plain Delta table at ``location`` (created with their schema
+        when there is none), recording ``transactions`` in the same commit. For a table beside
+        a log (the dead letters), not for a log."""
+        ...
+
 
 class DeltaRsCommitter:
     """Commits through delta-rs: ``create``, a write transaction, ``alter``, ``restore``."""
@@ -192,6 +201,20 @@ class DeltaRsCommitter:
                 commit_properties=CommitProperties(
                     app_transactions=_transactions(transactions, timestamp_ms),
                     custom_metadata=dict(metadata),
+                ),
+            )
+
+    def append_rows(
+        self, location: LogLocation, rows: pa.Table, *, transactions: Mapping[str, int]
+    ) -> None:
+        with _conflicts_raised():
+            write_deltalake(
+                location.uri,
+                rows,
+                mode="append",
+                storage_options=location.delta_options,
+                commit_properties=CommitProperties(
+                    app_transactions=[Transaction(a, v) for a, v in transactions.items()]
                 ),
             )
 

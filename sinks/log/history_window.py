@@ -29,13 +29,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 import pyarrow.fs as pafs
 from deltalake import DeltaTable
 
 from checkpoints.checkpoint_table import HANDS_OFF_PROPERTIES
 from sinks.config import DELETED_FILE_RETENTION_DURATION, format_interval, parse_interval_ms
-from sinks.errors import CompactedSinkError
+from sinks.errors import HistoryExpiredError, TimeTravelError
 from sinks.log.committer import DELTA_RS, LogCommitter
 from sinks.log.ownership import DELTA_LOG_DIR
 from sinks.log.storage import LogLocation
@@ -46,14 +47,6 @@ ENABLE_EXPIRED_LOG_CLEANUP = "delta.enableExpiredLogCleanup"
 
 DEFAULT_WINDOW_MS = 7 * 24 * 3_600_000  # Delta's default deletedFileRetentionDuration
 DEFAULT_CHECKPOINT_INTERVAL = 100  # delta-rs's default, made explicit on the table
-
-
-class TimeTravelError(CompactedSinkError, ValueError):
-    """Raised when time travel asks for a version or a time the log cannot be read at."""
-
-
-class HistoryExpiredError(TimeTravelError):
-    """Raised when time travel asks for a version older than the history window keeps."""
 
 
 # delta-rs resolves a timestamp before the first commit to version 0 without a word; a
@@ -158,6 +151,20 @@ def oldest_reachable_version(
     oldest = min(inside) if inside else current_version
     loadable = listing.oldest_loadable_version
     return max(oldest, loadable) if loadable is not None else oldest
+
+
+def reachable_commits(location: LogLocation, *, now_ms: int) -> dict[int, dict[str, Any]]:
+    """The commits of the table at ``location`` that time travel still reaches
+    (`oldest_reachable_version` up to the latest), by version: delta-rs's history rows, with
+    ``timestamp``, ``operation`` and the commit's custom metadata. Read-only."""
+    table = location.delta_table()
+    oldest = oldest_reachable_version(
+        list_delta_log(location),
+        current_version=table.version(),
+        now_ms=now_ms,
+        window_ms=window_of(table),
+    )
+    return {c["version"]: c for c in table.history() if "version" in c and c["version"] >= oldest}
 
 
 # -- time travel inside the window ------------------------------------------------------------

@@ -1,11 +1,8 @@
 """What became of a commit whose answer is in doubt: read back from the Delta log.
 
-An object store may store a commit's conditional PUT and lose the answer (a timeout, a
-reset, a 500 after the write); the client's retry then finds the version taken, by this
-very commit, and delta-rs reports a conflict or a store error. Each commit the sink makes
-carries a random token in its commit info (`COMMIT_TOKEN_KEY`):
-`landed_version` finds it, as Kafka's idempotent producer recognises its own sequence
-number. `check_removes` tells whether a commit that removes files may be rebased over the
+A commit whose answer the store lost counts once (design.md §39). Each commit the sink
+makes carries a random token in its commit info (`COMMIT_TOKEN_KEY`); `landed_version`
+finds it. `check_removes` tells whether a commit that removes files may be rebased over the
 commits since its snapshot: only when none of them removed one of its files.
 """
 

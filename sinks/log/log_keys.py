@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from sinks.errors import ConfigError
+from sinks.errors import ConfigError, KeyColumnsMismatchError
 from sinks.log.ownership import (
     KEY_COLUMNS_PROPERTY,
     check_compacted_log,
@@ -38,10 +38,6 @@ if TYPE_CHECKING:
 
 SEQUENCE_COLUMN_PROPERTY = "compacted.sink.sequence.column"
 DEFAULT_KEY_COLUMNS = ("key",)
-
-
-class KeyColumnsMismatchError(ConfigError):
-    """Raised when a sink names other key (or sequence) columns than the log records."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -2,7 +2,7 @@
 
 A job whose lake is configured for Spark's S3A connector (hadoop-aws) already names its
 keys, endpoint and region there; the sink reads them from the session rather than asking
-for the same settings again as ``storage_options`` (issue #34, point 6). `s3a_storage_options`
+for the same settings again as ``storage_options``. `s3a_storage_options`
 is the pure translation, `resolve_storage_options` chooses the source:
 
 1. ``storage_options`` given to the sink: used as they are, the session is not read;
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 from urllib.parse import urlparse
 
-from sinks.errors import ConfigError
+from sinks.errors import CredentialsRefusedError
 from sinks.log.storage import delta_storage_options, store_of
 
 logger = logging.getLogger("compacted_sink")
@@ -192,15 +192,6 @@ REFUSED_CODES = (
     "AccessDenied",
 )
 _CODE = re.compile(r"<Code>(\w+)</Code>")
-
-
-class CredentialsRefusedError(ConfigError):
-    """Raised when an S3 bucket refuses the credentials the sink was given or derived."""
-
-    def __init__(self, message: str, *, bucket: str, code: str) -> None:
-        super().__init__(message)
-        self.bucket = bucket
-        self.code = code
 
 
 @contextmanager

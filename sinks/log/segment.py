@@ -153,7 +153,7 @@ def add_action_table(actions: Any) -> pa.Table:
     """delta-rs's add actions (``get_add_actions``, an Arrow stream) as a pyarrow Table.
 
     Read as a stream, not with ``pa.table(...)``: that asks whether its argument is a
-    pandas DataFrame and imports pandas to know, a fifth of a consumer's query start (#33).
+    pandas DataFrame and imports pandas to know, a cost a consumer's query start pays.
     """
     return pa.RecordBatchReader.from_stream(actions).read_all()
 

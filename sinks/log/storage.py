@@ -43,10 +43,12 @@ from dataclasses import dataclass, field
 from typing import Literal
 from urllib.parse import unquote, urlparse
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
 
-from sinks.errors import ConfigError
+from sinks.errors import ConfigError, UnsupportedStoreError
 
 Store = Literal["local", "s3", "gcs", "azure"]
 
@@ -70,10 +72,6 @@ _S3_COMMIT_SAFETY = ("conditional_put", "s3_locking_provider", "s3_allow_unsafe_
 _S3_ENDPOINT_ENV = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT")
 DEFAULT_MAX_RETRIES = 10
 """object_store's default ``max_retries``; pyarrow is given as many (its own default is 2)."""
-
-
-class UnsupportedStoreError(ConfigError):
-    """Raised when a URI names a scheme that neither delta-rs nor pyarrow can open."""
 
 
 def store_of(uri: str) -> Store:
@@ -219,6 +217,27 @@ class LogLocation:
     def delta_table(self, version: int | None = None) -> DeltaTable:
         """The Delta table here (at ``version``, else the latest), opened by delta-rs."""
         return DeltaTable(self.uri, version=version, storage_options=self.delta_options)
+
+    def latest_version(self) -> int:
+        """The latest version of the Delta table here (one read of its log); fails as
+        `delta_table` does when there is no table. Read-only."""
+        return self.delta_table().version()
+
+    def txn_version(self, app_id: str) -> int | None:
+        """The version the latest ``txn`` action of ``app_id`` records in the table here; None
+        when there is none, or no table. Read-only."""
+        try:
+            return self.delta_table().transaction_version(app_id)
+        except TableNotFoundError:
+            return None
+
+    def read_arrow(self) -> pa.Table | None:
+        """Every row of the table here, at its latest version; None when there is no table.
+        Read-only."""
+        try:
+            return self.delta_table().to_pyarrow_table()
+        except TableNotFoundError:
+            return None
 
     def filesystem(self) -> tuple[pafs.FileSystem, str]:
         """A pyarrow file system and the table's root path in it (`arrow_filesystem`)."""

@@ -50,7 +50,6 @@ from urllib.parse import unquote
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-from deltalake import DeltaTable
 
 from checkpoints import CheckpointEntry, CleanerOffsetCheckpoint, split_histories
 from checkpoints.cleaner_states import live_claims
@@ -64,7 +63,7 @@ from sinks.log.ownership import (
     is_own_data_path,
     is_staged_write,
 )
-from sinks.log.segment import Segment, add_action_paths
+from sinks.log.segment import Segment
 from sinks.log.storage import arrow_filesystem
 from sinks.maintenance.file_inventory import FileOnDisk, list_data_files, referenced_paths
 
@@ -336,9 +335,7 @@ def reconcile_checkpoint(
                 {partition: entry} if entry else {},
                 table_id=snapshot.table_id,
                 version=snapshot.version,
-                latest_version=lambda: DeltaTable(
-                    snapshot.uri, storage_options=snapshot.storage_options or None
-                ).version(),
+                latest_version=snapshot.location.latest_version,
             )
             if entry is not None and other:
                 replaced.setdefault(other[partition], []).append(partition)
@@ -453,9 +450,7 @@ def _files_added_since(log: LogTable, snapshot: LogSnapshot, version: int | None
     segments = snapshot.all_segments()
     if version is None or version > snapshot.version:
         return segments
-    try:
-        earlier = DeltaTable(log.uri, version=version, storage_options=log.storage_options or None)
-    except Exception:  # the version's log entries were cleaned up: check everything
+    known = log.file_paths(version)
+    if known is None:  # the version's log entries were cleaned up: check everything
         return segments
-    known = add_action_paths(earlier.get_add_actions())
     return [s for s in segments if unquote(s.path) not in known]

@@ -28,13 +28,11 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable, write_deltalake
-from deltalake.exceptions import TableNotFoundError
-from deltalake.transaction import CommitProperties, Transaction
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from sinks.log.committer import DELTA_RS, LogCommitter
 from sinks.log.log_keys import LogKeys
 from sinks.log.records import DECODE_ERROR
 from sinks.log.storage import LogLocation
@@ -121,8 +119,9 @@ class DeadLetterTable:
     Shared by many sinks: each commit is tagged with the sink's app id and batch id.
     """
 
-    def __init__(self, location: LogLocation) -> None:
+    def __init__(self, location: LogLocation, *, committer: LogCommitter = DELTA_RS) -> None:
         self.location = location
+        self.committer = committer
 
     @property
     def uri(self) -> str:
@@ -130,10 +129,7 @@ class DeadLetterTable:
 
     def committed(self, app_id: str, batch_id: int) -> bool:
         """True when this (app id, batch id) already wrote its dead letters."""
-        table = self._table()
-        if table is None:
-            return False
-        recorded = table.transaction_version(app_id)  # batch 0 is recorded as 0: not falsy here
+        recorded = self.location.txn_version(app_id)  # batch 0 is recorded as 0: not falsy here
         return recorded is not None and recorded >= batch_id
 
     def write(
@@ -173,13 +169,7 @@ class DeadLetterTable:
             },
             schema=DEAD_LETTER_SCHEMA,
         )
-        write_deltalake(
-            self.uri,
-            table,
-            mode="append",
-            storage_options=self.location.delta_options,
-            commit_properties=CommitProperties(app_transactions=[Transaction(app_id, batch_id)]),
-        )
+        self.committer.append_rows(self.location, table, transactions={app_id: batch_id})
         logger.warning(
             "batch %s of %s: %d bad row(s) quarantined to %s", batch_id, app_id, n, self.uri
         )
@@ -187,14 +177,8 @@ class DeadLetterTable:
 
     def read(self) -> pa.Table:
         """Every dead letter (empty when the table does not exist yet)."""
-        table = self._table()
-        return DEAD_LETTER_SCHEMA.empty_table() if table is None else table.to_pyarrow_table()
-
-    def _table(self) -> DeltaTable | None:
-        try:
-            return self.location.delta_table()
-        except TableNotFoundError:
-            return None
+        table = self.location.read_arrow()
+        return DEAD_LETTER_SCHEMA.empty_table() if table is None else table
 
 
 def _jsonable(df: DataFrame, name: str) -> Column:

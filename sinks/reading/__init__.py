@@ -1,5 +1,6 @@
 """Reading a log back: its state (latest record per key) and replay for disaster recovery."""
 
+from sinks.errors import ReplayError
 from sinks.reading.arrow_export import (
     export_state_arrow,
     verify_export_arrow,
@@ -14,7 +15,6 @@ from sinks.reading.export_format import (
     EXACT,
     NEW_OFFSETS,
     CarriedConfig,
-    ReplayError,
     is_faithful,
     read_manifest,
 )

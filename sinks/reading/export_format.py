@@ -35,7 +35,7 @@ import fastavro
 import pyarrow as pa
 from pyspark.sql import types as T
 
-from sinks.errors import CompactedSinkError
+from sinks.errors import ReplayError
 from sinks.log.history_window import table_properties
 from sinks.log.log_keys import (
     LogKeys,
@@ -124,10 +124,6 @@ a dotted name) is topic config stored on the log, and travels with it."""
 
 
 Progress = Callable[[str], None]
-
-
-class ReplayError(CompactedSinkError):
-    """Raised when an export cannot be written, read or verified, or a restore cannot start."""
 
 
 def carried_properties(configuration: Mapping[str, str | None]) -> dict[str, str]:

@@ -23,7 +23,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from sinks.config import CleanerConfig
-from sinks.errors import ConcurrentCommitError, ConfigError
+from sinks.errors import ConcurrentCommitError, ConfigError, RestoreTargetError
 from sinks.log.foreign.commits import COMMIT_INFO_KEY
 from sinks.log.history_window import table_properties
 from sinks.log.log_keys import (
@@ -72,10 +72,6 @@ RESTORE_APP_ID = "compacted-sink/replay"
 
 
 """The ``txn`` app id a restore commits its batch id under (exactly once per target)."""
-
-
-class RestoreTargetError(ReplayError, ConfigError):
-    """Raised when a restore's target already holds records, or another log than the source's."""
 
 
 @dataclass(frozen=True)

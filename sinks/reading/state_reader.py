@@ -54,10 +54,8 @@ from sinks.reading.partition_state import partition_state
 # ``spark.driver.maxResultSize``, which bounds the collect that builds the table.
 # The table lives on the driver and once in every executor. About a million dirty
 # records with a short string key; above it Spark shuffles instead, and the tail is
-# then as large as a good part of the clean section anyway. Measured (Spark's
-# dataSize metric), (partition, offset) of 600 k dirty records (440 k keys): 50 MB,
-# estimated 38 MB; Spark allocates whole memory pages (40 MB already at 140 k keys),
-# but the estimate's per-row figure is above the measured increment (~28 B a key).
+# then as large as a good part of the clean section anyway. The estimate against
+# Spark's own dataSize metric: docs/benchmarks.md, "Figures kept out of the code".
 TAIL_BROADCAST_MAX_BYTES = 128 * 1024 * 1024
 
 _WINNER = "_winner_offset"

@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from sinks.errors import ConfigError
+from sinks.errors import ConfigError, QueryFailedError
 from streaming.cli.common import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -116,10 +116,6 @@ def _stop_between_batches(query, hook) -> None:
     while hook.busy and query.isActive and time.monotonic() < deadline:
         time.sleep(0.01)
     query.stop()
-
-
-class QueryFailedError(RuntimeError):
-    """Raised when the job's query failed outside the sink (its source, Spark): the root cause."""
 
 
 def root_cause(text: str) -> str | None:

@@ -8,13 +8,13 @@ the files each task reads, planned on the driver; `fetcher`: the tasks' reads an
 ``offsetsForTimes``; `consumer_groups`: Kafka's ``kafka-consumer-groups.sh`` for a log.
 """
 
+from sinks.errors import DataLossError
 from streaming.consumers.consumer_groups import (
     ConsumerLag,
     consumer_report,
     delete_consumer,
     reset_offsets,
 )
-from streaming.consumers.consumer_position import DataLossError
 from streaming.consumers.consumer_source import ConsumerBatchReader, ConsumerStreamReader
 from streaming.consumers.datasource import CompactedStateDataSource, register
 from streaming.consumers.source_options import SourceOptions

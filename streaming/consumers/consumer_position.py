@@ -25,16 +25,12 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from sinks.errors import CompactedSinkError, ConfigError
+from sinks.errors import ConfigError, DataLossError
 
 EARLIEST = -2  # Kafka's sentinels in a JSON map of starting offsets
 LATEST = -1
 
 Positions = dict[int, int]
-
-
-class DataLossError(CompactedSinkError):
-    """Raised when a reader's position lies below a partition's log start offset."""
 
 
 def parse_starting_offsets(text: str) -> str | Positions:

@@ -4,9 +4,10 @@
 as Spark types; `schema_registry`: the writer and reader schemas, by id and subject.
 """
 
+from sinks.errors import SchemaNotFoundError
 from streaming.decoding.avro import ConfluentAvroDecoder, DecodingHook
 from streaming.decoding.avro_types import avro_to_spark
-from streaming.decoding.schema_registry import SchemaNotFoundError, SchemaStore
+from streaming.decoding.schema_registry import SchemaStore
 
 __all__ = [
     "ConfluentAvroDecoder",

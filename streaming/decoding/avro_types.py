@@ -15,7 +15,7 @@ from typing import Any
 
 from pyspark.sql import types as T
 
-from streaming.decoding.schema_registry import SchemaNotFoundError
+from sinks.errors import SchemaNotFoundError
 
 _PRIMITIVES: dict[str, T.DataType] = {
     "boolean": T.BooleanType(),

@@ -16,11 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sinks.errors import CompactedSinkError
-
-
-class SchemaNotFoundError(CompactedSinkError):
-    """Raised when a reader schema or a schema registry cannot be read."""
+from sinks.errors import SchemaNotFoundError
 
 
 class SchemaStore:

@@ -4,6 +4,7 @@
 `TopicRouter`; `local_kafka`: a local broker for the tests and ``make demo-kafka``.
 """
 
+from sinks.errors import BrokerStartError
 from streaming.inputs.kafka import (
     KAFKA_SCHEMA,
     TopicRouter,
@@ -12,7 +13,7 @@ from streaming.inputs.kafka import (
     kafka_stream,
     write_kafka_files,
 )
-from streaming.inputs.local_kafka import BrokerStartError, LocalKafka
+from streaming.inputs.local_kafka import LocalKafka
 
 __all__ = [
     "KAFKA_SCHEMA",

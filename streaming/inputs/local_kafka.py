@@ -27,6 +27,8 @@ import uuid
 from pathlib import Path
 from string import Template
 
+from sinks.errors import BrokerStartError
+
 HOST = "127.0.0.1"
 MAIN_CLASS = "kafka.Kafka"
 STORAGE_TOOL = "kafka.tools.StorageTool"
@@ -57,10 +59,6 @@ def fetched_jars(cache: str | os.PathLike, name: str) -> list[str]:
     import pyspark
 
     return spark_jars(Path(cache) / f"{name}-{pyspark.__version__}")
-
-
-class BrokerStartError(RuntimeError):
-    """The broker exited or did not answer in time; the message ends with its log's tail."""
 
 
 def free_port() -> int:

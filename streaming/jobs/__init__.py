@@ -5,8 +5,9 @@ a local or a Spark Connect session; `registry`: which logs a command works on;
 `registered_logs_cleaner`: the ``clean`` command's loop over them; `demo`: the demo job.
 """
 
+from sinks.errors import JobConfigError
 from streaming.jobs.demo import DemoSettings
-from streaming.jobs.job import JobConfig, JobConfigError, LogSpec, load_job, parse_job
+from streaming.jobs.job import JobConfig, LogSpec, load_job, parse_job
 from streaming.jobs.registered_logs_cleaner import RegisteredLogsCleaner
 from streaming.jobs.registry import LogRef, discover_logs
 from streaming.jobs.runner import InFlightHook, start

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from sinks import CleanerConfig, CompactedStateSink
-from sinks.errors import ConfigError
+from sinks.errors import ConfigError, JobConfigError
 from sinks.produce import DEFAULT_SCHEMA_EVOLUTION, SchemaEvolution, check_mode
 
 SOURCE_FORMATS = ("files", "rate", "kafka")
@@ -70,10 +70,6 @@ _SINK_KEYS = {
 }
 _TRIGGER_KEYS = {"available_now", "processing_time", "once"}
 _TOP_KEYS = {"source", "sink", "topics", "cleaner", "trigger", "avro", "spark"}
-
-
-class JobConfigError(ConfigError):
-    """Raised when a job file is unreadable or has an unknown or invalid key; names file and key."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -21,10 +21,11 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from sinks import CompactedStateSink
+from sinks.errors import BatchRefused, JobConfigError
 from sinks.log import arrow_filesystem, join, normalize_uri, sibling
 from streaming.inputs import TopicRouter, file_columns, kafka_shaped_files, kafka_stream
 from streaming.inputs.kafka import TOPIC
-from streaming.jobs.job import FILE_FORMATS, FileFormat, JobConfig, JobConfigError
+from streaming.jobs.job import FILE_FORMATS, FileFormat, JobConfig
 from streaming.status.progress import ProgressHook, stderr_line
 
 Hook = Callable[[DataFrame, int], None]
@@ -179,10 +180,6 @@ def checkpoint_location(job: JobConfig) -> str:
             return log.checkpoint_location
     first = job.logs[0].path
     return join(sibling(first, "_chk"), first.rstrip("/").rsplit("/", 1)[-1])
-
-
-class BatchRefused(RuntimeError):
-    """Raised when a micro-batch reaches the hook after `InFlightHook.refuse_new` (a stop)."""
 
 
 class InFlightHook:

@@ -12,19 +12,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from deltalake import DeltaTable
-
 from sinks import CompactedStateSink
 from sinks.cleaner import LogToClean, cleanable_offsets, dirty_ratio
 from sinks.cleaner.log_to_clean import log_to_clean
-from sinks.log import (
-    COMMIT_INFO_KEY,
-    LogSnapshot,
-    list_delta_log,
-    now_ms,
-    oldest_reachable_version,
-    window_of,
-)
+from sinks.log import COMMIT_INFO_KEY, LogSnapshot, now_ms, reachable_commits
 
 
 @dataclass(frozen=True)
@@ -45,14 +36,7 @@ def history(sink: CompactedStateSink, *, max_points: int = 120) -> list[HistoryP
     the log recorded by then, so the ratio is the one the cleaner saw at the time
     (the checkpoint table only holds today's rows).
     """
-    table = DeltaTable(sink.path, storage_options=sink.storage_options or None)
-    listing = list_delta_log(sink.log_table.location)
-    oldest = oldest_reachable_version(
-        listing, current_version=table.version(), now_ms=now_ms(), window_ms=window_of(table)
-    )
-    commits = {
-        c["version"]: c for c in table.history() if "version" in c and c["version"] >= oldest
-    }
+    commits = reachable_commits(sink.log_table.location, now_ms=now_ms())
     versions = sorted(commits)
     if len(versions) > max_points:
         step = (len(versions) - 1) / (max_points - 1)
