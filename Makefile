@@ -2,6 +2,16 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
+# uv builds the venvs: it downloads in parallel and keeps one cache for all of them (a fresh
+# clone's pyspark wheels are built from their sources once). A fresh machine has no uv: pip
+# installs it into a venv of its own first.
+UV_VENV ?= .venv-uv
+UV := $(UV_VENV)/bin/uv
+# $(call new-venv,<dir>,<requirements>): a venv with pip in it (tests/install runs
+# `python -m pip`) and the requirements, as pip would install them.
+new-venv = rm -rf $(1) && $(UV) venv --quiet --seed --python python3 $(1) && \
+	VIRTUAL_ENV=$(abspath $(1)) $(UV) pip install --quiet $(2)
+
 # `make demo` runs on its own venv: the package with its runtime dependencies and pyspark (the
 # `spark` extra), none of the dev tools.
 DEMO_VENV ?= .venv-demo
@@ -16,6 +26,8 @@ KAFKA_STAMP := $(KAFKA_VENV)/.installed
 
 # JVM jars, fetched once from Maven Central by `mvn` into .jars/<set>/ (git-ignored): one small
 # pom per set under jvm/<set>/, its runtime dependencies copied beside it; a stamp marks it done.
+# One set after another (each waits for the one before: Maven's local repository is shared),
+# beside the venvs when make runs jobs in parallel.
 JARS := .jars
 MVN ?= mvn
 DEPENDENCY_PLUGIN := org.apache.maven.plugins:maven-dependency-plugin:3.8.1
@@ -41,24 +53,31 @@ TEST_SMOKE_SPARKS ?= $(SMOKE_SPARKS)
 # the newest 3.5 plugin on the Maven Central this project's machines reach.
 CONNECT_PLUGIN_3.5 ?= 3.5.7
 
-.PHONY: demo demo-kafka wheel jars test test-install test-kafka test-delta-spark race smoke lint bench bench-quick bench-append bench-consumer bench-lookup bench-lookup-pass bench-scale bench-cluster soak soak-quick soak-exit soak-faults clean
+.PHONY: demo demo-kafka wheel jars test test-setup test-main test-others test-install test-kafka test-delta-spark race smoke lint bench bench-quick bench-append bench-consumer bench-lookup bench-lookup-pass bench-scale bench-cluster soak soak-quick soak-exit soak-faults clean
 
-$(STAMP): pyproject.toml
-	python3 -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
-	touch $(STAMP)
-
-$(DEMO_STAMP): pyproject.toml
-	python3 -m venv $(DEMO_VENV)
-	$(DEMO_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(DEMO_VENV)/bin/python -m pip install --quiet -e '.[spark]'
+$(UV):
+	python3 -m venv $(UV_VENV)
+	$(UV_VENV)/bin/python -m pip install --quiet uv
 	touch $@
 
-$(KAFKA_STAMP): pyproject.toml
-	python3 -m venv $(KAFKA_VENV)
-	$(KAFKA_PY) -m pip install --quiet --upgrade pip
-	$(KAFKA_PY) -m pip install --quiet 'pyspark==$(KAFKA_SPARK)' -e '.[dev]'
+$(STAMP): pyproject.toml | $(UV)
+	$(call new-venv,$(VENV),-e '.[dev]')
+	touch $(STAMP)
+
+$(DEMO_STAMP): pyproject.toml | $(UV)
+	$(call new-venv,$(DEMO_VENV),-e '.[spark]')
+	touch $@
+
+$(KAFKA_STAMP): pyproject.toml | $(UV)
+	$(call new-venv,$(KAFKA_VENV),'pyspark==$(KAFKA_SPARK)' -e '.[dev]')
+	touch $@
+
+# The smoke suite's venvs, one per pyspark of $(SMOKE_SPARKS) but 4.2 (the Kafka venv): the
+# package with the `test` extra.
+smoke-venv = .venv-spark$(basename $(1))/.installed
+SMOKE_STAMPS = $(foreach v,$(filter-out $(KAFKA_SPARK),$(SMOKE_SPARKS)),$(call smoke-venv,$(v)))
+.venv-spark%/.installed: pyproject.toml | $(UV)
+	$(call new-venv,.venv-spark$*,'pyspark==$(filter $*.%,$(SMOKE_SPARKS))' -e '.[test]')
 	touch $@
 
 # An Apache Kafka broker (kafka_2.13 and its dependencies, log4j2).
@@ -67,17 +86,17 @@ $(KAFKA_JARS): jvm/kafka/pom.xml
 	touch $@
 
 # Spark's Kafka source at the Kafka venv's pyspark version.
-$(SPARK_KAFKA_JARS): jvm/spark-kafka/pom.xml
+$(SPARK_KAFKA_JARS): jvm/spark-kafka/pom.xml | $(KAFKA_JARS)
 	$(call fetch-jars,jvm/spark-kafka/pom.xml,$(@D),-Dspark.version=$(KAFKA_SPARK))
 	touch $@
 
 # delta-spark and its runtime dependencies, for the Kafka venv's pyspark.
-$(DELTA_JARS): jvm/delta/pom.xml
+$(DELTA_JARS): jvm/delta/pom.xml | $(SPARK_KAFKA_JARS)
 	$(call fetch-jars,jvm/delta/pom.xml,$(@D),-Dspark.version=$(KAFKA_SPARK))
 	touch $@
 
 # hadoop-aws for the Kafka venv's pyspark (named by that pyspark, as the sets the session loads).
-$(HADOOP_AWS_JARS): jvm/hadoop-aws/pom.xml
+$(HADOOP_AWS_JARS): jvm/hadoop-aws/pom.xml | $(DELTA_JARS)
 	$(call fetch-jars,jvm/hadoop-aws/pom.xml,$(@D),-Dhadoop.version=$(HADOOP_AWS_VERSION))
 	touch $@
 
@@ -101,14 +120,31 @@ wheel:
 	cp dist/compacted_sink-*.whl dist/compacted_sink.zip
 	@ls dist/compacted_sink-*.whl dist/compacted_sink.zip
 
-# The main suite on $(VENV), then the Kafka and the delta-spark tests on $(KAFKA_VENV); all
-# always run, and the target fails when any does.
-test: $(STAMP) $(KAFKA_STAMP) jars
+# Every venv and jar set first, built side by side; then the tests in two lanes side by side:
+# the main suite on $(VENV), and the Kafka, delta-spark, smoke and install tests one after
+# another on the other venvs (each lane's output printed when it ends). Every part runs; the
+# target fails when any does. TEST_JOBS=1 runs the lanes one after the other.
+TEST_JOBS ?= 2
+test:
+	@$(MAKE) --no-print-directory -j4 test-setup SMOKE_SPARKS="$(TEST_SMOKE_SPARKS)"
+	@$(MAKE) --no-print-directory -k -j$(TEST_JOBS) --output-sync=target test-main test-others
+
+test-setup: $(STAMP) $(KAFKA_STAMP) $(SMOKE_STAMPS) jars
+
+test-main: $(STAMP)
+	$(PY) -m pytest -q --durations=15 -m "not kafka and not delta_spark and not install" tests
+
+# The Kafka, delta-spark and (when $(TEST_SMOKE_SPARKS) holds $(KAFKA_SPARK)) smoke tests on
+# $(KAFKA_VENV) in one pytest: one Spark session and one Connect server for the three, as
+# `make test-kafka`, `make test-delta-spark` and `make smoke` would run them one by one.
+TEST_ON_KAFKA_VENV = kafka or delta_spark$(if $(filter $(KAFKA_SPARK),$(TEST_SMOKE_SPARKS)), or smoke)
+test-others: $(KAFKA_STAMP) $(SMOKE_STAMPS) jars
 	@status=0; \
-	$(PY) -m pytest -q --durations=15 -m "not kafka and not delta_spark and not install" tests || status=1; \
-	$(MAKE) --no-print-directory test-kafka || status=1; \
-	$(MAKE) --no-print-directory test-delta-spark || status=1; \
-	$(MAKE) --no-print-directory smoke SMOKE_SPARKS="$(TEST_SMOKE_SPARKS)" || status=1; \
+	COMPACTED_SINK_KAFKA_TESTS=required COMPACTED_SINK_DELTA_TESTS=required \
+	  COMPACTED_SINK_RACE_ROUNDS=$(RACE_ROUNDS) \
+	  $(KAFKA_PY) -m pytest -q --durations=15 -m "$(TEST_ON_KAFKA_VENV)" tests || status=1; \
+	$(MAKE) --no-print-directory smoke \
+	  SMOKE_SPARKS="$(filter-out $(KAFKA_SPARK),$(TEST_SMOKE_SPARKS))" || status=1; \
 	$(MAKE) --no-print-directory test-install || status=1; \
 	exit $$status
 
@@ -134,13 +170,9 @@ race: $(KAFKA_STAMP) jars
 
 # The smoke suite on each pyspark of $(SMOKE_SPARKS), one venv each with the `test` extra (4.2's
 # is the Kafka venv, with the dev extras); `make test` runs it on $(TEST_SMOKE_SPARKS).
-smoke: $(KAFKA_STAMP)
+smoke: $(KAFKA_STAMP) $(SMOKE_STAMPS)
 	@status=0; for v in $(SMOKE_SPARKS); do \
 	  venv=.venv-spark$${v%.*}; \
-	  if [ ! -f $$venv/.installed ]; then \
-	    python3 -m venv $$venv && $$venv/bin/python -m pip install --quiet --upgrade pip && \
-	    $$venv/bin/python -m pip install --quiet "pyspark==$$v" -e '.[test]' && touch $$venv/.installed; \
-	  fi; \
 	  case $$v in 3.5.*) $(MVN) -q -B $(DEPENDENCY_PLUGIN):get -Dtransitive=false \
 	    -Dartifact=org.apache.spark:spark-connect_2.12:$(CONNECT_PLUGIN_3.5) || status=1;; esac; \
 	  echo "== pyspark $$v"; $$venv/bin/python -m pytest -q -m smoke tests/smoke || status=1; \
