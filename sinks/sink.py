@@ -189,7 +189,7 @@ class CompactedStateSink:
         return self.log_cleaner.manager
 
     def logs_to_clean(self, snapshot: LogSnapshot | None = None) -> list[LogToClean]:
-        """Every partition as a cleaning candidate, measured now (no Spark job)."""
+        """`LogCleaner.logs_to_clean`: the log's partitions as candidates. Read-only."""
         return self.log_cleaner.logs_to_clean(snapshot)
 
     def dirty_ratio(self) -> float:
@@ -202,8 +202,11 @@ class CompactedStateSink:
 
     @finished_before_exit
     def clean(self, force: bool = False) -> CleanerStats | None:
-        """One round now, whatever the cleaning mode; the pass's figures, or None when nothing
-        was cleanable. Raises `CleanerError` when the pass fails; the log is then unchanged."""
+        """One round now, whatever the cleaning mode (`LogCleaner.maintain`).
+
+        Returns the pass's figures, or None when nothing was cleanable. Raises what
+        ``maintain`` raises with ``raise_errors`` (design.md §43). Not idempotent.
+        """
         if self.log_table.snapshot() is None:
             return None
         self._ensure_recovered()

@@ -156,14 +156,12 @@ class Cleaner:
     ) -> CleanerStats | None:
         """One pass over the filthiest cleanable partitions now; None when none is.
 
-        Takes ``plan``, the round's measure of the log (`LogPlanner.plan`), used when it is
-        of the version the pass starts from and its checkpoint rows were read fresh;
-        ``force``: any cleanable bytes or expired tombstone qualifies a partition, not only
-        design.md §4's triggers; ``budget``: the pass's share of the cores.
-        Returns the pass's figures, throttled (``log.cleaner.io.max.bytes.per.second``).
-        Raises `CleanerError` when the pass fails, or another writer beat it
-        ``PASS_ATTEMPTS`` times; the log is then unchanged. Not idempotent: a second call
-        cleans what became cleanable since.
+        Takes ``plan``, the round's measure of the log, used when it is of the version the
+        pass starts from and was read fresh (design.md §43); ``force``: any cleanable bytes
+        or expired tombstone qualifies a partition, not only design.md §4's triggers;
+        ``budget``: the pass's share of the cores. Returns the pass's figures, throttled.
+        Raises `CleanerError` when the pass fails or another writer beat it
+        ``PASS_ATTEMPTS`` times; the log is then unchanged. Not idempotent.
         """
         stats = None
         for attempt in range(PASS_ATTEMPTS):

@@ -166,12 +166,8 @@ class LogCleaner:
 
     def has_work(self, plan: CleaningPlan | None) -> bool:
         """Whether a round now could do anything: retention, deletion of expired files, a
-        checkpoint to reset, or a cleanable partition (``plan``'s choice,
-        `CleaningPlan.choose`). No Spark job.
-
-        A batch asks this before handing the log over, so the many batches that leave
-        nothing cleanable cost no round (no snapshot load, no claim) beside the query.
-        """
+        checkpoint to reset, or a cleanable partition (``plan``, chosen). Pure; no Spark
+        job (design.md §43)."""
         if plan is None:
             return False
         if self.config.delete or self.segment_deleter.due():
@@ -194,12 +190,11 @@ class LogCleaner:
     def hand_over(
         self, spark: SparkSession, snapshot: LogSnapshot, *, background: bool, appended: bool
     ) -> tuple[CleanerStats | None, LogSnapshot, float]:
-        """What the produce path does after an append (Kafka's broker handing its logs to
-        the cleaner threads): plan the log once; when a round has work, wake the worker
-        (``background``) or run the round here, its pass going on from this plan. A
-        batch that appended nothing (``appended`` false) costs no round.
+        """After an append: plan ``snapshot`` once and, when ``appended`` and a round has
+        work, wake the worker (``background``) or run the round here (design.md §43).
 
-        Returns the pass run here (if any), the log after it and its dirty ratio.
+        Returns the pass run here (or None), the log after it and its dirty ratio. Never
+        raises over a failed pass (`maintain`).
         """
         plan = self.plan(snapshot, fresh_checkpoints=False)
         plan = plan.choose(self.config, now_ms=self.clock(), force=False) if plan else None
@@ -225,17 +220,13 @@ class LogCleaner:
         budget: TaskBudget = EVERY_CORE,
         raise_errors: bool = False,
     ) -> RoundReport:
-        """One round: retention (delete policies), one pass over what is cleanable now,
-        then the segment deleter's turn when due.
+        """One round: retention, one pass, then the segment deleter when due (design.md §43).
 
-        ``budget`` is the pass's share of the cores (`TaskBudget`).
-        ``plan``: the measure that led to the round, which the pass goes on from when
-        the log has not moved since and its checkpoint rows were read fresh
-        (`Cleaner.clean`); otherwise the pass plans its own version.
-        A failed pass is recorded (`last_error`, the partitions marked uncleanable)
-        and logged, not raised: the batch that triggered it is committed; retention
-        that keeps conflicting gives up until the next round. ``raise_errors``
-        (``sink.clean()``) raises both instead.
+        Takes ``plan`` (the measure that led to the round, `Cleaner.clean`), ``force`` and
+        ``budget`` (the pass's share of the cores). Returns the round's `RoundReport`
+        (also ``last_round``). A failed pass sets ``last_error`` and is logged; with
+        ``raise_errors`` it raises `CleanerError`, and retention's `CommitConflictError`.
+        Not idempotent.
         """
         report = None
         if self.config.delete:
@@ -275,11 +266,10 @@ class LogCleaner:
         plan: CleaningPlan | None = None,
         budget: TaskBudget = EVERY_CORE,
     ) -> CleanerStats | None:
-        """One pass over every cleanable partition now, dirtiest first; None when none is
-        (`Cleaner.clean`, which reads the pass top to bottom).
+        """`Cleaner.clean` once no other pass of this cleaner runs; tells the listeners.
 
-        Waits for a pass of this cleaner's worker to end first. Raises `CleanerError`
-        when the pass fails; the log is then unchanged.
+        Returns the pass's figures, or None when nothing was cleanable; raises what
+        `Cleaner.clean` raises.
         """
         with self._pass_lock:
             stats = self.cleaner.clean(spark, force=force, plan=plan, budget=budget)

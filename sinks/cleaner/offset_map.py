@@ -1,68 +1,10 @@
 """Kafka's offset map: the latest offset of each key of one partition's dirty section, exact.
 
-Kafka's ``Cleaner.buildOffsetMap`` reads the dirty section (from the first dirty
-offset on) segment by segment into a map bounded by ``log.cleaner.dedupe.buffer.size``
-and records, per key, the offset of its latest record; when the map is full it
-stops, and the pass ends at the first offset the map does not cover (the rest stays
-dirty for the next pass, KAFKA-3894). The recopy then keeps a record unless the map
-holds a newer offset for its key. Here the map is exact (keys compared by value
-through `canonical_keys`, never through a digest: Kafka's
-``SkimpyOffsetMap`` loses a key to an MD5 collision), held as the sorted newest
-offsets (plus the distinct keys while a clean file is probed by key), and built
-inside the Spark task that recopies the partition, never on the driver.
-
-Why the dirty section suffices: the clean section (segments wholly below the
-cleaner offset the log records, see `sinks.reading.state_reader`) holds at most one
-record per key, below every dirty offset. So a clean record is obsolete exactly when
-the map holds its key, and a mapped record exactly when its offset is not its key's
-newest. With a ``sequence_column`` a clean record may beat a dirty one: the map then
-covers the whole cleanable range (`size_map`), and every record is kept exactly
-when it is its key's newest.
-
-The bound: the driver cannot count keys without reading them, so it bounds records
-(a segment's record count is in the Delta log, and records >= keys). `size_map` chooses,
-per partition, the cheapest map that fits ``log.cleaner.dedupe.buffer.size``:
-
-1. the dirty section's keys and newest offsets, built at once, when its records fit
-   (``BYTES_PER_MAPPED_RECORD`` each while the map is built);
-2. otherwise every input record's newest offset only (8 bytes a key held), built in
-   hash buckets of keys (`key_buckets`), one bucket at a
-   time, each bucket's build within the buffer. Each row's bucket is hashed in the
-   first scan and kept (a byte a record); a later scan only reads and filters the
-   narrow columns (its cost against a map built at once: docs/benchmarks.md). Every
-   input file is then mapped, so no clean file is probed by key;
-3. when even ``MAX_MAP_BUCKETS`` buckets do not fit: Kafka's bound, the pass ending at
-   the first segment the map cannot take (`map_end_offset`).
-
-Keys as Spark groups them, the map's keys. Kafka's offset map hashes a key's bytes
-(``SkimpyOffsetMap``: MD5, so two keys may collide and one is lost). Here a key is
-compared by value, exactly as Spark's ``groupBy`` compares it, by encoding each key
-column into flat, null-free Arrow columns whose equality is Spark's equality. Arrow's
-hash aggregate and hash join then group and match keys exactly; no key is ever lost to a
-hash collision.
-
-The rules (``canonical_keys``), each what Spark's ``NormalizeFloatingNumbers`` and
-its grouping do:
-
-- integers, booleans, strings, binaries: their value, unchanged;
-- floats and doubles: every NaN is one NaN and ``-0.0`` is ``0.0`` (Spark groups
-  them so), then the IEEE bits as an integer, so equality is bit equality;
-- timestamps, dates, times, durations: their integer count of the column's unit (a
-  timestamp's zone is metadata: the stored instant is UTC in both engines);
-- decimals: their text at the column's fixed scale (one text per value);
-- structs: a validity flag, then each field's encoding, depth first (a null
-  struct and a struct of null fields differ, as in Spark);
-- lists and anything else Spark can group on: a text rendering of the value
-  after the same float rules, row by row in Python (slow, and rare as a key).
-
-Every nullable leaf becomes two columns, a validity flag and the value with nulls
-filled by a constant, since Arrow's hash join never matches a null while Spark's
-grouping puts nulls together.
-
-``key_buckets`` spreads canonical keys over a number of buckets by a hash of the
-encoding (equal keys always share a bucket), so that an offset map too large to build
-at once is built a bucket at a time. The hash only balances the buckets: keys are
-still compared by value within each.
+`size_map` chooses, per partition, the map that fits ``log.cleaner.dedupe.buffer.size``:
+built at once, in hash buckets of keys (`key_buckets`), or cut where it fills
+(`map_end_offset`); `OffsetMap` is the map; `canonical_keys` encodes key columns so that
+Arrow compares them as Spark's grouping does. Why the dirty section suffices, the three
+maps and the key encoding rules: design.md §42.
 """
 
 from __future__ import annotations
@@ -80,14 +22,10 @@ from sinks.cleaner.rules import latest_offsets
 from sinks.log.log_keys import LogKeys
 from sinks.log.segment import Segment, split_clean
 
-# What one mapped record costs a task at its peak while its map (or bucket) is built,
-# measured with 16-byte string keys, every key distinct (the worst case for a bound on
-# records): 222 bytes a record (a fresh process's peak RSS growth between 1.25 M and
-# 3.75 M distinct keys, read from Parquet row group by row group: 375 and 905 MiB; about
-# 110 MiB of it is fixed, the reader and Arrow's pool). With every key written twice a
-# record costs 151 bytes. Rounded up; wider keys cost more.
+# What one mapped record costs a task at its peak while its map (or bucket) is built;
+# measured with distinct 16-byte string keys (docs/benchmarks.md). Wider keys cost more.
 BYTES_PER_MAPPED_RECORD = 256
-# What a mapped key costs once built when only its newest offset is held (option 2).
+# What a mapped key costs once built when only its newest offset is held (a bucketed map).
 BYTES_PER_NEWEST_OFFSET = 8
 # The most scans of a partition's narrow columns a bucketed map may take.
 MAX_MAP_BUCKETS = 8

@@ -87,13 +87,12 @@ class LogPlanner:
     def plan(
         self, snapshot: LogSnapshot | None = None, *, fresh_checkpoints: bool = True
     ) -> CleaningPlan | None:
-        """Every partition as a cleaning candidate, measured now (no Spark job); None
-        without a log.
+        """``snapshot`` (default: the log now) as a `CleaningPlan`; None without a log.
+        Read-only; no Spark job.
 
         The first dirty offset comes from the cleaner's ``txn`` entry in the log;
-        the checkpoint table is read only for partitions the log has none for
-        (a log not cleaned yet, or a checkpoint set by hand). Without
-        ``fresh_checkpoints`` (a batch's plan) rows read within ``backoff_ms`` do.
+        the checkpoint table is read only for partitions the log has none for. Without
+        ``fresh_checkpoints`` rows read within ``backoff_ms`` are reused.
         """
         snapshot = snapshot or self.log.snapshot()
         if snapshot is None:
