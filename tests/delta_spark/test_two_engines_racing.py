@@ -141,7 +141,12 @@ def sink_step(spark, sink, rng: random.Random, batch_id: int, tally: Tally):
         except ForeignChangeError:
             # The job's appends and DELETEs change records: accepted as its operator would.
             tally.conflicts["ForeignChangeError"] += 1
-            sink.accept_foreign_changes()
+            try:
+                sink.accept_foreign_changes()
+            except ForeignChangeError:
+                # The job committed again between the accept and the recovery after it: that
+                # change is new, refused by name, and accepted on the next try.
+                tally.conflicts["ForeignChangeError"] += 1
         except CommitConflictError:
             tally.conflicts["CommitConflictError"] += 1
         tally.retries += 1
