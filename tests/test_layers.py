@@ -137,6 +137,14 @@ ENGINE_IMPORTS_ALLOWED: dict[str, str] = {}
 """Modules outside `ENGINE_HOMES` that still import the engine, each with why; to shrink."""
 
 
+def fake_library(tmp_path, monkeypatch, *packages: str) -> None:
+    """Point the rules at an empty library of ``packages`` under ``tmp_path``."""
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    for package in packages:
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+
+
 def engine_importers() -> list[str]:
     """Library modules outside `ENGINE_HOMES` that import ``deltalake``, at any depth."""
     found = []
@@ -164,10 +172,9 @@ def test_the_engine_is_imported_behind_the_seam_only():
 
 
 def test_an_engine_import_outside_the_seam_is_caught(tmp_path, monkeypatch):
-    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
-    for package in ("sinks", "sinks/log", "sinks/produce", "checkpoints", "streaming"):
-        (tmp_path / package).mkdir()
-        (tmp_path / package / "__init__.py").write_text("")
+    fake_library(
+        tmp_path, monkeypatch, "sinks", "sinks/log", "sinks/produce", "checkpoints", "streaming"
+    )
     (tmp_path / "sinks/log/table.py").write_text("from deltalake import DeltaTable\n")
     (tmp_path / "checkpoints/rows.py").write_text("import deltalake\n")
     (tmp_path / "sinks/produce/append.py").write_text(
@@ -232,10 +239,7 @@ def test_every_exception_class_lives_in_the_error_module():
 
 
 def test_an_exception_class_outside_the_error_module_is_caught(tmp_path, monkeypatch):
-    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
-    for package in ("sinks", "sinks/log", "streaming"):
-        (tmp_path / package).mkdir()
-        (tmp_path / package / "__init__.py").write_text("")
+    fake_library(tmp_path, monkeypatch, "sinks", "sinks/log", "streaming")
     (tmp_path / "sinks/errors.py").write_text("class SinkError(Exception): ...\n")
     (tmp_path / "sinks/log/table.py").write_text(
         "class Gone(SinkError): ...\nclass Later(Gone): ...\nclass Plain: ...\n"
@@ -334,10 +338,7 @@ def test_streaming_imports_the_library_through_its_packages():
 
 def test_an_import_past_a_package_is_caught(tmp_path, monkeypatch):
     """The rule sees a module inside a package, at any depth, and a module imported by name."""
-    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
-    for package in ("sinks", "sinks/log", "streaming"):
-        (tmp_path / package).mkdir()
-        (tmp_path / package / "__init__.py").write_text("")
+    fake_library(tmp_path, monkeypatch, "sinks", "sinks/log", "streaming")
     (tmp_path / "sinks/log/storage.py").write_text("")
     (tmp_path / "streaming/job.py").write_text(
         "from sinks.log import storage\ndef f():\n    from sinks.log.storage import join\n"
