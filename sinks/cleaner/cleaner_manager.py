@@ -7,6 +7,8 @@ kept live by `heartbeating`), records (`checkpoint_pass` / `done_cleaning`,
 Each transition is one compare-and-set commit over a pass's partitions, however many
 (`CleanerOffsetCheckpoint.compare_and_set_many`); `checkpoints.cleaner_states` says what
 a row means. The states are advisory: correctness rests on design.md §9 and §11.
+A transition that keeps losing its compare-and-set (20 tries) raises
+`CommitConflictError`, having written nothing more.
 
 What to claim is planned in `sinks.cleaner.pass_planning`; the choice and the claim are
 made together by `sinks.cleaner.cleaner.Cleaner.grab_filthiest_compacted_log`.
@@ -62,8 +64,9 @@ class CleanerManager:
     """The cleaning states of one log's partitions, as seen and changed by one ``owner``.
 
     ``clock`` gives epoch ms for heartbeats and backoff (a test moves it by hand).
-    Every transition is a compare-and-set on the checkpoint table; none blocks
-    except `pause_cleaning`, which waits for a live pass of another owner to end.
+    Every transition is a compare-and-set on the checkpoint table and raises
+    `CommitConflictError` when it keeps losing; none blocks except `pause_cleaning`,
+    which waits for a live pass of another owner to end. Reads are read-only.
     """
 
     def __init__(
@@ -94,7 +97,8 @@ class CleanerManager:
     def may_clean(
         self, partition: int, entries: Mapping[int, CheckpointEntry] | None = None
     ) -> bool:
-        """Whether this owner may start a pass over ``partition`` now."""
+        """Whether this owner may start a pass over ``partition`` now (``entries``: rows
+        already read, else one read)."""
         rows = self.entries() if entries is None else entries
         return may_start_cleaning(
             rows.get(partition),
@@ -123,8 +127,8 @@ class CleanerManager:
         return [log for log in logs if self.may_clean(log.partition, rows)]
 
     def retry_at_ms(self) -> int | None:
-        """When the first partition of this log backing off after a failed pass may be
-        tried again; None when none is backing off."""
+        """When (epoch ms) the first partition of this log backing off after a failed pass
+        may be tried again; None when none is backing off."""
         times = [
             (e.uncleanable_since_ms or 0)
             + uncleanable_backoff_ms(
@@ -143,7 +147,10 @@ class CleanerManager:
         version: int | None = None,
     ) -> None:
         """Rewrite checkpoints found out of range, as Kafka does even when nothing is cleaned;
-        the rows name the table (``table_id``) and ``version`` they were measured at."""
+        the rows name the table (``table_id``) and ``version`` they were measured at.
+
+        An upsert, not a compare-and-set: idempotent, and retried on conflicts by the table.
+        """
         rows = self.entries()
         self.checkpoints.write(
             self._base(rows.get(log.partition), log.partition).with_changes(
@@ -159,7 +166,10 @@ class CleanerManager:
         self, cleaned: Sequence[LogToClean], stats: CleanerStats, *, table_id: str | None = None
     ) -> None:
         """Record a committed pass: each partition's end offset and figures, then release it.
-        The rows name the Delta table (``table_id``) and the version after the pass."""
+        The rows name the Delta table (``table_id``) and the version after the pass.
+
+        `done_cleaning` for ``cleaned``; idempotent; raises `CommitConflictError`.
+        """
         self.done_cleaning(
             CheckpointEntry(
                 log_path=self.log_path,
@@ -185,7 +195,9 @@ class CleanerManager:
         """Claim ``partitions`` for a pass (state ``in_progress``); returns those claimed.
 
         A partition is skipped when paused, when another live owner cleans it, or
-        when it is uncleanable and its backoff has not passed.
+        when it is uncleanable and its backoff has not passed. Idempotent for this owner
+        (a partition it already claimed is claimed again, its heartbeat renewed).
+        Raises `CommitConflictError`.
         """
 
         def claim(p: int, entry: CheckpointEntry | None) -> CheckpointEntry | None:
@@ -198,7 +210,8 @@ class CleanerManager:
         return self._transition(partitions, claim)
 
     def heartbeat(self, partitions: Iterable[int]) -> list[int]:
-        """Prove this owner's passes live; returns the partitions it still owns."""
+        """Prove this owner's passes live; returns the partitions it still owns.
+        Idempotent; raises `CommitConflictError`."""
 
         def beat(_p: int, entry: CheckpointEntry | None) -> CheckpointEntry | None:
             return (
@@ -212,7 +225,7 @@ class CleanerManager:
 
         The figures are written whatever the state (the pass is committed in the
         log); a partition paused meanwhile stays paused, any other goes ``idle``,
-        and an uncleanable mark is cleared.
+        and an uncleanable mark is cleared. Idempotent; raises `CommitConflictError`.
         """
         done = {e.partition: e for e in entries}
 
@@ -230,7 +243,8 @@ class CleanerManager:
         self._transition(done, finish)
 
     def abort_cleaning(self, partitions: Iterable[int]) -> None:
-        """Release partitions this owner claimed without a committed pass (a lost race)."""
+        """Release partitions this owner claimed without a committed pass (a lost race).
+        Partitions it does not own are left alone. Idempotent; raises `CommitConflictError`."""
 
         def release(_p: int, entry: CheckpointEntry | None) -> CheckpointEntry | None:
             if not self._owns(entry):
@@ -243,7 +257,8 @@ class CleanerManager:
     def mark_uncleanable(self, partitions: Iterable[int], error: BaseException | str) -> None:
         """Mark partitions whose pass failed: the error, the time, one more failed attempt.
 
-        A paused partition stays paused (its failure is still counted).
+        A paused partition stays paused (its failure is still counted). Not idempotent:
+        each call counts one more failed attempt. Raises `CommitConflictError`.
         """
         reason = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
 
@@ -266,7 +281,8 @@ class CleanerManager:
 
         Waits while another owner's pass is live (Kafka's abortAndPauseCleaning),
         at most ``timeout_ms`` (default: the heartbeat timeout, after which the
-        pass counts as dead). Raises `CleanerError` when the pass outlives it.
+        pass counts as dead). Raises `CleanerError` when the pass outlives it (partitions
+        already paused stay paused) and `CommitConflictError`.
         """
 
         def pause(p: int, entry: CheckpointEntry | None) -> CheckpointEntry | None:
@@ -295,7 +311,9 @@ class CleanerManager:
             time.sleep(0.2)
 
     def resume_cleaning(self, partitions: Iterable[int]) -> None:
-        """Let ``partitions`` be cleaned again; a partition that is not paused is left alone."""
+        """Let ``partitions`` be cleaned again; a partition that is not paused is left alone.
+        A paused partition with a recorded failure goes back to ``uncleanable``, any other
+        to ``idle``. Idempotent; raises `CommitConflictError`."""
 
         def resume(_p: int, entry: CheckpointEntry | None) -> CheckpointEntry | None:
             if entry is None or entry.cleaner_state != PAUSED:
@@ -311,7 +329,8 @@ class CleanerManager:
 
     @contextmanager
     def paused(self, partitions: Sequence[int]) -> Iterator[None]:
-        """No pass over ``partitions`` inside the block (`pause_cleaning`, then resume)."""
+        """No pass over ``partitions`` inside the block (`pause_cleaning`, then resume,
+        also when the block raises); raises what `pause_cleaning` raises."""
         self.pause_cleaning(partitions)
         try:
             yield
@@ -320,7 +339,8 @@ class CleanerManager:
 
     @contextmanager
     def heartbeating(self, partitions: Iterable[int]) -> Iterator[None]:
-        """Keep proving this owner's claims live (every third of the timeout) inside the block."""
+        """Keep proving this owner's claims live (every third of the timeout) inside the block,
+        on a daemon thread; a failed beat is logged, never raised."""
         claimed = list(partitions)
         stop = threading.Event()
 

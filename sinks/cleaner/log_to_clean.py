@@ -1,21 +1,12 @@
-"""Pure planning for the cleaner: which offsets of a partition are cleanable, how dirty it is.
+"""Pure planning for the cleaner: which offsets of a partition are cleanable, how dirty it
+is, what one pass takes (Kafka's ``cleanableOffsets``, ``LogToClean``,
+``groupSegmentsBySize``): design.md §4, §5, §33.
 
-Ports `LogCleanerManager.cleanableOffsets`, `LogToClean` and
-`LogCleaner.groupSegmentsBySize` from Kafka, over plain numbers read from the
-Delta log (one `Segment` per Parquet data file). No Spark, no I/O.
-
-Offset ranges are half-open throughout: ``[first_dirty_offset,
-first_uncleanable_offset)`` is the cleanable section; a segment covers
-``[base_offset, last_offset + 1)``. Every data file holds records of exactly one
-partition, so a partition's segments never overlap and sort by base offset.
-
-The filthiest cleanable partitions (`filthiest_cleanable`) are those design.md §4's
-triggers choose, dirtiest first; `why_not_cleanable` says, for one that is not, which
-trigger is missing, in numbers. Kafka's cleaner says nothing when it skips a log; an
-operator who runs ``clean --once`` and sees nothing cleaned wants to know which trigger
-is missing: the dirty ratio against ``min.cleanable.dirty.ratio``, the oldest dirty
-record's age against ``max.compaction.lag.ms``, and when the next stamped tombstone is
-due. Pure: plain numbers from `LogToClean` and the config, no I/O."""
+Plain numbers from the Delta log in (one `Segment` per Parquet data file, one partition
+each), plain values out; no Spark, no I/O, nothing raised. Offset ranges are half-open:
+``[first_dirty_offset, first_uncleanable_offset)`` is the cleanable section, a segment
+covers ``[base_offset, last_offset + 1)``.
+"""
 
 from __future__ import annotations
 
@@ -56,11 +47,9 @@ def cleanable_offsets(
 ) -> OffsetsToClean:
     """Where cleaning of one partition may start and must stop (Kafka's cleanableOffsets).
 
-    The first dirty offset is the checkpointed one; a checkpoint below the log
-    start offset or above the log end offset is reset to the log start offset,
-    as Kafka does. The first uncleanable offset is the base offset of the first
-    dirty segment holding a record younger than ``min_compaction_lag_ms`` (Kafka
-    also rounds to a segment), or the log end offset.
+    The first dirty offset is ``checkpoint_dirty_offset``, reset to the log start (and
+    ``force_checkpoint`` set) when it lies outside ``[log_start_offset,
+    log_end_offset]``; the first uncleanable offset is design.md §5's. Pure.
     """
     force = False
     first_dirty = log_start_offset if checkpoint_dirty_offset is None else checkpoint_dirty_offset
@@ -83,10 +72,9 @@ def cleanable_offsets(
 class LogToClean:
     """One partition of one log as a cleaning candidate, ordered by its cleanable ratio.
 
-    ``clean_bytes`` lie below the first dirty offset; ``cleanable_bytes`` between
-    the first dirty and the first uncleanable offset; bytes at or above the first
-    uncleanable offset count in neither. ``force_checkpoint`` is True when the
-    checkpointed first dirty offset was out of range and was reset.
+    ``clean_bytes`` and ``cleanable_bytes`` are counted per file as design.md §4 says;
+    ``force_checkpoint`` is True when the checkpointed first dirty offset was out of
+    range and was reset.
     """
 
     log_path: str
@@ -101,6 +89,7 @@ class LogToClean:
 
     @property
     def total_bytes(self) -> int:
+        """Clean plus cleanable bytes."""
         return self.clean_bytes + self.cleanable_bytes
 
     @property
@@ -167,7 +156,8 @@ def log_to_clean(
     segments: Iterable[Segment],
     offsets: OffsetsToClean,
 ) -> LogToClean:
-    """Measure a partition's clean and cleanable bytes from its segments."""
+    """Measure a partition's clean and cleanable bytes, oldest dirty timestamp and earliest
+    delete horizon from its segments, within ``offsets``. Pure."""
     clean = cleanable = 0
     oldest_dirty: int | None = None
     horizon: int | None = None
@@ -244,14 +234,10 @@ def within_budget(
 ) -> PassPlan:
     """Cut a pass to about ``max_bytes`` of input (``log.cleaner.max.bytes.per.pass``). Pure.
 
-    ``logs`` come dirtiest first and are taken in that order. A partition's pass must
-    read its whole clean section (design.md §6: below the end, one record per key), so the
-    cut falls in the dirty section: a partition's first uncleanable offset is lowered
-    to the base of its first dirty segment that would pass the budget. The first
-    partition always gets its clean section and one dirty segment, so every pass
-    makes progress; later ones are skipped when even that does not fit. The rest of
-    the work is left for the next pass (``work_left``), as Kafka's cleaner leaves
-    what did not fit its offset map.
+    Takes ``logs`` dirtiest first and each partition's ``segments``. Returns a `PassPlan`
+    whose partitions have their first uncleanable offset lowered to the base of the
+    first dirty segment past the budget, later partitions skipped when nothing of them
+    fits, and ``work_left`` set when anything was cut (design.md §33).
     """
     chosen: list[LogToClean] = []
     used = 0
@@ -281,10 +267,8 @@ def within_budget(
 def group_segments_by_size(segments: Sequence[Segment], max_size: int) -> list[list[Segment]]:
     """Group consecutive segments so each group's total size stays within ``max_size``.
 
-    A pass writes one output file per group; the retained records of a group are
-    never more than its input, so no output file exceeds ``segment.bytes`` unless
-    a single input segment already did. Every group holds at least one segment.
-    Ports Kafka's ``groupSegmentsBySize``.
+    Every group holds at least one segment, so a segment larger than ``max_size`` is a
+    group of its own (design.md §33). Pure.
     """
     groups: list[list[Segment]] = []
     current: list[Segment] = []

@@ -1,20 +1,10 @@
 """The executors' half of a pass (Kafka's ``Cleaner.cleanSegments`` and
 ``buildOffsetMap``, run where the files are): `RecopyTask`, the picklable function each
-Spark task runs, and the pure packing of partitions into tasks. The driver's half
-(choosing, planning, committing) is `sinks.cleaner.cleaner`; readers of the live state
-(`sinks.reading.partition_state`) run the same task code without writing.
+Spark task runs, and the pure packing of partitions into tasks (design.md §33, §42).
 
-Invariant (Kafka's): a record with key K and offset O is kept unless the partition's
-offset map holds an offset O' > O for K (with a sequence column: a higher
-(sequence, offset)); tombstones then follow `sinks.cleaner.rules.apply_arrow_tombstone_rules`.
-
-Each Spark task cleans the partitions of its bin (`packed`) one after another: for each
-it reads the narrow columns (keys, offset, sequence) of the partition's mapped files,
-builds the exact map where it runs (at once, or one hash bucket of keys per scan), then
-reads, filters and writes each group of files one row group at a time. No key leaves a
-task and nothing is shuffled; a task's memory is one map, bounded by
-``log.cleaner.dedupe.buffer.size`` through what the driver lets it map
-(`sinks.cleaner.offset_map.size_map`), plus one row group. Not idempotent: every run
+The driver's half (choosing, planning, committing) is `sinks.cleaner.cleaner`; readers of
+the live state (`sinks.reading.partition_state`) run the same task code without writing.
+What a record needs to be kept is `sinks.cleaner.rules`'. Not idempotent: every run
 writes new files, which only the pass's commit makes part of the log.
 """
 
@@ -69,11 +59,8 @@ def partitions_to_clean(
     groups: Mapping[int, Sequence[Sequence[Segment]]],
     buckets: Mapping[int, int] | None = None,
 ) -> list[PartitionToClean]:
-    """The pass's work: each partition whole, its map built once, largest first. Pure.
-
-    A partition is never split over tasks: a second task would build the partition's
-    map again, which costs more than the second core gains (docs/benchmarks.md).
-    """
+    """The pass's work: one `PartitionToClean` per partition of ``groups``, never split
+    over tasks (design.md §33), largest first. Pure."""
     tasks = [
         PartitionToClean(
             partition,
@@ -88,12 +75,8 @@ def partitions_to_clean(
 
 
 def packed(tasks: Sequence[PartitionToClean], slots: int) -> list[list[int]]:
-    """``tasks``' indexes in at most ``slots`` bins of about equal bytes, largest first. Pure.
-
-    Each bin is one Spark task that cleans its partitions one after another, as Kafka's
-    cleaner thread cleans one log after another: a pass over many small partitions pays
-    a Spark task's fixed cost once per core, not once per partition.
-    """
+    """``tasks``' indexes in at most ``slots`` bins (at least one) of about equal bytes,
+    largest first: one Spark task a bin (design.md §33). Pure."""
     bins: list[list[int]] = [[] for _ in range(max(1, min(slots, len(tasks))))]
     loads = [0] * len(bins)
     for index in sorted(range(len(tasks)), key=lambda i: -tasks[i].size_bytes):
@@ -132,6 +115,7 @@ class RecopyTask:
     held_below: dict[int, int] = field(default_factory=dict)
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """Clean the partitions of the bins in ``batches``; yields the written files."""
         writer = SegmentWriterTask(
             table_uri=self.table_uri,
             schema=self.schema,
@@ -154,7 +138,7 @@ class RecopyTask:
         yield from at_lower_priority(self.niceness, recopy)
 
     def indexes(self, batches: Iterator[pa.RecordBatch]) -> list[int]:
-        """The partitions (indexes into ``tasks``) of the bins this Spark task was given."""
+        """The partitions (indexes into ``tasks``) of the bins this Spark task was given. Pure."""
         return [
             task
             for batch in batches
@@ -164,7 +148,8 @@ class RecopyTask:
 
     def newest(self, task: PartitionToClean) -> Iterator[pa.Table]:
         """Each key's newest record of the partition, tombstones included, read file by
-        file and not written: what a pass would keep before the tombstone rules."""
+        file and not written: what a pass would keep before the tombstone rules.
+        Read-only; raises what reading a file raises."""
         offset_map = self.build_offset_map(task)
         mapped = set(task.mapped)
         for group in task.groups:
@@ -193,12 +178,13 @@ class RecopyTask:
 
     @property
     def keys(self) -> list[str]:
+        """The key columns without ``partition`` (each file holds one partition)."""
         return [k for k in self.key_columns if k != PARTITION]
 
     def build_offset_map(self, task: PartitionToClean) -> OffsetMap:
         """The partition's map, from the narrow columns of its mapped files only: at once,
-        or one bucket of keys per scan, holding only newest offsets between buckets (each
-        row's bucket hashed in the first scan and kept, a byte a record)."""
+        or one bucket of keys per scan (design.md §42). Read-only; raises what reading a
+        file raises."""
         if task.buckets == 1:
             return self.map_bucket(task, keep_keys=task.probes_keys)
         buckets: list[np.ndarray] = []
@@ -252,8 +238,9 @@ class RecopyTask:
         )
 
     def row_groups(self, path: str, schema: pa.Schema, partition: int) -> Iterator[pa.Table]:
-        """The visible records of one file of ``partition``, one row group at a time (what
-        bounds a task's memory beside its map), with exactly ``schema``'s columns."""
+        """The visible records (at or above the log start) of one file of ``partition``, one
+        row group at a time, with exactly ``schema``'s columns. Read-only; raises what
+        opening or reading the file raises (``FileNotFoundError``, ``OSError``)."""
         fs, root = arrow_filesystem(self.table_uri, self.storage_options)
         floor = self.log_start_offsets.get(partition, 0)
         with fs.open_input_file(f"{root}/{path}") as source:

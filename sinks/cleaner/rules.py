@@ -1,19 +1,12 @@
 """What a pass keeps, each rule once, for both engines side by side: Spark and Arrow.
 
-Kafka's invariant: *a record with key K and offset O is obsolete if there is a
-record with key K and offset O' > O*; with a ``sequence_column`` "newer" means the
-higher (sequence, offset), Spark's struct order (a null sequence is the lowest, NaN
-the highest). Then KIP-534 on the records kept: a tombstone whose delete horizon
-lies before the pass's start goes (unless a registered consumer still holds it,
-`sinks.cleaner.pass_planning.consumer_holds`); a tombstone without a horizon is stamped with
-``pass_start_ms + delete_retention_ms``.
-
-The pass runs the Arrow versions inside its tasks (`sinks.cleaner.recopy_task.RecopyTask`);
-the Spark versions are the reference the tests and readers hold a pass to
-(``retain_latest`` over a log is what a pass over all of it must leave), and
-``tests/cleaner/test_rules.py`` checks that both agree on the same rows. Readers use
-the same rule: `spark_latest_offsets` (`sinks.reading.state_reader`) and
-`arrow_latest_offsets` (`sinks.reading.arrow_state`).
+The latest record per key (design.md §3, with a ``sequence_column`` §13's order), then
+KIP-534 on the tombstones kept (§7, held by registered consumers §20). A pass runs the
+Arrow versions inside its tasks (`sinks.cleaner.recopy_task.RecopyTask`); the Spark
+versions are the reference that tests and readers hold a pass to (``retain_latest``),
+and ``tests/cleaner/test_rules.py`` checks that both agree. Every function is pure: the
+Spark ones return a lazy DataFrame, the Arrow ones a new table; none commits or raises
+beyond what Spark or Arrow raise on a bad column.
 """
 
 from __future__ import annotations
@@ -36,10 +29,7 @@ _LATEST = "_latest"
 
 def latest_records(df: DataFrame, keys: LogKeys) -> DataFrame:
     """Spark: one row per key (``keys``' columns), its newest record (highest sequence
-    then offset), all columns.
-
-    Aggregates whole rows (a sort-based ``max_by`` over a struct of every column).
-    """
+    then offset), all columns (a ``max_by`` over a struct of every column)."""
     key_columns, sequence_column = keys.key_columns, keys.sequence_column
     order = F.struct(*([F.col(sequence_column)] if sequence_column else []), F.col(OFFSET))
     rest = [c for c in df.columns if c not in key_columns]
@@ -52,9 +42,9 @@ def latest_offsets(
 ) -> tuple[pa.Table, np.ndarray]:
     """Arrow: each key's newest offset, over canonical keys (`sinks.cleaner.offset_map`).
 
-    Returns the distinct keys and, in the same order, their newest offsets. Without a
-    sequence a hash ``max(offset)``; with one, rows sorted by (sequence, offset) and the
-    last per key kept (an ordered hash aggregate).
+    Takes the keys, their offsets and optionally their sequence, row for row. Returns
+    the distinct keys and, in the same order, their newest offsets (design.md §13's
+    order with a sequence).
     """
     table = keys.append_column(OFFSET, offsets)
     if sequence is None:
@@ -80,8 +70,8 @@ def latest_offsets(
 def spark_latest_offsets(records: DataFrame, keys: LogKeys) -> DataFrame:
     """Spark: (key columns, offset) of each key's newest record, from narrow columns.
 
-    Without a sequence, ``max(offset)``, a hash aggregate on a long; with one,
-    ``max(struct(sequence, offset))``: the order `latest_records` uses.
+    Without a sequence ``max(offset)``; with one ``max(struct(sequence, offset))``, the
+    order `latest_records` uses.
     """
     group, sequence_column = list(keys.key_columns), keys.sequence_column
     if sequence_column is None or sequence_column in (*group, OFFSET):

@@ -1,41 +1,10 @@
-"""Recovery when a sink or cleaner opens a log: Kafka's ``LogLoader`` / ``recoverLog``.
+"""Recovery when a sink or cleaner opens a log (Kafka's ``LogLoader``): design.md §25.
 
-Kafka, on start, deletes the ``.cleaned`` and ``.swap`` files a killed cleaner
-left behind, checks its cleaner-offset checkpoint against each log's start and
-end, and re-reads every segment after the recovery point unless a clean-shutdown
-marker says there is no need. Here:
-
-1. **Orphans.** A killed append or pass leaves Parquet files that no commit
-   names. Every data file the snapshot neither uses nor holds a tombstone for
-   (read from the last Delta checkpoint and the commits after it, not from every
-   commit ever made), named as the sink names the files it writes
-   (`sinks.log.ownership.is_own_data_path`) and older than ``file.delete.delay.ms``
-   is deleted. Any other file no commit names is someone else's: it is left in
-   place, whatever its age, and reported (``not ours, left alone``; design.md §26).
-   The staging directories of appends that Spark's writer ran (``_staging/<32 hex>/``)
-   go the same way, whole, once older than the same delay (`remove_staged_writes`).
-   The grace period protects a writer that is between writing its files and
-   committing them; partitions whose pass is live in the checkpoint table are
-   skipped whatever the age. Files only removed by a commit stay: they serve time travel.
-2. **Checkpoint.** The log records each pass's end offset in a ``txn`` action
-   committed with the pass, so a pass committed but not checkpointed is rolled
-   forward from the log. A checkpointed offset below the log start or above the
-   log end is reset to the log start, as Kafka does.
-3. **Offsets.** Per partition, files' offset ranges must be disjoint, increasing
-   and below the log end offset; the *full* check also reads every file's offset
-   column and compares it with the file's statistics (unique, increasing,
-   matching count and bounds). A failure raises `LogCorruptedError` and deletes
-   nothing: the log may be the only copy of someone's state.
-4. **Clean-shutdown marker.** ``_compacted_sink/clean-shutdown.json`` beside the
-   data holds a Delta version at which the log was known good (written by a
-   clean close and by every successful recovery). The full check then only
-   reads files added after that version.
-
-Cost: a listing of the table, one Delta checkpoint and the commits after it,
-plus the files added since the marker's version: nothing grows with history.
-
-Every step is idempotent and the marker is written last, so a crash during
-recovery is recovered by the next open doing the same steps again.
+`recover_log` deletes the sink's own orphan files and killed appends' staging
+directories, reconciles the checkpoint rows with the log, verifies offsets and writes
+the clean-shutdown marker last. The planning helpers (`find_orphans`,
+`reconciled_dirty_offset`, `offset_problems`) are pure; the rest read or write storage.
+Every step is idempotent: a crash during recovery is recovered by the next open.
 """
 
 from __future__ import annotations
@@ -86,6 +55,7 @@ class RecoveryReport:
     duration_ms: int = 0
 
     def summary(self) -> str:
+        """One line for the log saying what this recovery did; pure."""
         return (
             f"recovered at version {self.version}: {len(self.orphans_removed)} orphan file(s) "
             f"removed ({len(self.orphans_kept_young)} too young), "
@@ -106,13 +76,11 @@ def find_orphans(
     file_delete_delay_ms: int,
     protected_partitions: Iterable[int] = (),
 ) -> tuple[list[str], list[str]]:
-    """The sink's own data files no commit references: (old enough to delete, too young to
-    delete yet).
+    """The sink's own data files not in ``referenced``: (old enough to delete, too young).
 
-    A file not named as the sink names its files (`is_own_data_path`) is never returned,
-    whatever its age: it is someone else's. A file of a ``protected_partitions``
-    directory (``partition-<p>/``) is never returned: a live pass there may be about to
-    commit it.
+    Never returns a file outside the sink's naming (`is_own_data_path`) or under a
+    ``protected_partitions`` directory (a live pass may be about to commit it).
+    Pure; raises nothing.
     """
     protected = {f"partition-{p}/" for p in protected_partitions}
     old, young = [], []
@@ -134,8 +102,9 @@ def reconciled_dirty_offset(
 ) -> int | None:
     """The first dirty offset the checkpoint must hold (None: leave the partition unrecorded).
 
-    The log's own record of the last pass wins (it was committed with the pass);
-    an offset outside ``[log_start_offset, log_end_offset]`` resets to the log start.
+    ``log_cleaner_offset`` (the log's own record of the last pass) wins over
+    ``checkpointed``; an offset outside ``[log_start_offset, log_end_offset]`` resets to
+    the log start. Pure; raises nothing.
     """
     target = log_cleaner_offset if log_cleaner_offset is not None else checkpointed
     if target is None:
@@ -148,7 +117,11 @@ def reconciled_dirty_offset(
 def offset_problems(
     segments: Mapping[int, Sequence[Segment]], log_end_offsets: Mapping[int, int]
 ) -> list[str]:
-    """What is wrong with each partition's file offset ranges (metadata only; pure)."""
+    """What is wrong with each partition's file offset ranges: one message per problem,
+    empty when the ranges are disjoint, increasing and below ``log_end_offsets``.
+
+    Reads metadata only; pure; raises nothing.
+    """
     problems = []
     for partition, files in sorted(segments.items()):
         previous: Segment | None = None
@@ -184,13 +157,13 @@ def recover_log(
     busy_partitions: Iterable[int] | None = None,
     now_ms: int | None = None,
 ) -> RecoveryReport:
-    """Bring a log and its checkpoint rows back to a consistent state; idempotent.
+    """Bring a log and its checkpoint rows back to a consistent state (design.md §25).
 
-    ``now_ms`` (default: wall clock, as file modification times are) ages orphans.
-    ``busy_partitions`` are those a live pass holds, whose files are spared (default:
-    every partition the checkpoint table shows a live claim on).
-    Raises `LogCorruptedError` when offsets are broken; nothing is deleted then
-    beyond orphans, which no reader could see anyway.
+    ``now_ms`` (default: wall clock, as file modification times are) ages orphans;
+    ``busy_partitions`` (default: the partitions with a live claim in ``checkpoints``)
+    are spared. Returns a `RecoveryReport` (``version`` None for a log with no commit).
+    Raises `LogCorruptedError` when offsets are broken, before the marker is written;
+    orphans are deleted by then, nothing else. Idempotent, safe to retry.
     """
     started = time.monotonic()
     snapshot = log.snapshot()
@@ -253,9 +226,9 @@ def remove_orphans(
 ) -> tuple[list[str], list[str], list[str]]:
     """Delete the sink's own data files no commit references and older than the grace period.
 
-    Returns (deleted, kept because too young, someone else's: left alone). Lists the
-    directory *before* reading which files the log references, so a file committed
-    meanwhile is seen as referenced.
+    Returns (deleted, kept because too young, someone else's: left alone). The directory
+    is listed before the references are read (design.md §25). Idempotent: a file
+    already gone is skipped.
     """
     files = list_data_files(log)
     referenced = referenced_paths(log, snapshot)
@@ -280,12 +253,11 @@ def remove_orphans(
 def remove_staged_writes(
     log: LogTable, *, file_delete_delay_ms: int, now_ms: int
 ) -> tuple[list[str], list[str]]:
-    """Delete the staging directories of killed appends (``_staging/<32 hex>/``, Spark's
-    writer's output before its files become segments: `sinks.produce.spark_append`).
+    """Delete the staging directories of killed appends (``_staging/<32 hex>/``, written by
+    `sinks.produce.spark_append`) whose newest entry is older than ``file_delete_delay_ms``.
 
-    Returns (deleted, kept because too young): a directory whose newest entry is younger
-    than ``file.delete.delay.ms`` may belong to an append still running. Nothing there
-    is ever committed, and nothing else in ``_staging`` is touched (design.md §26).
+    Returns (deleted, kept because too young); nothing else in ``_staging`` is touched
+    (design.md §26). Idempotent: a directory already gone is skipped.
     """
     fs, root = arrow_filesystem(log.uri, log.storage_options)
     staging = f"{root}/{STAGING_DIR}"
@@ -317,13 +289,13 @@ def remove_staged_writes(
 def reconcile_checkpoint(
     snapshot: LogSnapshot, checkpoints: CleanerOffsetCheckpoint
 ) -> dict[int, tuple[int | None, int]]:
-    """Roll the checkpoint forward from the log, or reset it into range; returns the changes.
+    """Roll the checkpoint forward from the log, or reset it into range (design.md §25).
 
-    Each row moves by compare-and-set, so a pass finishing meanwhile is not overwritten.
-    A row that describes another table or history (`checkpoints.split_histories`: a new
-    table at the path, an older copy put back) is replaced by one that starts from the
-    log's own record, or its log start offset, and one warning names the partitions (so
-    the next open, finding the rows replaced, says nothing).
+    Returns ``{partition: (old first dirty offset, new)}`` for the rows it moved. Each row
+    moves by compare-and-set (up to 10 tries), so a pass finishing meanwhile is not
+    overwritten. A row of another table or history (`checkpoints.split_histories`) is
+    replaced by one starting at the log's own record or log start, with one warning.
+    Idempotent: a second call changes nothing.
     """
     changes: dict[int, tuple[int | None, int]] = {}
     replaced: dict[str, list[int]] = {}  # why -> the partitions whose rows said it
@@ -384,7 +356,10 @@ def reconcile_checkpoint(
 
 
 def file_offset_problems(log: LogTable, segment: Segment) -> list[str]:
-    """Read one file's ``partition`` and ``offset`` columns and compare them with its statistics."""
+    """Read one file's ``partition`` and ``offset`` columns and compare them with its statistics.
+
+    Returns the problems found (a file that cannot be read is one); raises nothing. Read-only.
+    """
     fs, root = arrow_filesystem(log.uri, log.storage_options)
     where = f"partition {segment.partition}: {segment.path}"
     try:
@@ -419,7 +394,10 @@ def file_offset_problems(log: LogTable, segment: Segment) -> list[str]:
 
 
 def read_clean_shutdown_marker(log: LogTable) -> int | None:
-    """The Delta version the marker vouches for, or None when there is no (readable) marker."""
+    """The Delta version the marker vouches for, or None when there is no (readable) marker.
+
+    Read-only; raises nothing.
+    """
     fs, root = arrow_filesystem(log.uri, log.storage_options)
     try:
         with fs.open_input_stream(f"{root}/{CLEAN_SHUTDOWN_MARKER}") as stream:
@@ -429,7 +407,10 @@ def read_clean_shutdown_marker(log: LogTable) -> int | None:
 
 
 def write_clean_shutdown_marker(log: LogTable, version: int) -> None:
-    """Vouch that the log was consistent at ``version`` (written whole, then renamed in place)."""
+    """Vouch that the log was consistent at ``version`` (written whole, then renamed in place).
+
+    Idempotent (the marker is overwritten); storage errors propagate as ``OSError``.
+    """
     fs, root = arrow_filesystem(log.uri, log.storage_options)
     fs.create_dir(f"{root}/{MARKER_DIR}", recursive=True)
     body = json.dumps({"version": version, "written_ms": int(time.time() * 1000)}).encode()

@@ -1,25 +1,10 @@
-"""Retention: Kafka's ``deleteOldSegments`` and ``DeleteRecords``, as whole-file removes.
+"""Retention: Kafka's ``deleteOldSegments`` and ``DeleteRecords``, as whole-file removes
+(design.md §21, §22).
 
-Ports `UnifiedLog.deleteRetentionMsBreachedSegments`,
-`deleteRetentionSizeBreachedSegments` and `deleteLogStartOffsetBreachedSegments`.
-Planning is pure (`plan_retention`, `plan_delete_records`: plain numbers from
-the Delta log in, a `RetentionPlan` out); `commit_retention` is the one place
-that commits, against the snapshot the plan came from.
-
-Invariants:
-
-- Whole files go, oldest (lowest base offset) first, and a partition's deletions
-  are a prefix of its files: the first file that does not qualify stops them.
-- Time and size retention never delete a partition's newest file (Kafka keeps
-  its active segment), so a partition keeps its newest records until replaced.
-- ``retention.bytes`` is per partition, as in Kafka, and a file goes only while
-  the partition's remaining files still hold at least ``retention.bytes``.
-- The log start offset only moves forward. It is recorded in the
-  ``compacted-sink/log-start-offset/<p>`` txn in the same commit that removes
-  the files, so readers never see records below it, not even from a file that
-  straddles it. The log end offset is untouched: offsets keep counting.
-- A remove commit is logical (``dataChange=true``); the Parquet files stay for
-  time travel until the table is vacuumed.
+Planning is pure (`plan_retention`, `plan_delete_records`: segments and offsets in, a
+`RetentionPlan` out); `commit_retention` is the one place that commits, against the
+snapshot the plan came from; `apply_retention` and `delete_records` plan and commit,
+re-planning on conflicts.
 """
 
 from __future__ import annotations
@@ -52,18 +37,22 @@ class RetentionPlan:
 
     @property
     def is_empty(self) -> bool:
+        """True when the plan removes nothing and moves no log start offset."""
         return not self.removes and not self.log_start_offsets
 
     @property
     def segments(self) -> list[Segment]:
+        """Every file the plan removes, over all partitions."""
         return [s for segments in self.removes.values() for s in segments]
 
     @property
     def bytes(self) -> int:
+        """The size of the files the plan removes."""
         return sum(s.size_bytes for s in self.segments)
 
     @property
     def records(self) -> int:
+        """The records (by file statistics) in the files the plan removes."""
         return sum(s.num_records for s in self.segments)
 
 
@@ -77,10 +66,10 @@ def plan_retention(
 ) -> RetentionPlan:
     """Which files time and size retention delete now (``-1`` disables a policy).
 
-    Per partition, oldest first: first the files wholly below the log start offset,
-    then files whose newest record is older than ``retention_ms``, then files while
-    the partition still holds ``retention_bytes`` without them. Never the newest file.
-    A file without timestamp statistics is never deleted by time.
+    Per partition, oldest first, a prefix of its files: first those wholly below the log
+    start offset, then those whose newest record is older than ``retention_ms``, then
+    those the partition can lose and still hold ``retention_bytes``; never the newest file
+    (design.md §21). Pure; raises nothing.
     """
     removes: dict[int, tuple[Segment, ...]] = {}
     starts: dict[int, int] = {}
@@ -128,10 +117,10 @@ def plan_delete_records(
 ) -> RetentionPlan:
     """Kafka's DeleteRecords: the log start becomes ``before_offset``; files wholly below go.
 
-    Idempotent: an offset at or below the current log start changes nothing.
-    Unlike time and size retention this may delete every file of the partition;
-    the log end offset still holds, so offsets keep counting.
-    Raises `OffsetOutOfRangeError` when ``before_offset`` lies above the log end offset.
+    Returns an empty plan for an offset at or below the current log start (idempotent).
+    Unlike time and size retention this may remove every file of the partition
+    (design.md §22). Pure. Raises `OffsetOutOfRangeError` when ``before_offset`` is
+    negative or above ``log_end_offset``.
     """
     if before_offset > log_end_offset:
         raise OffsetOutOfRangeError(
@@ -153,9 +142,10 @@ def plan_delete_records(
 def commit_retention(snapshot: LogSnapshot, plan: RetentionPlan, *, operation: str) -> None:
     """Remove the plan's files and record the new log start offsets, in one commit.
 
-    Commits against ``snapshot`` (the one the plan came from); raises delta-rs's
-    `ConcurrentCommitError` when a concurrent pass or retention removed one of the
-    same files, in which case nothing was committed and the caller re-plans.
+    Commits against ``snapshot`` (the one the plan came from). Raises
+    `ConcurrentCommitError` when a concurrent commit removed one of the same files: nothing
+    was committed, and the caller re-plans. Not idempotent on its own (a second commit of
+    the same plan conflicts); retry by re-planning.
     """
     crash_point(RETENTION_BEFORE_COMMIT)
     snapshot.commit(
@@ -177,8 +167,9 @@ def apply_retention(
 ) -> RetentionPlan:
     """Plan and commit time and size retention for every partition; re-plans on conflicts.
 
+    Returns the plan that was committed (empty when nothing was due or the log has no
+    commit). Raises `CommitConflictError` after 8 conflicting attempts, nothing committed.
     Idempotent: a second call right after the first finds nothing to delete.
-    Returns the plan that was committed (empty when nothing was due).
     """
 
     def plan(snapshot: LogSnapshot) -> RetentionPlan:
@@ -196,7 +187,9 @@ def apply_retention(
 def delete_records(log: LogTable, partition: int, before_offset: int) -> RetentionPlan:
     """Move ``partition``'s log start offset to ``before_offset`` and drop the files below it.
 
-    Idempotent; re-plans on conflicts. See `plan_delete_records` for the rules.
+    Returns the plan that was committed (see `plan_delete_records`). Raises
+    `OffsetOutOfRangeError` for an offset out of range and `CommitConflictError` after 8
+    conflicting attempts, nothing committed. Idempotent; re-plans on conflicts.
     """
 
     def plan(snapshot: LogSnapshot) -> RetentionPlan:

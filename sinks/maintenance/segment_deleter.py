@@ -1,38 +1,12 @@
-"""Deleting files that left the log: Kafka's asynchronous segment deletion, for a Delta table.
+"""Deleting files that left the log, after the history window (Kafka's asynchronous
+segment deletion): design.md §23, §26.
 
-Kafka renames a segment the cleaner or retention removed to ``.deleted`` and
-deletes it ``file.delete.delay.ms`` later. Here a pass, retention or
-``delete_records`` commits a remove action (a tombstone), and this deleter
-deletes the file once the tombstone is older than the history window
-(`sinks.log.history_window`), together with untracked files (orphans of killed
-writers) older than the window. It also keeps the Delta log bounded: it sets the
-window's table properties, and trims commit files older than the window once a
-Delta checkpoint covers them (checkpoints come every ``delta.checkpointInterval``
-commits from delta-rs's post-commit hook).
-
-What to delete is planned by delta-rs, ``DeltaTable.vacuum(dry_run=True,
-full=True)``, which knows the tombstones of the snapshot and lists storage for
-untracked files, so another Delta engine's VACUUM would choose the same files, and
-then narrowed to files the table owns (`sinks.log.ownership`): those its commits name
-(delta-rs's ``full=False`` candidates, from the tombstones) and untracked files named
-as the sink names its own (a log's segments and staged files; delta-rs's ``part-…``
-files for the checkpoint table, which only delta-rs writes). A stranger's file inside
-the directory is never deleted, whatever its age (design.md §26): a VACUUM in ``full``
-mode would.
-The deletion itself is done here, not by ``vacuum(dry_run=False)``: measured,
-the latter deletes every candidate in one call (unbounded after a long pause)
-and commits two extra versions (``VACUUM START``/``END``) per call, each of which
-makes concurrent appends retry. Here a call deletes at most ``max_files`` files
-and commits nothing unless the table's properties must change, and changes them only
-on a table this package created (a compacted log, or its checkpoint table).
-
-Invariant: a file the table does not own is never deleted; a file the current
-snapshot uses, or that any version inside the window uses, is never deleted
-(delta-rs keeps live files and tombstones younger than the window). Files under the
-directory of a partition whose pass is live are left for the next call, whatever their age.
-
-Idempotent and crash-safe: deleting is the only effect, a file already gone is
-not an error, and a deleter killed half-way leaves files the next call deletes.
+`delete_expired_files` deletes, bounded per call, the files a table owns that left it
+(or that no commit names) more than the window ago, and trims its Delta log;
+`SegmentDeleter` runs it for a log and its checkpoint table at most once an interval.
+Never deletes a file the table does not own, nor one any version inside the window uses.
+Idempotent and crash-safe: a file already gone is skipped, and a deleter killed half-way
+leaves files the next call deletes.
 """
 
 from __future__ import annotations
@@ -70,8 +44,7 @@ DEFAULT_MAX_FILES = 1_000
 
 CHECKPOINT_TABLE_MIN_WINDOW_MS = 60_000  # Kafka's file.delete.delay.ms default
 CHECKPOINT_TABLE_MAX_WINDOW_MS = 3_600_000
-"""The cleaner-offset checkpoint table keeps no history anyone reads, only enough for
-the readers and merges in flight: the log's window, held between 1 minute and 1 hour."""
+"""Bounds of the cleaner-offset checkpoint table's window (design.md §23)."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +62,7 @@ class DeletionReport:
     duration_ms: int = 0
 
     def summary(self) -> str:
+        """One line for the log saying what this call did; pure."""
         return (
             f"{self.table}: deleted {len(self.deleted)} file(s) ({self.deleted_bytes} B) "
             f"older than the window, {self.left_for_next_call} left for the next call, "
@@ -112,11 +86,11 @@ def delete_expired_files(
     trim its Delta log.
 
     ``kind`` says whose naming makes an untracked file the table's own: a compacted log's
-    (``"log"``; raises `NotACompactedLogError` on any other table, before anything is
-    committed or deleted) or the cleaner-offset checkpoint table's (``"checkpoint"``).
-    Sets the window's table properties first when they differ (one metadata commit, through
-    ``committer``: a log's own, design.md §36).
-    Files of ``protected_partitions`` (``partition-<p>/``) are kept for now.
+    (``"log"``) or the cleaner-offset checkpoint table's (``"checkpoint"``). Sets the
+    window's table properties first when they differ (one metadata commit through
+    ``committer``, design.md §36). Files of ``protected_partitions`` are kept for now.
+    Returns a `DeletionReport`. Raises `NotACompactedLogError` (``kind="log"``) before
+    anything is committed or deleted. Idempotent; safe to retry.
     """
     started = time.monotonic()
     table = table_location.delta_table()
@@ -165,16 +139,20 @@ def delete_expired_files(
 
 
 def checkpoint_table_window(log_window_ms: int) -> int:
-    """The window of the cleaner-offset checkpoint table for a log keeping ``log_window_ms``."""
+    """The window of the cleaner-offset checkpoint table for a log keeping ``log_window_ms``,
+    clamped to [1 min, 1 h]; pure."""
     return min(max(log_window_ms, CHECKPOINT_TABLE_MIN_WINDOW_MS), CHECKPOINT_TABLE_MAX_WINDOW_MS)
 
 
 def delete_expired_checkpoint_files(
     table_location: LogLocation, *, log_window_ms: int, max_files: int = DEFAULT_MAX_FILES
 ) -> DeletionReport | None:
-    """The same for the cleaner-offset checkpoint table (shared by many logs; None when it
-    does not exist yet). Its window only ever shrinks, so logs with different windows
-    never undo each other's setting."""
+    """`delete_expired_files` for the cleaner-offset checkpoint table, whose window only
+    ever shrinks (design.md §23).
+
+    Returns None, deleting nothing, when the table does not exist yet or is not the one
+    this package creates (then a warning). Idempotent; safe to retry.
+    """
     uri = table_location.uri
     try:
         table = table_location.delta_table()
@@ -203,7 +181,7 @@ class SegmentDeleter:
     ``log.retention.check.interval.ms``: Kafka's scheduled ``kafka-delete-logs`` task.
 
     `maybe_run` is what the cleaner calls after each round; `run` deletes now.
-    Thread-safe: two callers never delete at once (the second one skips).
+    Thread-safe: two callers never delete at once (`maybe_run`'s second caller skips).
     """
 
     def __init__(
@@ -248,7 +226,11 @@ class SegmentDeleter:
         return True
 
     def run(self, busy_partitions: Callable[[], Iterable[int]] = tuple) -> DeletionReport:
-        """Delete expired files of the log and its checkpoint table now (bounded per table)."""
+        """Delete expired files of the log and its checkpoint table now (bounded per table).
+
+        Returns the log's `DeletionReport`; raises what `delete_expired_files` raises.
+        Waits for a run in progress. Idempotent.
+        """
         with self._lock:
             return self._run(busy_partitions)
 
