@@ -41,6 +41,11 @@ from testkit import Oracle  # noqa: E402
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+# Every JVM the tests start (this session, the Connect server, each process a test starts that
+# starts Spark) runs seconds to minutes on small data: HotSpot's client compiler alone and the
+# serial collector spend about a third less CPU there (docs/development.md has the figures).
+# What the JVM computes is the same. A value set outside pytest is kept.
+os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
 
 CONNECT_MODE = "SPARK_CONNECT_MODE_ENABLED"
 SESSIONS = ["classic", pytest.param("connect", marks=pytest.mark.connect)]
