@@ -547,7 +547,7 @@ class LogConfig:
             parsed = CleanerConfig.from_properties(_as_properties(stored))
         except ConfigError as e:
             raise ConfigError(f"the log's stored config ({TOPIC_CONFIG_PREFIX}*): {e}") from None
-        return cls({key: str(getattr(parsed, _FIELD_OF[key])) for key in stored}, recorded)
+        return cls({key: _text(getattr(parsed, _FIELD_OF[key])) for key in stored}, recorded)
 
     @property
     def config(self) -> CleanerConfig:
@@ -630,7 +630,7 @@ def resolve(log: LogConfig | None, process: CleanerConfig, *, log_path: str) -> 
             values[field] = mine
             sources[key] = "log" if held and mine == theirs else "override"
             if (held or log.recorded) and mine != theirs:  # what every other process applies
-                overrides.append((key, str(theirs), str(mine)))
+                overrides.append((key, _text(theirs), _text(mine)))
         elif held:
             values[field] = theirs
             sources[key] = "log"

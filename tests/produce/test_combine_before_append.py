@@ -19,7 +19,7 @@ from pyspark.sql import types as T
 
 from sinks import CleanerConfig, CompactedStateSink
 from sinks.errors import BadInputError, ConfigError
-from sinks.log.log_config import opened_log_config
+from sinks.log.log_config import alter_log_config, opened_log_config
 from sinks.log.log_keys import LogKeys
 from sinks.log.log_table import LogTable
 from sinks.log.storage import LogLocation
@@ -167,6 +167,24 @@ def test_the_setting_is_stored_on_the_log_and_read_back_when_it_is_opened(lake):
     resolved = opened_log_config(table, None)
     assert resolved.config.combine_before_append
     assert resolved.sources["combine.before.append"] == "log"
+
+
+def test_a_job_file_and_configs_take_the_setting(lake):
+    from streaming.jobs.job import load_job  # the job file's reader, a layer above
+
+    job = lake / "job.toml"
+    job.write_text(
+        '[source]\nformat = "rate"\n[sink]\npath = "lake/users"\n'
+        '[cleaner]\n"combine.before.append" = true\n'
+    )
+    assert load_job(job).logs[0].config.combine_before_append
+    appender(lake / "log", OFF).append(arrow_batch([("a", "1", 0)]), app_id="app", batch_id=0)
+    table = LogTable(str(lake / "log"))
+    change = alter_log_config(table, add={"combine.before.append": "true"})
+    assert change.changes == {"combine.before.append": ("false", "true")}
+    assert opened_log_config(table, None).config.combine_before_append
+    with pytest.raises(ConfigError, match="min.compaction.lag.ms"):
+        alter_log_config(table, add={"min.compaction.lag.ms": "60000"})
 
 
 def test_a_bad_record_in_a_superseded_position_is_reported_as_without_combining(lake):
