@@ -45,6 +45,7 @@ LOG_CLEANER_THREADS = "log.cleaner.threads"
 LOG_CLEANER_NICE = "log.cleaner.nice"
 LOG_CLEANER_BACKOFF_MS = "log.cleaner.backoff.ms"
 LOG_CLEANER_DEDUPE_BUFFER_SIZE = "log.cleaner.dedupe.buffer.size"
+COMBINE_BEFORE_APPEND = "combine.before.append"
 
 MAX_MESSAGE_BYTES = "max.message.bytes"
 """Kafka's topic-level name for ``message.max.bytes`` (the broker's): the same setting here."""
@@ -83,8 +84,10 @@ TOPIC_PROPERTIES = (
     RETENTION_BYTES,
     MESSAGE_MAX_BYTES,
     FILE_DELETE_DELAY_MS,
+    COMBINE_BEFORE_APPEND,
 )
-"""Kafka's topic-level settings: stored on the log, obeyed by every process that opens it.
+"""Kafka's topic-level settings (and ``combine.before.append``, not Kafka's): stored on the
+log, obeyed by every process that opens it.
 ``file.delete.delay.ms`` is stored as Delta's own ``delta.deletedFileRetentionDuration``
 (`sinks.log.history_window`), so that other engines' VACUUM keeps the same window."""
 
@@ -155,6 +158,10 @@ class CleanerConfig:
       not Kafka's 60 s: Delta readers (time travel, other engines, lagging streams) read
       removed files long after the commit that removed them, and other engines' VACUUM uses
       the same table property. See `sinks.log.history_window`.
+    - ``combine_before_append``: an append stores only the last record of each (partition,
+      key) of its micro-batch; the records it supersedes keep their offsets as gaps, as a
+      pass leaves them (default False: Kafka stores every record; not a Kafka setting).
+      Refused with ``min_compaction_lag_ms`` > 0. See design.md §44.
     - ``log_retention_check_interval_ms``: how often the cleaner deletes expired files
       (Kafka's broker-level ``log.retention.check.interval.ms``, 5 minutes).
     - ``log_cleaner_io_max_bytes_per_second``: Kafka's Throttler: passes are spaced so the
@@ -192,6 +199,7 @@ class CleanerConfig:
     retention_bytes: int = -1
     message_max_bytes: int = 1_048_588
     file_delete_delay_ms: int = 604_800_000
+    combine_before_append: bool = False
     log_retention_check_interval_ms: int = 300_000
     log_cleaner_io_max_bytes_per_second: float = float("inf")
     log_cleaner_max_bytes_per_pass: int = LONG_MAX
@@ -245,6 +253,18 @@ class CleanerConfig:
                 f"{MAX_COMPACTION_LAG_MS} ({self.max_compaction_lag_ms}) must not be below "
                 f"{MIN_COMPACTION_LAG_MS} ({self.min_compaction_lag_ms})"
             )
+        if not isinstance(self.combine_before_append, bool):
+            raise ConfigError(
+                f"{COMBINE_BEFORE_APPEND} must be true or false, got {self.combine_before_append!r}"
+            )
+        if self.combine_before_append and self.min_compaction_lag_ms > 0:
+            # Kafka promises a record stays uncompacted that long (design.md §44).
+            raise ConfigError(
+                f"{COMBINE_BEFORE_APPEND}=true drops superseded records at the append, which "
+                f"breaks {MIN_COMPACTION_LAG_MS}={self.min_compaction_lag_ms} (a record stays "
+                f"uncompacted at least that long): set {MIN_COMPACTION_LAG_MS}=0 or "
+                f"{COMBINE_BEFORE_APPEND}=false"
+            )
 
     @property
     def compact(self) -> bool:
@@ -270,7 +290,7 @@ class CleanerConfig:
 
     def topic_properties(self) -> dict[str, str]:
         """The topic-level settings (`TOPIC_PROPERTIES`) as Kafka's dotted names and text."""
-        return {key: str(getattr(self, _FIELD_OF[key])) for key in TOPIC_PROPERTIES}
+        return {key: _text(getattr(self, _FIELD_OF[key])) for key in TOPIC_PROPERTIES}
 
     @classmethod
     def from_properties(cls, properties: Mapping[str, Any] | str) -> CleanerConfig:
@@ -317,7 +337,7 @@ class CleanerConfig:
 
     def to_properties(self) -> dict[str, str]:
         """The config as Kafka's dotted names with string values (inverse of `from_properties`)."""
-        return {key: str(getattr(self, field)) for key, field in _FIELD_OF.items()}
+        return {key: _text(getattr(self, field)) for key, field in _FIELD_OF.items()}
 
 
 _FIELD_OF = {
@@ -331,6 +351,7 @@ _FIELD_OF = {
     RETENTION_BYTES: "retention_bytes",
     MESSAGE_MAX_BYTES: "message_max_bytes",
     FILE_DELETE_DELAY_MS: "file_delete_delay_ms",
+    COMBINE_BEFORE_APPEND: "combine_before_append",
     LOG_RETENTION_CHECK_INTERVAL_MS: "log_retention_check_interval_ms",
     LOG_CLEANER_IO_MAX_BYTES_PER_SECOND: "log_cleaner_io_max_bytes_per_second",
     LOG_CLEANER_MAX_BYTES_PER_PASS: "log_cleaner_max_bytes_per_pass",
@@ -416,8 +437,19 @@ def parse_kafka_describe(text: str) -> dict[str, str]:
     return settings
 
 
+def _text(value: Any) -> str:
+    """A setting's value as a properties file holds it (booleans as Kafka's ``true``/``false``)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
 def _parse(key: str, raw: Any, type_name: Any) -> Any:
     text = str(raw).strip()
+    if type_name in ("bool", bool):
+        if isinstance(raw, bool):
+            return raw
+        if text.lower() in ("true", "false"):
+            return text.lower() == "true"
+        raise ConfigError(f"{key} must be true or false, got {raw!r}")
     if key == DELETED_FILE_RETENTION_DURATION and not text.lstrip("-").isdigit():
         return parse_interval_ms(text, key=key)
     try:
@@ -515,7 +547,7 @@ class LogConfig:
             parsed = CleanerConfig.from_properties(_as_properties(stored))
         except ConfigError as e:
             raise ConfigError(f"the log's stored config ({TOPIC_CONFIG_PREFIX}*): {e}") from None
-        return cls({key: str(getattr(parsed, _FIELD_OF[key])) for key in stored}, recorded)
+        return cls({key: _text(getattr(parsed, _FIELD_OF[key])) for key in stored}, recorded)
 
     @property
     def config(self) -> CleanerConfig:
@@ -598,7 +630,7 @@ def resolve(log: LogConfig | None, process: CleanerConfig, *, log_path: str) -> 
             values[field] = mine
             sources[key] = "log" if held and mine == theirs else "override"
             if (held or log.recorded) and mine != theirs:  # what every other process applies
-                overrides.append((key, str(theirs), str(mine)))
+                overrides.append((key, _text(theirs), _text(mine)))
         elif held:
             values[field] = theirs
             sources[key] = "log"

@@ -7,8 +7,10 @@ whole partitions of the batch, sorted by (partition, input order), or by
 (partition, offset) for Kafka input; it checks each Arrow batch with
 `RecordValidator`, numbers valid rows from the partition's log end offset with
 `OffsetAssigner` (Kafka input: drops rows below it), and writes them with
-`SegmentWriterTask`. Once a task has seen an unwritable row it stops writing and
-only counts, since the driver will discard the batch anyway.
+`SegmentWriterTask`. With ``combine.before.append`` the task holds its numbered rows
+and writes only the last record of each (partition, key) (`combined`, design.md §44);
+the offsets are assigned before, so the dropped ones are gaps. Once a task has seen
+an unwritable row it stops writing and only counts, since the driver will discard the batch anyway.
 
 The task sends back two kinds of rows in one schema: a written segment
 (``path`` set) and, per partition value it saw, the validator's counts (``path``
@@ -21,12 +23,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 from pyspark.sql import types as T
 
 from sinks.log.log_keys import LogKeys
 from sinks.log.records import (
     COUNT_COLUMNS,
+    PARTITION,
     BatchReport,
     OffsetAssigner,
     PartitionCounts,
@@ -49,8 +53,10 @@ class AppendTask:
     """The picklable function each Spark task of an append runs (``mapInArrow``).
 
     ``log_end_offsets`` are the log's, as of the snapshot the append numbers from.
-    Not idempotent: every call writes new files. A Spark batch runs the same task in
-    the JVM when it can (`sinks.produce.spark_append`, from ``log_schema``).
+    ``combine`` writes only each (partition, key)'s last record of the task's rows, after
+    every row was checked and numbered (design.md §44). Not idempotent: every call writes
+    new files. A Spark batch runs the same task in the JVM when it can
+    (`sinks.produce.spark_append`, from ``log_schema``), but never a combined one.
     """
 
     writer: SegmentWriterTask
@@ -59,6 +65,7 @@ class AppendTask:
     has_offsets: bool
     message_max_bytes: int
     log_schema: T.StructType | None = None  # the log's Spark schema: Spark's writer may run it
+    combine: bool = False
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         validator = RecordValidator(
@@ -79,7 +86,10 @@ class AppendTask:
                 else:
                     yield assigner.assign(batch)
 
-        for written in self.writer(valid_records()):
+        records = valid_records()
+        if self.combine:
+            records = combined(records, self.keys.key_columns)
+        for written in self.writer(records):
             yield pa.RecordBatch.from_pylist(written.to_pylist(), schema=_OUTPUT_SCHEMA)
         counts = [
             {"partition": p, **{c: getattr(n, c) for c in COUNT_COLUMNS}}
@@ -87,6 +97,37 @@ class AppendTask:
         ]
         if counts:
             yield pa.RecordBatch.from_pylist(counts, schema=_OUTPUT_SCHEMA)
+
+
+def combined(
+    batches: Iterator[pa.RecordBatch], key_columns: tuple[str, ...]
+) -> Iterator[pa.RecordBatch]:
+    """``batches`` with only the last row of each (partition, key): the rows it supersedes dropped.
+
+    The rows come in each partition's offset order (numbered, or Kafka's sorted), so a key's
+    last row is its newest record, the one a pass would keep (design.md §44); a tombstone
+    that is last is kept. Keys are grouped by Arrow's hash grouping; keys of a type it
+    cannot group (structs, lists) are left uncombined, every row written, as without the
+    setting. Holds all of ``batches`` at once; the kept rows keep their order. Pure.
+    """
+    held = [b for b in batches if b.num_rows]
+    if not held:
+        return
+    table = pa.Table.from_batches(held)
+    columns = [*key_columns, PARTITION]
+    grouped = table.select(columns).append_column(
+        _ROW, pa.array(np.arange(table.num_rows, dtype=np.int64))
+    )
+    try:
+        last = grouped.group_by(columns, use_threads=False).aggregate([(_ROW, "max")])
+    except (pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        yield from table.to_batches()
+        return
+    rows = np.sort(last.column(f"{_ROW}_max").to_numpy())
+    yield from table.take(pa.array(rows)).combine_chunks().to_batches()
+
+
+_ROW = "__combine_row"
 
 
 @dataclass(frozen=True)

@@ -277,6 +277,7 @@ class LogAppender:
             has_offsets=has_offsets,
             message_max_bytes=self.config.message_max_bytes,
             log_schema=log_schema,
+            combine=self.config.combine_before_append,
         )
 
     def fresh_snapshot(self) -> LogSnapshot:

@@ -41,7 +41,10 @@ answers None and the caller takes it:
   for the exact error (and for dead letters the batch was already split). Spark logs
   the failed write's task error first;
 - the counting job and the write saw different rows (a source that is not
-  deterministic), so the offsets do not tile.
+  deterministic), so the offsets do not tile;
+- the log combines a batch before the append (``combine.before.append``, design.md §44):
+  the Python task combines after its checks and numbering, so both writers' logs hold
+  the same records.
 
 Which writer runs (design.md §37; figures in docs/benchmarks.md): `append_writer` reads
 ``COMPACTED_SINK_APPEND_WRITER`` once, when an appender is built. ``auto``, the default,
@@ -195,7 +198,7 @@ def run_in_jvm(
     is the log's schema the files are written with. Not idempotent: every call writes
     new files.
     """
-    if not _takes_spark_writer(df, task, writer):
+    if task.combine or not _takes_spark_writer(df, task, writer):
         return None
     columns = _log_columns(df, log_schema)
     if columns is None:
