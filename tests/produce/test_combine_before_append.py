@@ -9,6 +9,7 @@ through `LogAppender`); a streaming query with Spark's writer and a forced pass 
 from __future__ import annotations
 
 import json
+import os
 import random
 from pathlib import Path
 
@@ -238,7 +239,11 @@ def test_a_stream_and_a_forced_pass_leave_the_same_log_with_or_without_combining
     for number, records in enumerate(random_batches(11, batches=3, size=80)):
         model.append(records)
         lines = [json.dumps({"key": k, "value": v, "partition": p}) for k, v, p in records]
-        (source / f"{number:02d}.json").write_text("\n".join(lines) + "\n")
+        batch_file = source / f"{number:02d}.json"
+        batch_file.write_text("\n".join(lines) + "\n")
+        # Spark's file source takes files oldest first by modification time: one second apart,
+        # so that files written within the same tick are not taken in another order.
+        os.utime(batch_file, (1_700_000_000 + number, 1_700_000_000 + number))
     stream = (
         spark.readStream.schema("key string, value string, partition int")
         .option("maxFilesPerTrigger", 1)
