@@ -88,7 +88,7 @@ class AppendTask:
 
         records = valid_records()
         if self.combine:
-            records = combined(records, self.keys.key_columns)
+            records = combined(records, self.keys)
         for written in self.writer(records):
             yield pa.RecordBatch.from_pylist(written.to_pylist(), schema=_OUTPUT_SCHEMA)
         counts = [
@@ -99,22 +99,24 @@ class AppendTask:
             yield pa.RecordBatch.from_pylist(counts, schema=_OUTPUT_SCHEMA)
 
 
-def combined(
-    batches: Iterator[pa.RecordBatch], key_columns: tuple[str, ...]
-) -> Iterator[pa.RecordBatch]:
+def combined(batches: Iterator[pa.RecordBatch], keys: LogKeys) -> Iterator[pa.RecordBatch]:
     """``batches`` with only the last row of each (partition, key): the rows it supersedes dropped.
 
     The rows come in each partition's offset order (numbered, or Kafka's sorted), so a key's
     last row is its newest record, the one a pass would keep (design.md §44); a tombstone
-    that is last is kept. Keys are grouped by Arrow's hash grouping; keys of a type it
-    cannot group (structs, lists) are left uncombined, every row written, as without the
-    setting. Holds all of ``batches`` at once; the kept rows keep their order. Pure.
+    that is last is kept. A log whose latest record follows a ``sequence_column`` is left
+    uncombined (its winner is not the last row), and so are keys of a type Arrow's hash
+    grouping cannot group (structs, lists): every row written, as without the setting.
+    Holds all of ``batches`` at once; the kept rows keep their order. Pure.
     """
+    if keys.sequence_column is not None:
+        yield from batches
+        return
     held = [b for b in batches if b.num_rows]
     if not held:
         return
     table = pa.Table.from_batches(held)
-    columns = [*key_columns, PARTITION]
+    columns = [*keys.key_columns, PARTITION]
     grouped = table.select(columns).append_column(
         _ROW, pa.array(np.arange(table.num_rows, dtype=np.int64))
     )

@@ -214,6 +214,29 @@ def test_a_superseded_bad_record_is_a_dead_letter_and_the_rest_is_combined(lake)
     assert stored(lake / "on") == [(0, 1, "b", "2"), (0, 2, "a", "3")]
 
 
+def test_a_log_ordered_by_a_sequence_column_is_not_combined(lake):
+    """The latest record follows ``seq`` there, not the offset: the last row of a key in a
+    batch may be the older one, so every row is stored and the state is the sequence's."""
+    schema = T.StructType([*SCHEMA.fields, T.StructField("seq", T.LongType())])
+    records = pa.table(
+        {
+            "key": pa.array(["a", "a", "b"], pa.string()),
+            "value": pa.array(["new", "old", "b1"], pa.string()),
+            "partition": pa.array([0, 0, 0], pa.int32()),
+            "seq": pa.array([5, 3, 1], pa.int64()),
+        }
+    )
+    log = LogAppender(
+        LogTable(str(lake / "seq")),
+        keys=LogKeys(key_columns=("key",), sequence_column="seq"),
+        config=ON,
+        writer=PYTHON_WRITER,
+    )
+    log.append(ArrowRecords(records, schema), app_id="app", batch_id=0)
+    assert stored(lake / "seq") == [(0, 0, "a", "new"), (0, 1, "a", "old"), (0, 2, "b", "b1")]
+    assert state_of(lake / "seq") == {"a": "new", "b": "b1"}
+
+
 # -- with Spark: a streaming query, a forced pass ------------------------------------------
 
 
