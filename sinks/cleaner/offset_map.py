@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sinks.cleaner.rules import latest_offsets
+from sinks.log.latest import latest_offsets
 from sinks.log.log_keys import LogKeys
 from sinks.log.segment import Segment, split_clean
 

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from sinks.log.latest import latest_offsets
 from sinks.log.log_keys import LogKeys
 from sinks.log.records import DELETE_HORIZON_MS, OFFSET, PARTITION, VALUE
 
@@ -35,36 +35,6 @@ def latest_records(df: DataFrame, keys: LogKeys) -> DataFrame:
     rest = [c for c in df.columns if c not in key_columns]
     latest = df.groupBy(*key_columns).agg(F.max_by(F.struct(*rest), order).alias(_LATEST))
     return latest.select(*key_columns, *[F.col(f"{_LATEST}.{c}").alias(c) for c in rest])
-
-
-def latest_offsets(
-    keys: pa.Table, offsets: pa.ChunkedArray, sequence: pa.ChunkedArray | None = None
-) -> tuple[pa.Table, np.ndarray]:
-    """Arrow: each key's newest offset, over canonical keys (`sinks.cleaner.offset_map`).
-
-    Takes the keys, their offsets and optionally their sequence, row for row. Returns
-    the distinct keys and, in the same order, their newest offsets (design.md §13's
-    order with a sequence).
-    """
-    table = keys.append_column(OFFSET, offsets)
-    if sequence is None:
-        latest = table.group_by(keys.column_names).aggregate([(OFFSET, "max")])
-    else:
-        columns = {"_sequence": sequence}
-        keys_order = [("_sequence", "ascending", "at_start"), (OFFSET, "ascending")]
-        if pa.types.is_floating(sequence.type):  # NaN is Spark's highest; Arrow puts it by nulls
-            columns = {"_nan": pc.fill_null(pc.is_nan(sequence), False), **columns}
-            keys_order.insert(0, ("_nan", "ascending"))
-        sortable = table
-        for name, column in columns.items():
-            sortable = sortable.append_column(name, column)
-        order = pc.sort_indices(sortable, options=pc.SortOptions(keys_order))
-        ordered = table.take(order)
-        latest = ordered.group_by(keys.column_names, use_threads=False).aggregate(
-            [(OFFSET, "last")]
-        )
-    newest = latest.column(latest.num_columns - 1).to_numpy()
-    return latest.select(keys.column_names), newest
 
 
 def spark_latest_offsets(records: DataFrame, keys: LogKeys) -> DataFrame:

@@ -27,6 +27,7 @@ import numpy as np
 import pyarrow as pa
 from pyspark.sql import types as T
 
+from sinks.log.latest import latest_offsets
 from sinks.log.log_keys import LogKeys
 from sinks.log.records import (
     COUNT_COLUMNS,
@@ -116,20 +117,13 @@ def combined(batches: Iterator[pa.RecordBatch], keys: LogKeys) -> Iterator[pa.Re
     if not held:
         return
     table = pa.Table.from_batches(held)
-    columns = [*keys.key_columns, PARTITION]
-    grouped = table.select(columns).append_column(
-        _ROW, pa.array(np.arange(table.num_rows, dtype=np.int64))
-    )
-    try:
-        last = grouped.group_by(columns, use_threads=False).aggregate([(_ROW, "max")])
+    rows = pa.chunked_array([np.arange(table.num_rows, dtype=np.int64)])
+    try:  # a row's number orders a (partition, key)'s records as their offsets do
+        _, last = latest_offsets(table.select([*keys.key_columns, PARTITION]), rows)
     except (pa.ArrowNotImplementedError, pa.ArrowTypeError):
         yield from table.to_batches()
         return
-    rows = np.sort(last.column(f"{_ROW}_max").to_numpy())
-    yield from table.take(pa.array(rows)).combine_chunks().to_batches()
-
-
-_ROW = "__combine_row"
+    yield from table.take(pa.array(np.sort(last))).combine_chunks().to_batches()
 
 
 @dataclass(frozen=True)

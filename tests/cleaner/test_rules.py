@@ -11,9 +11,9 @@ from sinks.cleaner.offset_map import canonical_keys, key_buckets
 from sinks.cleaner.rules import (
     apply_arrow_tombstone_rules,
     apply_tombstone_rules,
-    latest_offsets,
     latest_records,
 )
+from sinks.log.latest import latest_offsets
 from sinks.log.log_keys import LogKeys
 
 SCHEMA = (
