@@ -130,6 +130,37 @@ def _vm_hwm_kib(pid: int) -> int:
     return 0
 
 
+def process_tree_cpu_s(root: int | None = None) -> float:
+    """CPU seconds (user + system) spent so far by process ``root`` (default: this one) and
+    every live descendant (a Spark JVM, its Python workers), each counting the children it
+    has reaped. On a machine others load too, wall time says how busy it was; this says
+    what the work cost. Linux only (``/proc``); 0.0 elsewhere."""
+    root = os.getpid() if root is None else root
+    tick = os.sysconf("SC_CLK_TCK")
+    parents: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        # after "pid (comm)": state ppid ... utime(12) stime(13) cutime(14) cstime(15)
+        parents[int(entry)] = int(fields[1])
+        cpu[int(entry)] = sum(int(x) for x in fields[11:15]) / tick
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parents.items():
+        children.setdefault(ppid, []).append(pid)
+    total, todo = 0.0, [root]
+    while todo:
+        pid = todo.pop()
+        total += cpu.get(pid, 0.0)
+        todo += children.get(pid, [])
+    return total
+
+
 def machine_description() -> str:
     cpu = "unknown CPU"
     try:

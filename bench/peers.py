@@ -79,6 +79,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -93,7 +94,13 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from bench.delta_upsert import latest_per_key, merge_batch
-from bench.measure import DirectoryMeter, TableSize, delta_table_size, load_average
+from bench.measure import (
+    DirectoryMeter,
+    TableSize,
+    delta_table_size,
+    load_average,
+    process_tree_cpu_s,
+)
 from bench.workload import Workload, generate
 
 PEERS = ("paimon_pk", "hudi_mor", "delta_spark_merge_dv")
@@ -422,33 +429,55 @@ def run_system(
     root: str,
     schema: pa.Schema,
     make: Callable[[str, str, pa.Schema], Any] = make_peer,
+    read_during: tuple[int, set[tuple[int, int]]] | None = None,
 ) -> dict[str, Any]:
     """Feed every batch file to one system; measure as ``bench.run.run_system`` does.
 
-    Returns ingest, p50/p99 batch (batch 0 left out), bytes written, table bytes and
+    Returns ingest (wall and CPU seconds of this process and its descendants: the JVM,
+    its Python workers), p50/p99 batch (batch 0 left out), bytes written, table bytes and
     files at the end, the state read (DataFrame, counted; best of two), the state as
     Arrow without Spark where the system has a reader (or the error it raised), and
-    the per-batch seconds and bytes. The directory ``root`` is emptied first.
+    the per-batch seconds, CPU seconds and bytes. With ``read_during`` = (batch, states)
+    the state is also read from a second thread while that batch is written, and its
+    (rows, digest) checked to be one of ``states`` (the state before or after the batch);
+    that batch is left out of p50/p99, and the read's CPU is in the ingest's (a few
+    seconds against minutes). The directory ``root`` is emptied first.
     """
     shutil.rmtree(root, ignore_errors=True)
     system = make(name, root, schema)
     meter = DirectoryMeter(root)
     per_batch, written = [], 0
+    during: dict[str, Any] | None = None
     for batch_id, path in enumerate(files):
-        started = time.perf_counter()
+        reader = None
+        if read_during is not None and batch_id == read_during[0]:
+            reader = _StateReadWhileWriting(spark, system, read_during[1])
+        cpu_before, started = process_tree_cpu_s(), time.perf_counter()
         info = system.ingest(spark, batch_id, path)
         elapsed = time.perf_counter() - started
+        if reader is not None:
+            during = reader.result()
+        cpu = process_tree_cpu_s() - cpu_before
         batch_written = meter.written()
         written += batch_written
         analyse = getattr(system, "analyse", None)
         if analyse:
             analyse(info)
-        per_batch.append({"batch": batch_id, "s": elapsed, "bytes_written": batch_written})
+        per_batch.append(
+            {"batch": batch_id, "s": elapsed, "cpu_s": cpu, "bytes_written": batch_written}
+        )
         log.info(
-            "%s batch %d: %.2f s, %.1f MB written", name, batch_id, elapsed, batch_written / 1e6
+            "%s batch %d: %.2f s (%.1f CPU s), %.1f MB written",
+            name,
+            batch_id,
+            elapsed,
+            cpu,
+            batch_written / 1e6,
         )
     finish = getattr(system, "finish", None)
+    cpu_before = process_tree_cpu_s()
     drain_s = finish() if finish else 0.0
+    drain_cpu_s = process_tree_cpu_s() - cpu_before
     written += meter.written()
     size = _size(system)
     reads, rows, digest = [], 0, 0
@@ -458,6 +487,7 @@ def run_system(
         reads.append(time.perf_counter() - started)
     result: dict[str, Any] = {
         "ingest_s": sum(b["s"] for b in per_batch) + drain_s,
+        "ingest_cpu_s": sum(b["cpu_s"] for b in per_batch) + drain_cpu_s,
         "drain_s": drain_s,
         "bytes_written": written,
         "table_bytes": size.bytes,
@@ -467,7 +497,12 @@ def run_system(
         "live_keys": rows,
         "state_checksum": digest,
     }
-    latencies = [b["s"] for b in per_batch[1:]] or [b["s"] for b in per_batch]
+    if during is not None:
+        result["read_while_writing"] = during
+    beside = read_during[0] if read_during is not None else None
+    latencies = [b["s"] for b in per_batch[1:] if b["batch"] != beside] or [
+        b["s"] for b in per_batch
+    ]
     result["p50_batch_s"] = float(np.percentile(latencies, 50))
     result["p99_batch_s"] = float(np.percentile(latencies, 99))
     arrow_state = _arrow_reader(system)
@@ -490,6 +525,35 @@ def run_system(
         rows,
     )
     return result
+
+
+class _StateReadWhileWriting:
+    """The state read (DataFrame, counted) on a second thread, started before a batch is
+    written: what a reader sees of a table while its writer commits. The CPU it takes is
+    counted in that batch's (one process); its wall time is its own."""
+
+    def __init__(self, spark: SparkSession, system: Any, consistent: set[tuple[int, int]]) -> None:
+        self._consistent = consistent
+        self._answer: dict[str, Any] = {}
+        self._thread = threading.Thread(target=self._read, args=(spark, system), daemon=True)
+        self._thread.start()
+
+    def _read(self, spark: SparkSession, system: Any) -> None:
+        started = time.perf_counter()
+        try:
+            rows, digest = checksum(system.state(spark))
+        except Exception as e:  # a reader that fails beside a writer is a finding
+            self._answer = {"error": f"{type(e).__name__}: {e}"[:400]}
+            return
+        self._answer = {
+            "s": time.perf_counter() - started,
+            "rows": rows,
+            "consistent": (rows, digest) in self._consistent,
+        }
+
+    def result(self) -> dict[str, Any]:
+        self._thread.join()
+        return self._answer
 
 
 def _arrow_reader(system: Any) -> Callable[[], Any] | None:
@@ -610,23 +674,30 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for workload in workloads:
             files = generate(workload, os.path.join(work, "input", workload.name))
             rows, digest = checksum(expected_state(spark, files))
+            middle = len(files) // 2
+            read_during = None
+            if middle >= 1:
+                around = {checksum(expected_state(spark, files[:n])) for n in (middle, middle + 1)}
+                read_during = (middle, around)
             entry: dict[str, Any] = {
                 **{k: v for k, v in dataclasses.asdict(workload).items() if k != "systems"},
                 "input_bytes": sum(os.path.getsize(f) for f in files),
                 "expected": {"live_keys": rows, "state_checksum": digest},
                 "systems": {},
             }
+            results["workloads"].append(entry)
             for name in systems:
                 root = os.path.join(work, workload.name, name)
-                result = run_system(spark, name, files, root, workload.schema)
+                result = run_system(
+                    spark, name, files, root, workload.schema, read_during=read_during
+                )
                 result["state_agrees"] = (result["live_keys"], result["state_checksum"]) == (
                     rows,
                     digest,
                 )
                 entry["systems"][name] = result
                 shutil.rmtree(root, ignore_errors=True)
-            results["workloads"].append(entry)
-            _dump(results, args.out, started)  # a run cut short still leaves its figures
+                _dump(results, args.out, started)  # a run cut short still leaves its figures
     finally:
         spark.stop()
         if args.work is None:
@@ -726,9 +797,10 @@ def markdown(combined: dict[str, Any]) -> str:
             f"{'yes' if w['expected_states_agree'] else '**NO**'}; every system ends in it: "
             f"{'yes' if w['all_states_agree'] else '**NO**'}",
             "",
-            "| system | Spark | ingest s | p50 batch s | p99 batch s | written MB | table MB "
-            "(files) | state read s (Spark) | state read s (Arrow, no Spark) | state agrees |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "| system | Spark | ingest s | ingest CPU s | p50 batch s | p99 batch s | written MB "
+            "| table MB (files) | state read s (Spark) | state read s (Arrow, no Spark) "
+            "| state read s while writing | state agrees |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         names = sorted(w["systems"], key=lambda n: ORDER.index(n) if n in ORDER else len(ORDER))
         for name in names:
@@ -739,17 +811,72 @@ def markdown(combined: dict[str, Any]) -> str:
                 arrow_text = f"{arrow['s']:.2f} ({arrow['rows']:,} rows)"
             elif arrow:
                 arrow_text = "fails: " + arrow["error"].split("\n")[0][:80]
+            cpu = s.get("ingest_cpu_s")
             lines.append(
-                f"| {name} | {s['spark']} | {s['ingest_s']:.1f} | {s['p50_batch_s']:.2f} | "
+                f"| {name} | {s['spark']} | {s['ingest_s']:.1f} | "
+                f"{'—' if cpu is None else f'{cpu:.0f}'} | {s['p50_batch_s']:.2f} | "
                 f"{s['p99_batch_s']:.2f} | {s['bytes_written'] / 1e6:.0f} | "
                 f"{s['table_bytes'] / 1e6:.0f} ({s['files']}) | {s['state_read_s']:.2f} | "
-                f"{arrow_text} | {'yes' if s['state_agrees'] else '**NO**'} |"
+                f"{arrow_text} | {_while_writing(s.get('read_while_writing'))} | "
+                f"{'yes' if s['state_agrees'] else '**NO**'} |"
             )
+        lines += goals(w["systems"])
         described = {n: w["systems"][n]["describe"] for n in names if "describe" in w["systems"][n]}
         if described:
             lines += ["", "What each peer's table holds at the end:", ""]
             lines += [f"- {n}: `{json.dumps(d)}`" for n, d in described.items()]
     return "\n".join(lines) + "\n"
+
+
+def _while_writing(read: dict[str, Any] | None) -> str:
+    if not read:
+        return "—"
+    if "error" in read:
+        return "fails: " + read["error"].split("\n")[0][:60]
+    return f"{read['s']:.2f}" + ("" if read["consistent"] else " (**inconsistent**)")
+
+
+# What the sink is held to against each system (ingest and bytes: the sink's figure over
+# the peer's; the state read: the sink's over the peer's), from the issue's goals.
+GOAL_PEERS = ("paimon_pk", "hudi_mor", "delta_spark_merge_dv", "merge_per_batch")
+COPY_ON_WRITE = "delta_spark_merge"
+
+
+def goals(systems: dict[str, Any]) -> list[str]:
+    """The goals table: for each peer, the sink's ingest (wall and CPU), state read and bytes
+    written against the peer's, each met or not; bytes against copy-on-write MERGE >= 3x
+    fewer."""
+    sink = systems.get("compacted_sink")
+    if sink is None:
+        return []
+    lines = [
+        "",
+        "Goals (the sink against each peer; met when the ratio is at least 1):",
+        "",
+        "| peer | ingest: peer s / sink s | ingest CPU: peer / sink | state read (Spark): "
+        "peer s / sink s | bytes written: peer / sink |",
+        "|---|---|---|---|---|",
+    ]
+
+    def ratio(peer: float | None, mine: float | None, want: float = 1.0) -> str:
+        if not peer or not mine:
+            return "—"
+        r = peer / mine
+        return f"{r:.2f}x {'met' if r >= want else '**not met**'}"
+
+    for name in (*GOAL_PEERS, COPY_ON_WRITE):
+        peer = systems.get(name)
+        if peer is None:
+            continue
+        want_bytes = 3.0 if name == COPY_ON_WRITE else 1.0
+        lines.append(
+            f"| {name} | {ratio(peer['ingest_s'], sink['ingest_s'])} | "
+            f"{ratio(peer.get('ingest_cpu_s'), sink.get('ingest_cpu_s'))} | "
+            f"{ratio(peer['state_read_s'], sink['state_read_s'])} | "
+            f"{ratio(peer['bytes_written'], sink['bytes_written'], want_bytes)}"
+            f"{' (goal 3x)' if name == COPY_ON_WRITE else ''} |"
+        )
+    return lines
 
 
 def plot(combined: dict[str, Any], path: str) -> None:

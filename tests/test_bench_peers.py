@@ -142,3 +142,24 @@ def test_hudi_latest_slices_count_the_newest_base_and_its_logs(tmp_path) -> None
     size = hudi_latest_slices(str(tmp_path))
 
     assert (size.bytes, size.files) == (200 + 30 + 40 + 50, 4)
+
+
+def test_the_goals_say_met_or_not_for_each_peer(tmp_path) -> None:
+    sink = {**_system(90, 7, True), "ingest_cpu_s": 20.0}
+    sink["read_while_writing"] = {"s": 0.4, "rows": 50, "consistent": True}
+    slower = {**_system(90, 7, True), "ingest_s": 5.0, "ingest_cpu_s": 30.0}
+    cow = {**_system(90, 7, True), "bytes_written": 12_000_000}
+    _write(tmp_path, "peers-pyspark3.5.9.json", _run("3.5.9", (90, 7), {"hudi_mor": slower}))
+    _write(
+        tmp_path,
+        "peers-pyspark4.2.0.json",
+        _run("4.2.0", (90, 7), {"compacted_sink": sink, "delta_spark_merge": cow}),
+    )
+
+    text = report(str(tmp_path))
+
+    # hudi ingests in 5 s against the sink's 10: not met; by CPU 30 against 20: met.
+    assert "| hudi_mor | 0.50x **not met** | 1.50x met | 1.00x met | 1.00x met |" in text
+    # copy-on-write MERGE wrote 12 MB against 5: 2.4x fewer, short of the 3x goal.
+    assert "| delta_spark_merge |" in text and "2.40x **not met** (goal 3x)" in text
+    assert "| 0.40 | yes |" in text  # the read beside a write, consistent
