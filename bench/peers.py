@@ -665,6 +665,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "load_before": load_average(),
         "workloads": [],
         "notes": list(args.note),
+        "tag": args.tag,
     }
     try:
         warm = generate(WARM_UP, os.path.join(work, "input", WARM_UP.name))
@@ -713,7 +714,8 @@ def _dump(results: dict[str, Any], out: str, started: float) -> None:
     results["total_s"] = time.perf_counter() - started
     results["generated_utc"] = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, f"peers-pyspark{pyspark.__version__}.json"), "w") as f:
+    tag = f"-{results['tag']}" if results.get("tag") else ""
+    with open(os.path.join(out, f"peers-pyspark{pyspark.__version__}{tag}.json"), "w") as f:
         json.dump(results, f, indent=1)
 
 
@@ -917,6 +919,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--systems", default=None, help="comma-separated (default: this Spark's)")
     parser.add_argument("--batches", type=int, default=None, help="override every batch count")
     parser.add_argument("--note", action="append", default=[], help="a note for the report")
+    parser.add_argument(
+        "--tag", default="", help="added to the result file's name: two runs on one pyspark"
+    )
     parser.add_argument(
         "--report", action="store_true", help="only merge the processes' files into PEERS.md"
     )
