@@ -2,12 +2,13 @@
 
 A log is built in-process; then the commands run one after the other in one fresh
 process whose ``SPARK_HOME`` points nowhere (`no_spark_cli`), so a command that tried to
-start Spark would fail: ``status``, ``export --verify``, ``clean --once`` with nothing
-cleanable (saying why), a refused ``replay`` into a log holding records, and time travel
-outside the log (one line, the traceback only under ``--verbose``). A ``run`` whose input
-holds a null key (Spark started, as it must be: the test session, in this process) fails
-with one line too, and neither py4j nor the query logs the traceback; what a terminal
-shows of a failed ``run``, JVM included, is `tests/cli/test_first_hour.py`'s.
+start Spark would fail: ``status``, ``lookup``, ``configs --describe``, ``export
+--verify``, ``clean --once`` with nothing cleanable (saying why), a refused ``replay``
+into a log holding records, and time travel outside the log (one line, the traceback only
+under ``--verbose``). A ``run`` whose input holds a null key (Spark started, as it must
+be: the test session, in this process) fails with one line too, and py4j logs no
+traceback; what a terminal shows of a failed ``run``, JVM included, is
+``tests/cli/test_first_hour.py``'s.
 """
 
 from __future__ import annotations
@@ -31,8 +32,10 @@ def test_status_export_clean_and_failures_without_spark(spark, no_spark_cli, tmp
     sink(spark.createDataFrame([("k2", "w2", 0)], "key string, value string, partition int"), 1)
     keys = read_state(str(path)).num_rows
 
-    status, export, clean, replay, travel, verbose = no_spark_cli(
+    status, lookup, configs, export, clean, replay, travel, verbose = no_spark_cli(
         ("status", "lake/users", "--json"),
+        ("lookup", "lake/users", "k2", "k1"),
+        ("configs", "--path", "lake/users", "--describe"),
         ("export", "lake/users", "--to", "export", "--verify"),
         ("clean", "lake/users", "--once"),
         ("replay", "export", "--to", "lake/users"),
@@ -43,6 +46,14 @@ def test_status_export_clean_and_failures_without_spark(spark, no_spark_cli, tmp
     assert status.returncode == 0, status.stderr
     (log,) = json.loads(status.stdout)["logs"]
     assert log["cleaner_budget"] == "unlimited"
+
+    assert lookup.returncode == 0, lookup.stderr
+    assert [line.split()[:2] for line in lookup.stdout.splitlines()] == [
+        ["k2", "w2"],
+        ["k1", "(no"],
+    ]
+    assert configs.returncode == 0, configs.stderr
+    assert "min.cleanable.dirty.ratio" in configs.stdout
 
     assert export.returncode == 0, export.stderr
     assert f"exported {keys} keys" in export.stdout
