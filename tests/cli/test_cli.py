@@ -1,19 +1,18 @@
-"""The ``compacted-sink`` console entry point, through subprocesses on a real lake directory.
+"""The ``compacted-sink`` console entry point (its ``main``) on a real lake directory.
 
-One test walks an operator's day in order (each Spark-starting subprocess costs
-~20 s): a bad job file is refused, the job runs, ``status`` shows the gauges
-(table, JSON, PNG), ``clean`` empties the dirty section, ``export`` writes and
-verifies an Avro snapshot, ``replay`` restores it into a new log at the same offsets (compared
-column for column in ``tests/streaming/test_replay.py``; here by its counts and offsets).
+One test walks an operator's day in order, every command in this process on the test
+session (a process of its own would start a JVM for ``run``, ``clean`` and ``replay``;
+``tests/cli/test_first_hour.py`` starts the console script itself): a bad job file is
+refused, the job runs, ``status`` shows the gauges (table, JSON, PNG), ``clean`` empties
+the dirty section, ``export`` writes and verifies an Avro snapshot, ``replay`` restores it
+into a new log at the same offsets (compared column for column in
+``tests/streaming/test_replay.py``; here by its counts and offsets).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,8 +20,6 @@ import pytest
 from streaming.inputs.kafka import write_kafka_files
 
 FILES, ROWS_PER_FILE, KEYS = 3, 200, 50
-CLI = [sys.executable, "-m", "streaming.cli"]
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def write_input(directory: Path) -> dict[bytes, bytes]:
@@ -78,21 +75,14 @@ available_now = true
 """
 
 
-def cli(*args: str, cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "SPARK_MASTER": "local[2]"}
-    return subprocess.run(
-        [*CLI, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
-    )
-
-
-def status_json(cwd: Path) -> dict:
+def status_json(cli, cwd: Path) -> dict:
     done = cli("status", "--config", "job.toml", "--json", cwd=cwd)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)["logs"][0]
 
 
 @pytest.mark.slow
-def test_run_status_clean_export_replay(tmp_path: Path) -> None:
+def test_run_status_clean_export_replay(spark, cli, tmp_path: Path) -> None:
     expected = write_input(tmp_path / "input")
     (tmp_path / "job.toml").write_text(JOB)
     (tmp_path / "bad.toml").write_text(JOB.replace("0.9", '"lots"'))
@@ -107,7 +97,7 @@ def test_run_status_clean_export_replay(tmp_path: Path) -> None:
     assert [line.split(":")[0] for line in appended] == ["batch 0", "batch 1", "batch 2"]
 
     # Batch 0 alone was 100 % dirty and got cleaned; batches 1 and 2 stay below 0.9.
-    before = status_json(tmp_path)
+    before = status_json(cli, tmp_path)
     assert 0.5 < before["dirty_ratio"] < 0.9
     assert [p["first_dirty_offset"] for p in before["partitions"]] == [100, 100]
     assert [p["log_end_offset"] for p in before["partitions"]] == [300, 300]
@@ -120,7 +110,7 @@ def test_run_status_clean_export_replay(tmp_path: Path) -> None:
     clean = cli("clean", "--config", "job.toml", "--once", "--force", cwd=tmp_path)
     assert clean.returncode == 0, clean.stderr
     assert "cleaned " in clean.stdout and "p0 [100, 300)" in clean.stdout
-    after = status_json(tmp_path)
+    after = status_json(cli, tmp_path)
     assert after["dirty_ratio"] == 0.0
     assert [p["first_dirty_offset"] for p in after["partitions"]] == [300, 300]
 

@@ -1,7 +1,9 @@
 """``compacted-sink`` against a Spark Connect server: ``run --remote``, ``SPARK_REMOTE``, demo.
 
-The CLI runs in a subprocess (a Connect client needs no JVM, so it starts fast);
-the query's hook runs in the server's foreachBatch worker.
+The Connect client runs in a process of its own (it needs no JVM, so it starts fast; this
+process keeps its classic session): the query's hook runs in the server's foreachBatch
+worker. ``status`` (Delta metadata only) and ``demo``'s refusals run in this process
+(`cli`).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ available_now = true
 """
 
 
-def cli(*args: str, cwd: Path, remote: str | None = None) -> subprocess.CompletedProcess:
+def client(*args: str, cwd: Path, remote: str | None = None) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "SPARK_CONNECT_MODE_ENABLED"}
     env["PYTHONPATH"] = str(ROOT)
     env.pop("SPARK_REMOTE", None)
@@ -67,30 +69,30 @@ def write_input(directory: Path) -> int:
 
 
 @pytest.mark.connect
-def test_run_and_export_through_a_connect_server(connect_server, tmp_path: Path) -> None:
+def test_run_and_export_through_a_connect_server(connect_server, cli, tmp_path: Path) -> None:
     keys = write_input(tmp_path / "input")
     (tmp_path / "job.toml").write_text(JOB)
 
-    run = cli("run", "job.toml", "--remote", connect_server.url, cwd=tmp_path)
+    run = client("run", "job.toml", "--remote", connect_server.url, cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "batch 1: 20 input rows" in run.stderr  # Spark's progress, printed by the client
 
-    export = cli("export", "lake/users", "--to", "export", "--verify", cwd=tmp_path,
-                 remote=connect_server.url)  # fmt: skip
+    export = client("export", "lake/users", "--to", "export", "--verify", cwd=tmp_path,
+                    remote=connect_server.url)  # fmt: skip
     assert export.returncode == 0, export.stderr[-3000:]
     assert f"exported {keys} keys" in export.stdout and " matches log " in export.stdout
 
-    again = cli("run", "job.toml", "--remote", connect_server.url, cwd=tmp_path)
+    again = client("run", "job.toml", "--remote", connect_server.url, cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]  # the checkpoint has it all: nothing twice
     status = cli("status", "lake/users", "--json", cwd=tmp_path)
     assert status.returncode == 0, status.stderr
     assert '"log_end_offset": 40' in status.stdout, status.stdout
 
 
-def test_demo_refuses_a_remote_session(tmp_path: Path) -> None:
-    for done in (
-        cli("demo", "--remote", "sc://127.0.0.1:1", cwd=tmp_path),
-        cli("demo", cwd=tmp_path, remote="sc://127.0.0.1:1"),
-    ):
+def test_demo_refuses_a_remote_session(cli, monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("SPARK_REMOTE", raising=False)
+    flag = cli("demo", "--remote", "sc://127.0.0.1:1", cwd=tmp_path)
+    monkeypatch.setenv("SPARK_REMOTE", "sc://127.0.0.1:1")
+    for done in (flag, cli("demo", cwd=tmp_path)):
         assert done.returncode == 2
         assert "run JOB.toml --remote" in done.stderr

@@ -3,9 +3,12 @@
 - Ctrl-C on ``run`` (SIGINT to the process group, as a terminal sends it) stops the
   query between batches and exits 130 with one line: no py4j traceback, no JVM stack.
 - A ``files`` source whose files are not what the job file says fails the query with
-  one line naming the root cause ("is not a Parquet file"); without ``file_format``
-  the format is read from the files.
+  one line naming the root cause ("is not a Parquet file"), and the terminal shows no
+  JVM stack either; without ``file_format`` the format is read from the files.
 - ``status`` on a path with no log exits 1 and says so.
+
+The first two run the console script in a process of its own (a signal, and what the
+JVM itself prints, are what they test), which starts its own local session.
 """
 
 from __future__ import annotations
@@ -149,15 +152,8 @@ def test_the_root_cause_is_the_innermost_caused_by():
     assert root_cause("no cause here") is None
 
 
-def test_status_on_a_path_with_no_log_exits_1(tmp_path):
-    done = subprocess.run(
-        [*CLI, "status", "lake/users"],
-        cwd=tmp_path,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+def test_status_on_a_path_with_no_log_exits_1(cli, tmp_path):
+    done = cli("status", "lake/users", cwd=tmp_path)
     assert done.returncode == 1
     assert done.stderr.strip().splitlines() == [
         "compacted-sink status: FileNotFoundError: no compacted log at lake/users"

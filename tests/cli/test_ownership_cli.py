@@ -1,20 +1,18 @@
 """The CLI touches only what it owns: someone else's tables, directories and files.
 
-Each command runs as a subprocess (``SPARK_HOME`` pointing nowhere: a refusal never
-needs Spark). On a plain Delta table written by delta-rs, and on a directory of someone
-else's files, every command fails with one line saying what the path is and what to do,
-and commits, writes and deletes nothing. On a log whose directory and lake hold a
-stranger's files, ``status``, ``vacuum``, ``export`` and ``clean`` leave every byte of
-them. ``demo`` refuses a directory that is not an earlier demo's lake, and still re-runs
-on its own.
+The commands of a test run one after the other in one fresh process whose ``SPARK_HOME``
+points nowhere (`no_spark_cli`: a refusal never needs Spark). On a plain Delta table
+written by delta-rs, and on a directory of someone else's files, every command fails with
+one line saying what the path is and what to do, and commits, writes and deletes nothing.
+On a log whose directory and lake hold a stranger's files, ``status``, ``vacuum``,
+``export`` and ``clean`` leave every byte of them. ``demo`` refuses a directory that is not
+an earlier demo's lake, and still re-runs on its own.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -27,16 +25,7 @@ from deltalake import DeltaTable, write_deltalake
 from sinks import CleanerConfig, CompactedStateSink, NotACompactedLogError
 from streaming.jobs.demo import DEMO_MARKER, DemoSettings, check_lake, demo_strangers, run
 
-CLI = [sys.executable, "-m", "streaming.cli"]
-ROOT = Path(__file__).resolve().parents[2]
 EIGHT_DAYS_S = 8 * 86_400
-
-
-def no_spark_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "SPARK_HOME": str(cwd / "no-spark-here")}
-    return subprocess.run(
-        [*CLI, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
-    )
 
 
 def digest(root: Path) -> dict[str, str]:
@@ -79,13 +68,17 @@ def command_on(command: tuple[str, ...], path: str) -> list[str]:
     return [command[0], path, *command[1:]]
 
 
-def test_every_command_refuses_a_plain_delta_table_and_commits_nothing(tmp_path):
+def test_every_command_refuses_a_plain_delta_table_and_commits_nothing(no_spark_cli, tmp_path):
     plain = tmp_path / "lake" / "events"
     write_deltalake(str(plain), pa.table({"id": [1, 2], "name": ["a", "b"]}))
     write_deltalake(str(plain), pa.table({"id": [3], "name": ["c"]}), mode="append")
     before = digest(tmp_path)
-    for command in COMMANDS:
-        result = no_spark_cli(*command_on(command, "lake/events"), cwd=tmp_path)
+    results = no_spark_cli(*[command_on(c, "lake/events") for c in COMMANDS], cwd=tmp_path)
+    # Every command has run: a commit or a write by any of them shows in the table and bytes.
+    assert DeltaTable(str(plain)).version() == 1
+    assert DeltaTable(str(plain)).metadata().configuration == {}
+    assert digest(tmp_path) == before
+    for command, result in zip(COMMANDS, results, strict=True):
         assert result.returncode == 1, (command, result.stdout, result.stderr)
         (line,) = result.stderr.strip().splitlines()
         assert line.startswith(f"compacted-sink {command[0]}: NotACompactedLogError: "), line
@@ -94,31 +87,28 @@ def test_every_command_refuses_a_plain_delta_table_and_commits_nothing(tmp_path)
             in line
         )
         assert "Nothing was written to it" in line and "KeyError" not in line
-        assert DeltaTable(str(plain)).version() == 1, command
-        assert DeltaTable(str(plain)).metadata().configuration == {}, command
-        assert digest(tmp_path) == before, command
     assert sorted(os.listdir(tmp_path)) == ["lake"]  # no export, no checkpoint table
     assert sorted(os.listdir(tmp_path / "lake")) == ["events"]
 
 
-def test_every_command_refuses_a_directory_of_someone_elses_files(tmp_path):
+def test_every_command_refuses_a_directory_of_someone_elses_files(no_spark_cli, tmp_path):
     events = tmp_path / "existing" / "events"
     stranger(events / "part-0001.parquet")
     stranger(events / "2026" / "part-0002.parquet")
     before = digest(tmp_path)
-    for command in COMMANDS:
-        result = no_spark_cli(*command_on(command, "existing/events"), cwd=tmp_path)
+    results = no_spark_cli(*[command_on(c, "existing/events") for c in COMMANDS], cwd=tmp_path)
+    assert digest(tmp_path) == before  # after every command
+    for command, result in zip(COMMANDS, results, strict=True):
         assert result.returncode == 1, (command, result.stdout, result.stderr)
         if command[0] == "export":  # the export's own check (sinks/reading/arrow_export.py)
             assert "no compacted log at" in result.stderr, result.stderr
         else:
             assert "is not a compacted log: it is not a Delta table" in result.stderr, command
             assert "part-0001.parquet" in result.stderr
-        assert digest(tmp_path) == before, command
     assert not (events / "_delta_log").exists()
 
 
-def test_commands_on_a_log_leave_a_strangers_files_in_and_beside_it(spark, tmp_path):
+def test_commands_on_a_log_leave_a_strangers_files_in_and_beside_it(spark, no_spark_cli, tmp_path):
     lake = tmp_path / "lake"
     config = CleanerConfig(min_cleanable_dirty_ratio=0.01, file_delete_delay_ms=0)
     sink = CompactedStateSink(str(lake / "users"), config=config)
@@ -138,18 +128,19 @@ def test_commands_on_a_log_leave_a_strangers_files_in_and_beside_it(spark, tmp_p
     write_deltalake(str(lake / "plain"), pa.table({"id": [1]}))
     watched = {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in strangers}
     plain_before = digest(lake / "plain")
-    for command in [
+    commands = [
         ("status", "lake/users"),
         ("vacuum", "lake/users"),
         ("export", "lake/users", "--to", "export", "--verify"),
         ("clean", "lake/users", "--once", "--force", "--vacuum"),
         ("status", "lake/users"),
-    ]:
-        result = no_spark_cli(*command, cwd=tmp_path)
+    ]
+    for command, result in zip(commands, no_spark_cli(*commands, cwd=tmp_path), strict=True):
         assert result.returncode == 0, (command, result.stderr)
-        now = {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in strangers}
-        assert now == watched, command
-        assert digest(lake / "plain") == plain_before, command
+    # After every command: a stranger's file changed or deleted by any of them shows here.
+    now = {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in strangers}
+    assert now == watched
+    assert digest(lake / "plain") == plain_before
 
 
 # -- demo ------------------------------------------------------------------------------------
@@ -197,9 +188,9 @@ def test_demo_strangers_are_whatever_an_earlier_demo_did_not_write():
     ]
 
 
-def test_demo_refuses_a_users_directory_before_spark_starts(tmp_path):
+def test_demo_refuses_a_users_directory_before_spark_starts(no_spark_cli, tmp_path):
     data = stranger(tmp_path / "mylake" / "important" / "data.txt", "keep me")
-    result = no_spark_cli("demo", "--lake", "mylake", cwd=tmp_path)
+    (result,) = no_spark_cli(("demo", "--lake", "mylake"), cwd=tmp_path)
     assert result.returncode == 1, result.stderr
     assert "is not an earlier demo's lake" in result.stderr
     assert "Nothing was deleted" in result.stderr
