@@ -129,8 +129,8 @@ class Crashes:
 
 
 @pytest.fixture(scope="session")
-def crashes(tmp_path_factory, spark):
-    started = Crashes(tmp_path_factory.mktemp("crashes"), spark)
+def crashes(tmp_path_factory, classic_spark):
+    started = Crashes(tmp_path_factory.mktemp("crashes"), classic_spark)
     yield started
     for _, process in started.processes.values():
         if process.poll() is None:
