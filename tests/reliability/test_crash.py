@@ -68,7 +68,7 @@ RESTART = CleanerConfig(min_cleanable_dirty_ratio=1.0, file_delete_delay_ms=0)
 COMMITTED = range(3)  # every driver commits batches 0, 1, 2 before the step that is killed
 COMMITTED_HERE = ("vacuum",)
 """Scenarios whose batches this process commits: the step killed needs no Spark, and a Spark
-session started only to commit three batches cost a process about 20 CPU seconds."""
+session started only to commit three batches cost a process about 25 CPU seconds."""
 # The driver's `vacuum_config` (driver.py is a script, not imported here).
 VACUUM = CleanerConfig(
     min_cleanable_dirty_ratio=0.0, file_delete_delay_ms=0, log_retention_check_interval_ms=3_600_000
