@@ -2,8 +2,10 @@
 
 ``COMPACTED_SINK_CRASH_AT`` (see `sinks.crash_points`) names where it dies with
 SIGKILL. Each scenario first commits known batches (printing ``committed <id>``),
-then does the step that is to be killed. The test checks the log left behind
-from its own process, through a new sink object on the same path (a restart).
+then does the step that is to be killed. ``vacuum`` and ``recovery`` start no Spark: the
+log they are given was written before (``vacuum``'s batches 0, 1, 2 by the test, with
+`vacuum_config`). The test checks the log left behind from its own process, through a
+new sink object on the same path (a restart).
 """
 
 from __future__ import annotations
@@ -55,17 +57,18 @@ def main(scenario: str, lake: str) -> None:
 
     from sinks import CleanerConfig, CompactedStateSink
 
+    if scenario == "vacuum":
+        # The deletion reads the Delta log and deletes files: no Spark in this process.
+        sink = CompactedStateSink(path, config=vacuum_config())
+        os.environ[CRASH_AT_ENV] = crash_at or ""
+        sink.vacuum()
+        print("finished", flush=True)
+        return
     spark = spark_session()
     if scenario == "cleaner_loop":
         cleaner_loop(spark, path, lake)
         return
     config = CleanerConfig(min_cleanable_dirty_ratio=1.0)
-    if scenario == "vacuum":  # every batch cleaned; removed files expire at once
-        config = CleanerConfig(
-            min_cleanable_dirty_ratio=0.0,
-            file_delete_delay_ms=0,
-            log_retention_check_interval_ms=3_600_000,
-        )
     dead = os.path.join(lake, DEAD) if scenario == "dead_letter" else None
     sink = CompactedStateSink(path, config=config, dead_letter_table=dead)
     for batch_id in range(3):
@@ -82,9 +85,19 @@ def main(scenario: str, lake: str) -> None:
         from pyspark.sql import functions as F
 
         sink(batch_frame(spark, 3).withColumn("note", F.lit("n3")), 3)
-    elif scenario == "vacuum":
-        sink.vacuum()
     print("finished", flush=True)
+
+
+def vacuum_config():
+    """The vacuum scenario's (the test commits its batches with it too): every batch cleaned,
+    removed files expire at once."""
+    from sinks import CleanerConfig
+
+    return CleanerConfig(
+        min_cleanable_dirty_ratio=0.0,
+        file_delete_delay_ms=0,
+        log_retention_check_interval_ms=3_600_000,
+    )
 
 
 def cleaner_loop(spark, path: str, lake: str) -> None:

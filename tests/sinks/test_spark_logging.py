@@ -22,6 +22,8 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -60,18 +62,33 @@ def readme_quick_start() -> str:
     return block.group(1)
 
 
-def test_a_script_prints_no_info_line_after_the_first_batch(tmp_path):
-    done = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(tmp_path / "users")],
-        env=environment_without_pyspark_python(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "state 10 dirty ratio" in done.stdout
-    assert spark_info_lines(done.stderr) == []
-    assert "Setting default log level" in done.stderr  # the JVM's stderr is what was read
+@dataclass
+class ScriptRun:
+    process: subprocess.Popen
+    output: Path  # where its stdout and stderr go: files, so a full pipe never stalls it
+
+    def finish(self) -> tuple[int, str, str]:
+        """Waits for the script; returns its exit code, stdout and stderr."""
+        code = self.process.wait(timeout=600)
+        return code, *((self.output / n).read_text() for n in ("stdout", "stderr"))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def script_run(tmp_path_factory) -> Iterator[ScriptRun]:
+    """The script's process, started before the module's first test (the notebook's), so
+    that the two Spark sessions start side by side; the script's test reads its output."""
+    root = tmp_path_factory.mktemp("script")
+    with open(root / "stdout", "w") as stdout, open(root / "stderr", "w") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "-c", SCRIPT, str(root / "users")],
+            env=environment_without_pyspark_python(),
+            stdout=stdout,
+            stderr=stderr,
+        )
+    yield ScriptRun(process, root)
+    if process.poll() is None:
+        process.kill()
+        process.wait()
 
 
 def test_the_readme_quick_start_in_a_jupyter_kernel_prints_no_info_line(tmp_path):
@@ -103,3 +120,11 @@ def test_the_readme_quick_start_in_a_jupyter_kernel_prints_no_info_line(tmp_path
     # INFO line would have been seen.
     assert "WARN" in stderr or "[Stage" in stderr, stderr[:2000]
     assert (tmp_path / "lake" / "users" / "_delta_log").is_dir()
+
+
+def test_a_script_prints_no_info_line_after_the_first_batch(script_run):
+    code, stdout, stderr = script_run.finish()
+    assert code == 0, stderr[-3000:]
+    assert "state 10 dirty ratio" in stdout
+    assert spark_info_lines(stderr) == []
+    assert "Setting default log level" in stderr  # the JVM's stderr is what was read

@@ -88,7 +88,13 @@ def assert_offset_order(rows: list[tuple]) -> None:
         assert offsets == sorted(offsets), f"partition {partition} out of offset order"
 
 
-def test_a_query_tails_the_log_through_20_passes_a_deletion_and_a_restart(spark, lake) -> None:
+ROUNDS = 10
+"""Appends, each followed by a pass, while the reader tails the log. Every round repeats the
+same interleaving (append, read, pass); what differs is the reader's restart (round 5) and the
+deletion below what it read (round 7), both with passes before and after them."""
+
+
+def test_a_query_tails_the_log_through_10_passes_a_deletion_and_a_restart(spark, lake) -> None:
     register(spark)
     path, checkpoint = str(lake / "users"), lake / "_chk_reader"
     sink = CompactedStateSink(path, config=NEVER)
@@ -98,25 +104,25 @@ def test_a_query_tails_the_log_through_20_passes_a_deletion_and_a_restart(spark,
     query = start_reader(spark, path, checkpoint, seen_dir, maxOffsetsPerTrigger="7")
     passes = 0
     try:
-        for round_ in range(1, 21):
-            if round_ == 10:  # stop the reader; the next append waits for its restart
+        for round_ in range(1, ROUNDS + 1):
+            if round_ == 5:  # stop the reader; the next append waits for its restart
                 query.processAllAvailable()
                 query.stop()
             before = sink.log_table.snapshot().log_end_offsets()
             sink(batch(spark, round_), round_)
             expected |= appended(sink, before)
-            if round_ == 10:
+            if round_ == 5:
                 query = start_reader(spark, path, checkpoint, seen_dir, maxOffsetsPerTrigger="7")
             query.processAllAvailable()
             if sink.clean(force=True) is not None:
                 passes += 1
-            if round_ == 12:  # a deletion below what the reader has read: no loss
+            if round_ == 7:  # a deletion below what the reader has read: no loss
                 sink.delete_records(0, sink.log_table.snapshot().log_end_offset(0) - 2)
         query.processAllAvailable()
     finally:
         query.stop()
     rows = seen(seen_dir)
-    assert passes == 20
+    assert passes == ROUNDS
     assert len(rows) == len(set(rows)), "a record was read twice"
     assert set(rows) == expected, "a record was missed or altered"
     assert_offset_order(rows)
