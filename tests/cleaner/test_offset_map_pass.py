@@ -76,6 +76,18 @@ def template(classic_spark, tmp_path_factory):
     return lake, clock.now + 2 * RETENTION  # the stamped horizons lie in the past
 
 
+@pytest.fixture(scope="module")
+def whole_log(template, tmp_path_factory):
+    """The template cleaned in one unbounded pass: the log every bounded pass must end in
+    (built once for the tests that compare against it)."""
+    lake, now = template
+    copy = tmp_path_factory.mktemp("offset-map-pass-whole") / "lake"
+    shutil.copytree(lake, copy)
+    whole = open_log(str(copy / "log"), Clock(now))
+    whole.clean(force=True)
+    return sorted(whole.log().drop(DELETE_HORIZON_MS).collect())
+
+
 @pytest.fixture
 def log_copy(template, tmp_path):
     lake, now = template
@@ -116,11 +128,10 @@ def test_pass_equals_the_reference_rule(spark, log_copy, segment_bytes):
     assert sink.dirty_ratio() == 0.0
 
 
-def test_a_tiny_dedupe_buffer_cleans_in_passes_that_end_where_the_map_fills(spark, log_copy):
+def test_a_tiny_dedupe_buffer_cleans_in_passes_that_end_where_the_map_fills(
+    spark, log_copy, whole_log
+):
     location, clock = log_copy
-    shutil.copytree(location, location + "-whole")
-    whole = open_log(location + "-whole", clock)
-    whole.clean(force=True)
     sink = open_log(location, clock, dedupe_buffer_size=BYTES_PER_MAPPED_RECORD)  # one record
     state = sorted(sink.state().collect())
     ends = sink.log_table.snapshot().log_end_offsets()
@@ -136,16 +147,13 @@ def test_a_tiny_dedupe_buffer_cleans_in_passes_that_end_where_the_map_fills(spar
     for p, end in steps[-1].end_offsets.items():
         assert checkpoint.cleaner_offset(p) == end == ends[p]
     assert sink.dirty_ratio() == 0.0
-    assert sorted(sink.log().drop(DELETE_HORIZON_MS).collect()) == sorted(
-        whole.log().drop(DELETE_HORIZON_MS).collect()
-    )
+    assert sorted(sink.log().drop(DELETE_HORIZON_MS).collect()) == whole_log
 
 
-def test_a_dirty_section_too_large_to_map_at_once_is_mapped_in_buckets_in_one_pass(spark, log_copy):
+def test_a_dirty_section_too_large_to_map_at_once_is_mapped_in_buckets_in_one_pass(
+    spark, log_copy, whole_log
+):
     location, clock = log_copy
-    shutil.copytree(location, location + "-whole")
-    whole = open_log(location + "-whole", clock)
-    whole.clean(force=True)
     sink = open_log(location, clock, dedupe_buffer_size=BYTES_PER_MAPPED_RECORD * 4)
     state = sorted(sink.state().collect())
     snapshot = sink.log_table.snapshot()
@@ -154,9 +162,7 @@ def test_a_dirty_section_too_large_to_map_at_once_is_mapped_in_buckets_in_one_pa
     stats = sink.clean(force=True)
     assert stats is not None and not stats.work_left  # one pass, nothing cut
     assert sorted(sink.state().collect()) == state
-    assert sorted(sink.log().drop(DELETE_HORIZON_MS).collect()) == sorted(
-        whole.log().drop(DELETE_HORIZON_MS).collect()
-    )
+    assert sorted(sink.log().drop(DELETE_HORIZON_MS).collect()) == whole_log
 
 
 # -- pure pieces -----------------------------------------------------------------------------
@@ -250,11 +256,8 @@ def test_tombstone_rules_over_arrow():
 # -- the per-pass byte budget and the Throttler ----------------------------------------------
 
 
-def test_a_budget_cuts_the_pass_into_steps_that_end_in_the_same_log(spark, log_copy):
+def test_a_budget_cuts_the_pass_into_steps_that_end_in_the_same_log(spark, log_copy, whole_log):
     location, clock = log_copy
-    whole = open_log(location + "-whole", clock)
-    shutil.copytree(location, location + "-whole")
-    whole.clean(force=True)
     snapshot = open_log(location, clock).log_table.snapshot()
     smallest = min(s.size_bytes for s in snapshot.all_segments())
     sink = open_log(location, clock, log_cleaner_max_bytes_per_pass=smallest)
@@ -267,9 +270,7 @@ def test_a_budget_cuts_the_pass_into_steps_that_end_in_the_same_log(spark, log_c
     assert len(steps) > 2 and steps[0].work_left and not steps[-1].work_left
     assert sorted(sink.state().collect()) == state
     assert sink.dirty_ratio() == 0.0
-    assert sorted(sink.log().drop(DELETE_HORIZON_MS).collect()) == sorted(
-        whole.log().drop(DELETE_HORIZON_MS).collect()
-    )
+    assert sorted(sink.log().drop(DELETE_HORIZON_MS).collect()) == whole_log
 
 
 def test_the_worker_keeps_going_while_the_budget_left_work(spark, log_copy):
