@@ -129,7 +129,18 @@ test:
 	@$(MAKE) --no-print-directory -j4 test-setup SMOKE_SPARKS="$(TEST_SMOKE_SPARKS)"
 	@$(MAKE) --no-print-directory -k -j$(TEST_JOBS) --output-sync=target test-main test-others
 
-test-setup: $(STAMP) $(KAFKA_STAMP) $(SMOKE_STAMPS) jars
+test-setup: $(STAMP) $(KAFKA_STAMP) $(SMOKE_STAMPS) jars $(VENV)/spark-classes.jsa \
+  $(KAFKA_VENV)/spark-classes.jsa
+
+# A class-data sharing archive of the classes the tests' Spark loads, per venv that runs most
+# of them (tests/jvm_archive.py; about 40 CPU-seconds, 185 MB): dumped by one session of the
+# tests' settings (on $(KAFKA_VENV) with S3A's jars on its class path, as the tests' session),
+# remade with its venv. A failed dump fails nothing: the tests run without the archive.
+$(VENV)/spark-classes.jsa: $(STAMP)
+	-$(PY) tests/jvm_archive.py >$(VENV)/spark-classes.log 2>&1
+
+$(KAFKA_VENV)/spark-classes.jsa: $(KAFKA_STAMP) $(HADOOP_AWS_JARS)
+	-$(KAFKA_PY) tests/jvm_archive.py >$(KAFKA_VENV)/spark-classes.log 2>&1
 
 test-main: $(STAMP)
 	$(PY) -m pytest -q --durations=15 -m "not kafka and not delta_spark and not install" tests

@@ -37,15 +37,18 @@ from streaming.jobs.session import local_session
 # Spark Connect server's Python worker that unpickles a test's function imports this module
 # by itself, without that setting.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from jvm_archive import jvm_options  # noqa: E402
 from testkit import Oracle  # noqa: E402
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 # Every JVM the tests start (this session, the Connect server, each process a test starts that
 # starts Spark) runs seconds to minutes on small data: HotSpot's client compiler alone and the
-# serial collector spend about a third less CPU there (docs/development.md has the figures).
-# What the JVM computes is the same. A value set outside pytest is kept.
-os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+# serial collector spend about a third less CPU there, and the class-data archive that `make
+# test-setup` dumps into the venv (tests/jvm_archive.py) saves most of each start's class
+# loading (docs/development.md has the figures). What the JVM computes is the same. A value
+# set outside pytest is kept.
+os.environ.setdefault("SPARK_SUBMIT_OPTS", jvm_options())
 
 CONNECT_MODE = "SPARK_CONNECT_MODE_ENABLED"
 SESSIONS = ["classic", pytest.param("connect", marks=pytest.mark.connect)]
