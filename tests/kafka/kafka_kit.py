@@ -60,7 +60,10 @@ class KafkaKit:
     def producer(self, **config: object):
         from confluent_kafka import Producer
 
-        return Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 5, **config})
+        # Idempotent: a retried request (a new topic's leader not known yet, a broker slow under
+        # load) never reorders a partition's records, which the tests compare offset by offset.
+        settings = {"bootstrap.servers": self.bootstrap, "linger.ms": 5, "enable.idempotence": True}
+        return Producer({**settings, **config})
 
     def produce(
         self,
