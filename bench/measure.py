@@ -69,28 +69,36 @@ def jvm_pid(spark: SparkSession) -> int:
     return int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())  # type: ignore[union-attr]
 
 
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
+def _proc_stats() -> dict[int, list[str]]:
+    """Each live process's ``/proc/PID/stat`` fields after ``pid (comm)``: state, ppid, ...,
+    utime, stime, cutime, cstime (indices 11-14). Empty where there is no ``/proc``."""
+    stats = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
+                stats[int(entry)] = f.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if int(fields[1]) == pid:
-            found.append(int(entry))
-    return found
+    return stats
+
+
+def _tree(root: int, stats: dict[int, list[str]]) -> list[int]:
+    """``root`` and every live descendant of it, from one `_proc_stats` reading."""
+    children: dict[int, list[int]] = {}
+    for pid, fields in stats.items():
+        children.setdefault(int(fields[1]), []).append(pid)
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo += children.get(pid, [])
+    return out
 
 
 def descendants(pid: int) -> list[int]:
-    out, todo = [], [pid]
-    while todo:
-        kids = _children(todo.pop())
-        out += kids
-        todo += kids
-    return out
+    return _tree(pid, _proc_stats())[1:]
 
 
 class PeakRss:
@@ -135,30 +143,10 @@ def process_tree_cpu_s(root: int | None = None) -> float:
     every live descendant (a Spark JVM, its Python workers), each counting the children it
     has reaped. On a machine others load too, wall time says how busy it was; this says
     what the work cost. Linux only (``/proc``); 0.0 elsewhere."""
-    root = os.getpid() if root is None else root
-    tick = os.sysconf("SC_CLK_TCK")
-    parents: dict[int, int] = {}
-    cpu: dict[int, float] = {}
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        # after "pid (comm)": state ppid ... utime(12) stime(13) cutime(14) cstime(15)
-        parents[int(entry)] = int(fields[1])
-        cpu[int(entry)] = sum(int(x) for x in fields[11:15]) / tick
-    children: dict[int, list[int]] = {}
-    for pid, ppid in parents.items():
-        children.setdefault(ppid, []).append(pid)
-    total, todo = 0.0, [root]
-    while todo:
-        pid = todo.pop()
-        total += cpu.get(pid, 0.0)
-        todo += children.get(pid, [])
-    return total
+    stats = _proc_stats()
+    tree = _tree(os.getpid() if root is None else root, stats)
+    ticks = sum(int(x) for pid in tree if pid in stats for x in stats[pid][11:15])
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def machine_description() -> str:
