@@ -150,3 +150,15 @@ def encode_confluent(schema_id: int, schema: Any, record: Any) -> bytes:
     body = io.BytesIO()
     fastavro.schemaless_writer(body, fastavro.parse_schema(schema), record)
     return struct.pack(">bI", MAGIC_BYTE, schema_id) + body.getvalue()
+
+
+def vacuum_config():
+    """The crash tests' deletion scenario (reliability/driver.py commits with it, or
+    test_crash.py for it): every batch cleaned, removed files expire at once."""
+    from sinks import CleanerConfig
+
+    return CleanerConfig(
+        min_cleanable_dirty_ratio=0.0,
+        file_delete_delay_ms=0,
+        log_retention_check_interval_ms=3_600_000,
+    )

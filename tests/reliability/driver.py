@@ -19,7 +19,7 @@ TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # test folders of the same names, which an editable install's finder would otherwise lose to.
 sys.path[:0] = [os.path.dirname(TESTS), TESTS]  # the library, then testkit
 
-from testkit import bad_rows_frame, batch_frame  # noqa: E402
+from testkit import bad_rows_frame, batch_frame, vacuum_config  # noqa: E402
 
 LOG = "log"
 DEAD = "dead-letters"
@@ -86,18 +86,6 @@ def main(scenario: str, lake: str) -> None:
 
         sink(batch_frame(spark, 3).withColumn("note", F.lit("n3")), 3)
     print("finished", flush=True)
-
-
-def vacuum_config():
-    """The vacuum scenario's (the test commits its batches with it too): every batch cleaned,
-    removed files expire at once."""
-    from sinks import CleanerConfig
-
-    return CleanerConfig(
-        min_cleanable_dirty_ratio=0.0,
-        file_delete_delay_ms=0,
-        log_retention_check_interval_ms=3_600_000,
-    )
 
 
 def cleaner_loop(spark, path: str, lake: str) -> None:

@@ -30,6 +30,7 @@ from testkit import (
     replay,
     state_of,
     unreferenced_files,
+    vacuum_config,
 )
 
 from checkpoints import CleanerOffsetCheckpoint
@@ -69,10 +70,6 @@ COMMITTED = range(3)  # every driver commits batches 0, 1, 2 before the step tha
 COMMITTED_HERE = ("vacuum",)
 """Scenarios whose batches this process commits: the step killed needs no Spark, and a Spark
 session started only to commit three batches cost a process about 25 CPU seconds."""
-# The driver's `vacuum_config` (driver.py is a script, not imported here).
-VACUUM = CleanerConfig(
-    min_cleanable_dirty_ratio=0.0, file_delete_delay_ms=0, log_retention_check_interval_ms=3_600_000
-)
 
 
 @dataclass
@@ -114,7 +111,7 @@ class Crashes:
         self.processes = {}
         for scenario in COMMITTED_HERE:
             (root / scenario).mkdir()
-            sink = CompactedStateSink(str(root / scenario / "log"), config=VACUUM)
+            sink = CompactedStateSink(str(root / scenario / "log"), config=vacuum_config())
             for batch_id in COMMITTED:
                 sink(batch_frame(spark, batch_id), batch_id)
         for scenario, point in KILLS.items():
