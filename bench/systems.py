@@ -8,7 +8,8 @@
   ``compacted_sink_not_niced`` the same with ``log.cleaner.nice`` 0 (the pass's tasks
   at the query's CPU priority). ``compacted_sink_dirty_075`` the same with
   ``min.cleanable.dirty.ratio`` 0.75, a user's tuning as in Kafka: fewer, later passes
-  (fewer bytes written) for a longer log to replay.
+  (fewer bytes written) for a longer log to replay. ``compacted_sink_combined`` the same
+  with ``combine.before.append`` on: a batch stores only the last record of each key.
 - ``sink_cleaning_off``: the same hook with cleaning disabled (ratio 1.0 is never
   exceeded): the sink's own append, and the replay ceiling. (Named ``append_only`` in
   results before 24 November 2026.)
@@ -66,7 +67,12 @@ SYSTEMS = (
 )
 # Spark's own Delta: they need delta-spark on the session (`make jars`, pyspark 4.2).
 DELTA_SPARK_SYSTEMS = ("delta_spark_merge", "delta_spark_append")
-OPTIONAL_SYSTEMS = ("compacted_sink_inline", "compacted_sink_not_niced", "compacted_sink_dirty_075")
+OPTIONAL_SYSTEMS = (
+    "compacted_sink_inline",
+    "compacted_sink_not_niced",
+    "compacted_sink_dirty_075",
+    "compacted_sink_combined",
+)
 
 
 class System(Protocol):
@@ -105,6 +111,7 @@ class SinkSystem:
         background: bool = True,
         nice: int = CleanerConfig.log_cleaner_nice,
         dirty_ratio: float = 0.5,
+        combine: bool = False,
     ) -> None:
         self.name = name or ("compacted_sink" if compact else "sink_cleaning_off")
         self.root = root
@@ -113,7 +120,11 @@ class SinkSystem:
         self.sink = CompactedStateSink(
             self.table_uri,
             key_columns=("key",),
-            config=CleanerConfig(min_cleanable_dirty_ratio=ratio, log_cleaner_nice=nice),
+            config=CleanerConfig(
+                min_cleanable_dirty_ratio=ratio,
+                log_cleaner_nice=nice,
+                combine_before_append=combine,
+            ),
             sink_id=f"bench-{self.name}",
             cleaning="background" if background and compact else "inline",
         )
@@ -369,6 +380,8 @@ def make_system(name: str, root: str, schema: pa.Schema = TABLE_SCHEMA) -> Syste
         return SinkSystem(root, compact=True, name=name, nice=0)
     if name == "compacted_sink_dirty_075":
         return SinkSystem(root, compact=True, name=name, dirty_ratio=0.75)
+    if name == "compacted_sink_combined":
+        return SinkSystem(root, compact=True, name=name, combine=True)
     if name == "sink_cleaning_off":
         return SinkSystem(root, compact=False)
     if name == "spark_parquet":
