@@ -129,8 +129,11 @@ wheel:
 # another on the other venvs (each lane's output printed when it ends). Every part runs; the
 # target fails when any does. TEST_JOBS=1 runs the lanes one after the other.
 TEST_JOBS ?= 2
+# Each part prints its wall time (`== ... s`), for finding what bounds the whole.
+since = $$(( $$(date +%s) - $(1) ))
 test:
-	@$(MAKE) --no-print-directory -j4 test-setup SMOKE_SPARKS="$(TEST_SMOKE_SPARKS)"
+	@t=$$(date +%s); $(MAKE) --no-print-directory -j4 test-setup SMOKE_SPARKS="$(TEST_SMOKE_SPARKS)" \
+	  && echo "== set-up: $(call since,$$t) s"
 	@$(MAKE) --no-print-directory -k -j$(TEST_JOBS) --output-sync=target test-main test-others
 
 test-setup: $(STAMP) $(KAFKA_STAMP) $(SMOKE_STAMPS) jars $(VENV)/spark-classes.jsa \
@@ -148,20 +151,26 @@ $(KAFKA_VENV)/spark-classes.jsa: $(KAFKA_STAMP) $(HADOOP_AWS_JARS)
 	-$(KAFKA_PY) tests/jvm_archive.py >$(KAFKA_VENV)/spark-classes.log 2>&1
 
 test-main: $(STAMP)
-	$(PY) -m pytest -q --durations=15 -m "not kafka and not delta_spark and not install" tests
+	@t=$$(date +%s); status=0; \
+	$(PY) -m pytest -q --durations=15 -m "not kafka and not delta_spark and not install" tests \
+	  || status=1; \
+	echo "== main lane: $(call since,$$t) s"; exit $$status
 
 # The Kafka, delta-spark and (when $(TEST_SMOKE_SPARKS) holds $(KAFKA_SPARK)) smoke tests on
 # $(KAFKA_VENV) in one pytest: one Spark session and one Connect server for the three, as
 # `make test-kafka`, `make test-delta-spark` and `make smoke` would run them one by one.
 TEST_ON_KAFKA_VENV = kafka or delta_spark$(if $(filter $(KAFKA_SPARK),$(TEST_SMOKE_SPARKS)), or smoke)
 test-others: $(KAFKA_STAMP) $(SMOKE_STAMPS) jars
-	@status=0; \
+	@status=0; t=$$(date +%s); \
 	COMPACTED_SINK_KAFKA_TESTS=required COMPACTED_SINK_DELTA_TESTS=required \
 	  COMPACTED_SINK_RACE_ROUNDS=$(RACE_ROUNDS) \
 	  $(KAFKA_PY) -m pytest -q --durations=15 -m "$(TEST_ON_KAFKA_VENV)" tests || status=1; \
+	echo "== Kafka, delta-spark and smoke on $(KAFKA_SPARK): $(call since,$$t) s"; u=$$(date +%s); \
 	$(MAKE) --no-print-directory smoke \
 	  SMOKE_SPARKS="$(filter-out $(KAFKA_SPARK),$(TEST_SMOKE_SPARKS))" || status=1; \
+	echo "== smoke: $(call since,$$u) s"; u=$$(date +%s); \
 	$(MAKE) --no-print-directory test-install || status=1; \
+	echo "== install: $(call since,$$u) s"; echo "== other lane: $(call since,$$t) s"; \
 	exit $$status
 
 # The package installed beside pyspark 3.5.9 and beside databricks-connect: throwaway venvs
