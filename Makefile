@@ -209,11 +209,13 @@ lint: $(STAMP)
 
 # The sink beside the baselines users write (delta-spark MERGE INTO from foreachBatch,
 # delta-rs MERGE fed from Spark, Spark's Delta append, Spark's Parquet write), in one run:
-# on $(KAFKA_VENV) with delta-spark's jars from .jars (about 10 min idle, 50 on 2 shared cores).
-# RESULTS.md keeps the earlier run's figures ($(BENCH_PREVIOUS)) below the new ones.
+# on $(KAFKA_VENV) with delta-spark's jars from .jars (about 10 min idle, 50 on 2 shared cores);
+# then the systems built for this job at steady state (`bench-peers`, below: hours). RESULTS.md
+# keeps the earlier run's figures ($(BENCH_PREVIOUS)) below the new ones.
 BENCH_PREVIOUS ?= results.json
 bench: $(KAFKA_STAMP) $(DELTA_JARS)
 	$(KAFKA_PY) -m bench.run --out bench --previous $(BENCH_PREVIOUS)
+	$(MAKE) --no-print-directory bench-peers
 
 bench-quick: $(KAFKA_STAMP) $(DELTA_JARS)
 	$(KAFKA_PY) -m bench.run --quick --out bench/quick
@@ -310,9 +312,17 @@ jars-peers: $(PAIMON_JARS) $(HUDI_JARS) $(PEERS_DELTA_JARS)
 # Not part of `make test`: 1e6 keys x 512 B, uniform and Zipf, 40 batches of 100,000 each, every
 # peer and the sink (hours on 2 cores: run it on an idle machine; bench/peers-quick/PEERS.md says
 # how long from the quick run).
+# The files it writes are the ones bench/peers holds: the peers (3.5), the sink and delta-rs MERGE,
+# copy-on-write MERGE (`-cow`), the sink with combine.before.append on (`-combined`) and with
+# cleaning off (`-append-only`: its appends alone), then where the sink's state read goes
+# (state_read_profile.txt) and the report.
 bench-peers: $(PEERS_STAMP) jars-peers $(KAFKA_STAMP) $(DELTA_JARS)
 	$(PEERS_PY) -m bench.peers --out $(PEERS_OUT)
-	$(KAFKA_PY) -m bench.peers --out $(PEERS_OUT)
+	$(KAFKA_PY) -m bench.peers --out $(PEERS_OUT) --systems compacted_sink,merge_per_batch
+	$(KAFKA_PY) -m bench.peers --out $(PEERS_OUT) --systems delta_spark_merge --tag cow
+	$(KAFKA_PY) -m bench.peers --out $(PEERS_OUT) --systems compacted_sink_combined --tag combined
+	$(KAFKA_PY) -m bench.peers --out $(PEERS_OUT) --systems sink_cleaning_off --tag append-only
+	$(KAFKA_PY) -m bench.state_read_profile --out $(PEERS_OUT)
 	$(KAFKA_PY) -m bench.peers --report --out $(PEERS_OUT)
 
 # The same on 1e5 keys, 6 batches of 20,000 (about 30 min on 2 loaded cores): every system runs
