@@ -44,6 +44,7 @@ from sinks.log.records import OFFSET, PARTITION, TIMESTAMP, VALUE, at_or_above
 from sinks.log.segment import DataFile
 from sinks.log.storage import normalize_uri
 from sinks.reading.arrow_state import state_schema
+from sinks.reading.parquet_pages import PageReader, ThriftError, leaf_index
 
 _WANTED = "_wanted"  # a wanted key's position in the caller's list
 _ROW = "_row"
@@ -52,6 +53,9 @@ _HEADER_BYTES = 64  # covers a BloomFilterHeader (about 15 bytes)
 # above it the whole bitset is read at once.
 _BLOCK_READS_MAX_KEYS = 8
 _READERS = 4  # files read at once: pyarrow decodes without the GIL
+# A column is read by pages when they are at most this share of its chunks' bytes; above
+# it a whole read costs about as much and needs no footer to be rewritten.
+_PAGE_SHARE_MAX = 0.5
 
 
 def lookup(
@@ -95,6 +99,7 @@ class KeyLookup:
     files: tuple[DataFile, ...]
     floors: dict[int, int]
     _footers: dict[str, pq.FileMetaData] = field(default_factory=dict, repr=False)
+    _pages: dict[str, PageReader | None] = field(default_factory=dict, repr=False)
 
     @classmethod
     def of(cls, snapshot: LogSnapshot) -> KeyLookup:
@@ -178,24 +183,80 @@ class KeyLookup:
             self._footers.setdefault(data_file.path, parquet.metadata)
             present = set(parquet.schema_arrow.names)
             groups = candidate_row_groups(source, parquet.metadata, wanted, self.own_keys, hashes)
+            read = [k for k in keys.names if k in present]
+            found: dict[int, tuple[pa.Table, np.ndarray]] = {}
             for group in groups:
-                read = [k for k in keys.names if k in present]
                 key_rows = conform(parquet.read_row_group(group, columns=read), keys)
                 rows = _rows_of(key_rows, wanted, self.own_keys)
-                if len(rows) == 0:
-                    continue
-                read = [n for n in rest.names if n in present]
-                others = conform(parquet.read_row_group(group, columns=read), rest).take(rows)
-                matched = pa.Table.from_arrays(
-                    [
-                        *(key_rows.column(k).take(rows) for k in keys.names),
-                        *others.columns,
-                    ],
-                    names=[*keys.names, *rest.names],
-                ).select(schema.names)
-                if self.floors:
-                    matched = at_or_above(matched, self.floors)
-                yield matched.cast(schema)
+                if len(rows):
+                    found[group] = (key_rows, rows)
+            if not found:
+                return
+            others = conform(
+                self._columns_at(source, parquet, data_file.path, rest, present, found), rest
+            )
+            key_columns = [
+                pa.chunked_array(
+                    [found[g][0].column(k).take(found[g][1]) for g in sorted(found)],
+                    keys.field(k).type,
+                )
+                for k in keys.names
+            ]
+            matched = pa.Table.from_arrays(
+                [*key_columns, *others.columns], names=[*keys.names, *rest.names]
+            ).select(schema.names)
+            if self.floors:
+                matched = at_or_above(matched, self.floors)
+            yield matched.cast(schema)
+
+    def _columns_at(
+        self,
+        source: Any,
+        parquet: pq.ParquetFile,
+        path: str,
+        columns: pa.Schema,
+        present: set[str],
+        found: dict[int, tuple[pa.Table, np.ndarray]],
+    ) -> pa.Table:
+        """``columns`` (those the file has) at the matched rows of ``found`` (row group ->
+        its key rows and the matched rows' indexes), in group then row order. A column is
+        read by its pages where the file's page index allows (`PageReader`), else by whole
+        column chunks of the matched row groups (design.md §38)."""
+        names = [n for n in columns.names if n in present]
+        groups = sorted(found)
+        rows = {g: found[g][1] for g in groups}
+        read: dict[str, pa.ChunkedArray] = {}
+        pages = self._page_reader(source, path) if names else None
+        if pages is not None:
+            leaves = {n: leaf_index(parquet.metadata, n) for n in names}
+            leaves = {n: i for n, i in leaves.items() if i is not None}
+            pages.prefetch(source, groups, list(leaves.values()))
+            for name, leaf in leaves.items():
+                try:
+                    values = pages.take(source, leaf, rows, _PAGE_SHARE_MAX)
+                    if values is not None:
+                        read[name] = values.cast(parquet.schema_arrow.field(name).type)
+                except (pa.ArrowException, ThriftError):
+                    continue  # read whole below: never a wrong answer
+        whole = [n for n in names if n not in read]
+        if whole:
+            tables = [parquet.read_row_group(g, columns=whole).take(rows[g]) for g in groups]
+            table = pa.concat_tables(tables)
+            read.update({n: table.column(n) for n in whole})
+        return (
+            pa.table({n: read[n] for n in names})
+            if names
+            else pa.table({"_n": pa.nulls(sum(len(r) for r in rows.values()))}).drop_columns(["_n"])
+        )
+
+    def _page_reader(self, source: Any, path: str) -> PageReader | None:
+        """The file's page reader, its footer read once per lookup object."""
+        if path not in self._pages:
+            try:
+                self._pages[path] = PageReader.of(source)
+            except (OSError, ThriftError):
+                self._pages[path] = None
+        return self._pages[path]
 
 
 def wanted_keys(keys: Any, log_schema: pa.Schema, key_columns: Sequence[str]) -> pa.Table:
