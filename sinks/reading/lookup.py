@@ -2,8 +2,10 @@
 
 Kafka Streams answers "what is X now?" from a state store; here the state is the log, and
 `lookup` answers it from the files with pyarrow alone, reading only the row groups whose
-key filter (`sinks.log.key_filter`, design.md §38) does not rule the keys out. A row group
-without a filter is read, never skipped.
+key filter (`sinks.log.key_filter`, design.md §38) does not rule the keys out, and of
+their columns other than the key only the pages holding a matched row where the file has
+a page index (`sinks.reading.parquet_pages`). A row group without a filter is read, never
+skipped; a column without a page index is read whole.
 
 The answer is the state's (`sinks.reading.arrow_state`, ``state()``): for each wanted key
 and each partition it appears in, the visible record of highest offset, or with a
@@ -173,7 +175,8 @@ class KeyLookup:
         hashes: dict[tuple[str, str], np.ndarray | None],
     ) -> Iterator[pa.Table]:
         """The records of a wanted key in ``data_file``: for each row group its key filter
-        does not rule out, the key columns are read; the rest only where a key matched."""
+        does not rule out, the key columns are read; the rest only where a key matched,
+        by pages where the file allows (`_columns_at`)."""
         fs, root = self.snapshot.location.filesystem()
         schema = self.read_schema
         keys = pa.schema([schema.field(k) for k in self.own_keys])
@@ -243,11 +246,10 @@ class KeyLookup:
             tables = [parquet.read_row_group(g, columns=whole).take(rows[g]) for g in groups]
             table = pa.concat_tables(tables)
             read.update({n: table.column(n) for n in whole})
-        return (
-            pa.table({n: read[n] for n in names})
-            if names
-            else pa.table({"_n": pa.nulls(sum(len(r) for r in rows.values()))}).drop_columns(["_n"])
-        )
+        if not names:  # the file has none of them: nulls, as `conform` fills
+            count = sum(len(r) for r in rows.values())
+            return pa.table({f.name: pa.nulls(count, f.type) for f in columns})
+        return pa.table({n: read[n] for n in names})
 
     def _page_reader(self, source: Any, path: str) -> PageReader | None:
         """The file's page reader, its footer read once per lookup object."""
