@@ -58,6 +58,9 @@ _READERS = 4  # files read at once: pyarrow decodes without the GIL
 # A column is read by pages when they are at most this share of its chunks' bytes; above
 # it a whole read costs about as much and needs no footer to be rewritten.
 _PAGE_SHARE_MAX = 0.5
+# A file's columns are read by pages only when the chunks to read hold at least this many
+# bytes: below it a whole read costs less than reading the file's footer to find pages.
+_PAGE_PATH_MIN_BYTES = 1 << 20
 
 
 def lookup(
@@ -223,16 +226,22 @@ class KeyLookup:
     ) -> pa.Table:
         """``columns`` (those the file has) at the matched rows of ``found`` (row group ->
         its key rows and the matched rows' indexes), in group then row order. A column is
-        read by its pages where the file's page index allows (`PageReader`), else by whole
-        column chunks of the matched row groups (design.md §38)."""
+        read by its pages where the file's page index allows (`PageReader`) and the chunks
+        are large enough to gain by it, else by whole column chunks of the matched row
+        groups (design.md §38)."""
         names = [n for n in columns.names if n in present]
         groups = sorted(found)
         rows = {g: found[g][1] for g in groups}
         read: dict[str, pa.ChunkedArray] = {}
-        pages = self._page_reader(source, path) if names else None
+        leaves = {n: leaf_index(parquet.metadata, n) for n in names}
+        leaves = {n: i for n, i in leaves.items() if i is not None}
+        chunk_bytes = sum(
+            parquet.metadata.row_group(g).column(i).total_compressed_size
+            for g in groups
+            for i in leaves.values()
+        )
+        pages = self._page_reader(source, path) if chunk_bytes >= _PAGE_PATH_MIN_BYTES else None
         if pages is not None:
-            leaves = {n: leaf_index(parquet.metadata, n) for n in names}
-            leaves = {n: i for n, i in leaves.items() if i is not None}
             pages.prefetch(source, groups, list(leaves.values()))
             for name, leaf in leaves.items():
                 try:
