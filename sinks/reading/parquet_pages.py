@@ -60,25 +60,32 @@ class _Thrift:
     bytes, a double its 8 bytes; unknown fields are kept and written back as read."""
 
     def __init__(self, data: bytes | memoryview, pos: int = 0) -> None:
-        self.data, self.pos = memoryview(data), pos
+        self.data, self.pos = bytes(data), pos
 
     def _byte(self) -> int:
-        if self.pos >= len(self.data):
-            raise ThriftError("truncated thrift data")
-        b = self.data[self.pos]
+        try:
+            b = self.data[self.pos]
+        except IndexError:
+            raise ThriftError("truncated thrift data") from None
         self.pos += 1
         return b
 
     def _varint(self) -> int:
+        data, pos = self.data, self.pos
         shift = result = 0
-        while True:
-            b = self._byte()
-            result |= (b & 0x7F) << shift
-            if not b & 0x80:
-                return result
-            shift += 7
-            if shift > 70:
-                raise ThriftError("varint too long")
+        try:
+            while True:
+                b = data[pos]
+                pos += 1
+                result |= (b & 0x7F) << shift
+                if b < 0x80:
+                    self.pos = pos
+                    return result
+                shift += 7
+                if shift > 70:
+                    raise ThriftError("varint too long")
+        except IndexError:
+            raise ThriftError("truncated thrift data") from None
 
     def _zigzag(self) -> int:
         z = self._varint()
