@@ -46,7 +46,7 @@ from sinks.log.records import OFFSET, PARTITION, TIMESTAMP, VALUE, at_or_above
 from sinks.log.segment import DataFile
 from sinks.log.storage import normalize_uri
 from sinks.reading.arrow_state import state_schema
-from sinks.reading.parquet_pages import PageReader, ThriftError, leaf_index
+from sinks.reading.parquet_pages import PageReader, leaf_index
 
 _WANTED = "_wanted"  # a wanted key's position in the caller's list
 _ROW = "_row"
@@ -61,6 +61,9 @@ _PAGE_SHARE_MAX = 0.5
 # A file's columns are read by pages only when the chunks to read hold at least this many
 # bytes: below it a whole read costs less than reading the file's footer to find pages.
 _PAGE_PATH_MIN_BYTES = 1 << 20
+# What the page path may raise on a footer or page it does not expect (a decoding error
+# included): the column is then read whole.
+_PAGE_PATH_ERRORS = (pa.ArrowException, ValueError, KeyError, IndexError, TypeError)
 
 
 def lookup(
@@ -241,15 +244,14 @@ class KeyLookup:
             for i in leaves.values()
         )
         pages = self._page_reader(source, path) if chunk_bytes >= _PAGE_PATH_MIN_BYTES else None
-        if pages is not None:
-            pages.prefetch(source, groups, list(leaves.values()))
-            for name, leaf in leaves.items():
-                try:
-                    values = pages.take(source, leaf, rows, _PAGE_SHARE_MAX)
-                    if values is not None:
-                        read[name] = values.cast(parquet.schema_arrow.field(name).type)
-                except (pa.ArrowException, ThriftError):
-                    continue  # read whole below: never a wrong answer
+        for name, leaf in leaves.items() if pages is not None else ():
+            try:
+                pages.prefetch(source, groups, list(leaves.values()))  # once: kept after
+                values = pages.take(source, leaf, rows, _PAGE_SHARE_MAX)
+                if values is not None:
+                    read[name] = values.cast(parquet.schema_arrow.field(name).type)
+            except _PAGE_PATH_ERRORS:
+                continue  # an odd file: the column is read whole below, never wrong
         whole = [n for n in names if n not in read]
         if whole:
             tables = [parquet.read_row_group(g, columns=whole).take(rows[g]) for g in groups]
@@ -265,7 +267,7 @@ class KeyLookup:
         if path not in self._pages:
             try:
                 self._pages[path] = PageReader.of(source)
-            except (OSError, ThriftError):
+            except (OSError, ValueError):
                 self._pages[path] = None
         return self._pages[path]
 

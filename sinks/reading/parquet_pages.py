@@ -50,10 +50,6 @@ _HEADERS = np.array([0x16, 0x15, 0x16, 0x00], dtype=np.uint8)
 Struct = dict[int, tuple[int, Any]]  # field id -> (thrift type, value)
 
 
-class ThriftError(ValueError):
-    """Bytes that are not the Thrift compact encoding expected."""
-
-
 class _Thrift:
     """Thrift's compact protocol, generic: a struct is a `Struct`, a list or set
     (element type, [values]), a map (key type, value type, [(key, value)]), a binary
@@ -66,7 +62,7 @@ class _Thrift:
         try:
             b = self.data[self.pos]
         except IndexError:
-            raise ThriftError("truncated thrift data") from None
+            raise ValueError("truncated thrift data") from None
         self.pos += 1
         return b
 
@@ -83,9 +79,9 @@ class _Thrift:
                     return result
                 shift += 7
                 if shift > 70:
-                    raise ThriftError("varint too long")
+                    raise ValueError("varint too long")
         except IndexError:
-            raise ThriftError("truncated thrift data") from None
+            raise ValueError("truncated thrift data") from None
 
     def _zigzag(self) -> int:
         z = self._varint()
@@ -105,7 +101,7 @@ class _Thrift:
             size = self._varint()
             self.pos += size
             if self.pos > len(self.data):
-                raise ThriftError("truncated thrift binary")
+                raise ValueError("truncated thrift binary")
             return bytes(self.data[self.pos - size : self.pos])
         if kind in (_LIST, _SET):
             head = self._byte()
@@ -121,7 +117,7 @@ class _Thrift:
             return (k, v, [(self.value(k), self.value(v)) for _ in range(size)])
         if kind == _STRUCT:
             return self.struct()
-        raise ThriftError(f"unknown thrift type {kind}")
+        raise ValueError(f"unknown thrift type {kind}")
 
     def struct(self) -> Struct:
         fields: Struct = {}
@@ -182,7 +178,7 @@ def _write_value(out: bytearray, kind: int, value: Any) -> None:
     elif kind == _STRUCT:
         write_struct(out, value)
     else:
-        raise ThriftError(f"unknown thrift type {kind}")
+        raise ValueError(f"unknown thrift type {kind}")
 
 
 def write_struct(out: bytearray, fields: Struct) -> None:
@@ -205,7 +201,7 @@ def write_struct(out: bytearray, fields: Struct) -> None:
 
 
 def read_struct(data: bytes | memoryview) -> Struct:
-    """The Thrift compact struct at the start of ``data``. Raises `ThriftError`."""
+    """The Thrift compact struct at the start of ``data``. Raises `ValueError`."""
     return _Thrift(data).struct()
 
 
@@ -245,7 +241,7 @@ class PageReader:
             return None
         try:
             footer = read_struct(source.read_at(length, size - 8 - length))
-        except ThriftError:
+        except ValueError:
             return None
         if 8 in footer or 9 in footer:
             return None  # encryption with a plaintext footer
@@ -452,7 +448,7 @@ def page_locations(index: bytes | memoryview) -> np.ndarray | None:
         return np.array([[p[1][1], p[2][1], p[3][1]] for p in locations], dtype=np.int64).reshape(
             -1, 3
         )
-    except (ThriftError, KeyError, IndexError, TypeError):
+    except (ValueError, KeyError, IndexError, TypeError):
         return None
 
 
@@ -467,7 +463,7 @@ def _page_locations_fast(index: bytes | memoryview) -> np.ndarray | None:
         if head & 0x0F != _STRUCT:
             return None
         count = head >> 4 if head >> 4 != 15 else reader._varint()
-    except ThriftError:
+    except ValueError:
         return None
     data = np.frombuffer(index, dtype=np.uint8)[reader.pos :]
     ends = np.flatnonzero(data < 0x80)  # every token ends at a byte below 0x80

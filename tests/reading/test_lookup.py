@@ -322,10 +322,10 @@ def test_spark_writers_files_carry_the_filter(spark, lake, clock, monkeypatch):
         pages = PageReader.of(source)
         leaf = leaf_index(metadata, "value")
         assert pages is not None and pages.pages_of(source, 0, leaf) is not None
-        rows = {0: np.array([0, metadata.row_group(0).num_rows - 1])}
+        at = {0: np.array([0, metadata.row_group(0).num_rows - 1])}
         whole = pq.ParquetFile(source).read_row_group(0, columns=["value"]).column(0)
-        by_pages = pages.take(source, leaf, rows)
-        assert by_pages.combine_chunks().equals(whole.take(rows[0]).combine_chunks())
+        by_pages = pages.take(source, leaf, at)
+        assert by_pages.combine_chunks().equals(whole.take(at[0]).combine_chunks())
     assert_lookups_match(path, ["k3", "k150", "nope"], model_at([rows]))
 
 
