@@ -198,17 +198,14 @@ class KeyLookup:
                 key_rows = conform(parquet.read_row_group(group, columns=read), keys)
                 rows = _rows_of(key_rows, wanted, self.own_keys)
                 if len(rows):
-                    found[group] = (key_rows, rows)
+                    found[group] = (key_rows.take(rows), rows)
             if not found:
                 return
             others = conform(
                 self._columns_at(source, parquet, data_file.path, rest, present, found), rest
             )
             key_columns = [
-                pa.chunked_array(
-                    [found[g][0].column(k).take(found[g][1]) for g in sorted(found)],
-                    keys.field(k).type,
-                )
+                pa.chunked_array([found[g][0].column(k) for g in sorted(found)], keys.field(k).type)
                 for k in keys.names
             ]
             matched = pa.Table.from_arrays(
@@ -228,7 +225,7 @@ class KeyLookup:
         found: dict[int, tuple[pa.Table, np.ndarray]],
     ) -> pa.Table:
         """``columns`` (those the file has) at the matched rows of ``found`` (row group ->
-        its key rows and the matched rows' indexes), in group then row order. A column is
+        the matched rows' keys and indexes), in group then row order. A column is
         read by its pages where the file's page index allows (`PageReader`) and the chunks
         are large enough to gain by it, else by whole column chunks of the matched row
         groups (design.md §38)."""
@@ -244,14 +241,15 @@ class KeyLookup:
             for i in leaves.values()
         )
         pages = self._page_reader(source, path) if chunk_bytes >= _PAGE_PATH_MIN_BYTES else None
-        for name, leaf in leaves.items() if pages is not None else ():
-            try:
-                pages.prefetch(source, groups, list(leaves.values()))  # once: kept after
-                values = pages.take(source, leaf, rows, _PAGE_SHARE_MAX)
-                if values is not None:
-                    read[name] = values.cast(parquet.schema_arrow.field(name).type)
-            except _PAGE_PATH_ERRORS:
-                continue  # an odd file: the column is read whole below, never wrong
+        if pages is not None:
+            for name, leaf in leaves.items():
+                try:
+                    pages.prefetch(source, groups, list(leaves.values()))  # once: kept after
+                    values = pages.take(source, leaf, rows, _PAGE_SHARE_MAX)
+                    if values is not None:
+                        read[name] = values.cast(parquet.schema_arrow.field(name).type)
+                except _PAGE_PATH_ERRORS:
+                    continue  # an odd file: the column is read whole below, never wrong
         whole = [n for n in names if n not in read]
         if whole:
             tables = [parquet.read_row_group(g, columns=whole).take(rows[g]) for g in groups]
