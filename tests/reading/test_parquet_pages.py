@@ -322,3 +322,19 @@ def test_lookups_by_pages_answer_what_the_state_holds(tmp_path, monkeypatch, pag
         assert by_pages.equals(whole)
         assert by_pages.num_rows > 0
     assert any(taken) == page_index  # pages read exactly where the files allow
+
+
+def test_a_page_path_that_fails_reads_the_column_whole(tmp_path, monkeypatch):
+    rng = np.random.default_rng(12)
+    path = str(tmp_path / "log")
+    build_log(path, rng, 20_000, dirty_batches=1)
+    monkeypatch.setattr(lookup_module, "_PAGE_PATH_MIN_BYTES", 0)
+    keys = [f"k{int(i)}" for i in rng.integers(0, 21_000, 200)]
+    expected = lookup(path, keys)
+
+    def broken(self, *args, **kwargs):
+        raise ValueError("a footer this reader does not expect")
+
+    monkeypatch.setattr(PageReader, "take", broken)
+    assert lookup(path, keys).equals(expected)
+    assert answer_rows(expected) == state_rows(path, keys)
