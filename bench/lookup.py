@@ -18,7 +18,11 @@ Every answer is checked against ``read_state``'s rows for the same keys. Then th
 filter's cost to the writers: the same rows written with and without it, alternating,
 by the Python segment writer at an append's size (50,000 records, 4 partitions) and at
 a pass's (1e6 records of one partition), and by Spark's Parquet writer (a 1e6-record
-batch). Writes ``--out`` (default ``bench/lookup.json``).
+batch). Then the page index's cost to the same writers: the Python segment writer with and
+without it (and its small pages), alternating, the key filter on in both.
+``--lookup-only`` measures only ``lookup`` (its answers still checked against
+``read_state``); ``--writers-only`` only the writers' costs. Writes ``--out`` (default
+``bench/lookup.json``).
 """
 
 from __future__ import annotations
@@ -236,7 +240,9 @@ def duckdb_lookup(connection, path: str, keys: list[str]) -> set[tuple[str, str]
     return set(connection.execute(f"SELECT key, value FROM ({state_query(source)})").fetchall())
 
 
-def measure_log(path: str, live: int, spark, runs: dict[str, int], seed: int) -> dict[str, Any]:
+def measure_log(
+    path: str, live: int, spark, runs: dict[str, int], seed: int, lookup_only: bool = False
+) -> dict[str, Any]:
     rng = random.Random(seed)
     pick = [f"user-{rng.randrange(live + live // 100):010d}" for _ in range(runs["one"])]
     sets = [
@@ -250,6 +256,10 @@ def measure_log(path: str, live: int, spark, runs: dict[str, int], seed: int) ->
     thousand, answers = timed(lambda: lookup(path, next(sets_iter)), len(sets))
     result["lookup"] = {"one_key": one, "1000_keys": thousand}
     expected = state_of(path, sets[0])
+    if lookup_only:
+        result["checks"] = {"lookup_equals_read_state": as_rows(answers[0]) == expected}
+        result["live_keys_in_1000"] = len(expected)
+        return result
     sets_iter = iter(sets * 3)
     rs, _ = timed(lambda: state_of(path, next(sets_iter)), runs["read_state"])
     result["read_state_filter"] = {"one_key": rs, "1000_keys": rs, "note": "same scan either way"}
@@ -289,19 +299,27 @@ def measure_log(path: str, live: int, spark, runs: dict[str, int], seed: int) ->
 
 
 def writer_rounds(
-    work: str, schema: pa.Schema, tables: Sequence[pa.Table], rounds: int
+    work: str, schema: pa.Schema, tables: Sequence[pa.Table], rounds: int, pages: bool = False
 ) -> tuple[dict[bool, list[float]], dict[bool, list[float]], dict[bool, int]]:
-    """The segment writer over ``tables`` with and without the key filter, alternating for
-    ``rounds`` rounds: wall seconds, CPU seconds and bytes written, keyed by filter on/off."""
+    """The segment writer over ``tables`` with and without the key filter (``pages``: with
+    and without the page index, the filter on), alternating for ``rounds`` rounds: wall
+    seconds, CPU seconds and bytes written, keyed by on/off."""
+    from sinks.log.key_filter import PAGE_INDEX_OFF_ENV
+
     seconds: dict[bool, list[float]] = {True: [], False: []}
     cpu: dict[bool, list[float]] = {True: [], False: []}
     sizes: dict[bool, int] = {}
     for r in range(rounds):
         for filters in (r % 2 == 0, r % 2 == 1):
             target = f"{work}-{r}-{filters}"
-            task = writer(target, schema, filters=filters, max_file_bytes=128 << 20)
+            task = writer(target, schema, filters=filters or pages, max_file_bytes=128 << 20)
+            if pages and not filters:
+                os.environ[PAGE_INDEX_OFF_ENV] = "1"
             started, started_cpu = time.perf_counter(), time.process_time()
-            written = write(task, tables)
+            try:
+                written = write(task, tables)
+            finally:
+                os.environ.pop(PAGE_INDEX_OFF_ENV, None)
             seconds[filters].append(time.perf_counter() - started)
             cpu[filters].append(time.process_time() - started_cpu)
             sizes[filters] = sum(w.size_bytes for w in written)
@@ -309,8 +327,9 @@ def writer_rounds(
     return seconds, cpu, sizes
 
 
-def writer_cost(work: str, rounds: int) -> dict[str, Any]:
-    """The Python segment writer with and without the key filter, alternating."""
+def writer_cost(work: str, rounds: int, pages: bool = False) -> dict[str, Any]:
+    """The Python segment writer with and without the key filter (``pages``: the page
+    index), alternating."""
     arrow_schema = log_arrow_schema(SCHEMA)
     rng = np.random.default_rng(5)
     append = [
@@ -321,7 +340,7 @@ def writer_cost(work: str, rounds: int) -> dict[str, Any]:
     result = {}
     for name, tables in (("append_50k", append), ("pass_1e6", pass_)):
         seconds, cpu, sizes = writer_rounds(
-            os.path.join(work, f"w-{name}"), arrow_schema, tables, rounds
+            os.path.join(work, f"w-{name}"), arrow_schema, tables, rounds, pages
         )
         with_, without = statistics.median(seconds[True]), statistics.median(seconds[False])
         cpu_with, cpu_without = statistics.median(cpu[True]), statistics.median(cpu[False])
@@ -395,7 +414,11 @@ def main() -> None:
     parser.add_argument("--work", default=None, help="scratch directory (default: a temp dir)")
     parser.add_argument("--no-spark", action="store_true", help="leave Spark's state out")
     parser.add_argument("--quick", action="store_true", help="fewer runs (a smoke test)")
+    parser.add_argument("--lookup-only", action="store_true", help="only lookup's own figures")
+    parser.add_argument("--writers-only", action="store_true", help="only the writers' costs")
     args = parser.parse_args()
+    if args.lookup_only or args.writers_only:
+        args.no_spark = True
     runs = {"one": 50, "thousand": 9, "read_state": 2, "duckdb_one": 9, "duckdb": 3, "spark": 2}
     if args.quick:
         runs = {"one": 10, "thousand": 3, "read_state": 1, "duckdb_one": 2, "duckdb": 2, "spark": 1}
@@ -414,20 +437,22 @@ def main() -> None:
 
         spark = bench_session()
     try:
-        for live in [int(s) for s in args.sizes.split(",")]:
+        for live in [] if args.writers_only else [int(s) for s in args.sizes.split(",")]:
             path = os.path.join(work, f"log-{live}")
             built = build_clean(path, live, seed=live)
             entry: dict[str, Any] = {"build_clean": built}
             if live >= 10_000_000:
                 runs = {**runs, "spark": 1, "read_state": 1}  # a run takes minutes when loaded
-            entry["cleaned"] = measure_log(path, live, spark, runs, seed=1)
+            entry["cleaned"] = measure_log(path, live, spark, runs, 1, args.lookup_only)
             entry["add_dirty"] = add_dirty(path, live, dict(built["ends"]), seed=2)
-            entry["dirty_10pct"] = measure_log(path, live, spark, runs, seed=3)
+            entry["dirty_10pct"] = measure_log(path, live, spark, runs, 3, args.lookup_only)
             del built["ends"]
             report["sizes"][str(live)] = entry
             print(json.dumps({str(live): entry}, indent=1), flush=True)
             shutil.rmtree(path)
-        report["writer_cost"] = writer_cost(work, 9 if not args.quick else 2)
+        if not args.lookup_only:
+            report["writer_cost"] = writer_cost(work, 9 if not args.quick else 2)
+            report["page_index_cost"] = writer_cost(work, 9 if not args.quick else 2, pages=True)
         if spark is not None:
             report["writer_cost"].update(spark_writer_cost(spark, work, 6 if not args.quick else 2))
     finally:
@@ -439,7 +464,7 @@ def main() -> None:
     report["seconds"] = round(time.monotonic() - started, 1)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
-    print(json.dumps(report["writer_cost"], indent=1))
+    print(json.dumps({k: report.get(k) for k in ("writer_cost", "page_index_cost")}, indent=1))
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ not understand, or with a column of a type it does not hash, is read whole.
 
 from __future__ import annotations
 
+import os
 import struct
 from collections.abc import Sequence
 from typing import Any
@@ -36,6 +37,19 @@ SPARK_KEY_FILTER_CANDIDATES = 8
 # Set (to anything) in a writer's environment, the Python segment writer writes no key
 # filter: not a setting, only for measuring what the filter costs a pass.
 KEY_FILTER_OFF_ENV = "_COMPACTED_SINK_NO_KEY_FILTER"
+
+# The page index and the page sizes each file is written with, so that a lookup reads, of
+# the columns other than the key, only the pages holding a matched row (design.md §38):
+# pages of about 16 KiB (256 values at most between size checks, so long values still
+# make small pages), and dictionary pages of at most 64 KiB (a column of distinct values,
+# as offsets and most values are, turns plain early instead of keeping a 1 MiB dictionary
+# every read of a page must decode first).
+PAGE_BYTES = 16 * 1024
+DICTIONARY_PAGE_BYTES = 64 * 1024
+PAGE_WRITE_BATCH = 256
+# Set (to anything) in a writer's environment, the Python segment writer writes neither
+# the page index nor small pages: not a setting, only for measuring what they cost.
+PAGE_INDEX_OFF_ENV = "_COMPACTED_SINK_NO_PAGE_INDEX"
 
 _P1 = 0x9E3779B185EBCA87
 _P2 = 0xC2B2AE3D27D4EB4F
@@ -82,6 +96,20 @@ def key_filter_options(
     `filtered_columns` keeps), sized for row groups of ``rows`` distinct keys at most. Pure."""
     ndv = max(int(rows), 1)
     return {c: {"ndv": ndv, "fpp": KEY_FILTER_FPP} for c in filtered_columns(schema, columns)}
+
+
+def page_index_options() -> dict[str, Any]:
+    """pyarrow ``ParquetWriter`` options for the page index and the page sizes a lookup
+    reads pages with (`PAGE_BYTES`, `DICTIONARY_PAGE_BYTES`); none when `PAGE_INDEX_OFF_ENV`
+    is set. Reads the environment only."""
+    if os.environ.get(PAGE_INDEX_OFF_ENV):
+        return {}
+    return {
+        "write_page_index": True,
+        "data_page_size": PAGE_BYTES,
+        "dictionary_pagesize_limit": DICTIONARY_PAGE_BYTES,
+        "write_batch_size": PAGE_WRITE_BATCH,
+    }
 
 
 def spark_key_filter_options(

@@ -27,7 +27,7 @@ from deltalake.transaction import AddAction
 from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
 
-from sinks.log.key_filter import KEY_FILTER_OFF_ENV, key_filter_options
+from sinks.log.key_filter import KEY_FILTER_OFF_ENV, key_filter_options, page_index_options
 from sinks.log.log_keys import LogKeys
 from sinks.log.records import DELETE_HORIZON_MS, OFFSET, PARTITION
 from sinks.log.segment import segment_path
@@ -221,7 +221,8 @@ class _OpenSegment:
 
     def _open_writer(self, rows: int) -> pq.ParquetWriter:
         """The file's writer, opened at the first flush: its key filters are sized for the
-        first row group, which is the largest but for a rare byte-bound flush."""
+        first row group, which is the largest but for a rare byte-bound flush; with the
+        page index and small pages (`page_index_options`, design.md §38)."""
         task = self._task
         filters = key_filter_options(task.file_schema, task.key_columns, min(rows, _FLUSH_ROWS))
         if os.environ.get(KEY_FILTER_OFF_ENV):
@@ -231,6 +232,7 @@ class _OpenSegment:
             task.file_schema,
             compression="zstd",
             bloom_filter_options=filters or None,
+            **page_index_options(),
         )
 
     def close(self) -> dict[str, Any]:

@@ -2,8 +2,10 @@
 
 Kafka Streams answers "what is X now?" from a state store; here the state is the log, and
 `lookup` answers it from the files with pyarrow alone, reading only the row groups whose
-key filter (`sinks.log.key_filter`, design.md §38) does not rule the keys out. A row group
-without a filter is read, never skipped.
+key filter (`sinks.log.key_filter`, design.md §38) does not rule the keys out, and of
+their columns other than the key only the pages holding a matched row where the file has
+a page index (`sinks.reading.parquet_pages`). A row group without a filter is read, never
+skipped; a column without a page index is read whole.
 
 The answer is the state's (`sinks.reading.arrow_state`, ``state()``): for each wanted key
 and each partition it appears in, the visible record of highest offset, or with a
@@ -44,6 +46,7 @@ from sinks.log.records import OFFSET, PARTITION, TIMESTAMP, VALUE, at_or_above
 from sinks.log.segment import DataFile
 from sinks.log.storage import normalize_uri
 from sinks.reading.arrow_state import state_schema
+from sinks.reading.parquet_pages import PageReader, leaf_index
 
 _WANTED = "_wanted"  # a wanted key's position in the caller's list
 _ROW = "_row"
@@ -52,6 +55,15 @@ _HEADER_BYTES = 64  # covers a BloomFilterHeader (about 15 bytes)
 # above it the whole bitset is read at once.
 _BLOCK_READS_MAX_KEYS = 8
 _READERS = 4  # files read at once: pyarrow decodes without the GIL
+# A column is read by pages when they are at most this share of its chunks' bytes; above
+# it a whole read costs about as much and needs no footer to be rewritten.
+_PAGE_SHARE_MAX = 0.5
+# A file's columns are read by pages only when the chunks to read hold at least this many
+# bytes: below it a whole read costs less than reading the file's footer to find pages.
+_PAGE_PATH_MIN_BYTES = 1 << 20
+# What the page path may raise on a footer or page it does not expect (a decoding error
+# included): the column is then read whole.
+_PAGE_PATH_ERRORS = (pa.ArrowException, ValueError, KeyError, IndexError, TypeError)
 
 
 def lookup(
@@ -95,6 +107,7 @@ class KeyLookup:
     files: tuple[DataFile, ...]
     floors: dict[int, int]
     _footers: dict[str, pq.FileMetaData] = field(default_factory=dict, repr=False)
+    _pages: dict[str, PageReader | None] = field(default_factory=dict, repr=False)
 
     @classmethod
     def of(cls, snapshot: LogSnapshot) -> KeyLookup:
@@ -168,7 +181,8 @@ class KeyLookup:
         hashes: dict[tuple[str, str], np.ndarray | None],
     ) -> Iterator[pa.Table]:
         """The records of a wanted key in ``data_file``: for each row group its key filter
-        does not rule out, the key columns are read; the rest only where a key matched."""
+        does not rule out, the key columns are read; the rest only where a key matched,
+        by pages where the file allows (`_columns_at`)."""
         fs, root = self.snapshot.location.filesystem()
         schema = self.read_schema
         keys = pa.schema([schema.field(k) for k in self.own_keys])
@@ -178,24 +192,82 @@ class KeyLookup:
             self._footers.setdefault(data_file.path, parquet.metadata)
             present = set(parquet.schema_arrow.names)
             groups = candidate_row_groups(source, parquet.metadata, wanted, self.own_keys, hashes)
+            read = [k for k in keys.names if k in present]
+            found: dict[int, tuple[pa.Table, np.ndarray]] = {}
             for group in groups:
-                read = [k for k in keys.names if k in present]
                 key_rows = conform(parquet.read_row_group(group, columns=read), keys)
                 rows = _rows_of(key_rows, wanted, self.own_keys)
-                if len(rows) == 0:
-                    continue
-                read = [n for n in rest.names if n in present]
-                others = conform(parquet.read_row_group(group, columns=read), rest).take(rows)
-                matched = pa.Table.from_arrays(
-                    [
-                        *(key_rows.column(k).take(rows) for k in keys.names),
-                        *others.columns,
-                    ],
-                    names=[*keys.names, *rest.names],
-                ).select(schema.names)
-                if self.floors:
-                    matched = at_or_above(matched, self.floors)
-                yield matched.cast(schema)
+                if len(rows):
+                    found[group] = (key_rows.take(rows), rows)
+            if not found:
+                return
+            others = conform(
+                self._columns_at(source, parquet, data_file.path, rest, present, found), rest
+            )
+            key_columns = [
+                pa.chunked_array([found[g][0].column(k) for g in sorted(found)], keys.field(k).type)
+                for k in keys.names
+            ]
+            matched = pa.Table.from_arrays(
+                [*key_columns, *others.columns], names=[*keys.names, *rest.names]
+            ).select(schema.names)
+            if self.floors:
+                matched = at_or_above(matched, self.floors)
+            yield matched.cast(schema)
+
+    def _columns_at(
+        self,
+        source: Any,
+        parquet: pq.ParquetFile,
+        path: str,
+        columns: pa.Schema,
+        present: set[str],
+        found: dict[int, tuple[pa.Table, np.ndarray]],
+    ) -> pa.Table:
+        """``columns`` (those the file has) at the matched rows of ``found`` (row group ->
+        the matched rows' keys and indexes), in group then row order. A column is
+        read by its pages where the file's page index allows (`PageReader`) and the chunks
+        are large enough to gain by it, else by whole column chunks of the matched row
+        groups (design.md §38)."""
+        names = [n for n in columns.names if n in present]
+        groups = sorted(found)
+        rows = {g: found[g][1] for g in groups}
+        read: dict[str, pa.ChunkedArray] = {}
+        leaves = {n: leaf_index(parquet.metadata, n) for n in names}
+        leaves = {n: i for n, i in leaves.items() if i is not None}
+        chunk_bytes = sum(
+            parquet.metadata.row_group(g).column(i).total_compressed_size
+            for g in groups
+            for i in leaves.values()
+        )
+        pages = self._page_reader(source, path) if chunk_bytes >= _PAGE_PATH_MIN_BYTES else None
+        if pages is not None:
+            for name, leaf in leaves.items():
+                try:
+                    pages.prefetch(source, groups, list(leaves.values()))  # once: kept after
+                    values = pages.take(source, leaf, rows, _PAGE_SHARE_MAX)
+                    if values is not None:
+                        read[name] = values.cast(parquet.schema_arrow.field(name).type)
+                except _PAGE_PATH_ERRORS:
+                    continue  # an odd file: the column is read whole below, never wrong
+        whole = [n for n in names if n not in read]
+        if whole:
+            tables = [parquet.read_row_group(g, columns=whole).take(rows[g]) for g in groups]
+            table = pa.concat_tables(tables)
+            read.update({n: table.column(n) for n in whole})
+        if not names:  # the file has none of them: nulls, as `conform` fills
+            count = sum(len(r) for r in rows.values())
+            return pa.table({f.name: pa.nulls(count, f.type) for f in columns})
+        return pa.table({n: read[n] for n in names})
+
+    def _page_reader(self, source: Any, path: str) -> PageReader | None:
+        """The file's page reader, its footer read once per lookup object."""
+        if path not in self._pages:
+            try:
+                self._pages[path] = PageReader.of(source)
+            except (OSError, ValueError):
+                self._pages[path] = None
+        return self._pages[path]
 
 
 def wanted_keys(keys: Any, log_schema: pa.Schema, key_columns: Sequence[str]) -> pa.Table:

@@ -36,6 +36,7 @@ from sinks.log.key_filter import (
 from sinks.log.segment_writer import SegmentWriterTask
 from sinks.log.storage import LogLocation
 from sinks.reading.lookup import candidate_row_groups, wanted_keys
+from sinks.reading.parquet_pages import PageReader, leaf_index
 from streaming.cli import main
 
 NO_CLEAN = CleanerConfig(min_cleanable_dirty_ratio=1.0)
@@ -315,6 +316,16 @@ def test_spark_writers_files_carry_the_filter(spark, lake, clock, monkeypatch):
         chunk = metadata.row_group(0).column(index)
         assert chunk.bloom_filter_offset is not None
         assert chunk.bloom_filter_length < 1_000  # sized for a file's 50 rows (adaptive: 8 KiB)
+        source = pa.OSFile(
+            f"{path}/{segment.path}"
+        )  # parquet-mr writes the page index: read by pages
+        pages = PageReader.of(source)
+        leaf = leaf_index(metadata, "value")
+        assert pages is not None and pages.pages_of(source, 0, leaf) is not None
+        at = {0: np.array([0, metadata.row_group(0).num_rows - 1])}
+        whole = pq.ParquetFile(source).read_row_group(0, columns=["value"]).column(0)
+        by_pages = pages.take(source, leaf, at)
+        assert by_pages.combine_chunks().equals(whole.take(at[0]).combine_chunks())
     assert_lookups_match(path, ["k3", "k150", "nope"], model_at([rows]))
 
 

@@ -1,0 +1,528 @@
+"""Reading chosen rows of a Parquet column chunk by its pages, not the whole chunk (design.md §38).
+
+pyarrow reads a column chunk whole. A file with a page index keeps, for each column chunk,
+an offset index: where each data page is and the row it starts at. `PageReader.take` reads
+only the data pages that hold the wanted rows (and the chunk's dictionary page), copies
+them verbatim into a small Parquet file of its own whose footer is the original footer
+with its row groups and column chunks rewritten to these pages (Thrift compact protocol,
+`_Thrift`), and lets pyarrow decode that file: every encoding and codec pyarrow reads is
+read, and this module decodes nothing itself.
+
+Invariant: the page path answers exactly what a whole-chunk read answers, or is not taken.
+A column it cannot read by pages (`PageReader.pages_of` returns None) is read whole by the
+caller: a file without the offset index (another engine, a writer without the page index),
+an encrypted file, a column that is not a top-level flat column (nested or repeated), a
+column chunk in another file, or an offset index that does not tile the chunk exactly.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+_MAGIC = b"PAR1"
+# Thrift compact protocol types.
+_TRUE, _FALSE, _BYTE, _I16, _I32, _I64, _DOUBLE, _BINARY, _LIST, _SET, _MAP, _STRUCT = (
+    1,
+    2,
+    3,
+    4,
+    5,
+    6,
+    7,
+    8,
+    9,
+    10,
+    11,
+    12,
+)
+# Ranges of pages closer than this are read at once.
+_COALESCE_GAP = 64 * 1024
+# A PageLocation's field headers (offset i64, size i32, first row i64) and its stop byte.
+_HEADERS = np.array([0x16, 0x15, 0x16, 0x00], dtype=np.uint8)
+
+Struct = dict[int, tuple[int, Any]]  # field id -> (thrift type, value)
+
+
+class _Thrift:
+    """Thrift's compact protocol, generic: a struct is a `Struct`, a list or set
+    (element type, [values]), a map (key type, value type, [(key, value)]), a binary
+    bytes, a double its 8 bytes; unknown fields are kept and written back as read."""
+
+    def __init__(self, data: bytes | memoryview, pos: int = 0) -> None:
+        self.data, self.pos = bytes(data), pos
+
+    def _byte(self) -> int:
+        try:
+            b = self.data[self.pos]
+        except IndexError:
+            raise ValueError("truncated thrift data") from None
+        self.pos += 1
+        return b
+
+    def _varint(self) -> int:
+        data, pos = self.data, self.pos
+        shift = result = 0
+        try:
+            while True:
+                b = data[pos]
+                pos += 1
+                result |= (b & 0x7F) << shift
+                if b < 0x80:
+                    self.pos = pos
+                    return result
+                shift += 7
+                if shift > 70:
+                    raise ValueError("varint too long")
+        except IndexError:
+            raise ValueError("truncated thrift data") from None
+
+    def _zigzag(self) -> int:
+        z = self._varint()
+        return (z >> 1) ^ -(z & 1)
+
+    def value(self, kind: int) -> Any:
+        if kind in (_TRUE, _FALSE):
+            return self._byte()  # a bool inside a list: one byte, kept as read
+        if kind == _BYTE:
+            return self._byte()
+        if kind in (_I16, _I32, _I64):
+            return self._zigzag()
+        if kind == _DOUBLE:
+            self.pos += 8
+            return bytes(self.data[self.pos - 8 : self.pos])
+        if kind == _BINARY:
+            size = self._varint()
+            self.pos += size
+            if self.pos > len(self.data):
+                raise ValueError("truncated thrift binary")
+            return bytes(self.data[self.pos - size : self.pos])
+        if kind in (_LIST, _SET):
+            head = self._byte()
+            size = head >> 4 if head >> 4 != 15 else self._varint()
+            element = head & 0x0F
+            return (element, [self.value(element) for _ in range(size)])
+        if kind == _MAP:
+            size = self._varint()
+            if size == 0:
+                return (0, 0, [])
+            types = self._byte()
+            k, v = types >> 4, types & 0x0F
+            return (k, v, [(self.value(k), self.value(v)) for _ in range(size)])
+        if kind == _STRUCT:
+            return self.struct()
+        raise ValueError(f"unknown thrift type {kind}")
+
+    def struct(self) -> Struct:
+        fields: Struct = {}
+        last = 0
+        while True:
+            head = self._byte()
+            if head == 0:
+                return fields
+            delta, kind = head >> 4, head & 0x0F
+            field_id = last + delta if delta else self._zigzag()
+            if kind in (_TRUE, _FALSE):
+                fields[field_id] = (_TRUE, kind == _TRUE)
+            else:
+                fields[field_id] = (kind, self.value(kind))
+            last = field_id
+
+
+def _varint(out: bytearray, n: int) -> None:
+    while True:
+        if n < 0x80:
+            out.append(n)
+            return
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+
+
+def _zigzag(out: bytearray, n: int) -> None:
+    _varint(out, (n << 1) ^ (n >> 63) if n < 0 else n << 1)
+
+
+def _write_value(out: bytearray, kind: int, value: Any) -> None:
+    if kind in (_TRUE, _FALSE, _BYTE):
+        out.append(value & 0xFF)
+    elif kind in (_I16, _I32, _I64):
+        _zigzag(out, value)
+    elif kind == _DOUBLE:
+        out += value
+    elif kind == _BINARY:
+        _varint(out, len(value))
+        out += value
+    elif kind in (_LIST, _SET):
+        element, items = value
+        if len(items) < 15:
+            out.append((len(items) << 4) | element)
+        else:
+            out.append(0xF0 | element)
+            _varint(out, len(items))
+        for item in items:
+            _write_value(out, element, item)
+    elif kind == _MAP:
+        k, v, pairs = value
+        _varint(out, len(pairs))
+        if pairs:
+            out.append((k << 4) | v)
+            for key, item in pairs:
+                _write_value(out, k, key)
+                _write_value(out, v, item)
+    elif kind == _STRUCT:
+        write_struct(out, value)
+    else:
+        raise ValueError(f"unknown thrift type {kind}")
+
+
+def write_struct(out: bytearray, fields: Struct) -> None:
+    """Append ``fields`` to ``out`` in Thrift's compact protocol, by ascending field id."""
+    last = 0
+    for field_id in sorted(fields):
+        kind, value = fields[field_id]
+        if kind in (_TRUE, _FALSE):
+            kind = _TRUE if value else _FALSE
+        delta = field_id - last
+        if 0 < delta <= 15:
+            out.append((delta << 4) | kind)
+        else:
+            out.append(kind)
+            _zigzag(out, field_id)
+        if kind not in (_TRUE, _FALSE):
+            _write_value(out, kind, value)
+        last = field_id
+    out.append(0)
+
+
+def read_struct(data: bytes | memoryview) -> Struct:
+    """The Thrift compact struct at the start of ``data``. Raises `ValueError`."""
+    return _Thrift(data).struct()
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    """What the page path needs of one column chunk, from the footer and offset index."""
+
+    meta: Struct  # ColumnMetaData
+    start: int  # first byte of the chunk (its dictionary page, if any)
+    pages: np.ndarray  # int64 [n, 3]: offset, compressed size, first row
+
+
+class PageReader:
+    """The page path over one Parquet file, open for random reads as ``source``.
+
+    Built from the file's raw footer (`of`); holds no open file: each read takes the file,
+    open for random reads, as ``source``. Keeps the offset indexes it has parsed.
+    """
+
+    def __init__(self, footer: Struct) -> None:
+        self.footer = footer
+        self._leaf = _top_level_leaves(footer)
+        self._chunks: dict[tuple[int, int], _Chunk | None] = {}
+
+    @classmethod
+    def of(cls, source: Any, size: int | None = None) -> PageReader | None:
+        """The page reader of the file ``source`` (a pyarrow random-access file), or None
+        when its footer is not a plain (unencrypted) Parquet footer this module reads."""
+        size = source.size() if size is None else size
+        if size < 12:
+            return None
+        tail = source.read_at(8, size - 8)
+        if len(tail) != 8 or tail[4:] != _MAGIC:
+            return None  # an encrypted footer ("PARE") or not Parquet
+        length = struct.unpack("<I", tail[:4])[0]
+        if length + 12 > size:
+            return None
+        try:
+            footer = read_struct(source.read_at(length, size - 8 - length))
+        except ValueError:
+            return None
+        if 8 in footer or 9 in footer:
+            return None  # encryption with a plaintext footer
+        return cls(footer)
+
+    def prefetch(self, source: Any, groups: Sequence[int], columns: Sequence[int]) -> None:
+        """Read the offset indexes of ``columns`` (leaf indexes) in ``groups`` at once."""
+        wanted = [(g, c) for g in groups for c in columns if (g, c) not in self._chunks]
+        places: dict[tuple[int, int], tuple[int, int]] = {}
+        for g, c in wanted:
+            chunk = self._column_chunk(g, c)
+            if chunk is None or self._leaf.get(c) is None:
+                self._chunks[(g, c)] = None
+                continue
+            offset, length = chunk.get(4, (0, None))[1], chunk.get(5, (0, None))[1]
+            if offset is None or length is None or 1 in chunk or 8 in chunk or 9 in chunk:
+                self._chunks[(g, c)] = None  # no offset index, another file, encrypted
+                continue
+            places[(g, c)] = (offset, length)
+        if not places:
+            return
+        low = min(o for o, _ in places.values())
+        high = max(o + n for o, n in places.values())
+        data = memoryview(source.read_at(high - low, low))
+        if len(data) != high - low:
+            for key in places:
+                self._chunks[key] = None
+            return
+        for (g, c), (offset, length) in places.items():
+            self._chunks[(g, c)] = self._parse_chunk(
+                g, c, data[offset - low : offset - low + length]
+            )
+
+    def _column_chunk(self, group: int, column: int) -> Struct | None:
+        try:
+            row_group = self.footer[4][1][1][group]
+            return row_group[1][1][1][column]
+        except (KeyError, IndexError):
+            return None
+
+    def _parse_chunk(self, group: int, column: int, index: memoryview) -> _Chunk | None:
+        """The chunk's pages, or None unless its offset index tiles it exactly: pages
+        back to back from the first data page to the chunk's end, rows ascending from 0."""
+        chunk = self._column_chunk(group, column)
+        if chunk is None or 3 not in chunk:
+            return None
+        meta = chunk[3][1]
+        pages = page_locations(index)
+        if pages is None:
+            return None
+        rows = self.footer[4][1][1][group][3][1]
+        data_start = meta.get(9, (0, None))[1]
+        dictionary = meta.get(11, (0, None))[1]
+        size = meta.get(7, (0, None))[1]
+        if len(pages) == 0 or data_start is None or size is None:
+            return None
+        start = data_start if dictionary is None else dictionary
+        ends = pages[:, 0] + pages[:, 1]
+        tiled = (
+            pages[0, 0] == data_start
+            and start <= data_start
+            and (dictionary is not None or start == data_start)
+            and bool(np.all(pages[1:, 0] == ends[:-1]))
+            and ends[-1] == start + size
+            and bool(np.all(pages[:, 1] > 0))
+            and pages[0, 2] == 0
+            and bool(np.all(np.diff(pages[:, 2]) > 0))
+            and pages[-1, 2] < rows
+            and meta.get(5, (0, None))[1] == rows  # flat: a value per row
+        )
+        return _Chunk(meta, start, pages) if tiled else None
+
+    def pages_of(self, source: Any, group: int, column: int) -> _Chunk | None:
+        """The chunk of ``column`` in ``group`` if the page path reads it, else None."""
+        if (group, column) not in self._chunks:
+            self.prefetch(source, [group], [column])
+        return self._chunks[(group, column)]
+
+    def take(
+        self, source: Any, column: int, rows: dict[int, np.ndarray], max_share: float = 1.0
+    ) -> pa.ChunkedArray | None:
+        """Column ``column``'s values at ``rows`` (row group -> ascending, distinct row
+        indexes in it), in group then row order, decoded by pyarrow from the dictionary
+        page and the data pages holding those rows. None, having read no page, when a
+        group's chunk is not readable by pages (`pages_of`) or when those pages are more
+        than ``max_share`` of the chunks' bytes (a whole read is then as cheap)."""
+        groups = sorted(rows)
+        chunks = {g: self.pages_of(source, g, column) for g in groups}
+        if any(c is None for c in chunks.values()):
+            return None
+        wanted: dict[int, np.ndarray] = {}
+        spans: list[tuple[int, int]] = []
+        total = 0
+        for g in groups:
+            chunk = chunks[g]
+            assert chunk is not None
+            total += int(chunk.meta[7][1])  # the whole chunk, its dictionary page too
+            first_rows = chunk.pages[:, 2]
+            page_of_row = np.searchsorted(first_rows, rows[g], side="right") - 1
+            chosen = np.unique(page_of_row)
+            wanted[g] = chosen
+            if chunk.pages[0, 0] > chunk.start:
+                spans.append((chunk.start, int(chunk.pages[0, 0])))
+            spans += [(int(o), int(o + n)) for o, n in chunk.pages[chosen, :2]]
+        if sum(e - s for s, e in spans) > max_share * total:
+            return None
+        data = _read_spans(source, spans)
+        body = bytearray(_MAGIC)
+        row_groups = []
+        positions = []
+        base = 0
+        for g in groups:
+            chunk = chunks[g]
+            assert chunk is not None
+            chosen = wanted[g]
+            rows_in_group = self.footer[4][1][1][g][3][1]
+            first = chunk.pages[:, 2]
+            lasts = np.append(first[1:], rows_in_group)
+            counts = lasts[chosen] - first[chosen]
+            starts = np.cumsum(counts) - counts  # where each chosen page begins in the output
+            page_of_row = np.searchsorted(first, rows[g], side="right") - 1
+            slot = np.searchsorted(chosen, page_of_row)
+            positions.append(base + starts[slot] + rows[g] - first[page_of_row])
+            num_rows = int(counts.sum())
+            base += num_rows
+            chunk_start = len(body)
+            meta = dict(chunk.meta)
+            for f in (8, 10, 12, 13, 14, 15, 16, 17):
+                meta.pop(f, None)
+            if chunk.pages[0, 0] > chunk.start:
+                body += data(chunk.start, int(chunk.pages[0, 0]))
+                meta[11] = (_I64, chunk_start)
+            first_page = len(body)
+            for o, n in chunk.pages[chosen, :2]:
+                body += data(int(o), int(o + n))
+            size = len(body) - chunk_start
+            whole = int(chunk.meta[7][1]) or 1
+            meta[9] = (_I64, first_page)
+            meta[5] = (_I64, num_rows)
+            meta[7] = (_I64, size)
+            meta[6] = (_I64, max(int(chunk.meta[6][1]) * size // whole, size))
+            row_groups.append(
+                {
+                    1: (_LIST, (_STRUCT, [{2: (_I64, chunk_start), 3: (_STRUCT, meta)}])),
+                    2: (_I64, meta[6][1]),
+                    3: (_I64, num_rows),
+                }
+            )
+        element = self.footer[2][1][1][self._leaf[column]]
+        root = dict(self.footer[2][1][1][0])
+        root[5] = (_I32, 1)
+        footer: Struct = {
+            1: self.footer[1],
+            2: (_LIST, (_STRUCT, [root, element])),
+            3: (_I64, base),
+            4: (_LIST, (_STRUCT, row_groups)),
+        }
+        if 6 in self.footer:
+            footer[6] = self.footer[6]  # created_by: pyarrow's workarounds follow the writer
+        if 7 in self.footer:
+            orders = self.footer[7][1][1]
+            footer[7] = (_LIST, (_STRUCT, [orders[column]]))
+        tail = bytearray()
+        write_struct(tail, footer)
+        body += tail
+        body += struct.pack("<I", len(tail)) + _MAGIC
+        table = pq.ParquetFile(pa.BufferReader(bytes(body))).read(use_threads=False)
+        return table.column(0).take(pa.array(np.concatenate(positions)))
+
+
+def _read_spans(source: Any, spans: list[tuple[int, int]]) -> Any:
+    """Read ``spans`` (byte ranges of ``source``), nearby ones at once; returns a
+    function giving the bytes of any range inside one of them."""
+    ordered = sorted(set(spans))
+    merged: list[list[int]] = []
+    for start, end in ordered:
+        if merged and start <= merged[-1][1] + _COALESCE_GAP:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    starts = np.array([m[0] for m in merged], dtype=np.int64)
+    blocks = []
+    for start, end in merged:
+        block = source.read_at(end - start, start)
+        if len(block) != end - start:
+            raise OSError(f"short read of {end - start} bytes at {start}")
+        blocks.append(memoryview(block))
+
+    def data(start: int, end: int) -> memoryview:
+        i = int(np.searchsorted(starts, start, side="right")) - 1
+        return blocks[i][start - merged[i][0] : end - merged[i][0]]
+
+    return data
+
+
+def page_locations(index: bytes | memoryview) -> np.ndarray | None:
+    """An OffsetIndex's page locations as int64 rows (offset, compressed size, first row),
+    or None when ``index`` is not one. Pure."""
+    fast = _page_locations_fast(index)
+    if fast is not None:
+        return fast
+    try:
+        locations = read_struct(index)[1][1][1]
+        return np.array([[p[1][1], p[2][1], p[3][1]] for p in locations], dtype=np.int64).reshape(
+            -1, 3
+        )
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None
+
+
+def _page_locations_fast(index: bytes | memoryview) -> np.ndarray | None:
+    """`page_locations` vectorized for the usual layout (each PageLocation its three
+    fields in order, short field headers), or None for any other layout."""
+    reader = _Thrift(index)
+    try:
+        if reader._byte() != 0x19:  # field 1, a list
+            return None
+        head = reader._byte()
+        if head & 0x0F != _STRUCT:
+            return None
+        count = head >> 4 if head >> 4 != 15 else reader._varint()
+    except ValueError:
+        return None
+    data = np.frombuffer(index, dtype=np.uint8)[reader.pos :]
+    ends = np.flatnonzero(data < 0x80)  # every token ends at a byte below 0x80
+    tokens = 7 * count
+    if len(ends) < tokens:
+        return None
+    ends = ends[:tokens]
+    starts = np.empty_like(ends)
+    starts[0] = 0
+    starts[1:] = ends[:-1] + 1
+    ends, starts = ends.reshape(count, 7), starts.reshape(count, 7)
+    fixed = [0, 2, 4, 6]
+    if np.any(ends[:, fixed] != starts[:, fixed]) or np.any(data[ends[:, fixed]] != _HEADERS):
+        return None
+    first, last = starts[:, 1::2].ravel(), ends[:, 1::2].ravel()
+    width = int((last - first).max()) + 1
+    if width > 9:
+        return None
+    value = np.zeros(len(first), dtype=np.uint64)
+    for k in range(width):
+        at = np.minimum(first + k, last)  # past its end a varint repeats its last byte...
+        byte = (data[at] & 0x7F).astype(np.uint64) << np.uint64(7 * k)
+        value |= np.where(first + k <= last, byte, np.uint64(0))  # ...which is masked out
+    signed = (value >> np.uint64(1)).astype(np.int64) ^ -(value & np.uint64(1)).astype(np.int64)
+    return signed.reshape(count, 3)
+
+
+def _top_level_leaves(footer: Struct) -> dict[int, int | None]:
+    """Leaf column index -> its schema element's index when the leaf is a top-level,
+    non-repeated primitive column (what the page path reads), else None."""
+    try:
+        elements = footer[2][1][1]
+    except (KeyError, IndexError):
+        return {}
+    leaves: dict[int, int | None] = {}
+    leaf = 0
+    stack: list[int] = []  # children still to come at each open level
+    i = 1
+    root_children = elements[0].get(5, (0, 0))[1] if elements else 0
+    stack.append(root_children)
+    while i < len(elements) and stack:
+        element = elements[i]
+        children = element.get(5, (0, 0))[1] or 0
+        stack[-1] -= 1
+        if children > 0:
+            stack.append(children)
+        else:
+            top = len(stack) == 1
+            repeated = element.get(3, (0, 0))[1] == 2
+            leaves[leaf] = i if top and not repeated else None
+            leaf += 1
+        while stack and stack[-1] == 0:
+            stack.pop()
+        i += 1
+    return leaves
+
+
+def leaf_index(metadata: pq.FileMetaData, name: str) -> int | None:
+    """The leaf column index of the top-level column ``name`` in a file, or None when it
+    is not one leaf (absent, nested)."""
+    found = [i for i in range(metadata.num_columns) if metadata.schema.column(i).path == name]
+    return found[0] if len(found) == 1 else None
