@@ -150,10 +150,15 @@ $(VENV)/spark-classes.jsa: $(STAMP)
 $(KAFKA_VENV)/spark-classes.jsa: $(KAFKA_STAMP) $(HADOOP_AWS_JARS)
 	-$(KAFKA_PY) tests/jvm_archive.py >$(KAFKA_VENV)/spark-classes.log 2>&1
 
+# The main suite on $(TEST_WORKERS) pytest workers (pytest-xdist), each with its own Spark
+# session, a file at a time (a file's tests share its fixtures), the slowest files first
+# (tests/conftest.py): one worker's waits on subprocesses and timeouts leave the cores to the
+# other. TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 2
 test-main: $(STAMP)
 	@t=$$(date +%s); status=0; \
-	$(PY) -m pytest -q --durations=15 -m "not kafka and not delta_spark and not install" tests \
-	  || status=1; \
+	$(PY) -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadfile \
+	  -m "not kafka and not delta_spark and not install" tests || status=1; \
 	echo "== main lane: $(call since,$$t) s"; exit $$status
 
 # The Kafka, delta-spark and (when $(TEST_SMOKE_SPARKS) holds $(KAFKA_SPARK)) smoke tests on
