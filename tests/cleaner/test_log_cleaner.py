@@ -144,15 +144,18 @@ def test_a_sink_with_a_running_worker_pickles_without_it(spark, lake, clock):
 
 
 @pytest.fixture
-def plans(monkeypatch) -> list[int]:
-    """One entry per `LogPlanner.plan` call from here on (clear it to count anew)."""
+def plans(monkeypatch, lake) -> list[int]:
+    """One entry per `LogPlanner.plan` call of a log under ``lake`` from here on (clear it
+    to count anew). Another test's sink whose cleaner thread still runs in this process
+    plans its own log: not counted."""
     from sinks.cleaner.pass_planning import LogPlanner
 
     calls: list[int] = []
     original = LogPlanner.plan
 
     def counted(self, *args, **kwargs):
-        calls.append(1)
+        if str(lake) in str(self.log.uri):
+            calls.append(1)
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(LogPlanner, "plan", counted)
@@ -160,17 +163,18 @@ def plans(monkeypatch) -> list[int]:
 
 
 @pytest.fixture
-def choices(monkeypatch) -> list[int]:
+def choices(monkeypatch, lake) -> list[int]:
     """One entry per choice of the filthiest partitions (`CleaningPlan.choose`'s only
-    call of `filthiest_cleanable`) from here on."""
+    call of `filthiest_cleanable`) among logs under ``lake`` from here on."""
     from sinks.cleaner import pass_planning
 
     calls: list[int] = []
     original = pass_planning.filthiest_cleanable
 
-    def counted(*args, **kwargs):
-        calls.append(1)
-        return original(*args, **kwargs)
+    def counted(candidates, *args, **kwargs):
+        if any(str(lake) in c.log_path for c in candidates):
+            calls.append(1)
+        return original(candidates, *args, **kwargs)
 
     monkeypatch.setattr(pass_planning, "filthiest_cleanable", counted)
     return calls
