@@ -77,11 +77,14 @@ $(KAFKA_STAMP): pyproject.toml | $(UV)
 	touch $@
 
 # The smoke suite's venvs, one per pyspark of $(SMOKE_SPARKS) but 4.2 (the Kafka venv): the
-# package with the `test` extra.
+# package with the `test` extra. Spark 3.5's also has the oldest pyarrow pyproject.toml allows,
+# as a platform's Spark 3.5 brings it (pyarrow's writer takes Parquet bloom filters from 24 on).
+PYARROW_FLOOR ?= 16.1.0
 smoke-venv = .venv-spark$(basename $(1))/.installed
 SMOKE_STAMPS = $(foreach v,$(filter-out $(KAFKA_SPARK),$(SMOKE_SPARKS)),$(call smoke-venv,$(v)))
 .venv-spark%/.installed: pyproject.toml | $(UV)
-	$(call new-venv,.venv-spark$*,'pyspark==$(filter $*.%,$(SMOKE_SPARKS))' -e '.[test]')
+	$(call new-venv,.venv-spark$*,'pyspark==$(filter $*.%,$(SMOKE_SPARKS))' \
+	  $(if $(filter 3.5,$*),'pyarrow==$(PYARROW_FLOOR)') -e '.[test]')
 	touch $@
 
 # An Apache Kafka broker (kafka_2.13 and its dependencies, log4j2).

@@ -16,6 +16,7 @@ not understand, or with a column of a type it does not hash, is read whole.
 
 from __future__ import annotations
 
+import functools
 import os
 import struct
 from collections.abc import Sequence
@@ -23,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 # False-positive rate of each filter: about 10 bits a distinct key, which the writers
 # round up to a power of two (2 bytes a key in a full row group of 131,072): at most one
@@ -96,6 +98,20 @@ def key_filter_options(
     `filtered_columns` keeps), sized for row groups of ``rows`` distinct keys at most. Pure."""
     ndv = max(int(rows), 1)
     return {c: {"ndv": ndv, "fpp": KEY_FILTER_FPP} for c in filtered_columns(schema, columns)}
+
+
+@functools.cache
+def pyarrow_writes_key_filters() -> bool:
+    """Whether this pyarrow's Parquet writer takes ``bloom_filter_options`` (pyarrow 24 and
+    later). Before it, the Python writer writes files without a key filter, which a lookup
+    reads whole (design.md §38). Probed once, by opening a writer in memory."""
+    schema = pa.schema([("k", pa.string())])
+    options = {"k": {"ndv": 1, "fpp": KEY_FILTER_FPP}}
+    try:
+        pq.ParquetWriter(pa.BufferOutputStream(), schema, bloom_filter_options=options).close()
+    except TypeError:
+        return False
+    return True
 
 
 def page_index_options() -> dict[str, Any]:

@@ -27,7 +27,12 @@ from deltalake.transaction import AddAction
 from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
 
-from sinks.log.key_filter import KEY_FILTER_OFF_ENV, key_filter_options, page_index_options
+from sinks.log.key_filter import (
+    KEY_FILTER_OFF_ENV,
+    key_filter_options,
+    page_index_options,
+    pyarrow_writes_key_filters,
+)
 from sinks.log.log_keys import LogKeys
 from sinks.log.records import DELETE_HORIZON_MS, OFFSET, PARTITION
 from sinks.log.segment import segment_path
@@ -227,13 +232,10 @@ class _OpenSegment:
         filters = key_filter_options(task.file_schema, task.key_columns, min(rows, _FLUSH_ROWS))
         if os.environ.get(KEY_FILTER_OFF_ENV):
             filters = {}  # only to measure the filter's cost (bench/lookup_pass.py)
-        return pq.ParquetWriter(
-            self._stream,
-            task.file_schema,
-            compression="zstd",
-            bloom_filter_options=filters or None,
-            **page_index_options(),
-        )
+        options = page_index_options()
+        if filters and pyarrow_writes_key_filters():  # pyarrow < 24 writes none
+            options["bloom_filter_options"] = filters
+        return pq.ParquetWriter(self._stream, task.file_schema, compression="zstd", **options)
 
     def close(self) -> dict[str, Any]:
         self._flush()

@@ -341,7 +341,9 @@ def candidate_row_groups(
             if name not in chunk_of:
                 continue  # the file lacks the column: it holds only nulls there, read it
             chunk = row_group.column(chunk_of[name])
-            if chunk.bloom_filter_offset is None:
+            # pyarrow < 24 does not say where a filter is: every row group is read
+            filter_offset = getattr(chunk, "bloom_filter_offset", None)
+            if filter_offset is None:
                 continue
             cache = (name, chunk.physical_type)
             if cache not in hashes:
@@ -351,7 +353,7 @@ def candidate_row_groups(
             wanted_hashes = hashes[cache]
             if wanted_hashes is None:
                 continue
-            found = _probe(source, chunk.bloom_filter_offset, wanted_hashes[maybe])
+            found = _probe(source, filter_offset, wanted_hashes[maybe])
             if found is not None:
                 maybe[np.flatnonzero(maybe)[~found]] = False
             if not maybe.any():
