@@ -409,7 +409,7 @@ def make_peer(name: str, root: str, schema: pa.Schema) -> Any:
         return HudiMorSystem(root)
     if name == "delta_spark_merge_dv":
         return DeltaMergeDvSystem(root)
-    from bench.systems import make_system  # needs the sink: pyspark >= 4.0
+    from bench.systems import make_system  # the sink's side
 
     return make_system(name, root, schema)
 
