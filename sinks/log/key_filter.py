@@ -26,6 +26,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from sinks.log import thrift_compact as thrift
+
 # False-positive rate of each filter: about 10 bits a distinct key, which the writers
 # round up to a power of two (2 bytes a key in a full row group of 131,072): at most one
 # row group in a hundred read in vain per key.
@@ -288,12 +290,12 @@ def parse_filter_header(head: bytes) -> tuple[int, int] | None:
     None when it is not a split-block, xxHash, uncompressed filter (then nothing is skipped
     with it). Pure."""
     try:
-        reader = _CompactReader(head)
-        fields = reader.struct_fields()
+        reader = thrift.Reader(head)
+        fields = {k: value for k, (_, value) in reader.struct().items()}
     except (IndexError, ValueError):
         return None
     num_bytes = fields.get(1)
-    known = all(fields.get(f) == {1: {}} for f in (2, 3, 4))
+    known = all(fields.get(f) == {1: (thrift.STRUCT, {})} for f in (2, 3, 4))
     if not isinstance(num_bytes, int) or not known or num_bytes <= 0 or num_bytes % _BLOCK_BYTES:
         return None
     return reader.pos, num_bytes
@@ -315,62 +317,3 @@ def _in_blocks(blocks: np.ndarray, hashes: np.ndarray) -> np.ndarray:
     bits = ((key * _SALT[None, :]) & np.uint64(0xFFFFFFFF)) >> np.uint64(27)
     mask = np.left_shift(np.uint64(1), bits)
     return np.all((blocks.astype(np.uint64) & mask) != 0, axis=1)
-
-
-class _CompactReader:
-    """Just enough of Thrift's compact protocol to read a BloomFilterHeader."""
-
-    def __init__(self, data: bytes) -> None:
-        self.data, self.pos = data, 0
-
-    def byte(self) -> int:
-        b = self.data[self.pos]
-        self.pos += 1
-        return b
-
-    def varint(self) -> int:
-        shift = result = 0
-        while True:
-            b = self.byte()
-            result |= (b & 0x7F) << shift
-            if not b & 0x80:
-                return result
-            shift += 7
-            if shift > 70:
-                raise ValueError("varint too long")
-
-    def value(self, kind: int) -> Any:
-        if kind in (1, 2):
-            return kind == 1
-        if kind == 3:
-            return self.byte()
-        if kind in (4, 5, 6):
-            z = self.varint()
-            return (z >> 1) ^ -(z & 1)
-        if kind == 7:
-            self.pos += 8
-            return None
-        if kind == 8:
-            self.pos += self.varint()
-            return None
-        if kind == 12:
-            return self.struct_fields()
-        if kind in (9, 10):
-            head = self.byte()
-            size = head >> 4 if head >> 4 != 15 else self.varint()
-            for _ in range(size):
-                self.value(head & 0x0F)
-            return None
-        raise ValueError(f"unexpected thrift type {kind}")
-
-    def struct_fields(self) -> dict[int, Any]:
-        fields: dict[int, Any] = {}
-        last = 0
-        while True:
-            head = self.byte()
-            if head == 0:
-                return fields
-            delta, kind = head >> 4, head & 0x0F
-            field_id = last + delta if delta else self.value(4)
-            fields[field_id] = self.value(kind)
-            last = field_id

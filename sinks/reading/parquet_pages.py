@@ -5,8 +5,8 @@ an offset index: where each data page is and the row it starts at. `PageReader.t
 only the data pages that hold the wanted rows (and the chunk's dictionary page), copies
 them verbatim into a small Parquet file of its own whose footer is the original footer
 with its row groups and column chunks rewritten to these pages (Thrift compact protocol,
-`_Thrift`), and lets pyarrow decode that file: every encoding and codec pyarrow reads is
-read, and this module decodes nothing itself.
+`sinks.log.thrift_compact`), and lets pyarrow decode that file: every encoding and codec
+pyarrow reads is read, and this module decodes nothing itself.
 
 Invariant: the page path answers exactly what a whole-chunk read answers, or is not taken.
 A column it cannot read by pages (`PageReader.pages_of` returns None) is read whole by the
@@ -26,190 +26,20 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from sinks.log import thrift_compact as thrift
+
 _MAGIC = b"PAR1"
-# Thrift compact protocol types.
-_TRUE, _FALSE, _BYTE, _I16, _I32, _I64, _DOUBLE, _BINARY, _LIST, _SET, _MAP, _STRUCT = (
-    1,
-    2,
-    3,
-    4,
-    5,
-    6,
-    7,
-    8,
-    9,
-    10,
-    11,
-    12,
-)
 # Ranges of pages closer than this are read at once.
 _COALESCE_GAP = 64 * 1024
 # A PageLocation's field headers (offset i64, size i32, first row i64) and its stop byte.
 _HEADERS = np.array([0x16, 0x15, 0x16, 0x00], dtype=np.uint8)
-
-Struct = dict[int, tuple[int, Any]]  # field id -> (thrift type, value)
-
-
-class _Thrift:
-    """Thrift's compact protocol, generic: a struct is a `Struct`, a list or set
-    (element type, [values]), a map (key type, value type, [(key, value)]), a binary
-    bytes, a double its 8 bytes; unknown fields are kept and written back as read."""
-
-    def __init__(self, data: bytes | memoryview, pos: int = 0) -> None:
-        self.data, self.pos = bytes(data), pos
-
-    def _byte(self) -> int:
-        try:
-            b = self.data[self.pos]
-        except IndexError:
-            raise ValueError("truncated thrift data") from None
-        self.pos += 1
-        return b
-
-    def _varint(self) -> int:
-        data, pos = self.data, self.pos
-        shift = result = 0
-        try:
-            while True:
-                b = data[pos]
-                pos += 1
-                result |= (b & 0x7F) << shift
-                if b < 0x80:
-                    self.pos = pos
-                    return result
-                shift += 7
-                if shift > 70:
-                    raise ValueError("varint too long")
-        except IndexError:
-            raise ValueError("truncated thrift data") from None
-
-    def _zigzag(self) -> int:
-        z = self._varint()
-        return (z >> 1) ^ -(z & 1)
-
-    def value(self, kind: int) -> Any:
-        if kind in (_TRUE, _FALSE):
-            return self._byte()  # a bool inside a list: one byte, kept as read
-        if kind == _BYTE:
-            return self._byte()
-        if kind in (_I16, _I32, _I64):
-            return self._zigzag()
-        if kind == _DOUBLE:
-            self.pos += 8
-            return bytes(self.data[self.pos - 8 : self.pos])
-        if kind == _BINARY:
-            size = self._varint()
-            self.pos += size
-            if self.pos > len(self.data):
-                raise ValueError("truncated thrift binary")
-            return bytes(self.data[self.pos - size : self.pos])
-        if kind in (_LIST, _SET):
-            head = self._byte()
-            size = head >> 4 if head >> 4 != 15 else self._varint()
-            element = head & 0x0F
-            return (element, [self.value(element) for _ in range(size)])
-        if kind == _MAP:
-            size = self._varint()
-            if size == 0:
-                return (0, 0, [])
-            types = self._byte()
-            k, v = types >> 4, types & 0x0F
-            return (k, v, [(self.value(k), self.value(v)) for _ in range(size)])
-        if kind == _STRUCT:
-            return self.struct()
-        raise ValueError(f"unknown thrift type {kind}")
-
-    def struct(self) -> Struct:
-        fields: Struct = {}
-        last = 0
-        while True:
-            head = self._byte()
-            if head == 0:
-                return fields
-            delta, kind = head >> 4, head & 0x0F
-            field_id = last + delta if delta else self._zigzag()
-            if kind in (_TRUE, _FALSE):
-                fields[field_id] = (_TRUE, kind == _TRUE)
-            else:
-                fields[field_id] = (kind, self.value(kind))
-            last = field_id
-
-
-def _varint(out: bytearray, n: int) -> None:
-    while True:
-        if n < 0x80:
-            out.append(n)
-            return
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-
-
-def _zigzag(out: bytearray, n: int) -> None:
-    _varint(out, (n << 1) ^ (n >> 63) if n < 0 else n << 1)
-
-
-def _write_value(out: bytearray, kind: int, value: Any) -> None:
-    if kind in (_TRUE, _FALSE, _BYTE):
-        out.append(value & 0xFF)
-    elif kind in (_I16, _I32, _I64):
-        _zigzag(out, value)
-    elif kind == _DOUBLE:
-        out += value
-    elif kind == _BINARY:
-        _varint(out, len(value))
-        out += value
-    elif kind in (_LIST, _SET):
-        element, items = value
-        if len(items) < 15:
-            out.append((len(items) << 4) | element)
-        else:
-            out.append(0xF0 | element)
-            _varint(out, len(items))
-        for item in items:
-            _write_value(out, element, item)
-    elif kind == _MAP:
-        k, v, pairs = value
-        _varint(out, len(pairs))
-        if pairs:
-            out.append((k << 4) | v)
-            for key, item in pairs:
-                _write_value(out, k, key)
-                _write_value(out, v, item)
-    elif kind == _STRUCT:
-        write_struct(out, value)
-    else:
-        raise ValueError(f"unknown thrift type {kind}")
-
-
-def write_struct(out: bytearray, fields: Struct) -> None:
-    """Append ``fields`` to ``out`` in Thrift's compact protocol, by ascending field id."""
-    last = 0
-    for field_id in sorted(fields):
-        kind, value = fields[field_id]
-        if kind in (_TRUE, _FALSE):
-            kind = _TRUE if value else _FALSE
-        delta = field_id - last
-        if 0 < delta <= 15:
-            out.append((delta << 4) | kind)
-        else:
-            out.append(kind)
-            _zigzag(out, field_id)
-        if kind not in (_TRUE, _FALSE):
-            _write_value(out, kind, value)
-        last = field_id
-    out.append(0)
-
-
-def read_struct(data: bytes | memoryview) -> Struct:
-    """The Thrift compact struct at the start of ``data``. Raises `ValueError`."""
-    return _Thrift(data).struct()
 
 
 @dataclass(frozen=True)
 class _Chunk:
     """What the page path needs of one column chunk, from the footer and offset index."""
 
-    meta: Struct  # ColumnMetaData
+    meta: thrift.Struct  # ColumnMetaData
     start: int  # first byte of the chunk (its dictionary page, if any)
     pages: np.ndarray  # int64 [n, 3]: offset, compressed size, first row
 
@@ -221,7 +51,7 @@ class PageReader:
     open for random reads, as ``source``. Keeps the offset indexes it has parsed.
     """
 
-    def __init__(self, footer: Struct) -> None:
+    def __init__(self, footer: thrift.Struct) -> None:
         self.footer = footer
         self._leaf = _top_level_leaves(footer)
         self._chunks: dict[tuple[int, int], _Chunk | None] = {}
@@ -240,7 +70,7 @@ class PageReader:
         if length + 12 > size:
             return None
         try:
-            footer = read_struct(source.read_at(length, size - 8 - length))
+            footer = thrift.read_struct(source.read_at(length, size - 8 - length))
         except ValueError:
             return None
         if 8 in footer or 9 in footer:
@@ -275,7 +105,7 @@ class PageReader:
                 g, c, data[offset - low : offset - low + length]
             )
 
-    def _column_chunk(self, group: int, column: int) -> Struct | None:
+    def _column_chunk(self, group: int, column: int) -> thrift.Struct | None:
         try:
             row_group = self.footer[4][1][1][group]
             return row_group[1][1][1][column]
@@ -373,39 +203,42 @@ class PageReader:
                 meta.pop(f, None)
             if chunk.pages[0, 0] > chunk.start:
                 body += data(chunk.start, int(chunk.pages[0, 0]))
-                meta[11] = (_I64, chunk_start)
+                meta[11] = (thrift.I64, chunk_start)
             first_page = len(body)
             for o, n in chunk.pages[chosen, :2]:
                 body += data(int(o), int(o + n))
             size = len(body) - chunk_start
             whole = int(chunk.meta[7][1]) or 1
-            meta[9] = (_I64, first_page)
-            meta[5] = (_I64, num_rows)
-            meta[7] = (_I64, size)
-            meta[6] = (_I64, max(int(chunk.meta[6][1]) * size // whole, size))
+            meta[9] = (thrift.I64, first_page)
+            meta[5] = (thrift.I64, num_rows)
+            meta[7] = (thrift.I64, size)
+            meta[6] = (thrift.I64, max(int(chunk.meta[6][1]) * size // whole, size))
             row_groups.append(
                 {
-                    1: (_LIST, (_STRUCT, [{2: (_I64, chunk_start), 3: (_STRUCT, meta)}])),
-                    2: (_I64, meta[6][1]),
-                    3: (_I64, num_rows),
+                    1: (
+                        thrift.LIST,
+                        (thrift.STRUCT, [{2: (thrift.I64, chunk_start), 3: (thrift.STRUCT, meta)}]),
+                    ),
+                    2: (thrift.I64, meta[6][1]),
+                    3: (thrift.I64, num_rows),
                 }
             )
         element = self.footer[2][1][1][self._leaf[column]]
         root = dict(self.footer[2][1][1][0])
-        root[5] = (_I32, 1)
-        footer: Struct = {
+        root[5] = (thrift.I32, 1)
+        footer: thrift.Struct = {
             1: self.footer[1],
-            2: (_LIST, (_STRUCT, [root, element])),
-            3: (_I64, base),
-            4: (_LIST, (_STRUCT, row_groups)),
+            2: (thrift.LIST, (thrift.STRUCT, [root, element])),
+            3: (thrift.I64, base),
+            4: (thrift.LIST, (thrift.STRUCT, row_groups)),
         }
         if 6 in self.footer:
             footer[6] = self.footer[6]  # created_by: pyarrow's workarounds follow the writer
         if 7 in self.footer:
             orders = self.footer[7][1][1]
-            footer[7] = (_LIST, (_STRUCT, [orders[column]]))
+            footer[7] = (thrift.LIST, (thrift.STRUCT, [orders[column]]))
         tail = bytearray()
-        write_struct(tail, footer)
+        thrift.write_struct(tail, footer)
         body += tail
         body += struct.pack("<I", len(tail)) + _MAGIC
         table = pq.ParquetFile(pa.BufferReader(bytes(body))).read(use_threads=False)
@@ -444,7 +277,7 @@ def page_locations(index: bytes | memoryview) -> np.ndarray | None:
     if fast is not None:
         return fast
     try:
-        locations = read_struct(index)[1][1][1]
+        locations = thrift.read_struct(index)[1][1][1]
         return np.array([[p[1][1], p[2][1], p[3][1]] for p in locations], dtype=np.int64).reshape(
             -1, 3
         )
@@ -455,14 +288,14 @@ def page_locations(index: bytes | memoryview) -> np.ndarray | None:
 def _page_locations_fast(index: bytes | memoryview) -> np.ndarray | None:
     """`page_locations` vectorized for the usual layout (each PageLocation its three
     fields in order, short field headers), or None for any other layout."""
-    reader = _Thrift(index)
+    reader = thrift.Reader(index)
     try:
-        if reader._byte() != 0x19:  # field 1, a list
+        if reader.byte() != 0x19:  # field 1, a list
             return None
-        head = reader._byte()
-        if head & 0x0F != _STRUCT:
+        head = reader.byte()
+        if head & 0x0F != thrift.STRUCT:
             return None
-        count = head >> 4 if head >> 4 != 15 else reader._varint()
+        count = head >> 4 if head >> 4 != 15 else reader.varint()
     except ValueError:
         return None
     data = np.frombuffer(index, dtype=np.uint8)[reader.pos :]
@@ -491,7 +324,7 @@ def _page_locations_fast(index: bytes | memoryview) -> np.ndarray | None:
     return signed.reshape(count, 3)
 
 
-def _top_level_leaves(footer: Struct) -> dict[int, int | None]:
+def _top_level_leaves(footer: thrift.Struct) -> dict[int, int | None]:
     """Leaf column index -> its schema element's index when the leaf is a top-level,
     non-repeated primitive column (what the page path reads), else None."""
     try:

@@ -26,14 +26,9 @@ from sinks.log.log_keys import LogKeys
 from sinks.log.log_table import CLEANER_OFFSET_TXN, LOG_END_OFFSET_TXN, LogTable
 from sinks.log.ownership import PARTITIONS_TXN
 from sinks.log.segment_writer import SegmentWriterTask, WrittenSegment, stats_columns
+from sinks.log.thrift_compact import read_struct, write_struct
 from sinks.reading import lookup as lookup_module
-from sinks.reading.parquet_pages import (
-    PageReader,
-    leaf_index,
-    page_locations,
-    read_struct,
-    write_struct,
-)
+from sinks.reading.parquet_pages import PageReader, leaf_index, page_locations
 
 # -- pure: pages against whole chunks ---------------------------------------------------------
 
