@@ -58,10 +58,18 @@ def timed_read(spark: SparkSession, make: Any) -> dict[str, Any]:
     return best
 
 
-def live_files(sink: SinkSystem, spark: SparkSession) -> DataFrame:
-    snapshot = sink.sink.log_table.snapshot()
-    paths = [os.path.join(sink.table_uri, f.path) for f in snapshot.data_files()]
-    return spark.read.parquet(*paths).select("key", "value")
+def reads(spark: SparkSession, sink: SinkSystem) -> dict[str, Any]:
+    """The log's live files as they are, `state()` over them and Spark's plain read of them."""
+    data = sink.sink.log_table.snapshot().data_files()
+    paths = [os.path.join(sink.table_uri, f.path) for f in data]
+    plain: DataFrame = spark.read.parquet(*paths).select("key", "value")
+    return {
+        "files": len(data),
+        "records": sum(f.num_records for f in data),
+        "bytes": sum(f.size_bytes for f in data),
+        "state": timed_read(spark, sink.sink.state),
+        "plain_read": timed_read(spark, lambda: plain),
+    }
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -78,15 +86,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             sink.ingest(spark, batch_id, path)
         sink.finish()
         result["ingest"] = {"s": time.perf_counter() - started, "cpu_s": process_tree_cpu_s() - cpu}
-        snapshot = sink.sink.log_table.snapshot()
-        data = snapshot.data_files()
-        result["as_left"] = {
-            "files": len(data),
-            "records": sum(f.num_records for f in data),
-            "bytes": sum(f.size_bytes for f in data),
-            "state": timed_read(spark, sink.sink.state),
-            "plain_read": timed_read(spark, lambda: live_files(sink, spark)),
-        }
+        result["as_left"] = reads(spark, sink)
         log.info("as left: %s", {k: v for k, v in result["as_left"].items() if k != "state"})
         cpu, started = process_tree_cpu_s(), time.perf_counter()
         stats = sink.sink.clean(force=True)
@@ -95,14 +95,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "cpu_s": process_tree_cpu_s() - cpu,
             "records_read": stats.records_read if stats else 0,
         }
-        data = sink.sink.log_table.snapshot().data_files()
-        result["after_pass"] = {
-            "files": len(data),
-            "records": sum(f.num_records for f in data),
-            "bytes": sum(f.size_bytes for f in data),
-            "state": timed_read(spark, sink.sink.state),
-            "plain_read": timed_read(spark, lambda: live_files(sink, spark)),
-        }
+        result["after_pass"] = reads(spark, sink)
         sink.close()
     finally:
         spark.stop()
