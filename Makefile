@@ -8,13 +8,17 @@ STAMP := $(VENV)/.installed
 UV_VENV ?= .venv-uv
 UV := $(UV_VENV)/bin/uv
 # $(call new-venv,<dir>,<requirements>): a venv with pip in it (tests/install runs
-# `python -m pip`) and the requirements, as pip would install them, compiled to bytecode as
-# pip compiles them (uv does not by default): where PYTHONDONTWRITEBYTECODE is set, every
-# Python process would otherwise compile pyspark, pandas and pyarrow from source (2.5 s for
-# the worker a Connect server starts per foreachBatch query, 0.9 s compiled; Spark 4.0 gives
-# that worker a fixed 10 s to connect back).
+# `python -m pip`) and the requirements, as pip would install them.
 new-venv = rm -rf $(1) && $(UV) venv --quiet --seed --python python3 $(1) && \
-	VIRTUAL_ENV=$(abspath $(1)) $(UV) pip install --quiet --compile-bytecode $(2)
+	VIRTUAL_ENV=$(abspath $(1)) $(UV) pip install --quiet $(2)
+
+# Every Python process make starts writes the bytecode of what it imports, where the
+# environment says not to (PYTHONDONTWRITEBYTECODE, as on this project's machines): else each
+# one compiles pyspark, pandas and pyarrow from source again (the worker a Connect server
+# starts per foreachBatch query imported in 2.5 s instead of 0.7 s, and Spark 4.0 gives it a
+# fixed 10 s to connect back). Written on first import, only what is imported: compiling
+# every file of a venv at install (uv's --compile-bytecode) cost about 54 CPU-seconds a venv.
+unexport PYTHONDONTWRITEBYTECODE
 
 # `make demo` runs on its own venv: the package with its runtime dependencies and pyspark (the
 # `spark` extra), none of the dev tools.
@@ -57,7 +61,7 @@ TEST_SMOKE_SPARKS ?= $(SMOKE_SPARKS)
 # the newest 3.5 plugin on the Maven Central this project's machines reach.
 CONNECT_PLUGIN_3.5 ?= 3.5.7
 
-.PHONY: demo demo-kafka wheel jars test test-setup test-main test-others test-install test-kafka test-delta-spark race smoke lint bench bench-quick bench-append bench-consumer bench-lookup bench-lookup-pass bench-scale bench-cluster soak soak-quick soak-exit soak-faults clean
+.PHONY: demo demo-kafka wheel jars test test-setup test-lane-main test-lane-others test-main-suite test-kafka-venv-suite test-main test-install test-kafka test-delta-spark race smoke lint bench bench-quick bench-append bench-consumer bench-lookup bench-lookup-pass bench-scale bench-cluster soak soak-quick soak-exit soak-faults clean
 
 $(UV):
 	python3 -m venv $(UV_VENV)
@@ -127,21 +131,47 @@ wheel:
 	cp dist/compacted_sink-*.whl dist/compacted_sink.zip
 	@ls dist/compacted_sink-*.whl dist/compacted_sink.zip
 
-# Every venv and jar set first, built side by side; then the tests in two lanes side by side:
-# the main suite on $(VENV), and the Kafka, delta-spark, smoke and install tests one after
-# another on the other venvs (each lane's output printed when it ends). Every part runs; the
-# target fails when any does. TEST_JOBS=1 runs the lanes one after the other.
-TEST_JOBS ?= 2
-# Each part prints its wall time (`== ... s`), for finding what bounds the whole.
+# `make test`: two lanes side by side, each started as soon as its own venv and jars are there
+# (the rest of the set-up goes on beside the tests: it waits on the network more than on the
+# cores). The main lane: the main suite on $(VENV), then the smoke suite on the Sparks of
+# $(MAIN_LANE_SMOKE). The other lane: the Kafka, delta-spark and (when $(TEST_SMOKE_SPARKS)
+# holds $(KAFKA_SPARK)) smoke tests on $(KAFKA_VENV), then the smoke suite on the other Sparks
+# and the install tests. Every part runs, prints its wall time (`== <part>: N s`, for finding
+# what bounds the whole) and leaves its exit status in $(RESULTS)/<part>; each lane's output
+# is printed when it ends; the target fails when any part or venv does, naming it.
+# TEST_JOBS=1 runs one thing at a time.
+TEST_JOBS ?= 4
+MAIN_LANE_SMOKE ?= 4.0.1 4.1.4
+OTHER_LANE_SMOKE = $(filter-out $(KAFKA_SPARK) $(MAIN_LANE_SMOKE),$(TEST_SMOKE_SPARKS))
+RESULTS := .test-results
 since = $$(( $$(date +%s) - $(1) ))
-test:
-	@t=$$(date +%s); $(MAKE) --no-print-directory -j4 test-setup SMOKE_SPARKS="$(TEST_SMOKE_SPARKS)" \
-	  && echo "== set-up: $(call since,$$t) s"
-	@$(MAKE) --no-print-directory -k -j$(TEST_JOBS) --output-sync=target test-main test-others
+# $(call part,<name>,<command>): runs the command, prints its time, records its status.
+part = t=$$(date +%s); status=0; $(2) || status=$$?; \
+	echo "== $(1): $(call since,$$t) s"; echo $$status >$(RESULTS)/$(1)
 
+test:
+	@rm -rf $(RESULTS) && mkdir $(RESULTS); t=$$(date +%s); status=0; \
+	$(MAKE) --no-print-directory -k -j$(TEST_JOBS) --output-sync=target \
+	  SMOKE_SPARKS="$(TEST_SMOKE_SPARKS)" test-lane-main test-lane-others || status=1; \
+	echo "== make test: $(call since,$$t) s"; failed=$$(grep -Lx 0 $(RESULTS)/* | xargs -rn1 basename); \
+	if [ -n "$$failed" ]; then echo "== failed:" $$failed; status=1; fi; exit $$status
+
+test-lane-main: test-main-suite $(foreach v,$(MAIN_LANE_SMOKE),$(call smoke-venv,$(v)))
+	@$(foreach v,$(MAIN_LANE_SMOKE),$(call part,smoke-$(v),$(call smoke-run,$(v)));)
+
+test-lane-others: test-kafka-venv-suite $(foreach v,$(OTHER_LANE_SMOKE),$(call smoke-venv,$(v)))
+	@$(foreach v,$(OTHER_LANE_SMOKE),$(call part,smoke-$(v),$(call smoke-run,$(v)));) \
+	$(call part,install,$(MAKE) --no-print-directory test-install)
+
+test-main-suite: $(STAMP) $(VENV)/spark-classes.jsa
+	@$(call part,main,$(MAIN_SUITE))
+
+test-kafka-venv-suite: $(KAFKA_STAMP) jars $(KAFKA_VENV)/spark-classes.jsa
+	@$(call part,kafka-delta-spark$(if $(filter $(KAFKA_SPARK),$(TEST_SMOKE_SPARKS)),-smoke-$(KAFKA_SPARK)),$(ON_KAFKA_VENV))
+
+# What `make test` needs, built side by side, nothing run.
 test-setup: $(STAMP) $(KAFKA_STAMP) $(SMOKE_STAMPS) jars $(VENV)/spark-classes.jsa \
   $(KAFKA_VENV)/spark-classes.jsa
-	@$(PY) -m compileall -q -j0 sinks checkpoints streaming tests bench examples >/dev/null
 
 # A class-data sharing archive of the classes the tests' Spark loads, per venv that runs most
 # of them (tests/jvm_archive.py; about 40 CPU-seconds, 185 MB): dumped by one session of the
@@ -158,28 +188,17 @@ $(KAFKA_VENV)/spark-classes.jsa: $(KAFKA_STAMP) $(HADOOP_AWS_JARS)
 # (tests/conftest.py): one worker's waits on subprocesses and timeouts leave the cores to the
 # other. TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 2
+MAIN_SUITE = $(PY) -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadfile \
+	-m "not kafka and not delta_spark and not install" tests
 test-main: $(STAMP)
-	@t=$$(date +%s); status=0; \
-	$(PY) -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadfile \
-	  -m "not kafka and not delta_spark and not install" tests || status=1; \
-	echo "== main lane: $(call since,$$t) s"; exit $$status
+	$(MAIN_SUITE)
 
 # The Kafka, delta-spark and (when $(TEST_SMOKE_SPARKS) holds $(KAFKA_SPARK)) smoke tests on
 # $(KAFKA_VENV) in one pytest: one Spark session and one Connect server for the three, as
 # `make test-kafka`, `make test-delta-spark` and `make smoke` would run them one by one.
-TEST_ON_KAFKA_VENV = kafka or delta_spark$(if $(filter $(KAFKA_SPARK),$(TEST_SMOKE_SPARKS)), or smoke)
-test-others: $(KAFKA_STAMP) $(SMOKE_STAMPS) jars
-	@status=0; t=$$(date +%s); \
-	COMPACTED_SINK_KAFKA_TESTS=required COMPACTED_SINK_DELTA_TESTS=required \
-	  COMPACTED_SINK_RACE_ROUNDS=$(RACE_ROUNDS) \
-	  $(KAFKA_PY) -m pytest -q --durations=15 -m "$(TEST_ON_KAFKA_VENV)" tests || status=1; \
-	echo "== Kafka, delta-spark and smoke on $(KAFKA_SPARK): $(call since,$$t) s"; u=$$(date +%s); \
-	$(MAKE) --no-print-directory smoke \
-	  SMOKE_SPARKS="$(filter-out $(KAFKA_SPARK),$(TEST_SMOKE_SPARKS))" || status=1; \
-	echo "== smoke: $(call since,$$u) s"; u=$$(date +%s); \
-	$(MAKE) --no-print-directory test-install || status=1; \
-	echo "== install: $(call since,$$u) s"; echo "== other lane: $(call since,$$t) s"; \
-	exit $$status
+ON_KAFKA_VENV = COMPACTED_SINK_KAFKA_TESTS=required COMPACTED_SINK_DELTA_TESTS=required \
+	COMPACTED_SINK_RACE_ROUNDS=$(RACE_ROUNDS) $(KAFKA_PY) -m pytest -q --durations=15 \
+	-m "kafka or delta_spark$(if $(filter $(KAFKA_SPARK),$(TEST_SMOKE_SPARKS)), or smoke)" tests
 
 # The package installed beside pyspark 3.5.9 and beside databricks-connect: throwaway venvs
 # under pytest's tmp_path, set up side by side, wheels from pip's cache after the first run
@@ -203,13 +222,13 @@ race: $(KAFKA_STAMP) jars
 
 # The smoke suite on each pyspark of $(SMOKE_SPARKS), one venv each with the `test` extra (4.2's
 # is the Kafka venv, with the dev extras); `make test` runs it on $(TEST_SMOKE_SPARKS).
+# $(call smoke-run,<version>): pyspark 3.5's wheel has no Connect server: the plugin jar first.
+smoke-run = $(if $(filter 3.5.%,$(1)),$(MVN) -q -B $(DEPENDENCY_PLUGIN):get -Dtransitive=false \
+	-Dartifact=org.apache.spark:spark-connect_2.12:$(CONNECT_PLUGIN_3.5) && ) \
+	.venv-spark$(basename $(1))/bin/python -m pytest -q -m smoke tests/smoke
 smoke: $(KAFKA_STAMP) $(SMOKE_STAMPS)
-	@status=0; for v in $(SMOKE_SPARKS); do \
-	  venv=.venv-spark$${v%.*}; \
-	  case $$v in 3.5.*) $(MVN) -q -B $(DEPENDENCY_PLUGIN):get -Dtransitive=false \
-	    -Dartifact=org.apache.spark:spark-connect_2.12:$(CONNECT_PLUGIN_3.5) || status=1;; esac; \
-	  echo "== pyspark $$v"; $$venv/bin/python -m pytest -q -m smoke tests/smoke || status=1; \
-	done; exit $$status
+	@status=0; $(foreach v,$(SMOKE_SPARKS),echo "== pyspark $(v)"; $(call smoke-run,$(v)) || status=1;) \
+	exit $$status
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check sinks checkpoints streaming tests bench
