@@ -299,12 +299,10 @@ clean:
 # ---- The peers: Apache Paimon, Apache Hudi merge-on-read, delta-spark MERGE with deletion vectors
 # (bench/peers.py). Maven Central serves Paimon's Spark connector (paimon-spark-3.5, up to 0.9.0) and
 # Hudi's Spark bundle (hudi-spark3.5-bundle_2.12, up to 1.2.0) for Spark 3.5 only, no Spark 4 build:
-# the peers run on pyspark $(PEERS_SPARK) in a venv of their own (bench.peers runs from the
-# checkout), with delta-spark 3.3 for the deletion-vector MERGE; the sink and its usual baselines
-# run the same batches on $(KAFKA_VENV) in a second process (the sink also runs on 3.5: the
-# figures of bench/peers were taken this way, one Spark for all is still to run);
-# `bench.peers --report` checks that both processes' expected states and every system's state agree
-# and writes PEERS.md, results.json and peers.png.
+# every system runs on pyspark $(PEERS_SPARK) in a venv of its own (the package installed from
+# the checkout), with delta-spark 3.3 for the MERGE baselines: one Spark for all. Each run below
+# is a process of its own; `bench.peers --report` checks that every process's expected state
+# and every system's state agree and writes PEERS.md, results.json and peers.png.
 PEERS_SPARK ?= 3.5.9
 PEERS_VENV ?= .venv-peers
 PEERS_PY := $(PEERS_VENV)/bin/python
@@ -319,8 +317,8 @@ PEERS_DELTA_JARS := $(JARS)/delta-$(PEERS_SPARK)/.fetched
 $(PEERS_STAMP):
 	python3 -m venv $(PEERS_VENV)
 	$(PEERS_PY) -m pip install --quiet --upgrade pip
-	$(PEERS_PY) -m pip install --quiet 'pyspark==$(PEERS_SPARK)' 'delta-spark==3.3.2' \
-	  'deltalake>=1.6,<2' 'pyarrow>=16' 'pandas<3' numpy matplotlib 'pypaimon==2.1.0' 'hudi==0.5.0'
+	$(PEERS_PY) -m pip install --quiet 'pyspark==$(PEERS_SPARK)' 'delta-spark==3.3.2' -e . \
+	  numpy matplotlib 'pypaimon==2.1.0' 'hudi==0.5.0'
 	touch $@
 
 $(PAIMON_JARS): jvm/paimon/pom.xml
@@ -340,22 +338,22 @@ jars-peers: $(PAIMON_JARS) $(HUDI_JARS) $(PEERS_DELTA_JARS)
 # Not part of `make test`: 1e6 keys x 512 B, uniform and Zipf, 40 batches of 100,000 each, every
 # peer and the sink (hours on 2 cores: run it on an idle machine; bench/peers-quick/PEERS.md says
 # how long from the quick run).
-# The files it writes are the ones bench/peers holds: the peers (3.5), the sink and delta-rs MERGE,
-# copy-on-write MERGE (`-cow`), the sink with combine.before.append on (`-combined`) and with
-# cleaning off (`-append-only`: its appends alone), then where the sink's state read goes
-# (state_read_profile.txt) and the report.
-bench-peers: $(PEERS_STAMP) jars-peers $(KAFKA_STAMP) $(DELTA_JARS)
+# The files it writes are the ones bench/peers holds: the peers, the sink and delta-rs MERGE
+# (`-sink-side`), copy-on-write MERGE (`-cow`), the sink with combine.before.append on
+# (`-combined`) and with cleaning off (`-append-only`: its appends alone), then where the
+# sink's state read goes (state_read_profile.txt) and the report.
+bench-peers: $(PEERS_STAMP) jars-peers
 	$(PEERS_PY) -m bench.peers --out $(PEERS_OUT)
-	$(KAFKA_PY) -m bench.peers --out $(PEERS_OUT) --systems compacted_sink,merge_per_batch
-	$(KAFKA_PY) -m bench.peers --out $(PEERS_OUT) --systems delta_spark_merge --tag cow
-	$(KAFKA_PY) -m bench.peers --out $(PEERS_OUT) --systems compacted_sink_combined --tag combined
-	$(KAFKA_PY) -m bench.peers --out $(PEERS_OUT) --systems sink_cleaning_off --tag append-only
-	$(KAFKA_PY) -m bench.state_read_profile --out $(PEERS_OUT)
-	$(KAFKA_PY) -m bench.peers --report --out $(PEERS_OUT)
+	$(PEERS_PY) -m bench.peers --out $(PEERS_OUT) --systems compacted_sink,merge_per_batch --tag sink-side
+	$(PEERS_PY) -m bench.peers --out $(PEERS_OUT) --systems delta_spark_merge --tag cow
+	$(PEERS_PY) -m bench.peers --out $(PEERS_OUT) --systems compacted_sink_combined --tag combined
+	$(PEERS_PY) -m bench.peers --out $(PEERS_OUT) --systems sink_cleaning_off --tag append-only
+	$(PEERS_PY) -m bench.state_read_profile --out $(PEERS_OUT)
+	$(PEERS_PY) -m bench.peers --report --out $(PEERS_OUT)
 
 # The same on 1e5 keys, 6 batches of 20,000 (about 30 min on 2 loaded cores): every system runs
 # and ends in the same state.
-bench-peers-quick: $(PEERS_STAMP) jars-peers $(KAFKA_STAMP) $(DELTA_JARS)
+bench-peers-quick: $(PEERS_STAMP) jars-peers
 	$(PEERS_PY) -m bench.peers --quick --out bench/peers-quick
-	$(KAFKA_PY) -m bench.peers --quick --out bench/peers-quick
-	$(KAFKA_PY) -m bench.peers --report --out bench/peers-quick
+	$(PEERS_PY) -m bench.peers --quick --out bench/peers-quick --systems compacted_sink,merge_per_batch,delta_spark_merge --tag sink-side
+	$(PEERS_PY) -m bench.peers --report --out bench/peers-quick

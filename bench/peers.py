@@ -52,13 +52,14 @@ comes again.
 
 Which Spark: Maven Central serves Paimon's Spark connector up to 0.9.0 and only for Spark
 3.5 (``paimon-spark-3.5``; no ``paimon-spark-4.x``), and Hudi's Spark bundles only for 3.5
-(``hudi-spark3.5-bundle_2.12`` 1.2.0; no Spark 4 bundle), checked 26 November 2026. So the
-peers run on pyspark 3.5 (``.venv-spark3.5``, with delta-spark 3.3 for the deletion-vector
-MERGE), and the sink, which needs pyspark >= 4.0, runs the same batches in a second process
-on pyspark 4.2 (``.venv-spark4.2``, as ``make bench``). Each process also reads the expected
-state straight from the batch files (latest record per key by ``seq``, tombstones dropped)
-and every system's state is checked against it; ``--report`` then checks that the two
-processes' expected states agree (the same digest) and writes the table.
+(``hudi-spark3.5-bundle_2.12`` 1.2.0; no Spark 4 bundle), checked 26 November 2026. So
+every system runs on pyspark 3.5 (``.venv-peers``, with delta-spark 3.3 for the MERGE
+baselines): the peers in one process (the default on a pyspark 3), the sink and its
+baselines in others (``--systems``, ``--tag``; the default on a pyspark 4), as
+``make bench-peers`` runs them. Each process also reads the expected state straight from
+the batch files (latest record per key by ``seq``, tombstones dropped) and every system's
+state is checked against it; ``--report`` then checks that the processes' expected states
+agree (the same digest) and writes the table.
 
 Measured as ``bench.run`` measures: ingest (the sum of batch wall times, a background
 cleaner's drain included), p50/p99 batch (batch 0 left out), bytes written (every file
