@@ -263,6 +263,11 @@ class KeyLookup:
             for g in groups
             for i in leaves.values()
         )
+        for name, leaf in list(leaves.items()):
+            values = _constant_values(parquet, name, leaf, rows)
+            if values is not None:
+                read[name] = values
+                del leaves[name]
         by_pages = chunk_bytes >= _PAGE_PATH_MIN_BYTES or kept.facts.column_reads > 0
         kept.facts.column_reads += 1
         pages = kept.page_reader(source) if by_pages and leaves else None
@@ -287,6 +292,38 @@ class KeyLookup:
             count = sum(len(r) for r in rows.values())
             return pa.table({f.name: pa.nulls(count, f.type) for f in columns})
         return pa.table({n: read[n] for n in names})
+
+
+def _constant_values(
+    parquet: pq.ParquetFile, name: str, leaf: int, rows: dict[int, np.ndarray]
+) -> pa.ChunkedArray | None:
+    """Column ``name`` (leaf ``leaf``) at ``rows`` (row group -> row indexes) without
+    reading it, when its statistics prove it one value in each of those row groups (a
+    file's ``partition``, a batch's ``timestamp``): a signed integer or timestamp column,
+    stored as INT32 or INT64, with min equal to max, no null and a value a row. Else None
+    (the column is read). Pure."""
+    arrow_type = parquet.schema_arrow.field(name).type
+    signed = pa.types.is_signed_integer(arrow_type)
+    if not (signed or pa.types.is_timestamp(arrow_type)):
+        return None
+    chunks = []
+    for group in sorted(rows):
+        row_group = parquet.metadata.row_group(group)
+        chunk = row_group.column(leaf)
+        stats = chunk.statistics
+        if (
+            chunk.physical_type not in ("INT32", "INT64")
+            or stats is None
+            or not stats.has_min_max
+            or not stats.has_null_count
+            or stats.null_count != 0
+            or chunk.num_values != row_group.num_rows
+            or stats.min_raw != stats.max_raw
+        ):
+            return None
+        values = pa.array(np.full(len(rows[group]), int(stats.min_raw), dtype=np.int64))
+        chunks.append(values.cast(arrow_type) if signed else values.view(arrow_type))
+    return pa.chunked_array(chunks, arrow_type)
 
 
 class _OnDemand:
