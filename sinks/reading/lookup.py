@@ -5,7 +5,9 @@ Kafka Streams answers "what is X now?" from a state store; here the state is the
 key filter (`sinks.log.key_filter`, design.md §38) does not rule the keys out, and of
 their columns other than the key only the pages holding a matched row where the file has
 a page index (`sinks.reading.parquet_pages`). A row group without a filter is read, never
-skipped; a column without a page index is read whole.
+skipped; a column without a page index is read whole. What a lookup reads of a file (its
+footer, key filters, page reader) is kept in the process for the next
+(`sinks.reading.lookup_files`: a Delta data file never changes once written).
 
 The answer is the state's (`sinks.reading.arrow_state`, ``state()``): for each wanted key
 and each partition it appears in, the visible record of highest offset, or with a
@@ -90,8 +92,9 @@ def lookup(
     ``partition``, ``offset`` and ``timestamp``. A deleted or unknown key has no row.
     Raises `FileNotFoundError` when no log exists at ``path``, the sink's time-travel
     error outside the history window, `BadInputError` when a key does not fit the log's
-    key columns; a live data file that is gone raises `MissingDataFileError`. Reads only,
-    no Spark; idempotent.
+    key columns; a live data file that is gone raises `MissingDataFileError`. Reads only
+    (what it read of the files is kept in the process's `LOOKUP_FILES`), no Spark;
+    idempotent.
     """
     log = LogTable(normalize_uri(path), storage_options)
     snapshot = log.snapshot(as_of, repair=False)
