@@ -348,20 +348,22 @@ def test_constant_columns_are_taken_from_statistics_exactly_as_read():
                 pa.timestamp("ns", "UTC")
             ),
             "neg": pa.array(np.full(rows, -(2**40), np.int64)),
+            "tiny": pa.array(np.full(rows, -5, np.int8)),
             "varies": pa.array(np.arange(rows, dtype=np.int64)),
             "nulls": pa.array([None] + [5] * (rows - 1), pa.int64()),
             "u": pa.array(np.full(rows, 2**32 - 1, np.uint32)),
             "s": pa.array(["same"] * rows),
         }
     )
-    parquet = pq.ParquetFile(written(table, 1000, compression="zstd"))
     rows_at = {0: np.array([0, 999]), 2: np.array([5])}
-    for name in ("p", "ts", "neg"):
-        leaf = leaf_index(parquet.metadata, name)
-        values = lookup_module._constant_values(parquet, name, leaf, rows_at)
-        assert values is not None, name
-        assert values.type == parquet.schema_arrow.field(name).type
-        assert values.to_pylist() == whole_take(parquet, name, rows_at).to_pylist()
+    for options in ({}, {"coerce_timestamps": "ms", "allow_truncated_timestamps": True}):
+        parquet = pq.ParquetFile(written(table, 1000, compression="zstd", **options))
+        for name in ("p", "ts", "neg", "tiny"):
+            leaf = leaf_index(parquet.metadata, name)
+            values = lookup_module._constant_values(parquet, name, leaf, rows_at)
+            assert values is not None, name
+            assert values.type == parquet.schema_arrow.field(name).type
+            assert values.to_pylist() == whole_take(parquet, name, rows_at).to_pylist()
     for name in ("varies", "nulls", "u", "s"):  # not proven constant, or not a type it makes
         leaf = leaf_index(parquet.metadata, name)
         assert lookup_module._constant_values(parquet, name, leaf, rows_at) is None, name
