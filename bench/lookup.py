@@ -8,7 +8,9 @@ every partition cleaned to its end. Then a dirty region of 10 % of the keys is a
 (batches of 50,000 records, a file per partition each, 10 % of them tombstones) and
 everything is measured again. Measured, one key and 1,000 keys at a time:
 
-- ``lookup``: `sinks.lookup` (pyarrow + delta-rs, the key filter);
+- ``lookup``: `sinks.lookup` (pyarrow + delta-rs, the key filter), one call after
+  another in one process (what it keeps of the files serves the next call), and as a
+  process's first (``first_lookup``: nothing kept);
 - ``read_state_filter``: `sinks.read_state_batches`, each batch filtered to the keys;
 - ``duckdb``: DuckDB's ``delta_scan`` with the state's window query and the keys as a
   filter (DuckDB reads Parquet bloom filters and min/max statistics itself);
@@ -58,6 +60,7 @@ from sinks.log.log_table import (
 from sinks.log.ownership import PARTITIONS_TXN
 from sinks.log.segment_writer import SegmentWriterTask, WrittenSegment, stats_columns
 from sinks.reading.delta_sql import state_query
+from sinks.reading.lookup_files import LOOKUP_FILES
 
 PARTITIONS = 4
 VALUE_BYTES = 48
@@ -204,6 +207,12 @@ def timed(fn: Callable[[], Any], runs: int) -> tuple[dict[str, Any], list[Any]]:
     return summary, answers
 
 
+def first_lookup(path: str, keys: Any) -> pa.Table:
+    """`lookup` as a process's first: what lookups keep of the files is forgotten first."""
+    LOOKUP_FILES.clear()
+    return lookup(path, keys)
+
+
 def as_rows(table: pa.Table) -> set[tuple[str, str]]:
     return set(zip(table.column("key").to_pylist(), table.column("value").to_pylist(), strict=True))
 
@@ -255,6 +264,12 @@ def measure_log(
     sets_iter = iter(sets * 3)
     thousand, answers = timed(lambda: lookup(path, next(sets_iter)), len(sets))
     result["lookup"] = {"one_key": one, "1000_keys": thousand}
+    # A process's first lookup: nothing kept of the files yet (footers, filters, pages).
+    keys_iter = iter(pick * 3)
+    first_one, _ = timed(lambda: first_lookup(path, next(keys_iter)), max(len(pick) // 5, 1))
+    sets_iter = iter(sets * 3)
+    first_k, _ = timed(lambda: first_lookup(path, next(sets_iter)), max(len(sets) // 3, 1))
+    result["first_lookup"] = {"one_key": first_one, "1000_keys": first_k}
     expected = state_of(path, sets[0])
     if lookup_only:
         result["checks"] = {"lookup_equals_read_state": as_rows(answers[0]) == expected}

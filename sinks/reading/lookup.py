@@ -5,7 +5,9 @@ Kafka Streams answers "what is X now?" from a state store; here the state is the
 key filter (`sinks.log.key_filter`, design.md §38) does not rule the keys out, and of
 their columns other than the key only the pages holding a matched row where the file has
 a page index (`sinks.reading.parquet_pages`). A row group without a filter is read, never
-skipped; a column without a page index is read whole.
+skipped; a column without a page index is read whole. What a lookup reads of a file (its
+footer, key filters, page reader) is kept in the process for the next
+(`sinks.reading.lookup_files`: a Delta data file never changes once written).
 
 The answer is the state's (`sinks.reading.arrow_state`, ``state()``): for each wanted key
 and each partition it appears in, the visible record of highest offset, or with a
@@ -23,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -46,24 +49,30 @@ from sinks.log.records import OFFSET, PARTITION, TIMESTAMP, VALUE, at_or_above
 from sinks.log.segment import DataFile
 from sinks.log.storage import normalize_uri
 from sinks.reading.arrow_state import state_schema
+from sinks.reading.lookup_files import LOOKUP_FILES, FileFacts, footer_weight
 from sinks.reading.parquet_pages import PageReader, leaf_index
 
 _WANTED = "_wanted"  # a wanted key's position in the caller's list
 _ROW = "_row"
 _HEADER_BYTES = 64  # covers a BloomFilterHeader (about 15 bytes)
-# Below this many wanted keys a filter's blocks are read one by one, 32 bytes each;
-# above it the whole bitset is read at once.
+# Below this many wanted keys a large filter's blocks are read one by one, 32 bytes each;
+# above it, or when the filter is at most _SMALL_FILTER_BYTES, the whole bitset is read at
+# once and kept (`LOOKUP_FILES`).
 _BLOCK_READS_MAX_KEYS = 8
+_SMALL_FILTER_BYTES = 64 * 1024
 _READERS = 4  # files read at once: pyarrow decodes without the GIL
 # A column is read by pages when they are at most this share of its chunks' bytes; above
 # it a whole read costs about as much and needs no footer to be rewritten.
 _PAGE_SHARE_MAX = 0.5
 # A file's columns are read by pages only when the chunks to read hold at least this many
-# bytes: below it a whole read costs less than reading the file's footer to find pages.
+# bytes, or when a lookup read them before: below it a whole read costs less than parsing
+# the file's footer to find pages, unless the footer is parsed once and kept.
 _PAGE_PATH_MIN_BYTES = 1 << 20
 # What the page path may raise on a footer or page it does not expect (a decoding error
 # included): the column is then read whole.
 _PAGE_PATH_ERRORS = (pa.ArrowException, ValueError, KeyError, IndexError, TypeError)
+# A page reader's footer, parsed into Python, weighs this many times its serialized bytes.
+_FOOTER_PARSED_WEIGHT = 32
 
 
 def lookup(
@@ -83,8 +92,9 @@ def lookup(
     ``partition``, ``offset`` and ``timestamp``. A deleted or unknown key has no row.
     Raises `FileNotFoundError` when no log exists at ``path``, the sink's time-travel
     error outside the history window, `BadInputError` when a key does not fit the log's
-    key columns; a live data file that is gone raises `MissingDataFileError`. Reads only,
-    no Spark; idempotent.
+    key columns; a live data file that is gone raises `MissingDataFileError`. Reads only
+    (what it read of the files is kept in the process's `LOOKUP_FILES`), no Spark;
+    idempotent.
     """
     log = LogTable(normalize_uri(path), storage_options)
     snapshot = log.snapshot(as_of, repair=False)
@@ -98,16 +108,16 @@ def lookup(
 class KeyLookup:
     """Lookups on one snapshot of a log: its live files and what a row of the answer holds.
 
-    Footers are read once per file and kept, so a service that keeps the object answers
-    later lookups on the same snapshot without reading them again.
+    What is read of a file (footer, key filters, page reader) is kept in the process's
+    `LOOKUP_FILES` for later lookups, on this snapshot or another (design.md §38).
     """
 
     snapshot: LogSnapshot
     keys: LogKeys
     files: tuple[DataFile, ...]
     floors: dict[int, int]
-    _footers: dict[str, pq.FileMetaData] = field(default_factory=dict, repr=False)
-    _pages: dict[str, PageReader | None] = field(default_factory=dict, repr=False)
+    cache: Any = field(default=LOOKUP_FILES, repr=False)
+    _fs: tuple[Any, str] | None = field(default=None, repr=False)
 
     @classmethod
     def of(cls, snapshot: LogSnapshot) -> KeyLookup:
@@ -117,11 +127,11 @@ class KeyLookup:
         starts = {p: snapshot.log_start_offset(p) for p in snapshot.partitions}
         return cls(snapshot, log_keys(snapshot), files, {p: s for p, s in starts.items() if s > 0})
 
-    @property
+    @cached_property
     def own_keys(self) -> list[str]:
         return [k for k in self.keys.key_columns if k != PARTITION]
 
-    @property
+    @cached_property
     def schema(self) -> pa.Schema:
         """The answer's columns: the state's, then ``partition``, ``offset``, ``timestamp``."""
         log_schema = self.snapshot.arrow_schema
@@ -131,7 +141,7 @@ class KeyLookup:
         ]
         return pa.schema([*state, *(f for f in extra if f.name not in state.names)])
 
-    @property
+    @cached_property
     def read_schema(self) -> pa.Schema:
         """What is read of a matching row: the answer's columns and the sequence column."""
         schema = self.schema
@@ -182,28 +192,38 @@ class KeyLookup:
     ) -> Iterator[pa.Table]:
         """The records of a wanted key in ``data_file``: for each row group its key filter
         does not rule out, the key columns are read; the rest only where a key matched,
-        by pages where the file allows (`_columns_at`)."""
-        fs, root = self.snapshot.location.filesystem()
+        by pages where the file allows (`_columns_at`). A file whose footer and filters
+        are kept (`LOOKUP_FILES`) and rule every key out is not even opened."""
+        fs, root = self._filesystem()
         schema = self.read_schema
         keys = pa.schema([schema.field(k) for k in self.own_keys])
         rest = pa.schema([f for f in schema if f.name not in self.own_keys])
-        with fs.open_input_file(f"{root}/{data_file.path}") as source:
-            parquet = pq.ParquetFile(source, metadata=self._footers.get(data_file.path))
-            self._footers.setdefault(data_file.path, parquet.metadata)
+        location = f"{self.snapshot.location.uri}/{data_file.path}"
+        facts = self.cache.facts(location, data_file.size_bytes)
+        with _OnDemand(fs, f"{root}/{data_file.path}") as source:
+            metadata = facts.metadata
+            if metadata is None:
+                metadata = pq.ParquetFile(source.file()).metadata
+                facts.metadata = metadata
+                self.cache.charge(location, data_file.size_bytes, footer_weight(metadata))
+            kept = _Kept(self.cache, location, data_file.size_bytes, facts)
+            groups = candidate_row_groups(source, metadata, wanted, self.own_keys, hashes, kept)
+            if not groups:
+                return
+            parquet = pq.ParquetFile(source.file(), metadata=metadata)
             present = set(parquet.schema_arrow.names)
-            groups = candidate_row_groups(source, parquet.metadata, wanted, self.own_keys, hashes)
             read = [k for k in keys.names if k in present]
             found: dict[int, tuple[pa.Table, np.ndarray]] = {}
             for group in groups:
-                key_rows = conform(parquet.read_row_group(group, columns=read), keys)
+                key_rows = conform(
+                    parquet.read_row_group(group, columns=read, use_threads=False), keys
+                )
                 rows = _rows_of(key_rows, wanted, self.own_keys)
                 if len(rows):
                     found[group] = (key_rows.take(rows), rows)
             if not found:
                 return
-            others = conform(
-                self._columns_at(source, parquet, data_file.path, rest, present, found), rest
-            )
+            others = conform(self._columns_at(source, parquet, kept, rest, present, found), rest)
             key_columns = [
                 pa.chunked_array([found[g][0].column(k) for g in sorted(found)], keys.field(k).type)
                 for k in keys.names
@@ -215,11 +235,17 @@ class KeyLookup:
                 matched = at_or_above(matched, self.floors)
             yield matched.cast(schema)
 
+    def _filesystem(self) -> tuple[Any, str]:
+        """The log's pyarrow file system and root, built once per lookup object."""
+        if self._fs is None:
+            self._fs = self.snapshot.location.filesystem()
+        return self._fs
+
     def _columns_at(
         self,
-        source: Any,
+        source: _OnDemand,
         parquet: pq.ParquetFile,
-        path: str,
+        kept: _Kept,
         columns: pa.Schema,
         present: set[str],
         found: dict[int, tuple[pa.Table, np.ndarray]],
@@ -227,8 +253,8 @@ class KeyLookup:
         """``columns`` (those the file has) at the matched rows of ``found`` (row group ->
         the matched rows' keys and indexes), in group then row order. A column is
         read by its pages where the file's page index allows (`PageReader`) and the chunks
-        are large enough to gain by it, else by whole column chunks of the matched row
-        groups (design.md §38)."""
+        are large enough to gain by it or the file's page reader is kept, else by whole
+        column chunks of the matched row groups (design.md §38)."""
         names = [n for n in columns.names if n in present]
         groups = sorted(found)
         rows = {g: found[g][1] for g in groups}
@@ -240,7 +266,14 @@ class KeyLookup:
             for g in groups
             for i in leaves.values()
         )
-        pages = self._page_reader(source, path) if chunk_bytes >= _PAGE_PATH_MIN_BYTES else None
+        for name, leaf in list(leaves.items()):
+            values = _constant_values(parquet, name, leaf, rows)
+            if values is not None:
+                read[name] = values
+                del leaves[name]
+        by_pages = chunk_bytes >= _PAGE_PATH_MIN_BYTES or kept.facts.column_reads > 0
+        kept.facts.column_reads += 1
+        pages = kept.page_reader(source) if by_pages and leaves else None
         if pages is not None:
             for name, leaf in leaves.items():
                 try:
@@ -252,7 +285,10 @@ class KeyLookup:
                     continue  # an odd file: the column is read whole below, never wrong
         whole = [n for n in names if n not in read]
         if whole:
-            tables = [parquet.read_row_group(g, columns=whole).take(rows[g]) for g in groups]
+            tables = [
+                parquet.read_row_group(g, columns=whole, use_threads=False).take(rows[g])
+                for g in groups
+            ]
             table = pa.concat_tables(tables)
             read.update({n: table.column(n) for n in whole})
         if not names:  # the file has none of them: nulls, as `conform` fills
@@ -260,14 +296,86 @@ class KeyLookup:
             return pa.table({f.name: pa.nulls(count, f.type) for f in columns})
         return pa.table({n: read[n] for n in names})
 
-    def _page_reader(self, source: Any, path: str) -> PageReader | None:
-        """The file's page reader, its footer read once per lookup object."""
-        if path not in self._pages:
+
+def _constant_values(
+    parquet: pq.ParquetFile, name: str, leaf: int, rows: dict[int, np.ndarray]
+) -> pa.ChunkedArray | None:
+    """Column ``name`` (leaf ``leaf``) at ``rows`` (row group -> row indexes) without
+    reading it, when its statistics prove it one value in each of those row groups (a
+    file's ``partition``, a batch's ``timestamp``): a signed integer or timestamp column,
+    stored as INT32 or INT64, with min equal to max, no null and a value a row. Else None
+    (the column is read). Pure."""
+    arrow_type = parquet.schema_arrow.field(name).type
+    signed = pa.types.is_signed_integer(arrow_type)
+    if not (signed or pa.types.is_timestamp(arrow_type)):
+        return None
+    chunks = []
+    for group in sorted(rows):
+        row_group = parquet.metadata.row_group(group)
+        chunk = row_group.column(leaf)
+        stats = chunk.statistics
+        if (
+            chunk.physical_type not in ("INT32", "INT64")
+            or stats is None
+            or not stats.has_min_max
+            or not stats.has_null_count
+            or stats.null_count != 0
+            or chunk.num_values != row_group.num_rows
+            or stats.min_raw != stats.max_raw
+        ):
+            return None
+        values = pa.array(np.full(len(rows[group]), int(stats.min_raw), dtype=np.int64))
+        chunks.append(values.cast(arrow_type) if signed else values.view(arrow_type))
+    return pa.chunked_array(chunks, arrow_type)
+
+
+class _OnDemand:
+    """A data file opened for random reads at its first read, closed on exit."""
+
+    def __init__(self, fs: Any, path: str) -> None:
+        self._fs, self._path, self._file = fs, path, None
+
+    def file(self) -> Any:
+        if self._file is None:
+            self._file = self._fs.open_input_file(self._path)
+        return self._file
+
+    def read_at(self, nbytes: int, offset: int) -> bytes:
+        return self.file().read_at(nbytes, offset)
+
+    def size(self) -> int:
+        return self.file().size()
+
+    def __enter__(self) -> _OnDemand:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._file is not None:
+            self._file.close()
+
+
+@dataclass
+class _Kept:
+    """One file's kept facts (`FileFacts`) and how to count what is added to them."""
+
+    cache: Any
+    location: str
+    size: int
+    facts: FileFacts
+
+    def charge(self, nbytes: int) -> None:
+        self.cache.charge(self.location, self.size, nbytes)
+
+    def page_reader(self, source: Any) -> PageReader | None:
+        """The file's page reader, its footer parsed once and kept."""
+        if "reader" not in self.facts.pages:
             try:
-                self._pages[path] = PageReader.of(source)
+                reader = PageReader.of(source)
             except (OSError, ValueError):
-                self._pages[path] = None
-        return self._pages[path]
+                reader = None
+            self.facts.pages["reader"] = reader
+            self.charge(_FOOTER_PARSED_WEIGHT * (self.facts.metadata.serialized_size or 0))
+        return self.facts.pages["reader"]
 
 
 def wanted_keys(keys: Any, log_schema: pa.Schema, key_columns: Sequence[str]) -> pa.Table:
@@ -327,33 +435,26 @@ def candidate_row_groups(
     wanted: pa.Table,
     key_columns: Sequence[str],
     hashes: dict[tuple[str, str], np.ndarray | None] | None = None,
+    kept: _Kept | None = None,
 ) -> list[int]:
     """The row groups of a file (``source``, open for random reads) that may hold a
     ``wanted`` key: every row group but those whose key filter rules out every wanted key.
-    ``hashes`` keeps the wanted keys' hashes per (column, physical type) between files."""
+    ``hashes`` keeps the wanted keys' hashes per (column, physical type) between files;
+    ``kept``, the file's kept facts: filters read are kept there, and filters kept there
+    are not read again (``source`` is then not read at all)."""
     hashes = {} if hashes is None else hashes
-    chunk_of = {metadata.schema.column(i).path: i for i in range(metadata.num_columns)}
+    chunks = _key_chunks(metadata, key_columns, kept)
     groups = []
-    for group in range(metadata.num_row_groups):
-        row_group = metadata.row_group(group)
+    for group, filters in enumerate(chunks):
         maybe = np.ones(wanted.num_rows, dtype=bool)
-        for name in key_columns:
-            if name not in chunk_of:
-                continue  # the file lacks the column: it holds only nulls there, read it
-            chunk = row_group.column(chunk_of[name])
-            # pyarrow < 24 does not say where a filter is: every row group is read
-            filter_offset = getattr(chunk, "bloom_filter_offset", None)
-            if filter_offset is None:
-                continue
-            cache = (name, chunk.physical_type)
+        for name, physical_type, filter_offset in filters:
+            cache = (name, physical_type)
             if cache not in hashes:
-                hashes[cache] = key_hashes(
-                    wanted.column(name).combine_chunks(), chunk.physical_type
-                )
+                hashes[cache] = key_hashes(wanted.column(name).combine_chunks(), physical_type)
             wanted_hashes = hashes[cache]
             if wanted_hashes is None:
                 continue
-            found = _probe(source, filter_offset, wanted_hashes[maybe])
+            found = _probe(source, filter_offset, wanted_hashes[maybe], kept)
             if found is not None:
                 maybe[np.flatnonzero(maybe)[~found]] = False
             if not maybe.any():
@@ -363,25 +464,69 @@ def candidate_row_groups(
     return groups
 
 
-def _probe(source: Any, offset: int, hashes: np.ndarray) -> np.ndarray | None:
-    """Per hash: whether the filter at ``offset`` may hold it; None when it is unreadable."""
-    head = source.read_at(_HEADER_BYTES, offset)
-    parsed = parse_filter_header(head)
+def _key_chunks(
+    metadata: pq.FileMetaData, key_columns: Sequence[str], kept: _Kept | None
+) -> list[list[tuple[str, str, int]]]:
+    """Per row group, (column, physical type, filter offset) of each key column chunk
+    with a filter (kept in ``kept``). A column the file lacks holds only nulls there, and a
+    chunk without a filter (pyarrow < 24 does not even say where one is) says nothing:
+    neither rules a row group out."""
+    wanted = tuple(key_columns)
+    if kept is not None and wanted in kept.facts.key_chunks:
+        return kept.facts.key_chunks[wanted]
+    chunk_of = {metadata.schema.column(i).path: i for i in range(metadata.num_columns)}
+    chunks = []
+    for group in range(metadata.num_row_groups):
+        row_group = metadata.row_group(group)
+        filters = []
+        for name in key_columns:
+            if name not in chunk_of:
+                continue
+            chunk = row_group.column(chunk_of[name])
+            filter_offset = getattr(chunk, "bloom_filter_offset", None)
+            if filter_offset is not None:
+                filters.append((name, chunk.physical_type, filter_offset))
+        chunks.append(filters)
+    if kept is not None:
+        kept.facts.key_chunks[wanted] = chunks
+    return chunks
+
+
+def _probe(
+    source: Any, offset: int, hashes: np.ndarray, kept: _Kept | None = None
+) -> np.ndarray | None:
+    """Per hash: whether the filter at ``offset`` may hold it; None when it is unreadable.
+    A whole bitset read is kept in ``kept``, and so is the header of a filter read block
+    by block."""
+    if kept is not None and offset in kept.facts.filters:
+        words = kept.facts.filters[offset]
+        if words is None:
+            return None
+        return blocks_contain(words[block_indexes(hashes, words.nbytes)], hashes)
+    if kept is not None and offset in kept.facts.headers:
+        parsed = kept.facts.headers[offset]
+    else:
+        parsed = parse_filter_header(source.read_at(_HEADER_BYTES, offset))
+        if kept is not None:
+            kept.facts.headers[offset] = parsed
     if parsed is None:
         return None
     header, bitset = parsed
-    blocks = block_indexes(hashes, bitset)
     start = offset + header
-    if len(hashes) <= _BLOCK_READS_MAX_KEYS:
+    if len(hashes) <= _BLOCK_READS_MAX_KEYS and bitset > _SMALL_FILTER_BYTES:
+        blocks = block_indexes(hashes, bitset)
         words = np.stack(
             [np.frombuffer(source.read_at(32, start + 32 * int(b)), dtype="<u4") for b in blocks]
         )
-    else:
-        data = source.read_at(bitset, start)
-        if len(data) != bitset:
-            return None
-        words = np.frombuffer(data, dtype="<u4").reshape(-1, 8)[blocks]
-    return blocks_contain(words, hashes)
+        return blocks_contain(words, hashes)
+    data = source.read_at(bitset, start)
+    whole = np.frombuffer(data, dtype="<u4").reshape(-1, 8) if len(data) == bitset else None
+    if kept is not None:
+        kept.facts.filters[offset] = whole
+        kept.charge(bitset)
+    if whole is None:
+        return None
+    return blocks_contain(whole[block_indexes(hashes, bitset)], hashes)
 
 
 def _rows_of(records: pa.Table, wanted: pa.Table, key_columns: Sequence[str]) -> np.ndarray:

@@ -28,6 +28,7 @@ from sinks.log.ownership import PARTITIONS_TXN
 from sinks.log.segment_writer import SegmentWriterTask, WrittenSegment, stats_columns
 from sinks.log.thrift_compact import read_struct, write_struct
 from sinks.reading import lookup as lookup_module
+from sinks.reading.lookup_files import LOOKUP_FILES, FileCache
 from sinks.reading.parquet_pages import PageReader, leaf_index, page_locations
 
 # -- pure: pages against whole chunks ---------------------------------------------------------
@@ -333,3 +334,143 @@ def test_a_page_path_that_fails_reads_the_column_whole(tmp_path, monkeypatch):
     monkeypatch.setattr(PageReader, "take", broken)
     assert lookup(path, keys).equals(expected)
     assert answer_rows(expected) == state_rows(path, keys)
+
+
+# -- what lookups keep of each file between calls ---------------------------------------------
+
+
+def test_constant_columns_are_taken_from_statistics_exactly_as_read():
+    rows = 3000
+    table = pa.table(
+        {
+            "p": pa.array(np.full(rows, 7, np.int32)),
+            "ts": pa.array(np.full(rows, 1_764_000_000_123_456_789, np.int64)).cast(
+                pa.timestamp("ns", "UTC")
+            ),
+            "neg": pa.array(np.full(rows, -(2**40), np.int64)),
+            "tiny": pa.array(np.full(rows, -5, np.int8)),
+            "varies": pa.array(np.arange(rows, dtype=np.int64)),
+            "nulls": pa.array([None] + [5] * (rows - 1), pa.int64()),
+            "u": pa.array(np.full(rows, 2**32 - 1, np.uint32)),
+            "s": pa.array(["same"] * rows),
+        }
+    )
+    rows_at = {0: np.array([0, 999]), 2: np.array([5])}
+    for options in ({}, {"coerce_timestamps": "ms", "allow_truncated_timestamps": True}):
+        parquet = pq.ParquetFile(written(table, 1000, compression="zstd", **options))
+        for name in ("p", "ts", "neg", "tiny"):
+            leaf = leaf_index(parquet.metadata, name)
+            values = lookup_module._constant_values(parquet, name, leaf, rows_at)
+            assert values is not None, name
+            assert values.type == parquet.schema_arrow.field(name).type
+            assert values.to_pylist() == whole_take(parquet, name, rows_at).to_pylist()
+    for name in ("varies", "nulls", "u", "s"):  # not proven constant, or not a type it makes
+        leaf = leaf_index(parquet.metadata, name)
+        assert lookup_module._constant_values(parquet, name, leaf, rows_at) is None, name
+
+
+def test_the_file_cache_keeps_a_file_by_location_and_size_and_drops_the_oldest():
+    cache = FileCache(max_bytes=100)
+    first = cache.facts("a/1.parquet", 10)
+    assert cache.facts("a/1.parquet", 10) is first
+    assert cache.facts("a/1.parquet", 11) is not first  # another file under the same name
+    cache.charge("a/1.parquet", 10, 60)
+    cache.facts("a/2.parquet", 10)
+    cache.charge("a/2.parquet", 10, 30)
+    cache.facts("a/1.parquet", 10)  # used last: the other one is older
+    cache.facts("a/3.parquet", 10)
+    cache.charge("a/3.parquet", 10, 50)  # 140 > 100: the least recently used go first
+    assert cache.kept_bytes <= 100
+    assert cache.facts("a/3.parquet", 10) is not None and len(cache) >= 1
+    kept = cache.facts("a/1.parquet", 10)
+    assert kept is not first  # dropped (its 60 bytes and the 2nd's 30 went for the 3rd's)
+    cache.charge("a/4.parquet", 10, 10)  # never asked for: nothing to count
+    cache.facts("big", 1)
+    cache.charge("big", 1, 1000)  # alone over the bound: kept, the others dropped
+    assert len(cache) == 1 and cache.kept_bytes == 1000
+    cache.clear()
+    assert len(cache) == 0 and cache.kept_bytes == 0
+
+
+def test_kept_footers_and_filters_answer_what_fresh_reads_answer(tmp_path, monkeypatch):
+    rng = np.random.default_rng(13)
+    path = str(tmp_path / "log")
+    build_log(path, rng, 20_000, dirty_batches=3)
+    opened = []
+    file = lookup_module._OnDemand.file
+
+    def counted(self):
+        if self._file is None:
+            opened.append(self._path)
+        return file(self)
+
+    monkeypatch.setattr(lookup_module._OnDemand, "file", counted)
+    key_sets = [[f"k{int(i)}" for i in rng.integers(0, 21_000, n)] for n in (1, 5, 300)]
+    LOOKUP_FILES.clear()
+    cold = [lookup(path, keys) for keys in key_sets]
+    assert len(LOOKUP_FILES) == live_files(path)  # every live file, read once
+    for keys, answer in zip(key_sets, cold, strict=True):
+        assert lookup(path, keys).equals(answer)  # now from what was kept
+        assert answer_rows(answer) == state_rows(path, keys)
+    # a key no filter lets through opens no file once the footers and filters are kept
+    absent = next(k for k in (f"absent-{i}" for i in range(100)) if not lookup(path, k).num_rows)
+    opened.clear()
+    lookup(path, absent)
+    lookup_object = lookup_module.KeyLookup.of(LogTable(path).snapshot())
+    wanted = lookup_module.wanted_keys([absent], lookup_object.snapshot.arrow_schema, ["key"])
+    maybe = 0
+    for data_file in lookup_object.files:
+        metadata = pq.read_metadata(f"{path}/{data_file.path}")
+        with open(f"{path}/{data_file.path}", "rb") as f:
+            maybe += bool(
+                lookup_module.candidate_row_groups(pa.PythonFile(f), metadata, wanted, ["key"])
+            )
+    assert len(opened) == maybe < 10
+    # a new version: its new files are read, the kept ones stay right, time travel too
+    build_more(path, rng, 20_000)
+    for keys in key_sets:
+        assert answer_rows(lookup(path, keys)) == state_rows(path, keys)
+        assert lookup(path, keys, as_of=4).equals(cold[key_sets.index(keys)])
+    assert len(LOOKUP_FILES) == live_files(path) == 8 + 2  # the new ones added
+
+
+def live_files(path: str) -> int:
+    return len(list(LogTable(path).snapshot().data_files()))
+
+
+def build_more(path: str, rng: np.random.Generator, keys: int) -> None:
+    """One more dirty batch on ``build_log``'s log, tombstones included (a new version)."""
+    snapshot = LogTable(path).snapshot()
+    ends = snapshot.log_end_offsets()
+    ids = rng.integers(0, keys, 3000)
+    adds = []
+    for p in range(2):
+        mine = ids[ids % 2 == p]
+        key = pc.binary_join_element_wise("k", pc.cast(pa.array(mine), pa.string()), "")
+        dead = pa.array(rng.random(len(mine)) < 0.3)
+        table = pa.table(
+            {
+                "key": key,
+                "value": pc.if_else(dead, pa.nulls(len(mine), pa.string()), key),
+                "partition": pa.array(np.full(len(mine), p, np.int32)),
+                "offset": pa.array(np.arange(ends[p], ends[p] + len(mine), dtype=np.int64)),
+            }
+        )
+        ends[p] += len(mine)
+        task = SegmentWriterTask(
+            table_uri=path,
+            schema=snapshot.arrow_schema,
+            stats_columns=("key", "partition", "offset"),
+            max_file_bytes=1 << 30,
+            group_column=None,
+            storage_options={},
+            key_columns=("key",),
+        )
+        batches = table.cast(task.schema).to_batches()
+        adds += [WrittenSegment(**r) for b in task(iter(batches)) for r in b.to_pylist()]
+    snapshot.commit(
+        adds=adds,
+        data_change=True,
+        transactions={LOG_END_OFFSET_TXN.format(p): e for p, e in ends.items()},
+        info={"operation": "x"},
+    )
