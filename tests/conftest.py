@@ -15,6 +15,7 @@ unset it otherwise.
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import json
 import os
 import signal
@@ -23,6 +24,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import pyspark
@@ -193,19 +195,21 @@ def _free_port() -> int:
 class ConnectServer:
     """A Spark Connect server (local[2]) from the pyspark install, on a free loopback port.
 
-    Its own process group, ended at teardown; it also dies with pytest. Its Python
-    workers (``foreachBatch`` functions, listeners) use this venv's Python and import
-    the project from the work tree.
+    Its own process group, ended by `stop`; it also dies with the process ``watched``
+    (this one by default). Its Python workers (``foreachBatch`` functions, listeners) use
+    this venv's Python and import the project from the work tree.
     """
 
     READY_TIMEOUT_S = 120
 
-    def __init__(self, base: Path) -> None:
+    def __init__(self, base: Path, watched: int | None = None) -> None:
         self.base = base
+        self.watched = watched
         self.port = _free_port()
         self.url = f"sc://127.0.0.1:{self.port}"
         self.log = base / "connect-server.log"
         self.process: subprocess.Popen | None = None
+        self.watchdog: subprocess.Popen | None = None
 
     def start(self) -> None:
         spark_home = Path(pyspark.__file__).parent
@@ -252,7 +256,13 @@ class ConnectServer:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=None if self.watched else _die_with_parent,
+            )
+        if self.watched:  # a shell that ends the server's group when that process is gone
+            watch = f"while kill -0 {self.watched} 2>/dev/null; do sleep 2; done; "
+            self.watchdog = subprocess.Popen(
+                ["sh", "-c", watch + f"kill -TERM -{self.process.pid} 2>/dev/null"],
+                start_new_session=True,
             )
         deadline = time.monotonic() + self.READY_TIMEOUT_S
         while time.monotonic() < deadline:
@@ -266,22 +276,96 @@ class ConnectServer:
         raise RuntimeError(f"Connect server not listening after {self.READY_TIMEOUT_S} s")
 
     def stop(self) -> None:
-        if self.process is None:
+        if self.process is not None:
+            _stop_group(self.process.pid)
+            self.process.wait()
+        if self.watchdog is not None:
+            self.watchdog.kill()
+            self.watchdog.wait()
+
+
+def _stop_group(leader: int) -> None:
+    """SIGTERM the process group of ``leader``; SIGKILL it if the leader still runs 20 s
+    later (gone or a zombie: stopped)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(leader, sig)
+        except ProcessLookupError:
             return
-        for sig, wait_s in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
             try:
-                os.killpg(self.process.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                self.process.wait(wait_s)
-                break
-            except subprocess.TimeoutExpired:
-                continue
+                if Path(f"/proc/{leader}/stat").read_text().split(")")[-1].split()[0] == "Z":
+                    return
+            except FileNotFoundError:
+                return
+            time.sleep(0.2)
+
+
+class SharedConnectServer:
+    """One `ConnectServer` for every pytest-xdist worker of a run (`make test`'s main suite
+    runs two): the first worker to need it starts it, each counts itself in and out under a
+    lock in the run's shared temporary directory, and the last one out stops it; it dies with
+    the run's controller (the workers' parent). Saves a second server's start and warm-up
+    (the first Connect test of a worker took 71 CPU-seconds against 9 for its classic run)."""
+
+    def __init__(self, shared: Path) -> None:
+        self.shared = shared
+        shared.mkdir(exist_ok=True)
+        self.state = shared / "server.json"
+
+    @contextmanager
+    def _locked(self) -> Iterator[dict]:
+        with open(self.shared / "lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            state = json.loads(self.state.read_text()) if self.state.exists() else {}
+            yield state
+            self.state.write_text(json.dumps(state))
+
+    def acquire(self) -> ConnectServer:
+        with self._locked() as state:
+            server = ConnectServer(self.shared, watched=os.getppid())
+            if state.get("users") and _listening(state["port"]):
+                server.port, server.url = state["port"], state["url"]
+                state["users"] += 1
+                return server
+            server.start()
+            assert server.process is not None and server.watchdog is not None
+            state.update(
+                users=1,
+                port=server.port,
+                url=server.url,
+                pgid=server.process.pid,
+                watchdog=server.watchdog.pid,
+            )
+            return server
+
+    def release(self) -> None:
+        with self._locked() as state:
+            state["users"] = state.get("users", 1) - 1
+            if state["users"] <= 0 and state.get("pgid"):
+                _stop_group(state.pop("pgid"))
+                with suppress(ProcessLookupError):
+                    os.kill(state.pop("watchdog"), signal.SIGKILL)
+
+
+def _listening(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
 
 
 @pytest.fixture(scope="session")
 def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConnectServer]:
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = SharedConnectServer(tmp_path_factory.getbasetemp().parent / "connect-server")
+        try:
+            yield shared.acquire()
+        finally:
+            shared.release()
+        return
     server = ConnectServer(tmp_path_factory.mktemp("connect-server"))
     try:
         server.start()
