@@ -7,10 +7,11 @@ STAMP := $(VENV)/.installed
 # installs it into a venv of its own first.
 UV_VENV ?= .venv-uv
 UV := $(UV_VENV)/bin/uv
-# $(call new-venv,<dir>,<requirements>): a venv with pip in it (tests/install runs
-# `python -m pip`) and the requirements, as pip would install them.
+# $(call new-venv,<dir>,<requirements>[,<prefix>]): a venv with pip in it (tests/install runs
+# `python -m pip`) and the requirements, as pip would install them; the install command run
+# under <prefix> (`nice`: a venv needed later gives the cores to the tests already running).
 new-venv = rm -rf $(1) && $(UV) venv --quiet --seed --python python3 $(1) && \
-	VIRTUAL_ENV=$(abspath $(1)) $(UV) pip install --quiet $(2)
+	VIRTUAL_ENV=$(abspath $(1)) $(3) $(UV) pip install --quiet $(2)
 
 # Every Python process make starts writes the bytecode of what it imports, where the
 # environment says not to (PYTHONDONTWRITEBYTECODE, as on this project's machines): else each
@@ -88,7 +89,7 @@ smoke-venv = .venv-spark$(basename $(1))/.installed
 SMOKE_STAMPS = $(foreach v,$(filter-out $(KAFKA_SPARK),$(SMOKE_SPARKS)),$(call smoke-venv,$(v)))
 .venv-spark%/.installed: pyproject.toml | $(UV)
 	$(call new-venv,.venv-spark$*,'pyspark==$(filter $*.%,$(SMOKE_SPARKS))' \
-	  $(if $(filter 3.5,$*),'pyarrow==$(PYARROW_FLOOR)') -e '.[test]')
+	  $(if $(filter 3.5,$*),'pyarrow==$(PYARROW_FLOOR)') -e '.[test]',nice -n 10)
 	touch $@
 
 # An Apache Kafka broker (kafka_2.13 and its dependencies, log4j2).
