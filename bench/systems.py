@@ -56,6 +56,7 @@ from bench.recopy import pass_recopy
 from bench.session import delta_spark_on
 from sinks import CleanerConfig, CompactedStateSink
 from sinks.cleaner.cleaner_stats import CleanerStats
+from sinks.spark_compat import to_arrow
 
 TABLE_SCHEMA = pa.schema([("key", pa.string()), ("value", pa.binary()), ("seq", pa.int64())])
 SYSTEMS = (
@@ -201,7 +202,7 @@ class MergeSystem:
         self.writer = WriterProperties(compression="ZSTD")
 
     def ingest(self, spark: SparkSession, batch_id: int, batch_path: str) -> dict[str, Any]:
-        source = latest_per_key(spark.read.parquet(batch_path)).toArrow()
+        source = to_arrow(latest_per_key(spark.read.parquet(batch_path)))
         metrics = (
             DeltaTable(self.table_uri)
             .merge(

@@ -28,6 +28,7 @@ timestamps in UTC, as Delta stores them.
 from __future__ import annotations
 
 import inspect
+from typing import Any
 
 import pyarrow as pa
 
@@ -109,6 +110,22 @@ def utc_arrow_schema(schema: T.StructType) -> pa.Schema:
     if _TAKES_TIMEZONE:
         return to_arrow_schema(schema, timezone="UTC")
     return to_arrow_schema(schema)
+
+
+def to_arrow(frame: Any) -> pa.Table:
+    """``frame`` (a classic or Connect DataFrame) collected to the driver as an Arrow table:
+    ``DataFrame.toArrow`` where pyspark has it (4.0 added it); on pyspark 3.5 the classic
+    DataFrame's Arrow collect (what its ``toPandas`` uses), a Connect DataFrame's through
+    pandas."""
+    if hasattr(frame, "toArrow"):
+        return frame.toArrow()
+    collect = getattr(frame, "_collect_as_arrow", None)
+    if collect is None:
+        return pa.Table.from_pandas(frame.toPandas(), preserve_index=False)
+    batches = collect()
+    if batches:
+        return pa.Table.from_batches(batches)
+    return utc_arrow_schema(frame.schema).empty_table()
 
 
 try:

@@ -37,6 +37,7 @@ from sinks.log.log_keys import LogKeys
 from sinks.log.records import DECODE_ERROR
 from sinks.log.storage import LogLocation
 from sinks.produce.validity import arrow_rejection_reasons, rejection_reason
+from sinks.spark_compat import to_arrow
 
 logger = logging.getLogger("compacted_sink")
 
@@ -154,7 +155,7 @@ class DeadLetterTable:
         if isinstance(dead_letters, pa.Table):
             rows = dead_letters
         else:
-            rows = dead_letters.select("reason", "record").toArrow()
+            rows = to_arrow(dead_letters.select("reason", "record"))
         n = rows.num_rows
         if n == 0:
             return 0

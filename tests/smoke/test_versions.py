@@ -2,10 +2,11 @@
 this module on one venv per Spark line (`.venv-spark3.5`, `.venv-spark4.0`, `.venv-spark4.1`,
 `.venv-spark4.2`) and the main suite runs it on the project's own (4.3).
 
-Append, a pass, ``state()`` and ``read_state`` (on a classic and a Spark Connect session), a
-streaming query through ``foreachBatch`` (on both), the CLI running a job file and
-``status``, and the ``compacted-state`` data source: on a Spark that has what it needs it
-works, on an older one it is refused with the version it needs (`sinks.spark_compat`).
+Append, a pass, ``state()`` and ``read_state`` (on a classic and a Spark Connect session), bad
+rows into the dead-letter table (on both), a streaming query through ``foreachBatch`` (on
+both), the CLI running a job file and ``status``, and the ``compacted-state`` data source: on
+a Spark that has what it needs it works, on an older one it is refused with the version it
+needs (`sinks.spark_compat`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import pytest
 from chispa import assert_df_equality
 
 from sinks import CleanerConfig, CompactedStateSink, SparkVersionError, read_state
+from sinks.log.storage import LogLocation
+from sinks.produce.dead_letter import DeadLetterTable
 from sinks.spark_compat import DATA_SOURCE, STREAM_READER, STREAM_WRITER, supports
 from streaming.consumers.datasource import register
 from streaming.inputs.kafka import write_kafka_files
@@ -60,6 +63,20 @@ def test_append_a_pass_and_the_state(spark, lake, clock) -> None:
         ignore_row_order=True,
         ignore_nullable=True,
     )
+
+
+@pytest.mark.both_sessions
+def test_bad_rows_go_to_the_dead_letter_table(spark, lake, clock) -> None:
+    """The dead-letter path collects the bad rows to the driver as Arrow (pyspark 3.5's
+    DataFrame has no ``toArrow``)."""
+    dead = str(lake / "dead")
+    sink = CompactedStateSink(str(lake / "log"), clock=clock, dead_letter_table=dead)
+    rows = [("a", "1", 0), (None, "no key", 1), ("b", "2", 1)]
+    sink(spark.createDataFrame(rows, SCHEMA), 0)
+    assert {r.key: r.value for r in sink.state().collect()} == {"a": "1", "b": "2"}
+    letters = DeadLetterTable(LogLocation(dead)).read().to_pylist()
+    assert [r["reason"] for r in letters] == ["null key (key)"], letters
+    assert '"value":"no key"' in letters[0]["record"]
 
 
 def _write_json(directory: Path, name: str, rows: list[dict]) -> None:
