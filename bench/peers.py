@@ -742,7 +742,7 @@ def report(out: str) -> str:
     runs = []
     for path in sorted(glob.glob(os.path.join(out, "peers-pyspark*.json"))):
         with open(path) as f:
-            runs.append(json.load(f))
+            runs.append({**json.load(f), "file": os.path.basename(path)})
     if not runs:
         raise FileNotFoundError(f"no peers-pyspark*.json under {out}: run the peers first")
     merged: dict[str, dict[str, Any]] = {}
@@ -753,15 +753,15 @@ def report(out: str) -> str:
                 w["name"],
                 {
                     **{k: v for k, v in w.items() if k != "systems"},
-                    "expected_by_spark": {},
+                    "expected_by_process": {},
                     "systems": {},
                 },
             )
-            entry["expected_by_spark"][spark] = w["expected"]
+            entry["expected_by_process"][one["file"]] = w["expected"]
             for name, result in w["systems"].items():
                 entry["systems"][name] = {**result, "spark": spark}
     for entry in merged.values():
-        expected = {tuple(e.values()) for e in entry["expected_by_spark"].values()}
+        expected = {tuple(e.values()) for e in entry["expected_by_process"].values()}
         entry["expected_states_agree"] = len(expected) == 1
         entry["all_states_agree"] = entry["expected_states_agree"] and all(
             s["state_agrees"] for s in entry["systems"].values()
@@ -795,7 +795,7 @@ def markdown(combined: dict[str, Any]) -> str:
             f"## {w['name']}: {w['keys']:,} keys, {w['batches']} x {w['records_per_batch']:,} "
             f"records, {w['skew']}; input {w['input_bytes'] / 1e6:.0f} MB",
             "",
-            f"Expected state: {next(iter(w['expected_by_spark'].values()))['live_keys']:,} live "
+            f"Expected state: {next(iter(w['expected_by_process'].values()))['live_keys']:,} live "
             f"keys; every process read the same expected state: "
             f"{'yes' if w['expected_states_agree'] else '**NO**'}; every system ends in it: "
             f"{'yes' if w['all_states_agree'] else '**NO**'}",

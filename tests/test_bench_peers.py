@@ -77,6 +77,26 @@ def test_both_processes_agreeing_make_one_table(tmp_path) -> None:
     assert (tmp_path / "PEERS.md").exists() and (tmp_path / "peers.png").exists()
 
 
+def test_two_processes_on_one_spark_reading_different_expected_states_disagree(tmp_path) -> None:
+    """Every system on one Spark (`make bench-peers`): the processes' files, not their
+    Spark versions, are what must agree."""
+    _write(
+        tmp_path,
+        "peers-pyspark3.5.9.json",
+        _run("3.5.9", (90, 7), {"paimon_pk": _system(90, 7, True)}),
+    )
+    _write(
+        tmp_path,
+        "peers-pyspark3.5.9-sink-side.json",
+        _run("3.5.9", (90, 6), {"compacted_sink": _system(90, 6, True)}),
+    )
+
+    report(str(tmp_path))
+
+    merged = json.loads((tmp_path / "results.json").read_text())["workloads"][0]
+    assert not merged["expected_states_agree"] and not merged["all_states_agree"]
+
+
 def test_a_system_off_the_expected_state_is_reported(tmp_path) -> None:
     _write(
         tmp_path,
