@@ -142,7 +142,9 @@ wheel:
 # is printed when it ends; the target fails when any part or venv does, naming it.
 # TEST_JOBS=1 runs one thing at a time.
 TEST_JOBS ?= 4
-MAIN_LANE_SMOKE ?= 4.0.1 4.1.4
+# The split that ends both lanes closest together on a fresh clone (27 November: the main lane
+# 20.6 min before its smoke runs, the other 19.4 + 1.4 + 0.6; a smoke run 1.4-1.5 min).
+MAIN_LANE_SMOKE ?= 4.0.1
 OTHER_LANE_SMOKE = $(filter-out $(KAFKA_SPARK) $(MAIN_LANE_SMOKE),$(TEST_SMOKE_SPARKS))
 RESULTS := .test-results
 since = $$(( $$(date +%s) - $(1) ))
