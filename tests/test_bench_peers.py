@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from bench.peers import directory_size, hudi_latest_slices, report
 
 
@@ -77,26 +79,6 @@ def test_both_processes_agreeing_make_one_table(tmp_path) -> None:
     assert (tmp_path / "PEERS.md").exists() and (tmp_path / "peers.png").exists()
 
 
-def test_two_processes_on_one_spark_reading_different_expected_states_disagree(tmp_path) -> None:
-    """Every system on one Spark (`make bench-peers`): the processes' files, not their
-    Spark versions, are what must agree."""
-    _write(
-        tmp_path,
-        "peers-pyspark3.5.9.json",
-        _run("3.5.9", (90, 7), {"paimon_pk": _system(90, 7, True)}),
-    )
-    _write(
-        tmp_path,
-        "peers-pyspark3.5.9-sink-side.json",
-        _run("3.5.9", (90, 6), {"compacted_sink": _system(90, 6, True)}),
-    )
-
-    report(str(tmp_path))
-
-    merged = json.loads((tmp_path / "results.json").read_text())["workloads"][0]
-    assert not merged["expected_states_agree"] and not merged["all_states_agree"]
-
-
 def test_a_system_off_the_expected_state_is_reported(tmp_path) -> None:
     _write(
         tmp_path,
@@ -116,17 +98,20 @@ def test_a_system_off_the_expected_state_is_reported(tmp_path) -> None:
     assert "| hudi_mor | 3.5.9 |" in text and "**NO**" in text
 
 
-def test_processes_reading_different_expected_states_disagree(tmp_path) -> None:
+@pytest.mark.parametrize(
+    ("name", "spark"),
+    [("peers-pyspark4.2.0.json", "4.2.0"), ("peers-pyspark3.5.9-sink-side.json", "3.5.9")],
+    ids=["two Sparks", "one Spark"],
+)
+def test_processes_reading_different_expected_states_disagree(tmp_path, name, spark) -> None:
+    """The processes' files, not their Spark versions, are what must agree (`make
+    bench-peers` runs every system on one Spark)."""
     _write(
         tmp_path,
         "peers-pyspark3.5.9.json",
         _run("3.5.9", (90, 7), {"paimon_pk": _system(90, 7, True)}),
     )
-    _write(
-        tmp_path,
-        "peers-pyspark4.2.0.json",
-        _run("4.2.0", (90, 6), {"compacted_sink": _system(90, 6, True)}),
-    )
+    _write(tmp_path, name, _run(spark, (90, 6), {"compacted_sink": _system(90, 6, True)}))
 
     report(str(tmp_path))
 
