@@ -268,11 +268,9 @@ class ConnectServer:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"Connect server exited: {self.log.read_text()[-2000:]}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
-                    return
-            except OSError:
-                time.sleep(0.5)
+            if _listening(self.port):
+                return
+            time.sleep(0.5)
         raise RuntimeError(f"Connect server not listening after {self.READY_TIMEOUT_S} s")
 
     def stop(self) -> None:
