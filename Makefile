@@ -39,6 +39,7 @@ KAFKA_STAMP := $(KAFKA_VENV)/.installed
 # beside the venvs when make runs jobs in parallel.
 JARS := .jars
 MVN ?= mvn
+comma := ,
 DEPENDENCY_PLUGIN := org.apache.maven.plugins:maven-dependency-plugin:3.8.1
 # $(call fetch-jars,<pom>,<output dir>,<extra mvn flags>)
 fetch-jars = rm -rf $(2) && $(MVN) -q -B -f $(1) $(3) \
@@ -92,25 +93,23 @@ SMOKE_STAMPS = $(foreach v,$(filter-out $(KAFKA_SPARK),$(SMOKE_SPARKS)),$(call s
 	  $(if $(filter 3.5,$*),'pyarrow==$(PYARROW_FLOOR)') -e '.[test]',nice -n 10)
 	touch $@
 
-# An Apache Kafka broker (kafka_2.13 and its dependencies, log4j2).
-$(KAFKA_JARS): jvm/kafka/pom.xml
-	$(call fetch-jars,jvm/kafka/pom.xml,$(@D))
-	touch $@
+# $(call fetch-jar-sets,<modules of jvm/pom.xml>,<their stamps>): one Maven run (one JVM start
+# and one resolution) copies each set's runtime jars into the directory its pom names under
+# $(JARS), the old copies removed first.
+fetch-jar-sets = rm -rf $(dir $(2)) && $(MVN) -q -B -f jvm/pom.xml -pl $(1) \
+	-Dspark.version=$(KAFKA_SPARK) -Dhadoop.version=$(HADOOP_AWS_VERSION) -Djars.dir=$(CURDIR)/$(JARS) \
+	$(DEPENDENCY_PLUGIN):copy-dependencies && touch $(2)
 
-# Spark's Kafka source at the Kafka venv's pyspark version.
-$(SPARK_KAFKA_JARS): jvm/spark-kafka/pom.xml | $(KAFKA_JARS)
-	$(call fetch-jars,jvm/spark-kafka/pom.xml,$(@D),-Dspark.version=$(KAFKA_SPARK))
-	touch $@
+# An Apache Kafka broker (kafka_2.13 and its dependencies, log4j2) and Spark's Kafka source at
+# the Kafka venv's pyspark version: what `make demo-kafka` needs.
+$(KAFKA_JARS) $(SPARK_KAFKA_JARS) &: jvm/pom.xml jvm/kafka/pom.xml jvm/spark-kafka/pom.xml
+	$(call fetch-jar-sets,kafka$(comma)spark-kafka,$(KAFKA_JARS) $(SPARK_KAFKA_JARS))
 
-# delta-spark and its runtime dependencies, for the Kafka venv's pyspark.
-$(DELTA_JARS): jvm/delta/pom.xml | $(SPARK_KAFKA_JARS)
-	$(call fetch-jars,jvm/delta/pom.xml,$(@D),-Dspark.version=$(KAFKA_SPARK))
-	touch $@
-
-# hadoop-aws for the Kafka venv's pyspark (named by that pyspark, as the sets the session loads).
-$(HADOOP_AWS_JARS): jvm/hadoop-aws/pom.xml | $(DELTA_JARS)
-	$(call fetch-jars,jvm/hadoop-aws/pom.xml,$(@D),-Dhadoop.version=$(HADOOP_AWS_VERSION))
-	touch $@
+# delta-spark and its runtime dependencies, and hadoop-aws (named by the Kafka venv's pyspark,
+# as the sets the session loads), for the Kafka venv's pyspark. After the first group: two Maven
+# runs at once would share the local repository.
+$(DELTA_JARS) $(HADOOP_AWS_JARS) &: jvm/pom.xml jvm/delta/pom.xml jvm/hadoop-aws/pom.xml | $(SPARK_KAFKA_JARS)
+	$(call fetch-jar-sets,delta$(comma)hadoop-aws,$(DELTA_JARS) $(HADOOP_AWS_JARS))
 
 jars: $(KAFKA_JARS) $(SPARK_KAFKA_JARS) $(DELTA_JARS) $(HADOOP_AWS_JARS)
 
