@@ -39,7 +39,7 @@ from streaming.jobs.session import local_session
 # Spark Connect server's Python worker that unpickles a test's function imports this module
 # by itself, without that setting.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from jvm_archive import jvm_options  # noqa: E402
+from jvm_archive import BASE_OPTIONS, jvm_options  # noqa: E402
 from testkit import Oracle  # noqa: E402
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -51,6 +51,9 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 # loading (docs/development.md has the figures). What the JVM computes is the same. A value
 # set outside pytest is kept.
 os.environ.setdefault("SPARK_SUBMIT_OPTS", jvm_options())
+# The standalone cluster's master and worker (started by `spark-class`, which reads this
+# variable, not the one above) and the executors the tests' drivers ask for run likewise.
+os.environ.setdefault("SPARK_DAEMON_JAVA_OPTS", BASE_OPTIONS)
 
 CONNECT_MODE = "SPARK_CONNECT_MODE_ENABLED"
 SESSIONS = ["classic", pytest.param("connect", marks=pytest.mark.connect)]

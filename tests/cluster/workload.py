@@ -153,6 +153,8 @@ def cluster_session(master: str, app_name: str) -> Any:
         "spark.ui.enabled": "false",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
     }
+    if os.environ.get("SPARK_DAEMON_JAVA_OPTS"):  # the tests' JVM options (tests/conftest.py)
+        conf["spark.executor.extraJavaOptions"] = os.environ["SPARK_DAEMON_JAVA_OPTS"]
     return local_session(app_name, master, conf=conf)
 
 
