@@ -24,6 +24,7 @@ import socket
 import subprocess
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from string import Template
 
@@ -85,7 +86,8 @@ class LocalKafka:
 
     ``jars``: the directory of Kafka's jars (``kafka_2.13`` and its dependencies);
     ``work``: a directory of the caller's for the data, the rendered config and ``broker.log``;
-    ``properties``/``log4j2``: the config template and the logging config.
+    ``properties``/``log4j2``: the config template and the logging config;
+    ``jvm_options``: extra options for the broker's JVMs (the storage format and the broker).
     """
 
     READY_TIMEOUT_S = 120.0
@@ -99,6 +101,7 @@ class LocalKafka:
         *,
         java: str = "java",
         heap: str = "512m",
+        jvm_options: Sequence[str] = (),
     ) -> None:
         self.jars = Path(jars).resolve()
         self.work = Path(work).resolve()
@@ -106,6 +109,7 @@ class LocalKafka:
         self.log4j2 = Path(log4j2).resolve()
         self.java = java
         self.heap = heap
+        self.jvm_options = tuple(jvm_options)
         self.port = free_port()
         self.controller_port = free_port()
         while self.controller_port == self.port:
@@ -140,6 +144,7 @@ class LocalKafka:
             "-Djava.awt.headless=true",
             "-Djava.net.preferIPv4Stack=true",
             f"-Dlog4j2.configurationFile={self.log4j2}",
+            *self.jvm_options,
             *jvm,
             "-cp",
             f"{self.jars}/*",

@@ -25,6 +25,7 @@ from pyspark.sql import SparkSession
 from streaming.inputs.local_kafka import LocalKafka
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from jvm_archive import BASE_OPTIONS  # noqa: E402
 from kafka_kit import SUMMARY, KafkaKit  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -53,6 +54,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
         tmp_path_factory.mktemp("kafka-broker"),
         HERE / "server.properties",
         HERE / "log4j2.properties",
+        jvm_options=BASE_OPTIONS.split(),  # as the tests' Spark JVMs (tests/conftest.py)
     )
     kafka.start()  # BrokerStartError (with the log's last lines) fails the run
     SUMMARY.append(f"Kafka broker on {kafka.bootstrap}: started in {kafka.start_seconds:.1f} s")
