@@ -8,7 +8,9 @@ of every later job reached the console (70 lines in a ten-row script, 156 here;
 897 in the README's quick start in a Jupyter kernel, 194 here).
 
 Both tests run where the check has something to fix: ``PYSPARK_PYTHON`` unset, so
-the workers start the ``python3`` on the PATH, which cannot import the package.
+the workers start the ``python3`` on the PATH, which cannot import the package. The
+script's run also serves the check's local fix end to end (the first batch succeeds on
+the script's own Python and says so): one Spark process for both.
 The notebook test runs the README's quick start, as written, in a real Jupyter
 kernel (nbclient, ipykernel), whose outputs receive what the JVM writes to stderr.
 The kernel's environment carries ``PYTHONPATH`` set to this checkout, so that the
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -40,6 +43,14 @@ sink = CompactedStateSink(sys.argv[1])
 sink(spark.createDataFrame([(f"k{i}", str(i)) for i in range(10)], "key string, value string"), 0)
 print("state", sink.state().count(), "dirty ratio", sink.dirty_ratio())
 """
+# The Python Spark starts workers with when PYSPARK_PYTHON is unset (pyspark's default).
+WORKERS_PYTHON = shutil.which("python3", path=os.environ.get("PATH"))
+workers_python_lacks_the_package = pytest.mark.skipif(
+    WORKERS_PYTHON is None
+    or subprocess.run([WORKERS_PYTHON, "-c", "import pyarrow"], capture_output=True).returncode
+    == 0,
+    reason="needs a python3 on the PATH without pyarrow",
+)
 
 
 def spark_info_lines(text: str) -> list[str]:
@@ -128,3 +139,16 @@ def test_a_script_prints_no_info_line_after_the_first_batch(script_run):
     assert "state 10 dirty ratio" in stdout
     assert spark_info_lines(stderr) == []
     assert "Setting default log level" in stderr  # the JVM's stderr is what was read
+
+
+@workers_python_lacks_the_package
+def test_a_local_master_runs_the_workers_on_this_python(script_run):
+    """The same script's run, as a newcomer's script with ``PYSPARK_PYTHON`` unset (a
+    Jupyter kernel or an unactivated venv leaves it so): the workers would start the
+    ``python3`` on the PATH, which has no pyarrow; the first batch succeeds on this
+    process's Python and says what it did (`sinks.python_workers`)."""
+    code, stdout, stderr = script_run.finish()
+    assert code == 0, stderr[-3000:]
+    assert "state 10 dirty ratio" in stdout
+    assert f"now runs them with {sys.executable}" in stderr
+    assert "Traceback" not in stderr

@@ -13,48 +13,43 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
+import logging
 import sys
-from pathlib import Path
 
 import pytest
 
-from sinks import CleanerConfig, CompactedStateSink, read_state
+from sinks import CleanerConfig, CompactedStateSink, python_workers, read_state
 from sinks.log.history_window import HistoryExpiredError, TimeTravelError
 from streaming.consumers.consumer_groups import consumer_report
 from streaming.consumers.datasource import register
 
-ROOT = Path(__file__).resolve().parents[2]
 NEVER = CleanerConfig(min_cleanable_dirty_ratio=1.0)
 
-READER = """
-import sys
-from pyspark.sql import SparkSession
-from streaming.consumers.datasource import register
-spark = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false").getOrCreate()
-register(spark)
-print("rows", spark.read.format("compacted-state").load(sys.argv[1]).count())
-"""
+UNSET_WORKERS_PYTHON = "python3"
+"""The interpreter a SparkContext names for its workers when ``PYSPARK_PYTHON`` is unset
+(pyspark's default): the first ``python3`` on the PATH, which cannot import the project."""
 
 
-def test_the_consumers_source_fixes_the_workers_python_as_the_sink_does(spark, tmp_path):
+def test_the_consumers_source_fixes_the_workers_python_as_the_sink_does(
+    spark, tmp_path, monkeypatch, caplog
+):
+    """On the test session, its workers named as a session with ``PYSPARK_PYTHON`` unset
+    names them, and nothing checked yet: ``register`` runs the check (a probe job on that
+    ``python3``), points the context at this interpreter, and the read then works. What
+    is checked is Python's side of the context; no fresh JVM is needed for it."""
     path = str(tmp_path / "users")
     sink = CompactedStateSink(path, config=NEVER)
     sink(spark.createDataFrame([(f"k{i}", "v") for i in range(5)], "key string, value string"), 0)
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_REMOTE")
-    }
-    env["PYTHONPATH"] = str(ROOT)
-    done = subprocess.run(
-        [sys.executable, "-c", READER, path], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "rows 5" in done.stdout
-    assert f"now runs them with {sys.executable}" in done.stderr
-    assert "No module named" not in done.stderr
+    monkeypatch.setattr(spark.sparkContext, "pythonExec", UNSET_WORKERS_PYTHON)
+    monkeypatch.setattr(python_workers, "_checked", set())
+    with caplog.at_level(logging.WARNING, logger="compacted_sink"):
+        register(spark)
+        rows = spark.read.format("compacted-state").load(path).count()
+    assert rows == 5
+    assert spark.sparkContext.pythonExec == sys.executable
+    assert f"ran {UNSET_WORKERS_PYTHON}, which cannot import" in caplog.text
+    assert f"now runs them with {sys.executable}" in caplog.text
+    assert "No module named" not in caplog.text
 
 
 def test_a_consumer_that_read_everything_has_no_lag(spark, tmp_path):
