@@ -4,7 +4,9 @@ The reference is `latest_records` over the whole log, then `drop_tombstones`,
 computed here; `spark_state` must give the same rows, types and nullability on
 every shape of log: never cleaned, cleaned with a dirty tail, a partial pass,
 several partitions, composite keys, a sequence column, ``delete_records`` and
-time travel. A hypothesis test runs random append / clean histories.
+time travel. A hypothesis test runs random append / clean histories. The reader is
+under test, not the append: batches are fed without Spark (`fed`), but in the two tests
+that run on both sessions.
 """
 
 from __future__ import annotations
