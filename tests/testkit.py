@@ -5,15 +5,20 @@ from __future__ import annotations
 
 import io
 import struct
+import time
 from collections.abc import Iterable
 from typing import Any
 
 import fastavro
+import pyarrow as pa
 from deltalake import DeltaTable
+from pyspark.sql import types as T
 
+from sinks.append_report import AppendReport
 from sinks.log.log_table import LogTable
 from sinks.log.segment import Segment
 from sinks.maintenance.recovery import list_data_files, referenced_paths
+from sinks.produce.append_batch import ArrowRecords
 from streaming.decoding.avro import MAGIC_BYTE
 
 
@@ -68,6 +73,56 @@ def unreferenced_files(path: str) -> list[str]:
     assert snapshot is not None
     referenced = referenced_paths(log, snapshot)
     return sorted(f.path for f in list_data_files(log) if f.path not in referenced)
+
+
+_DDL_TYPES = {  # a DDL type name: (Spark's type, Arrow's type Spark hands a task)
+    "string": (T.StringType(), pa.string()),
+    "int": (T.IntegerType(), pa.int32()),
+    "long": (T.LongType(), pa.int64()),
+    "bigint": (T.LongType(), pa.int64()),
+    "double": (T.DoubleType(), pa.float64()),
+    "timestamp": (T.TimestampType(), pa.timestamp("us", tz="UTC")),
+}
+
+
+def ddl_schemas(ddl: str) -> tuple[T.StructType, pa.Schema]:
+    """A flat DDL string (``"key string, value string, partition int"``) as Spark's and
+    Arrow's schemas, without a SparkSession (atomic types only: `_DDL_TYPES`)."""
+    fields = [(name, _DDL_TYPES[kind.lower()]) for name, kind in map(str.split, ddl.split(","))]
+    return (
+        T.StructType([T.StructField(name, spark) for name, (spark, _) in fields]),
+        pa.schema([(name, arrow) for name, (_, arrow) in fields]),
+    )
+
+
+def arrow_append(sink, rows, schema: str, batch_id: int, spark=None) -> None:
+    """``sink(frame_of(rows), batch_id)`` without Spark feeding the rows: the same
+    `LogAppender.append` (the Python segment writer, which a small batch takes through
+    Spark too), under the app id a direct call uses, then the same hand-over to the
+    cleaner (a pass it runs, or ``cleaning="background"``'s worker, needs ``spark``).
+    For tests whose subject is the log, not Spark's input; one test per subject keeps
+    feeding through ``sink(...)``. Sets ``sink.last_append`` as a call does."""
+    struct, arrow = ddl_schemas(schema)
+    table = pa.Table.from_pylist([dict(zip(struct.names, row, strict=True)) for row in rows], arrow)
+    started = time.monotonic()
+    info = sink.appender.append(
+        ArrowRecords(table, struct), app_id=sink.transactional_id.app_id(None), batch_id=batch_id
+    )
+    duration_ms = int((time.monotonic() - started) * 1000)
+    stats, snapshot, ratio = sink.log_cleaner.hand_over(
+        spark,
+        info.snapshot,
+        background=sink.cleaning == "background",
+        appended=not info.already_committed,
+    )
+    sink.last_append = AppendReport.of(
+        batch_id,
+        info,
+        dirty_ratio=ratio,
+        duration_ms=duration_ms,
+        delta_version=snapshot.version,
+        clean=stats,
+    )
 
 
 def kv_frame(spark, rows, *, partition: bool = False):

@@ -8,6 +8,7 @@ import hashlib
 import pytest
 from chispa import assert_df_equality
 from pyspark.sql import functions as F
+from testkit import arrow_append
 
 from checkpoints import CleanerOffsetCheckpoint
 from sinks import CleanerConfig, CompactedStateSink
@@ -20,6 +21,13 @@ KV = "key string, value string"
 
 def batch(spark, rows, schema=KV):
     return spark.createDataFrame(rows, schema).coalesce(1)
+
+
+def fed(spark, sink, rows, batch_id, schema=KV):
+    """``sink(batch(spark, rows, schema), batch_id)`` with the rows fed without Spark
+    (`testkit.arrow_append`): the pass is under test; the tests on both sessions, the
+    offsets after every file is gone and the compaction lag's hook append through Spark."""
+    arrow_append(sink, rows, schema, batch_id, spark=spark)
 
 
 def materialized(spark, df):
@@ -140,11 +148,11 @@ def test_cleaning_with_uncleanable_section(spark, lake, clock):
     """testCleaningWithUncleanableSection / testPartialSegmentClean: design.md §5's range."""
     config = CleanerConfig(min_cleanable_dirty_ratio=1.0, min_compaction_lag_ms=60_000)
     sink = CompactedStateSink(str(lake / "log"), config=config, clock=clock)
-    sink(batch(spark, [("a", "a1"), ("b", "b1")]), 0)
-    sink(batch(spark, [("a", "a2")]), 1)
+    fed(spark, sink, [("a", "a1"), ("b", "b1")], 0)
+    fed(spark, sink, [("a", "a2")], 1)
     clock.advance(120_000)
-    sink(batch(spark, [("a", "a3"), ("b", "b2")]), 2)
-    sink(batch(spark, [("b", "b3")]), 3)
+    fed(spark, sink, [("a", "a3"), ("b", "b2")], 2)
+    fed(spark, sink, [("b", "b3")], 3)
     young = {s.path for s in sink.log_table.snapshot().segments[0] if s.base_offset >= 3}
     before = materialized(spark, sink.state())
 
@@ -167,9 +175,9 @@ def test_trigger_by_ratio_exceeded_or_not(spark, lake, clock):
     """Rule 4: a partition is cleaned when its ratio exceeds the threshold, not when equal."""
     path = str(lake / "log")
     sink = CompactedStateSink(path, clock=clock)  # default threshold 0.5
-    sink(batch(spark, [(f"k{i}", "v" * 50) for i in range(20)]), 0)
+    fed(spark, sink, [(f"k{i}", "v" * 50) for i in range(20)], 0)
     assert sink.last_append.clean is not None  # a fresh log is wholly dirty
-    sink(batch(spark, [("k1", "w")]), 1)
+    fed(spark, sink, [("k1", "w")], 1)
     ratio = sink.dirty_ratio()
     assert 0 < ratio < 1
 
@@ -199,16 +207,16 @@ def test_filthiest_partition_is_cleaned_and_stats_cover_every_partition(spark, l
     """grabFilthiestCompactedLog: only partitions above the threshold, dirtiest first."""
     schema = "key string, value string, partition int"
     sink = CompactedStateSink(str(lake / "log"), config=NO_CLEAN, clock=clock)
-    sink(batch(spark, [(f"k{i}", "v" * 40, 0) for i in range(30)], schema), 0)
+    fed(spark, sink, [(f"k{i}", "v" * 40, 0) for i in range(30)], 0, schema)
     sink.clean(force=True)
-    sink(batch(spark, [("k1", "x", 0), ("j1", "x", 1), ("j1", "y", 1)], schema), 1)
+    fed(spark, sink, [("k1", "x", 0), ("j1", "x", 1), ("j1", "y", 1)], 1, schema)
     ratios = {log.partition: log.cleanable_ratio for log in sink.logs_to_clean()}
     assert ratios[1] == 1.0 and ratios[0] < 0.5
     picky = CompactedStateSink(
         sink.path, config=CleanerConfig(min_cleanable_dirty_ratio=0.5), clock=clock
     )
     assert picky.clean().partitions == [1]
-    sink(batch(spark, [("j1", "z", 1)], schema), 2)
+    fed(spark, sink, [("j1", "z", 1)], 2, schema)
     stats = sink.clean(force=True)
     assert stats.partitions == [0, 1] and stats.end_offsets == {0: 31, 1: 3}
     rows = CleanerOffsetCheckpoint(sink.checkpoint_path).read(sink.path)
@@ -220,7 +228,7 @@ def test_dirty_offset_reset_when_checkpoint_lies_above_the_log_end(spark, lake, 
     from checkpoints import CheckpointEntry
 
     sink = CompactedStateSink(str(lake / "log"), config=NO_CLEAN, clock=clock)
-    sink(batch(spark, [("a", "1"), ("a", "2"), ("b", "1")]), 0)
+    fed(spark, sink, [("a", "1"), ("a", "2"), ("b", "1")], 0)
     checkpoint = CleanerOffsetCheckpoint(sink.checkpoint_path)
     checkpoint.write([CheckpointEntry(log_path=sink.path, partition=0, first_dirty_offset=2)])
     assert sink.logs_to_clean()[0].first_dirty_offset == 2
@@ -238,7 +246,7 @@ def test_dirty_offset_reset_when_checkpoint_lies_below_the_log_start(spark, lake
     from sinks.log.log_table import LOG_START_OFFSET_TXN
 
     sink = CompactedStateSink(str(lake / "log"), config=NO_CLEAN, clock=clock)
-    sink(batch(spark, [("a", "1"), ("b", "1"), ("a", "2"), ("c", "1")]), 0)
+    fed(spark, sink, [("a", "1"), ("b", "1"), ("a", "2"), ("c", "1")], 0)
     CleanerOffsetCheckpoint(sink.checkpoint_path).write(
         [CheckpointEntry(log_path=sink.path, partition=0, first_dirty_offset=1)]
     )
@@ -261,8 +269,8 @@ def test_segment_grouping_end_to_end(spark, lake, clock):
     config = CleanerConfig(min_cleanable_dirty_ratio=1.0, segment_bytes=14_000)
     sink = CompactedStateSink(str(lake / "log"), config=config, clock=clock)
     for b in range(5):
-        sink(batch(spark, [(f"k{b}-{i}", noise(i + 10 * b)) for i in range(10)]), b)
-    sink(batch(spark, [(f"big{i}", noise(100 + i)) for i in range(40)]), 5)
+        fed(spark, sink, [(f"k{b}-{i}", noise(i + 10 * b)) for i in range(10)], b)
+    fed(spark, sink, [(f"big{i}", noise(100 + i)) for i in range(40)], 5)
     inputs = sink.log_table.snapshot().segments[0]
     largest = max(s.size_bytes for s in inputs)
     assert largest > config.segment_bytes > min(s.size_bytes for s in inputs) * 2

@@ -5,7 +5,8 @@ DELETE, OPTIMIZE), committing without the sink's metadata, as delta-spark does; 
 same operations by delta-spark are in tests/delta_spark/test_accept_spark_changes.py.
 Every reader (``state()``, ``read_state``, ``log()``, a new sink) must equal a replay of
 the records the table holds (`replayed`), after the accept and after later batches and
-passes.
+passes. Batches are fed without Spark (`append`, the sink's own append) but in the test
+of the append after an accepted INSERT (`spark_append`); passes and ``state()`` run on Spark.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from testkit import assert_offsets_unique, state_of
+from testkit import arrow_append, assert_offsets_unique, state_of
 
 from sinks import (
     CleanerConfig,
@@ -46,6 +47,13 @@ class Clock:
 
 
 def append(spark, sink, rows, batch_id: int, partitions: int = 1) -> None:
+    """The sink's append of ``rows``, fed without Spark (`testkit.arrow_append`): the
+    accept is under test here; `spark_append` feeds the same rows through Spark."""
+    rows = [(k, v, _partition(k, partitions)) for k, v in rows]
+    arrow_append(sink, rows, "key string, value string, partition int", batch_id, spark=spark)
+
+
+def spark_append(spark, sink, rows, batch_id: int, partitions: int = 1) -> None:
     frame = spark.createDataFrame(
         [(k, v, _partition(k, partitions)) for k, v in rows],
         "key string, value string, partition int",
@@ -170,13 +178,13 @@ def test_a_restore_that_keeps_the_clean_section_keeps_its_cleaner_offset(spark, 
 def test_an_insert_accepted_keeps_its_offsets_through_the_next_append(spark, lake, clock):
     path = str(lake / "log")
     sink = CompactedStateSink(path, config=CONFIG, clock=clock, cleaning="inline")
-    append(spark, sink, [("a", "1"), ("b", "1")], 0)  # offsets 0 and 1
+    spark_append(spark, sink, [("a", "1"), ("b", "1")], 0)  # offsets 0 and 1
     rows = [("a", "inserted", 0, 2), ("x", "inserted", 0, 3)]
     write_deltalake(path, inserted(rows, now_ms=clock.now), mode="append")
     sink.accept_foreign_changes()
     assert LogTable(path).snapshot().txn_version(LOG_END_OFFSET_TXN.format(0)) == 4
 
-    append(spark, sink, [("b", "2"), ("c", "1")], 1)
+    spark_append(spark, sink, [("b", "2"), ("c", "1")], 1)
 
     assert assert_readers_replay(spark, path, sink, clock) == {
         "a": "inserted",

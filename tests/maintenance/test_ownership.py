@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
-from testkit import assert_offsets_unique, kv_frame
+from testkit import arrow_append, assert_offsets_unique, kv_frame
 
 from sinks import CleanerConfig, CompactedStateSink, NotACompactedLogError, read_state
 from sinks.log.ownership import (
@@ -241,7 +241,9 @@ def test_strangers_files_in_and_beside_a_log_survive_a_long_run(spark, lake, clo
         rows = [(f"k{(batch_id * 3 + j) % 8}", f"v{batch_id}.{j}", j % 2) for j in range(6)]
         if batch_id % 5 == 0:
             rows.append((f"k{batch_id % 8}", None, batch_id % 8 % 2))
-        sink(kv_frame(spark, rows, partition=True), batch_id)
+        # Fed without Spark (`testkit.arrow_append`, the sink's own append): the files
+        # are under test here; the first batch above came through Spark.
+        arrow_append(sink, rows, "key string, value string, partition int", batch_id, spark=spark)
         if batch_id == 18:
             sink.delete_records(1, sink.log_table.snapshot().log_end_offset(1) - 4)
         assert digest(watched) == before, f"a stranger's file changed at batch {batch_id}"

@@ -4,7 +4,9 @@ The reference is `latest_records` over the whole log, then `drop_tombstones`,
 computed here; `spark_state` must give the same rows, types and nullability on
 every shape of log: never cleaned, cleaned with a dirty tail, a partial pass,
 several partitions, composite keys, a sequence column, ``delete_records`` and
-time travel. A hypothesis test runs random append / clean histories.
+time travel. A hypothesis test runs random append / clean histories. The reader is
+under test, not the append: batches are fed without Spark (`fed`), but in the two tests
+that run on both sessions.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from chispa import assert_df_equality
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pyspark.sql import types as T
-from testkit import segment
+from testkit import arrow_append, segment
 
 from sinks import CleanerConfig, CompactedStateSink
 from sinks.cleaner.rules import drop_tombstones, latest_records
@@ -36,6 +38,13 @@ KVP = "key string, value string, partition int"
 
 def batch(spark, rows, schema=KV):
     return spark.createDataFrame(rows, schema).coalesce(1)
+
+
+def fed(spark, sink, rows, batch_id, schema=KV):
+    """``sink(batch(spark, rows, schema), batch_id)`` with the rows fed without Spark: the
+    reader is under test here, not the append (the tests on both sessions append through
+    Spark)."""
+    arrow_append(sink, rows, schema, batch_id, spark=spark)
 
 
 def reference(sink, as_of=None):
@@ -106,8 +115,8 @@ def test_broadcast_estimate_grows_with_rows_and_key_width():
 
 def test_never_cleaned_log(spark, lake, clock):
     sink = CompactedStateSink(str(lake / "log"), config=NO_CLEAN, clock=clock)
-    sink(batch(spark, [("a", "a1"), ("b", "b1"), ("c", "c1")]), 0)
-    sink(batch(spark, [("a", "a2"), ("b", None), ("a", "a3")]), 1)
+    fed(spark, sink, [("a", "a1"), ("b", "b1"), ("c", "c1")], 0)
+    fed(spark, sink, [("a", "a2"), ("b", None), ("a", "a3")], 1)
     assert sections(sink).clean == ()
     assert_same_state(spark, sink)
     assert state_dict(read(spark, sink)) == {"a": "a3", "c": "c1"}
@@ -129,7 +138,7 @@ def test_cleaned_log_with_a_dirty_tail_and_tombstones_in_both_sections(spark, la
 
 def test_fully_cleaned_log_reads_the_clean_section_alone(spark, lake, clock):
     sink = CompactedStateSink(str(lake / "log"), config=NO_CLEAN, clock=clock)
-    sink(batch(spark, [("a", "a1"), ("b", "b1"), ("a", None), ("c", "c1")]), 0)
+    fed(spark, sink, [("a", "a1"), ("b", "b1"), ("a", None), ("c", "c1")], 0)
     sink.clean(force=True)
     assert sections(sink).dirty == ()
     assert_same_state(spark, sink)
@@ -138,11 +147,11 @@ def test_fully_cleaned_log_reads_the_clean_section_alone(spark, lake, clock):
 def test_partial_pass_leaves_an_uncleanable_section(spark, lake, clock):
     config = CleanerConfig(min_cleanable_dirty_ratio=1.0, min_compaction_lag_ms=60_000)
     sink = CompactedStateSink(str(lake / "log"), config=config, clock=clock)
-    sink(batch(spark, [("a", "a1"), ("b", "b1"), ("c", "c1")]), 0)
-    sink(batch(spark, [("a", "a2"), ("c", None)]), 1)
+    fed(spark, sink, [("a", "a1"), ("b", "b1"), ("c", "c1")], 0)
+    fed(spark, sink, [("a", "a2"), ("c", None)], 1)
     clock.advance(120_000)
-    sink(batch(spark, [("a", "a3"), ("b", None)]), 2)
-    sink(batch(spark, [("c", "c2"), ("d", "d1")]), 3)
+    fed(spark, sink, [("a", "a3"), ("b", None)], 2)
+    fed(spark, sink, [("c", "c2"), ("d", "d1")], 3)
     stats = sink.clean(force=True)
     assert stats.end_offsets == {0: 5}  # batches 2 and 3 are younger than the lag
     split = sections(sink)
@@ -153,12 +162,12 @@ def test_partial_pass_leaves_an_uncleanable_section(spark, lake, clock):
 def test_several_partitions_one_never_cleaned(spark, lake, clock):
     sink = CompactedStateSink(str(lake / "log"), config=NO_CLEAN, clock=clock)
     rows = [(f"k{i}", f"v{i}", i % 3) for i in range(12)]
-    sink(batch(spark, rows, KVP), 0)
-    sink(batch(spark, [("k0", "w0", 0), ("k1", None, 1), ("k2", "w2", 2)], KVP), 1)
+    fed(spark, sink, rows, 0, KVP)
+    fed(spark, sink, [("k0", "w0", 0), ("k1", None, 1), ("k2", "w2", 2)], 1, KVP)
     sink.pause_cleaning([2])
     sink.clean(force=True)
     sink.resume_cleaning([2])
-    sink(batch(spark, [("k3", None, 0), ("k4", "x4", 1), ("k0", "x0", 0), ("k5", "x5", 2)], KVP), 2)
+    fed(spark, sink, [("k3", None, 0), ("k4", "x4", 1), ("k0", "x0", 0), ("k5", "x5", 2)], 2, KVP)
     snapshot = sink.log_table.snapshot()
     assert snapshot.cleaner_offset(0) and snapshot.cleaner_offset(2) is None
     assert_same_state(spark, sink)
@@ -169,12 +178,10 @@ def test_composite_keys(spark, lake, clock):
     sink = CompactedStateSink(
         str(lake / "log"), key_columns=("tenant", "id"), config=NO_CLEAN, clock=clock
     )
-    sink(batch(spark, [("t1", 1, "a"), ("t1", 2, "b"), ("t2", 1, "c"), ("t2", 2, "d")], schema), 0)
-    sink(batch(spark, [("t1", 1, "a2"), ("t2", 2, None)], schema), 1)
+    fed(spark, sink, [("t1", 1, "a"), ("t1", 2, "b"), ("t2", 1, "c"), ("t2", 2, "d")], 0, schema)
+    fed(spark, sink, [("t1", 1, "a2"), ("t2", 2, None)], 1, schema)
     sink.clean(force=True)
-    sink(
-        batch(spark, [("t1", 2, "b2"), ("t2", 1, None), ("t2", 2, "d3"), ("t3", 1, "e")], schema), 2
-    )
+    fed(spark, sink, [("t1", 2, "b2"), ("t2", 1, None), ("t2", 2, "d3"), ("t3", 1, "e")], 2, schema)
     assert_same_state(spark, sink)
     got = {(r.tenant, r.id): r.value for r in read(spark, sink).collect()}
     assert got == {("t1", 1): "a2", ("t1", 2): "b2", ("t2", 2): "d3", ("t3", 1): "e"}
@@ -185,15 +192,14 @@ def test_sequence_column_out_of_order_across_the_clean_dirty_split(spark, lake, 
     sink = CompactedStateSink(
         str(lake / "log"), config=NO_CLEAN, sequence_column="seq", clock=clock
     )
-    sink(
-        batch(
-            spark,
-            [("a", "a10", 10), ("b", "b10", 10), ("c", None, 10), ("d", "d5", 5), ("e", "e5", 5)],
-            schema,
-        ),
+    fed(
+        spark,
+        sink,
+        [("a", "a10", 10), ("b", "b10", 10), ("c", None, 10), ("d", "d5", 5), ("e", "e5", 5)],
         0,
+        schema,
     )
-    sink(batch(spark, [("a", "a3", 3)], schema), 1)  # older event arriving late: a10 stays
+    fed(spark, sink, [("a", "a3", 3)], 1, schema)  # older event arriving late: a10 stays
     sink.clean(force=True)
     tail = [
         ("a", "a7", 7),  # older than the clean a10: the clean record wins
@@ -204,7 +210,7 @@ def test_sequence_column_out_of_order_across_the_clean_dirty_split(spark, lake, 
         ("e", "e9", 9),  # newest of the tail, and newer than the clean e5
         ("f", "f1", 1),
     ]
-    sink(batch(spark, tail, schema), 2)
+    fed(spark, sink, tail, 2, schema)
     assert sections(sink).clean
     assert_same_state(spark, sink)
     assert state_dict(read(spark, sink)) == {"a": "a10", "b": "b12", "e": "e9", "f": "f1"}
@@ -213,10 +219,10 @@ def test_sequence_column_out_of_order_across_the_clean_dirty_split(spark, lake, 
 
 def test_delete_records_moves_the_log_start_inside_clean_and_dirty_segments(spark, lake, clock):
     sink = CompactedStateSink(str(lake / "log"), config=NO_CLEAN, clock=clock)
-    sink(batch(spark, [("a", "a1"), ("b", "b1"), ("c", "c1"), ("d", "d1")]), 0)
-    sink(batch(spark, [("b", "b2"), ("e", "e1")]), 1)
+    fed(spark, sink, [("a", "a1"), ("b", "b1"), ("c", "c1"), ("d", "d1")], 0)
+    fed(spark, sink, [("b", "b2"), ("e", "e1")], 1)
     sink.clean(force=True)  # clean: c1 d1 b2 e1 at offsets 2..5
-    sink(batch(spark, [("c", None), ("f", "f1"), ("a", "a2")]), 2)  # offsets 6..8
+    fed(spark, sink, [("c", None), ("f", "f1"), ("a", "a2")], 2)  # offsets 6..8
     sink.delete_records(0, 3)  # inside the clean file: c1 goes
     assert_same_state(spark, sink)
     sink.delete_records(0, 7)  # inside the dirty file: the tombstone of c goes, f stays
@@ -242,7 +248,7 @@ def test_as_of_an_older_version(spark, lake, clock):
 
 def test_empty_log(spark, lake, clock):
     sink = CompactedStateSink(str(lake / "log"), config=NO_CLEAN, clock=clock)
-    sink(batch(spark, [("a", None)]), 0)
+    fed(spark, sink, [("a", None)], 0)
     sink.clean(force=True)  # the tombstone stays, stamped
     assert_same_state(spark, sink)
     assert read(spark, sink).count() == 0
@@ -273,9 +279,9 @@ def test_clean_section_is_scanned_without_a_shuffle_when_the_tail_is_small(spark
         sink = CompactedStateSink(
             str(lake / f"log-{sequence}"), config=NO_CLEAN, sequence_column=sequence, clock=clock
         )
-        sink(batch(spark, [(f"k{i}", f"v{i}", i) for i in range(20)], schema), 0)
+        fed(spark, sink, [(f"k{i}", f"v{i}", i) for i in range(20)], 0, schema)
         sink.clean(force=True)
-        sink(batch(spark, [("k1", "w", 50), ("k2", None, 50)], schema), 1)
+        fed(spark, sink, [("k1", "w", 50), ("k2", None, 50)], 1, schema)
         clean_files = {s.path.rsplit("/", 1)[-1] for s in sections(sink).clean}
         spark.conf.set("spark.sql.maxMetadataStringLength", "100000")  # whole file paths
         try:
@@ -305,10 +311,10 @@ def test_a_dirty_tail_is_read_by_a_pass_s_tasks_without_a_shuffle(spark, lake, c
     scanned by Spark; a map too large for the buffer falls back to the joins."""
     schema = "key string, value string, partition int"
     sink = CompactedStateSink(str(lake / "log"), config=NO_CLEAN, clock=clock)
-    sink(batch(spark, [(f"k{i}", f"v{i}", i % 3) for i in range(30)], schema), 0)
+    fed(spark, sink, [(f"k{i}", f"v{i}", i % 3) for i in range(30)], 0, schema)
     sink.clean(force=True)
     tail = [("k1", "w", 1), ("k4", None, 1), ("k2", "x", 2), ("new", "n", 2), ("k2", "y", 2)]
-    sink(batch(spark, tail, schema), 1)  # partition 0 stays clean
+    fed(spark, sink, tail, 1, schema)  # partition 0 stays clean
     for buffer in (CleanerConfig().dedupe_buffer_size, 700):  # 700 B: two records at once
         state = read(spark, sink, dedupe_buffer_size=buffer)
         plan = state._jdf.queryExecution().executedPlan().toString()
@@ -366,7 +372,7 @@ def test_random_histories_match_the_reference(spark, sequenced, history, tail, b
         def append(rows):
             nonlocal appended
             rows = [(k, v, s, int(k[1:]) % 2) for k, v, s in rows]
-            sink(batch(spark, rows, schema), appended)
+            fed(spark, sink, rows, appended, schema)
             appended += 1
 
         for i, (round_batches, aged) in enumerate(history):

@@ -5,7 +5,9 @@ delta-rs stands in for the other engine: its OPTIMIZE (bin-packing across partit
 and Z-order are ``dataChange=false`` commits, as Databricks' auto compaction,
 predictive optimization and liquid clustering are; its DELETE, UPDATE, append and
 RESTORE change data as Spark's do. Every check compares ``state()`` with a replay
-of what was fed in.
+of what was fed in. The batches are fed without Spark (`testkit.arrow_append`, the sink's
+own append) but in the restore test and the streaming query's; passes and ``state()`` run
+on Spark.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 from chispa import assert_df_equality
 from deltalake import DeltaTable, write_deltalake
-from testkit import Oracle, assert_offsets_unique, state_of
+from testkit import Oracle, arrow_append, assert_offsets_unique, state_of
 
 from sinks import CleanerConfig, CompactedStateSink, ForeignChangeError, read_state
 from sinks.crash_points import CLEAN_BEFORE_COMMIT, armed
@@ -32,13 +34,15 @@ from streaming.status.status_render import render_table
 
 PARTITIONS = 3
 CONFIG = CleanerConfig(min_cleanable_dirty_ratio=0.99, delete_retention_ms=1_000)
+KVP = "key string, value string, partition int"
 
 
 class Feed:
     """Random keyed updates and tombstones into a sink, remembered by an oracle."""
 
-    def __init__(self, spark, sink, clock, seed: int = 7) -> None:
+    def __init__(self, spark, sink, clock, seed: int = 7, *, through_spark: bool = False) -> None:
         self.spark, self.sink, self.clock = spark, sink, clock
+        self.through_spark = through_spark
         self.rng = random.Random(seed)
         self.oracle = Oracle()
         self.batch_id = 0
@@ -53,10 +57,10 @@ class Feed:
 
     def append(self, n: int = 40) -> None:
         rows = self.rows(n)
-        self.sink(
-            self.spark.createDataFrame(rows, "key string, value string, partition int"),
-            self.batch_id,
-        )
+        if self.through_spark:
+            self.sink(self.spark.createDataFrame(rows, KVP), self.batch_id)
+        else:  # the same append, the rows fed without Spark (`testkit.arrow_append`)
+            arrow_append(self.sink, rows, KVP, self.batch_id, spark=self.spark)
         self.oracle.apply((k, v) for k, v, _ in rows)
         self.batch_id += 1
         self.clock.advance(400)
@@ -234,7 +238,7 @@ def test_a_stale_optimize_cannot_bring_back_a_key_whose_expired_tombstone_a_pass
     sink = CompactedStateSink(path, config=CONFIG, clock=clock, cleaning="inline")
 
     def append(rows, batch_id):
-        sink(spark.createDataFrame(rows, "key string, value string, partition int"), batch_id)
+        arrow_append(sink, rows, KVP, batch_id, spark=spark)
         oracle.apply((k, v) for k, v, _ in rows)
         clock.advance(400)
 
@@ -327,7 +331,7 @@ def test_a_stale_optimize_that_cannot_be_undone_exactly_stops_the_sink(
     sink = CompactedStateSink(path, config=CONFIG, clock=clock, cleaning="inline")
 
     def append(rows, batch_id):
-        sink(spark.createDataFrame(rows, "key string, value string, partition int"), batch_id)
+        arrow_append(sink, rows, KVP, batch_id, spark=spark)
 
     append([("a", "1", 0), ("b", "1", 1)], 0)
     sink.clean(force=True)
@@ -499,7 +503,7 @@ def state_of_as_of(sink, version):
 def test_restore_undoes_another_engines_delete_and_offsets_keep_counting(spark, lake, clock):
     path = str(lake / "users")
     sink = CompactedStateSink(path, config=CONFIG, clock=clock, cleaning="inline")
-    feed = Feed(spark, sink, clock)
+    feed = Feed(spark, sink, clock, through_spark=True)  # this file's appends through Spark
     for _ in range(4):
         feed.append()
     sink.clean(force=True)

@@ -7,7 +7,9 @@ records at or above a pass's end are untouched (design.md §5); below it each ke
 at most one record, its latest below the end (design.md §6); a tombstone kept below it
 carries the horizon of the pass that first kept it and has not outlived a later
 pass (design.md §7). Figures: ``max_examples=5`` histories of one append plus 8 to 12 steps each,
-derandomized (the same histories on every run), deadline None.
+derandomized (the same histories on every run), deadline None. The batches are fed
+without Spark (`testkit.arrow_append`: the sink's own append, the Python writer a small
+batch takes through Spark too); passes and ``state()`` run on Spark.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import tempfile
 from deltalake import DeltaTable
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from testkit import state_of
+from testkit import arrow_append, state_of
 
 from sinks import CleanerConfig, CompactedStateSink
 
@@ -31,6 +33,7 @@ CONFIG = CleanerConfig(
     file_delete_delay_ms=0,
 )
 KEYS = [f"k{i}" for i in range(6)]
+SCHEMA = "key string, value string, partition int"
 
 record = st.tuples(st.sampled_from(KEYS), st.one_of(st.none(), st.sampled_from(["a", "b", "c"])))
 batch = st.lists(record, min_size=1, max_size=6)
@@ -164,8 +167,7 @@ def test_random_histories_match_the_model(spark, first, steps):
             FIGURES["steps"] += 1
             if action == "append":
                 rows = [(k, v, partition_of(k)) for k, v in args[0]]
-                frame = spark.createDataFrame(rows, "key string, value string, partition int")
-                sink(frame.coalesce(1), batch_id)
+                arrow_append(sink, rows, SCHEMA, batch_id, spark=spark)
                 batch_id += 1
                 model.append(args[0])
                 model.passed(sink.last_append.clean if sink.last_append else None)
