@@ -4,12 +4,15 @@ Each operation is either absorbed (``state()``, ``read_state``, ``log()`` and th
 source stay exact, and the sink keeps appending and cleaning), or refused by every reader
 and writer with an error that names the Delta version, the operation and the way on.
 docs/operations.md ("Spark's own Delta on the log") holds the table these tests check.
+The feed's first three batches are the same in every test: appended once (`three_batches`),
+each test reopens a copy of that log at the path they were appended at.
 """
 
 from __future__ import annotations
 
 import json
 import random
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -60,6 +63,68 @@ class Feed:
         self.batch_id += 1
         self.oracle.apply((row[0], row[1]) for row in rows)
         self.clock.advance(400)
+
+
+@pytest.fixture(scope="module")
+def three_batches(classic_spark, tmp_path_factory) -> tuple[Path, Feed]:
+    """The feed's first three batches (and the pass the sink ran inline after the first),
+    appended once for the module by a sink then closed; every test starts from them.
+
+    Returns the module's directory, whose ``built/`` holds the lake as the sink left it,
+    and the feed as it left it. The cleaner's checkpoint table names the log's path, so
+    each test gets the copy at that same path (`lake`).
+    """
+    work = tmp_path_factory.mktemp("three-batches")
+    clock = _Clock()
+    path = str(work / "lake" / "users")
+    sink = CompactedStateSink(path, config=CONFIG, clock=clock, cleaning="inline")
+    feed = Feed(classic_spark, sink, clock)
+    for _ in range(3):
+        feed.append()
+    sink.close()
+    (work / "lake").rename(work / "built")
+    return work, feed
+
+
+class _Clock:
+    """The ``clock`` fixture's start, for a log built once per module."""
+
+    def __init__(self) -> None:
+        self.now = 1_700_000_000_000
+
+    def __call__(self) -> int:
+        return self.now
+
+    def advance(self, ms: int) -> None:
+        self.now += ms
+
+
+@pytest.fixture
+def lake(delta_spark, three_batches) -> Path:
+    """This module's lake, holding a fresh copy of `three_batches`'s (the previous test's
+    lake removed), at the path its sink appended at; delta-spark forgets the tables it read
+    there, as in a lake of its own."""
+    work, _ = three_batches
+    lake = work / "lake"
+    shutil.rmtree(lake, ignore_errors=True)
+    shutil.copytree(work / "built", lake)
+    delta_spark._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
+    return lake
+
+
+@pytest.fixture
+def fed(delta_spark, three_batches, lake, clock) -> Feed:
+    """A sink reopened on `lake`'s log of three batches, and a feed that goes on where they
+    left it (its random draws, oracle, batch id and clock): the log and state a test's own
+    three appends would have left."""
+    _, done = three_batches
+    clock.now = done.clock.now
+    sink = CompactedStateSink(str(lake / "users"), config=CONFIG, clock=clock, cleaning="inline")
+    feed = Feed(delta_spark, sink, clock)
+    feed.rng.setstate(done.rng.getstate())
+    feed.oracle.state, feed.oracle.records = dict(done.oracle.state), done.oracle.records
+    feed.batch_id = done.batch_id
+    return feed
 
 
 def sql(spark, path: str) -> Callable[[str], None]:
@@ -135,10 +200,19 @@ def _clone_elsewhere(spark, path: str) -> None:
 
 
 def _clone_put_back(spark, path: str) -> None:
-    """A clone of an older version put back over the log: delta-spark refuses it itself."""
+    """A clone of an older version put back over the log: delta-spark refuses it itself,
+    and the log's files stay as the clone elsewhere left them (so what follows also checks
+    `_clone_elsewhere` alone)."""
     _clone_elsewhere(spark, path)
+    cloned = _files(path)
     with pytest.raises(Exception, match="DELTA_UNSUPPORTED_NON_EMPTY_CLONE"):
         spark.sql(f"CREATE OR REPLACE TABLE delta.`{path}` SHALLOW CLONE delta.`{path}-clone`")
+    assert _files(path) == cloned
+
+
+def _files(path: str) -> dict[str, bytes]:
+    """Every file under ``path`` (the Delta log and data files) and its bytes."""
+    return {str(f.relative_to(path)): f.read_bytes() for f in Path(path).rglob("*") if f.is_file()}
 
 
 def _with_dv(change: Callable) -> Callable:
@@ -190,8 +264,11 @@ OPERATIONS: dict[str, tuple[Callable, str]] = {
         _auto_optimized_insert,
         "WRITE",
     ),
-    "SHALLOW CLONE to another path": (_clone_elsewhere, "absorbed, the clone refused"),
-    "SHALLOW CLONE put back over the log": (_clone_put_back, "absorbed"),
+    # One test for two cases: the refused put-back leaves the log as the clone elsewhere did.
+    "SHALLOW CLONE to another path, then put back over the log": (
+        _clone_put_back,
+        "absorbed, the clone refused",
+    ),
     # DEEP CLONE is not in open-source delta-spark (a syntax error in 4.4): Databricks only.
     "CHECK constraint": (
         lambda s, p: sql(s, p)("ALTER TABLE LOG ADD CONSTRAINT known CHECK (partition >= 0)"),
@@ -227,13 +304,10 @@ def assert_exact(spark, path: str, feed: Feed) -> None:
 
 @pytest.mark.parametrize("name", list(OPERATIONS))
 def test_a_delta_spark_operation_is_absorbed_or_refused_by_name(
-    delta_spark, lake, clock, name
+    delta_spark, lake, clock, fed, name
 ) -> None:
-    spark, path = delta_spark, str(lake / "users")
-    sink = CompactedStateSink(path, config=CONFIG, clock=clock, cleaning="inline")
-    feed = Feed(spark, sink, clock)
-    for _ in range(3):
-        feed.append()
+    spark, path, feed = delta_spark, str(lake / "users"), fed
+    sink = feed.sink
     clock.advance(2_000)
     sink.clean(force=True)
     feed.append()
@@ -332,13 +406,10 @@ def assert_refused(spark, path: str, sink, version: int, expected: str) -> None:
 
 
 def test_deletion_vectors_accepted_are_refused_until_reorg_purge_then_absorbed(
-    delta_spark, lake, clock
+    delta_spark, lake, clock, fed
 ) -> None:
-    spark, path = delta_spark, str(lake / "users")
-    sink = CompactedStateSink(path, config=CONFIG, clock=clock, cleaning="inline")
-    feed = Feed(spark, sink, clock)
-    for _ in range(3):
-        feed.append()
+    spark, path, feed = delta_spark, str(lake / "users"), fed
+    sink = feed.sink
     _with_dv(_delete)(spark, path)
     deleted = spark.sql(f"DESCRIBE HISTORY delta.`{path}` LIMIT 1").first().version
     assert_refused(spark, path, sink, deleted, "DELETE")
@@ -357,13 +428,11 @@ def test_deletion_vectors_accepted_are_refused_until_reorg_purge_then_absorbed(
 
 @pytest.mark.parametrize("kind", ["SHALLOW"])  # DEEP CLONE is not in open-source Delta
 def test_a_clone_of_an_older_version_restores_the_log_elsewhere(
-    delta_spark, lake, clock, kind
+    delta_spark, lake, clock, fed, kind
 ) -> None:
     spark, path, copy = delta_spark, str(lake / "users"), str(lake / "restored")
-    sink = CompactedStateSink(path, config=CONFIG, clock=clock, cleaning="inline")
-    feed = Feed(spark, sink, clock)
-    for _ in range(3):
-        feed.append()
+    feed = fed
+    sink = feed.sink
     clock.advance(2_000)
     sink.clean(force=True)
     version = spark.sql(f"DESCRIBE HISTORY delta.`{path}` LIMIT 1").first().version
