@@ -40,7 +40,7 @@ from streaming.jobs.session import local_session
 # by itself, without that setting.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from jvm_archive import BASE_OPTIONS, jvm_options  # noqa: E402
-from testkit import FakeClock, Oracle  # noqa: E402
+from testkit import Oracle  # noqa: E402
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -392,6 +392,21 @@ def connect_spark(_connect_session: SparkSession, monkeypatch: pytest.MonkeyPatc
 
     ConnectSession._active_session.session = _connect_session
     return _connect_session
+
+
+class FakeClock:
+    """A clock the test moves by hand (epoch milliseconds). Defined here, not in testkit: a
+    Connect server's Python workers unpickle it with a test's ``foreachBatch`` function and
+    do not find testkit (moved there, a fresh clone's Connect streaming tests failed)."""
+
+    def __init__(self, start_ms: int = 1_700_000_000_000) -> None:
+        self.now = start_ms
+
+    def __call__(self) -> int:
+        return self.now
+
+    def advance(self, ms: int) -> None:
+        self.now += ms
 
 
 @pytest.fixture

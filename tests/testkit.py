@@ -75,19 +75,6 @@ def unreferenced_files(path: str) -> list[str]:
     return sorted(f.path for f in list_data_files(log) if f.path not in referenced)
 
 
-class FakeClock:
-    """A clock the test moves by hand (epoch milliseconds)."""
-
-    def __init__(self, start_ms: int = 1_700_000_000_000) -> None:
-        self.now = start_ms
-
-    def __call__(self) -> int:
-        return self.now
-
-    def advance(self, ms: int) -> None:
-        self.now += ms
-
-
 _DDL_TYPES = {  # a DDL type name: (Spark's type, Arrow's type Spark hands a task)
     "string": (T.StringType(), pa.string()),
     "int": (T.IntegerType(), pa.int32()),

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from chispa import assert_df_equality
-from testkit import FakeClock, Oracle
+from testkit import Oracle
 
 from sinks import (
     CleanerConfig,
@@ -75,7 +75,7 @@ def three_batches(classic_spark, tmp_path_factory) -> tuple[Path, Feed]:
     each test gets the copy at that same path (`lake`).
     """
     work = tmp_path_factory.mktemp("three-batches")
-    clock = FakeClock()  # as the `clock` fixture starts
+    clock = _Clock()
     path = str(work / "lake" / "users")
     sink = CompactedStateSink(path, config=CONFIG, clock=clock, cleaning="inline")
     feed = Feed(classic_spark, sink, clock)
@@ -84,6 +84,19 @@ def three_batches(classic_spark, tmp_path_factory) -> tuple[Path, Feed]:
     sink.close()
     (work / "lake").rename(work / "built")
     return work, feed
+
+
+class _Clock:
+    """The ``clock`` fixture's start, for a log built once per module."""
+
+    def __init__(self) -> None:
+        self.now = 1_700_000_000_000
+
+    def __call__(self) -> int:
+        return self.now
+
+    def advance(self, ms: int) -> None:
+        self.now += ms
 
 
 @pytest.fixture
