@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from urllib.parse import urlparse
 
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 
 from checkpoints import CleanerOffsetCheckpoint
 from sinks.append_report import AppendReport
@@ -45,7 +45,7 @@ from sinks.maintenance.retention import RetentionPlan
 from sinks.maintenance.segment_deleter import DeletionReport
 from sinks.produce.append_batch import SparkRecords
 from sinks.produce.dead_letter import DeadLetterTable
-from sinks.produce.log_append import LogAppender
+from sinks.produce.log_append import LogAppender, Records
 from sinks.produce.schema_evolution import DEFAULT_SCHEMA_EVOLUTION, SchemaEvolution
 from sinks.python_workers import check_python_workers
 from sinks.reading.state_reader import spark_state
@@ -144,13 +144,34 @@ class CompactedStateSink:
         warn_unsafe_beside_delta_spark(spark, self.path)
         query_id = self.transactional_id.query_id(spark, batch_id)
         records = SparkRecords(batch_df, before_prepare=lambda: check_python_workers(spark))
-        app_id = self.transactional_id.app_id(query_id)
-        info = self.appender.append(records, app_id=app_id, batch_id=batch_id)
-        assert info.snapshot is not None
-        duration_ms = int((time.monotonic() - started) * 1000)
         background = self.cleaning == "background" or (
             self.cleaning == "auto" and query_id is not None
         )
+        self._append(
+            spark,
+            records,
+            app_id=self.transactional_id.app_id(query_id),
+            batch_id=batch_id,
+            background=background,
+            started=started,
+        )
+
+    def _append(
+        self,
+        spark: SparkSession | None,
+        records: Records,
+        *,
+        app_id: str,
+        batch_id: int,
+        background: bool,
+        started: float,
+    ) -> None:
+        """Append ``records`` once as ``batch_id`` of ``app_id``, hand the log to its cleaner
+        (a pass it runs needs ``spark``) and set ``last_append``; ``started`` is the call's
+        `time.monotonic`. What a call does once it has its records."""
+        info = self.appender.append(records, app_id=app_id, batch_id=batch_id)
+        assert info.snapshot is not None
+        duration_ms = int((time.monotonic() - started) * 1000)
         stats, snapshot, ratio = self.log_cleaner.hand_over(
             spark, info.snapshot, background=background, appended=not info.already_committed
         )

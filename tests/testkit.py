@@ -14,7 +14,6 @@ import pyarrow as pa
 from deltalake import DeltaTable
 from pyspark.sql import types as T
 
-from sinks.append_report import AppendReport
 from sinks.log.log_table import LogTable
 from sinks.log.segment import Segment
 from sinks.maintenance.recovery import list_data_files, referenced_paths
@@ -104,24 +103,13 @@ def arrow_append(sink, rows, schema: str, batch_id: int, spark=None) -> None:
     feeding through ``sink(...)``. Sets ``sink.last_append`` as a call does."""
     struct, arrow = ddl_schemas(schema)
     table = pa.Table.from_pylist([dict(zip(struct.names, row, strict=True)) for row in rows], arrow)
-    started = time.monotonic()
-    info = sink.appender.append(
-        ArrowRecords(table, struct), app_id=sink.transactional_id.app_id(None), batch_id=batch_id
-    )
-    duration_ms = int((time.monotonic() - started) * 1000)
-    stats, snapshot, ratio = sink.log_cleaner.hand_over(
+    sink._append(
         spark,
-        info.snapshot,
+        ArrowRecords(table, struct),
+        app_id=sink.transactional_id.app_id(None),
+        batch_id=batch_id,
         background=sink.cleaning == "background",
-        appended=not info.already_committed,
-    )
-    sink.last_append = AppendReport.of(
-        batch_id,
-        info,
-        dirty_ratio=ratio,
-        duration_ms=duration_ms,
-        delta_version=snapshot.version,
-        clean=stats,
+        started=time.monotonic(),
     )
 
 
