@@ -14,7 +14,10 @@ with the context's interpreter.
 
 `check_python_workers` runs one one-task probe job per SparkContext that imports
 the package on a worker; the import is tried inside the task, so a failed probe is
-an answer rather than a failed task and Spark logs nothing about it. The session's
+an answer rather than a failed task and Spark logs nothing about it. The probe is a
+SQL job (a Python UDF), as the sink's own tasks are: Spark keeps one Python worker
+daemon per interpreter and environment, and an RDD job's environment differs from a
+SQL task's, so an RDD probe left a second daemon on every executor. The session's
 log level is never changed: a level set and put back loses a shell's or notebook's
 console threshold (WARN), and Spark's INFO lines then flood it. When the probe fails
 on a local master (the workers run on this machine), the context is pointed at this
@@ -31,6 +34,7 @@ import sys
 import threading
 
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
 from sinks.errors import ConfigError
 
@@ -60,7 +64,7 @@ def check_python_workers(spark: SparkSession, packages: tuple[str, ...] = (PACKA
     with _lock:
         if (id(context), packages) in _checked:
             return
-        failure = _probe(context, packages)
+        failure = _probe(spark, packages)
         if (
             failure is not None
             and _is_local(context.master)
@@ -68,7 +72,7 @@ def check_python_workers(spark: SparkSession, packages: tuple[str, ...] = (PACKA
         ):
             tried = context.pythonExec
             context.pythonExec = sys.executable
-            failure = _probe(context, packages)
+            failure = _probe(spark, packages)
             if failure is None:
                 logger.warning(
                     "Spark's Python workers ran %s, which cannot import %r; this local "
@@ -103,8 +107,11 @@ def worker_failure(text: str) -> str:
     return lines[0] if lines else "the probe job failed"
 
 
-def _probe(context, packages: tuple[str, ...]) -> str | None:
+def _probe(spark: SparkSession, packages: tuple[str, ...]) -> str | None:
     """Import ``packages`` in one Python worker task; None when it works, else why not.
+
+    A plain (pickled, not Arrow) UDF: the worker needs no pyarrow to give its answer, and
+    the UDF takes the context's Python as it is when the UDF is made.
 
     The import is tried inside the task, so a missing package is the task's answer,
     not a failed task: no executor error reaches the JVM's log, and the session's
@@ -121,7 +128,8 @@ def _probe(context, packages: tuple[str, ...]) -> str | None:
         return None
 
     try:
-        return context.parallelize([0], 1).map(imports).collect()[0]
+        probe = F.udf(imports, "string", useArrow=False)
+        return spark.range(0, 1, 1, 1).select(probe("id")).collect()[0][0]
     except Exception as e:  # noqa: BLE001 - the worker did not start: Py4JJavaError, ...
         return worker_failure(str(e))
 
