@@ -42,6 +42,12 @@ spark = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "fals
 sink = CompactedStateSink(sys.argv[1])
 sink(spark.createDataFrame([(f"k{i}", str(i)) for i in range(10)], "key string, value string"), 0)
 print("state", sink.state().count(), "dirty ratio", sink.dirty_ratio())
+import subprocess
+jvm = str(spark.sparkContext._jvm.ProcessHandle.current().pid())
+ps = subprocess.run(["ps", "-e", "-o", "ppid=,args="], capture_output=True, text=True).stdout
+daemons = [line for line in ps.splitlines() if line.split(None, 1)[0] == jvm
+           and line.split(None, 1)[1] == f"{sys.executable} -m pyspark.daemon pyspark.worker"]
+print("worker daemons", len(daemons))
 """
 # The Python Spark starts workers with when PYSPARK_PYTHON is unset (pyspark's default).
 WORKERS_PYTHON = shutil.which("python3", path=os.environ.get("PATH"))
@@ -137,6 +143,8 @@ def test_a_script_prints_no_info_line_after_the_first_batch(script_run):
     code, stdout, stderr = script_run.finish()
     assert code == 0, stderr[-3000:]
     assert "state 10 dirty ratio" in stdout
+    # The sink's check of the workers and its tasks share one Python worker daemon.
+    assert "worker daemons 1" in stdout
     assert spark_info_lines(stderr) == []
     assert "Setting default log level" in stderr  # the JVM's stderr is what was read
 
