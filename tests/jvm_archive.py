@@ -19,8 +19,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-# HotSpot's client compiler alone and the serial collector (docs/development.md).
-BASE_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+# HotSpot's client compiler alone and the serial collector, with the code cache the tiered
+# compilers would have: the client compiler's own default (48 MB) fills with Spark's and
+# delta-spark's code, and its sweeper then spends minutes evicting and recompiling
+# (docs/development.md).
+BASE_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:ReservedCodeCacheSize=240m"
 ARCHIVE = Path(sys.prefix) / "spark-classes.jsa"
 QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
 
