@@ -1,7 +1,7 @@
 """The library's layers: no module imports one from a layer above its own.
 
 From the bottom: ``checkpoints``, ``sinks.errors``,
-``sinks.crash_points``, ``sinks.shutdown`` and ``sinks.spark_compat``; ``sinks.config``;
+``sinks.crash_points``, ``sinks.shutdown``, ``sinks.spark_compat`` and ``sinks.python_tasks``; ``sinks.config``;
 ``sinks.log`` (with ``sinks.log.foreign``) and ``sinks.spark_session``; ``sinks.produce``;
 ``sinks.maintenance``; ``sinks.cleaner``;
 ``sinks.reading``; ``sinks.sink``; then ``streaming`` by concern: ``streaming.consumers``,
@@ -23,7 +23,14 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("checkpoints", "sinks", "streaming")
 
 LAYERS: list[tuple[str, ...]] = [
-    ("checkpoints", "sinks.errors", "sinks.crash_points", "sinks.shutdown", "sinks.spark_compat"),
+    (
+        "checkpoints",
+        "sinks.errors",
+        "sinks.crash_points",
+        "sinks.shutdown",
+        "sinks.spark_compat",
+        "sinks.python_tasks",
+    ),
     ("sinks.config",),
     ("sinks.log", "sinks.spark_session", "sinks.python_workers"),
     ("sinks.produce",),
@@ -51,6 +58,7 @@ LIBRARY_FRONTS = {
     "sinks.reading",
     # single modules of the library, each a layer of its own in `LAYERS` (no package to
     # go through); their Spark glue is no name for ``sinks`` to export to its users
+    "sinks.python_tasks",
     "sinks.python_workers",
     "sinks.spark_compat",
     "sinks.spark_session",

@@ -28,6 +28,7 @@ from sinks.log.records import OFFSET, PARTITION
 from sinks.log.segment import Segment
 from sinks.log.segment_writer import SegmentWriterTask, nullable_schema
 from sinks.log.storage import arrow_filesystem
+from sinks.python_tasks import freeze_imports
 
 _BIN = "bin"
 
@@ -116,6 +117,7 @@ class RecopyTask:
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """Clean the partitions of the bins in ``batches``; yields the written files."""
+        freeze_imports()
         writer = SegmentWriterTask(
             table_uri=self.table_uri,
             schema=self.schema,

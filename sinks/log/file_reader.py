@@ -23,6 +23,7 @@ from pyspark.sql.types import StructType
 from sinks.log.records import RecordsT
 from sinks.log.segment_writer import nullable_schema
 from sinks.log.storage import LogLocation, normalize_uri
+from sinks.python_tasks import freeze_imports
 from sinks.spark_compat import utc_arrow_schema
 
 _PATH = "path"
@@ -58,6 +59,7 @@ class ParquetReaderTask:
     schema: pa.Schema
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        freeze_imports()
         fs, root = self.table.filesystem()
         for batch in batches:
             for path in batch.column(_PATH).to_pylist():

@@ -37,6 +37,7 @@ from sinks.log.log_keys import LogKeys
 from sinks.log.records import DELETE_HORIZON_MS, OFFSET, PARTITION
 from sinks.log.segment import segment_path
 from sinks.log.storage import LogLocation, arrow_filesystem
+from sinks.python_tasks import freeze_imports
 
 WRITTEN_SEGMENT_DDL = (
     "path string, size_bytes long, partition int, base_offset long, last_offset long, "
@@ -151,6 +152,7 @@ class SegmentWriterTask:
         return nullable_schema(self.schema)
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        freeze_imports()
         fs, root = arrow_filesystem(self.table_uri, self.storage_options)
         written: list[dict[str, Any]] = []
         current: _OpenSegment | None = None

@@ -44,6 +44,7 @@ from sinks.log.segment_writer import (
     WrittenSegment,
 )
 from sinks.produce.validity import RecordValidator
+from sinks.python_tasks import freeze_imports
 
 APPEND_TASK_DDL = WRITTEN_SEGMENT_DDL + "".join(f", {c} long" for c in COUNT_COLUMNS)
 _OUTPUT_SCHEMA = pa.schema([*WRITTEN_ARROW_SCHEMA, *[(c, pa.int64()) for c in COUNT_COLUMNS]])
@@ -69,6 +70,7 @@ class AppendTask:
     combine: bool = False
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        freeze_imports()
         validator = RecordValidator(
             keys=self.keys,
             has_offsets=self.has_offsets,

@@ -46,6 +46,7 @@ from sinks.log.log_table import (
 )
 from sinks.log.records import DELETE_HORIZON_MS, VALUE
 from sinks.log.storage import arrow_filesystem, normalize_uri
+from sinks.python_tasks import freeze_imports
 from sinks.spark_compat import utc_arrow_schema
 
 Codec = Literal["null", "deflate", "snappy", "zstandard", "bzip2", "xz", "lz4"]
@@ -305,6 +306,7 @@ class AvroFileWriter:
     metadata: dict[str, str]
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        freeze_imports()
         parsed = fastavro.parse_schema(self.avro_schema)
         fs, root = arrow_filesystem(self.directory)
         name = f"part-{uuid.uuid4().hex}.avro"
@@ -342,6 +344,7 @@ class AvroFileReader:
     spark_schema_json: str
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        freeze_imports()
         schema = utc_arrow_schema(T.StructType.fromJson(json.loads(self.spark_schema_json)))
         fs, root = arrow_filesystem(self.directory)
         for batch in batches:

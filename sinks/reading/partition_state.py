@@ -32,6 +32,7 @@ from sinks.log.log_keys import LogKeys
 from sinks.log.log_table import LogSnapshot, LogTable
 from sinks.log.records import VALUE
 from sinks.log.storage import normalize_uri
+from sinks.python_tasks import freeze_imports
 from sinks.spark_session import default_parallelism
 
 
@@ -43,6 +44,7 @@ class LiveRecordsTask:
     columns: tuple[str, ...]
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        freeze_imports()
         for index in self.recopy.indexes(batches):
             for table in self.recopy.newest(self.recopy.tasks[index]):
                 live = table.filter(pc.is_valid(table.column(VALUE))).select(self.columns)

@@ -58,6 +58,7 @@ from sinks.produce import (
     check_mode,
     log_schema,
 )
+from sinks.python_tasks import freeze_imports
 from sinks.python_workers import check_python_workers
 from sinks.spark_compat import (
     DATA_SOURCE,
@@ -224,6 +225,7 @@ class CompactedStateStreamWriter(DataSourceStreamArrowWriter):
     # -- executors -----------------------------------------------------------------------
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedFile:
+        freeze_imports()
         fs, root = arrow_filesystem(self.options.path)
         relative = f"{STAGING}/{uuid.uuid4().hex}.parquet"
         fs.create_dir(f"{root}/{STAGING}", recursive=True)

@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from sinks.log import OFFSET, PARTITION, TIMESTAMP, LogSnapshot, arrow_filesystem, conform
+from sinks.python_tasks import freeze_imports
 from streaming.consumers.consumer_position import FetchRange, Positions, first_offsets_at
 from streaming.consumers.fetch_plan import ConsumerReadPartition
 
@@ -35,6 +36,7 @@ class RangeReader:
         """The range's records in offset order: files whose offsets follow one another
         stream batch by batch (a file wholly inside the range unfiltered by offset);
         overlapping files (rewritten by another engine) are read whole and sorted."""
+        freeze_imports()
         fs, root = arrow_filesystem(self.table_uri)
         if partition.ordered:
             for path, whole in zip(partition.paths, partition.whole, strict=True):

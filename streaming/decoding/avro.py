@@ -38,6 +38,7 @@ from pyspark.sql import types as T
 
 from sinks.errors import BadInputError
 from sinks.log import DECODE_ERROR
+from sinks.python_tasks import freeze_imports
 from sinks.spark_compat import utc_arrow_schema
 from streaming.decoding.avro_types import avro_to_spark
 from streaming.decoding.schema_registry import SchemaStore, as_schema
@@ -159,6 +160,7 @@ class _DecodeTask:
     output_schema: str
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        freeze_imports()
         reader = fastavro.parse_schema(json.loads(self.reader_schema))
         writers = {
             int(k): fastavro.parse_schema(v) for k, v in json.loads(self.writer_schemas).items()

@@ -48,6 +48,11 @@ ps = subprocess.run(["ps", "-e", "-o", "ppid=,args="], capture_output=True, text
 daemons = [line for line in ps.splitlines() if line.split(None, 1)[0] == jvm
            and line.split(None, 1)[1] == f"{sys.executable} -m pyspark.daemon pyspark.worker"]
 print("worker daemons", len(daemons))
+def frozen(batches):
+    import gc, pyarrow as pa
+    for _ in batches:
+        yield pa.RecordBatch.from_pydict({"n": [gc.get_freeze_count()]})
+print("frozen in the worker", spark.range(0, 1, 1, 1).mapInArrow(frozen, "n long").first().n)
 """
 # The Python Spark starts workers with when PYSPARK_PYTHON is unset (pyspark's default).
 WORKERS_PYTHON = shutil.which("python3", path=os.environ.get("PATH"))
@@ -143,8 +148,11 @@ def test_a_script_prints_no_info_line_after_the_first_batch(script_run):
     code, stdout, stderr = script_run.finish()
     assert code == 0, stderr[-3000:]
     assert "state 10 dirty ratio" in stdout
-    # The sink's check of the workers and its tasks share one Python worker daemon.
+    # The sink's check of the workers and its tasks share one Python worker daemon, and
+    # the worker its tasks ran in froze its imports (design.md §45).
     assert "worker daemons 1" in stdout
+    frozen = re.search(r"frozen in the worker (\d+)", stdout)
+    assert frozen and int(frozen.group(1)) > 10_000, stdout
     assert spark_info_lines(stderr) == []
     assert "Setting default log level" in stderr  # the JVM's stderr is what was read
 
