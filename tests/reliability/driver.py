@@ -33,12 +33,6 @@ def spark_session():
         "spark.default.parallelism": "1",
         "spark.ui.enabled": "false",
         "spark.driver.memory": "1g",
-        # Spark keys its Python worker daemons by their environment, and the SQL tasks'
-        # (the sink's mapInArrow) carry SPARK_SIMPLIFIED_TRACEBACK where the sink's RDD probe
-        # of the workers (sinks.python_workers) does not: two daemons, two interpreters
-        # importing pyspark, pyarrow and the library, about 2 CPU seconds a process. Off, the
-        # probe and the tasks share one; no test reads a worker's traceback from here.
-        "spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled": "false",
         # A fresh JVM compiles each query's generated Java (Janino) before it runs a row:
         # on three batches of 24 rows that is about 2 of a process's 14 CPU seconds.
         # Interpreted evaluation computes the same rows; the sink is what is tested here.
