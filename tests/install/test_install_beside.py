@@ -30,7 +30,9 @@ PIP_TIMEOUT_S = 600
 # and no `pyspark` distribution (16.1.7: the newest for Python 3.11; Spark 3.5). It holds
 # numpy below 2, and pip then picks a pyarrow that needs numpy 2 and a pandas 3 that Spark 3.5
 # does not support: a working environment pins the two, as a user of it must.
-RUNTIME_PYSPARK = ["pyspark==3.5.9"]
+# pyspark comes as sources: pip builds its wheel, here stored rather than deflated (its jars
+# are compressed already: 8.6 s less of the build; the same files installed).
+RUNTIME_PYSPARK = ["--config-settings", "--build-option=--compression=stored", "pyspark==3.5.9"]
 DATABRICKS_CONNECT = ["databricks-connect==16.1.7", "pyarrow==20.0.0", "pandas<3"]
 SHOW_PYSPARK = "import json, pyspark; print(json.dumps([pyspark.__version__, pyspark.__file__]))"
 
