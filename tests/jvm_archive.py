@@ -21,19 +21,26 @@ from pathlib import Path
 
 # HotSpot's client compiler alone and the serial collector, with the code cache the tiered
 # compilers would have: the client compiler's own default (48 MB) fills with Spark's and
-# delta-spark's code, and its sweeper then spends minutes evicting and recompiling
-# (docs/development.md).
-BASE_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:ReservedCodeCacheSize=240m"
+# delta-spark's code, and its sweeper then spends minutes evicting and recompiling; and a
+# first metaspace threshold above what Spark's classes take (the default, about 21 MB, cost a
+# Connect server five full collections in its first 25 s) (docs/development.md).
+BASE_OPTIONS = (
+    "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:ReservedCodeCacheSize=240m -XX:MetaspaceSize=256m"
+)
+# A Spark driver's (spark-submit's) heap starts at 1 GB, not at the 1/64 of the machine's
+# memory the JVM picks (384 MB here), which the serial collector grows slowly: the tests'
+# session ran a full collection every 10-20 s. Every driver the tests start has 1 GB or more.
+DRIVER_OPTIONS = "-Xms1g"
 ARCHIVE = Path(sys.prefix) / "spark-classes.jsa"
 QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
 
 
 def jvm_options(archive: Path = ARCHIVE) -> str:
-    """``SPARK_SUBMIT_OPTS`` for the tests' JVMs: the base options, and ``archive`` when it
-    exists (mapped read-only: every JVM of every test run shares it)."""
+    """``SPARK_SUBMIT_OPTS`` for the tests' JVMs: the base and driver options, and ``archive``
+    when it exists (mapped read-only: every JVM of every test run shares it)."""
     if archive.is_file():
-        return f"{BASE_OPTIONS} -XX:SharedArchiveFile={archive} {QUIET}"
-    return BASE_OPTIONS
+        return f"{BASE_OPTIONS} {DRIVER_OPTIONS} -XX:SharedArchiveFile={archive} {QUIET}"
+    return f"{BASE_OPTIONS} {DRIVER_OPTIONS}"
 
 
 def dump(archive: Path = ARCHIVE) -> None:
