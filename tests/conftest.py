@@ -403,11 +403,11 @@ QUERY_START_ATTEMPTS = 3
 def _start_again_when_the_worker_timed_out(start):  # noqa: ANN001, ANN202
     @functools.wraps(start)
     def start_query(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
-        for attempt in range(1, QUERY_START_ATTEMPTS + 1):
+        for attempt in range(1, QUERY_START_ATTEMPTS):
             try:
                 return start(self, *args, **kwargs)
             except Exception as error:
-                if WORKER_TIMED_OUT not in str(error) or attempt == QUERY_START_ATTEMPTS:
+                if WORKER_TIMED_OUT not in str(error):
                     raise
                 warnings.warn(
                     f"the Connect server's Python worker for a streaming query did not connect "
@@ -415,7 +415,7 @@ def _start_again_when_the_worker_timed_out(start):  # noqa: ANN001, ANN202
                     "starting the query again",
                     stacklevel=2,
                 )
-        raise AssertionError("unreachable")
+        return start(self, *args, **kwargs)
 
     return start_query
 

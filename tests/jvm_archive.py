@@ -38,9 +38,10 @@ QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
 def jvm_options(archive: Path = ARCHIVE) -> str:
     """``SPARK_SUBMIT_OPTS`` for the tests' JVMs: the base and driver options, and ``archive``
     when it exists (mapped read-only: every JVM of every test run shares it)."""
+    options = f"{BASE_OPTIONS} {DRIVER_OPTIONS}"
     if archive.is_file():
-        return f"{BASE_OPTIONS} {DRIVER_OPTIONS} -XX:SharedArchiveFile={archive} {QUIET}"
-    return f"{BASE_OPTIONS} {DRIVER_OPTIONS}"
+        return f"{options} -XX:SharedArchiveFile={archive} {QUIET}"
+    return options
 
 
 def dump(archive: Path = ARCHIVE) -> None:
