@@ -258,7 +258,8 @@ def test_empty_log(spark, lake, clock):
 
 
 def ancestors(plan: str, line_no: int) -> list[str]:
-    """The node lines above ``line_no`` in a plan's tree string, nearest first."""
+    """The node lines above ``line_no`` in a plan's tree string, nearest first, without the
+    whole-stage codegen marker (``*(3) ``) a plan Spark planned without AQE carries."""
     lines = plan.splitlines()
 
     def depth(line: str) -> int:
@@ -267,7 +268,7 @@ def ancestors(plan: str, line_no: int) -> list[str]:
     found, current = [], depth(lines[line_no])
     for line in reversed(lines[:line_no]):
         if line.strip() and depth(line) < current:
-            found.append(line.strip(" :+-|"))
+            found.append(re.sub(r"^\*\(\d+\) ", "", line.strip(" :+-|")))
             current = depth(line)
     return found
 
