@@ -41,6 +41,8 @@ from streaming.jobs.session import local_session
 # Spark Connect server's Python worker that unpickles a test's function imports this module
 # by itself, without that setting.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cpu_per_test import ENV as CPU_PER_TEST  # noqa: E402
+from cpu_per_test import CpuPerTest  # noqa: E402
 from jvm_archive import BASE_OPTIONS, jvm_options  # noqa: E402
 from testkit import Oracle  # noqa: E402
 
@@ -130,6 +132,15 @@ SLOW_FIRST = (
     "tests/sinks/test_shutdown.py",
     "tests/streaming/test_consumer_first_hour.py",
 )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """With `CPU_PER_TEST` naming a directory, each test's CPU is written there
+    (tests/cpu_per_test.py); an xdist controller writes nothing (its tree holds the workers)."""
+    directory = os.environ.get(CPU_PER_TEST)
+    controller = getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput")
+    if directory and not controller:
+        config.pluginmanager.register(CpuPerTest(Path(directory)), "cpu_per_test")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

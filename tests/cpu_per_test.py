@@ -1,0 +1,90 @@
+"""The CPU each test costs, for finding where a run's time goes on a machine whose cores are
+busy (there wall time says little: a test waiting on a subprocess lends its core to the next).
+
+With ``COMPACTED_SINK_TEST_CPU=<dir>`` set, each pytest process (each xdist worker) appends one
+JSON line per test to ``<dir>/<worker>.jsonl``: ``{"test", "cpu", "wall"}``, where ``cpu`` is
+the CPU-seconds of the process's whole tree from the test's setup to its teardown (pytest, its
+Spark JVM, the JVM's Python workers, the processes the test starts; Linux ``/proc``). The
+controller of an xdist run writes nothing: its tree holds every worker. Then::
+
+    python tests/cpu_per_test.py <dir>
+
+prints the total, the files and the tests by CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+ENV = "COMPACTED_SINK_TEST_CPU"
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu_s(root: int) -> float:
+    """CPU-seconds of ``root`` and its live descendants, with the children each has reaped."""
+    children: dict[int, list[int]] = defaultdict(list)
+    cpu: dict[int, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # from the state on: comm may hold spaces
+        children[int(fields[1])].append(int(entry))
+        cpu[int(entry)] = sum(int(f) for f in fields[11:15]) / _TICKS  # u, s, cu, cs time
+    total, stack = 0.0, [root]
+    while stack:
+        pid = stack.pop()
+        total += cpu.get(pid, 0.0)
+        stack.extend(children[pid])
+    return total
+
+
+class CpuPerTest:
+    """The pytest plugin `tests/conftest.py` registers when `ENV` names a directory."""
+
+    def __init__(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        self.out = directory / f"{worker}.jsonl"
+        self.started: dict[str, tuple[float, float]] = {}
+
+    def pytest_runtest_logstart(self, nodeid: str) -> None:
+        self.started[nodeid] = (tree_cpu_s(os.getpid()), time.monotonic())
+
+    def pytest_runtest_logfinish(self, nodeid: str) -> None:
+        cpu, wall = self.started.pop(nodeid)
+        line = {
+            "test": nodeid,
+            "cpu": round(tree_cpu_s(os.getpid()) - cpu, 2),
+            "wall": round(time.monotonic() - wall, 2),
+        }
+        with self.out.open("a") as f:
+            f.write(json.dumps(line) + "\n")
+
+
+def report(directory: Path, top: int = 30) -> str:
+    rows = [json.loads(line) for f in directory.glob("*.jsonl") for line in f.open()]
+    files: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for row in rows:
+        file = files[row["test"].split("::")[0]]
+        file[0] += row["cpu"]
+        file[1] += row["wall"]
+    lines = [f"{len(rows)} tests, {sum(r['cpu'] for r in rows):.0f} CPU-s", "CPU-s  wall-s  file"]
+    for name, (cpu, wall) in sorted(files.items(), key=lambda f: -f[1][0])[:top]:
+        lines.append(f"{cpu:6.1f} {wall:7.1f}  {name}")
+    lines.append("CPU-s  wall-s  test")
+    for row in sorted(rows, key=lambda r: -r["cpu"])[:top]:
+        lines.append(f"{row['cpu']:6.1f} {row['wall']:7.1f}  {row['test']}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(report(Path(sys.argv[1])))
