@@ -5,7 +5,10 @@ With ``COMPACTED_SINK_TEST_CPU=<dir>`` set, each pytest process (each xdist work
 JSON line per test to ``<dir>/<worker>.jsonl``: ``{"test", "cpu", "wall"}``, where ``cpu`` is
 the CPU-seconds of the process's whole tree from the test's setup to its teardown (pytest, its
 Spark JVM, the JVM's Python workers, the processes the test starts; Linux ``/proc``). The
-controller of an xdist run writes nothing: its tree holds every worker. Then::
+controller of an xdist run writes nothing: its tree holds every worker. A process of the tree
+that ends unwaited by its parent takes its CPU out of the tree (Spark's Python daemon stopped
+with workers still running, say): the test in whose window it ends shows less, even below zero.
+Then::
 
     python tests/cpu_per_test.py <dir>
 
@@ -22,48 +25,30 @@ from collections import defaultdict
 from pathlib import Path
 
 ENV = "COMPACTED_SINK_TEST_CPU"
-_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def tree_cpu_s(root: int) -> float:
-    """CPU-seconds of ``root`` and its live descendants, with the children each has reaped."""
-    children: dict[int, list[int]] = defaultdict(list)
-    cpu: dict[int, float] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()  # from the state on: comm may hold spaces
-        children[int(fields[1])].append(int(entry))
-        cpu[int(entry)] = sum(int(f) for f in fields[11:15]) / _TICKS  # u, s, cu, cs time
-    total, stack = 0.0, [root]
-    while stack:
-        pid = stack.pop()
-        total += cpu.get(pid, 0.0)
-        stack.extend(children[pid])
-    return total
 
 
 class CpuPerTest:
     """The pytest plugin `tests/conftest.py` registers when `ENV` names a directory."""
 
     def __init__(self, directory: Path) -> None:
+        # The benchmarks' meter; imported here, since `report` runs as a script from tests/
+        # where the repository's root (and bench) is not on the path.
+        from bench.measure import process_tree_cpu_s
+
+        self.process_tree_cpu_s = process_tree_cpu_s
         directory.mkdir(parents=True, exist_ok=True)
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         self.out = directory / f"{worker}.jsonl"
         self.started: dict[str, tuple[float, float]] = {}
 
     def pytest_runtest_logstart(self, nodeid: str) -> None:
-        self.started[nodeid] = (tree_cpu_s(os.getpid()), time.monotonic())
+        self.started[nodeid] = (self.process_tree_cpu_s(), time.monotonic())
 
     def pytest_runtest_logfinish(self, nodeid: str) -> None:
         cpu, wall = self.started.pop(nodeid)
         line = {
             "test": nodeid,
-            "cpu": round(tree_cpu_s(os.getpid()) - cpu, 2),
+            "cpu": round(self.process_tree_cpu_s() - cpu, 2),
             "wall": round(time.monotonic() - wall, 2),
         }
         with self.out.open("a") as f:
