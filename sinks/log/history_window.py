@@ -36,7 +36,7 @@ from deltalake import DeltaTable
 
 from checkpoints.checkpoint_table import HANDS_OFF_PROPERTIES
 from sinks.config import DELETED_FILE_RETENTION_DURATION, format_interval, parse_interval_ms
-from sinks.errors import HistoryExpiredError, TimeTravelError
+from sinks.errors import ConcurrentCommitError, HistoryExpiredError, TimeTravelError
 from sinks.log.committer import DELTA_RS, LogCommitter
 from sinks.log.ownership import DELTA_LOG_DIR
 from sinks.log.storage import LogLocation
@@ -77,20 +77,33 @@ def window_of(table: DeltaTable) -> int:
     return DEFAULT_WINDOW_MS if text is None else parse_interval_ms(text)
 
 
+ALIGN_ATTEMPTS = 3
+
+
 def align_table_properties(
     table: DeltaTable, window_ms: int, committer: LogCommitter = DELTA_RS
 ) -> bool:
-    """Set the window's properties on ``table`` when they differ; True when a commit was made.
+    """Set the window's properties on ``table`` when they differ; True when this call committed.
 
     Idempotent: a table that already has them is not touched (a metadata commit
-    would make concurrent appends retry and a concurrent pass start over).
+    would make concurrent appends retry and a concurrent pass start over). A commit
+    that lost a race (another sink's deleter setting the same properties, a commit
+    that removed files) is made again on the table as it now is, unless the winner
+    set them: `ALIGN_ATTEMPTS` commits at most, ``table`` then at a newer version.
+    Raises `ConcurrentCommitError` when the last one loses too.
     """
     wanted = table_properties(window_ms)
-    current = table.metadata().configuration
-    if all(current.get(k) == v for k, v in wanted.items()):
-        return False
-    committer.set_properties(table, wanted, metadata={})
-    return True
+    attempt = 1
+    while any(table.metadata().configuration.get(k) != v for k, v in wanted.items()):
+        try:
+            committer.set_properties(table, wanted, metadata={})
+            return True
+        except ConcurrentCommitError:
+            if attempt == ALIGN_ATTEMPTS:
+                raise
+            attempt += 1
+            table.update_incremental()
+    return False
 
 
 # -- what the Delta log holds -----------------------------------------------------------------

@@ -17,9 +17,13 @@ from deltalake import DeltaTable
 from deltalake.transaction import AddAction, RemoveAction
 
 from sinks import CleanerConfig, CompactedStateSink, ConfigError
+from sinks.errors import ConcurrentCommitError
+from sinks.log.committer import DELTA_RS
 from sinks.log.history_window import (
+    ALIGN_ATTEMPTS,
     DeltaLogListing,
     HistoryExpiredError,
+    align_table_properties,
     list_delta_log,
     oldest_reachable_version,
     table_properties,
@@ -185,3 +189,83 @@ def test_deletion_is_bounded_per_call_and_trims_the_delta_log(tmp_path):
     # Commits before the last Delta checkpoint are gone; the table still loads.
     assert min(list_delta_log(LogLocation(path)).commit_ms) >= checkpoint
     assert DeltaTable(path).version() == 131  # 130 commits and the window's new properties
+
+
+class RacedCommitter:
+    """delta-rs's committer, with another writer's commit landing just before each of its
+    first ``races`` property commits: the race two sinks' deleters on one log run."""
+
+    def __init__(self, other_writer, races: int = 1) -> None:
+        self.other_writer, self.races = other_writer, races
+        self.property_commits = 0
+
+    def __getattr__(self, name: str):
+        return getattr(DELTA_RS, name)
+
+    def set_properties(self, table, properties, *, metadata) -> None:
+        self.property_commits += 1
+        if self.property_commits <= self.races:
+            self.other_writer()
+        DELTA_RS.set_properties(table, properties, metadata=metadata)
+
+
+def _table_with_one_file(path: str) -> str:
+    """A table with no window properties and one data file (version 1); its file's path."""
+    schema = pa.schema([("k", pa.int64())])
+    DeltaTable.create(path, schema, description=LOG_DESCRIPTION)
+    os.makedirs(f"{path}/partition-0")
+    pq.write_table(pa.table({"k": [1]}), f"{path}/partition-0/a.parquet")
+    size = os.path.getsize(f"{path}/partition-0/a.parquet")
+    add = AddAction("partition-0/a.parquet", size, {}, 0, True, None)
+    DeltaTable(path).create_write_transaction([add], "append", schema)
+    return "partition-0/a.parquet"
+
+
+def test_two_deleters_setting_the_window_at_once_both_succeed(tmp_path):
+    """The losing deleter finds the winner's properties and commits nothing; raising there
+    failed a user's ``vacuum()`` beside a streaming query's own deleter."""
+    path = str(tmp_path / "table")
+    _table_with_one_file(path)
+    wanted = table_properties(60_000)
+    stale = DeltaTable(path)  # read before the other deleter commits
+    raced = RacedCommitter(lambda: DELTA_RS.set_properties(DeltaTable(path), wanted, metadata={}))
+
+    assert align_table_properties(stale, 60_000, raced) is False
+    assert raced.property_commits == 1
+    table = DeltaTable(path)
+    assert table.version() == 2  # the winner's commit, and no second one
+    assert {k: table.metadata().configuration[k] for k in wanted} == wanted
+
+    report = delete_expired_files(LogLocation(path), window_ms=60_000)
+    assert not report.properties_set and DeltaTable(path).version() == 2
+
+
+def test_the_window_is_set_again_after_losing_to_a_commit_that_removed_files(tmp_path):
+    path = str(tmp_path / "table")
+    data_file = _table_with_one_file(path)
+    removed = RemoveAction(data_file, True, int(time.time() * 1000), 1, {})
+    schema = pa.schema([("k", pa.int64())])
+
+    def remove_the_file() -> None:
+        DeltaTable(path).create_write_transaction([removed], "append", schema)
+
+    stale = DeltaTable(path)
+    assert align_table_properties(stale, 60_000, RacedCommitter(remove_the_file)) is True
+    table = DeltaTable(path)
+    assert table.version() == 3 and table.history(1)[0]["operation"] == "SET TBLPROPERTIES"
+    assert table.metadata().configuration["delta.deletedFileRetentionDuration"] == (
+        "interval 1 minute"
+    )
+
+    # A race lost every time: the conflict, after ALIGN_ATTEMPTS commits.
+    other = str(tmp_path / "other")
+    _table_with_one_file(other)
+    every_time = RacedCommitter(
+        lambda: DELTA_RS.set_properties(
+            DeltaTable(other), {"x.n": str(time.time_ns())}, metadata={}
+        ),
+        races=ALIGN_ATTEMPTS,
+    )
+    with pytest.raises(ConcurrentCommitError):
+        align_table_properties(DeltaTable(other), 60_000, every_time)
+    assert every_time.property_commits == ALIGN_ATTEMPTS
