@@ -211,14 +211,13 @@ class RacedCommitter:
 
 def _table_with_one_file(path: str) -> str:
     """A table with no window properties and one data file (version 1); its file's path."""
-    schema = pa.schema([("k", pa.int64())])
+    schema, name = pa.schema([("k", pa.int64())]), "partition-0/a.parquet"
     DeltaTable.create(path, schema, description=LOG_DESCRIPTION)
     os.makedirs(f"{path}/partition-0")
-    pq.write_table(pa.table({"k": [1]}), f"{path}/partition-0/a.parquet")
-    size = os.path.getsize(f"{path}/partition-0/a.parquet")
-    add = AddAction("partition-0/a.parquet", size, {}, 0, True, None)
+    pq.write_table(pa.table({"k": [1]}), f"{path}/{name}")
+    add = AddAction(name, os.path.getsize(f"{path}/{name}"), {}, 0, True, None)
     DeltaTable(path).create_write_transaction([add], "append", schema)
-    return "partition-0/a.parquet"
+    return name
 
 
 def test_two_deleters_setting_the_window_at_once_both_succeed(tmp_path):
