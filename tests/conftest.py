@@ -58,6 +58,13 @@ os.environ.setdefault("SPARK_SUBMIT_OPTS", jvm_options())
 # The standalone cluster's master and worker (started by `spark-class`, which reads this
 # variable, not the one above) and the executors the tests' drivers ask for run likewise.
 os.environ.setdefault("SPARK_DAEMON_JAVA_OPTS", BASE_OPTIONS)
+# The Python processes Spark starts load pyspark from its installed package, not from the
+# copy in a zip that Spark puts first on their path and that Python compiles from source at
+# every start (tests/worker_site/sitecustomize.py).
+WORKER_SITE = str(Path(__file__).resolve().parent / "worker_site")
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [WORKER_SITE, *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
+)
 
 CONNECT_MODE = "SPARK_CONNECT_MODE_ENABLED"
 SESSIONS = ["classic", pytest.param("connect", marks=pytest.mark.connect)]
