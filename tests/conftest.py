@@ -63,7 +63,7 @@ os.environ.setdefault("SPARK_DAEMON_JAVA_OPTS", BASE_OPTIONS)
 # every start (tests/worker_site/sitecustomize.py).
 WORKER_SITE = str(Path(__file__).resolve().parent / "worker_site")
 os.environ["PYTHONPATH"] = os.pathsep.join(
-    [WORKER_SITE, *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
+    filter(None, [WORKER_SITE, os.environ.get("PYTHONPATH")])
 )
 
 CONNECT_MODE = "SPARK_CONNECT_MODE_ENABLED"
