@@ -1,7 +1,7 @@
 """Sessions for the whole run and a fake clock.
 
 Two Spark sessions: a classic one (local[2], two shuffle partitions), and a Spark
-Connect session on a Connect server started from the pyspark install on loopback
+Connect session on the Connect server the classic session's JVM runs on loopback
 (`ConnectServer`). ``spark`` is the classic session unless a test is marked
 ``both_sessions``: it then runs once on each (the Connect run also carries the
 ``connect`` marker, so ``-m "not connect"`` leaves it out).
@@ -14,19 +14,14 @@ unset it otherwise.
 
 from __future__ import annotations
 
-import ctypes
-import fcntl
 import functools
 import json
 import os
-import signal
 import socket
-import subprocess
 import sys
-import time
 import warnings
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyspark
@@ -48,27 +43,31 @@ from testkit import Oracle  # noqa: E402
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-# Every JVM the tests start (this session, the Connect server, each process a test starts that
-# starts Spark) runs seconds to minutes on small data: HotSpot's client compiler alone and the
-# serial collector spend about a third less CPU there, and the class-data archive that `make
-# test-setup` dumps into the venv (tests/jvm_archive.py) saves most of each start's class
-# loading (docs/development.md has the figures). What the JVM computes is the same. A value
-# set outside pytest is kept.
+# Every JVM the tests start (this session, which is their Connect server too, each process a
+# test starts that starts Spark) runs seconds to minutes on small data: HotSpot's client
+# compiler alone and the serial collector spend about a third less CPU there, and the
+# class-data archive that `make test-setup` dumps into the venv (tests/jvm_archive.py) saves
+# most of each start's class loading (docs/development.md has the figures). What the JVM
+# computes is the same. A value set outside pytest is kept.
 os.environ.setdefault("SPARK_SUBMIT_OPTS", jvm_options())
 # The standalone cluster's master and worker (started by `spark-class`, which reads this
 # variable, not the one above) and the executors the tests' drivers ask for run likewise.
 os.environ.setdefault("SPARK_DAEMON_JAVA_OPTS", BASE_OPTIONS)
-# The Python processes Spark starts load pyspark from its installed package, not from the
-# copy in a zip that Spark puts first on their path and that Python compiles from source at
-# every start (tests/worker_site/sitecustomize.py).
+# Every process the tests start, and every Python process their Sparks start, imports this
+# checkout (where the venv's editable install points elsewhere too; a Connect worker that
+# unpickles a test's object imports `tests.conftest`) and loads pyspark from its installed
+# package, not from the copy in a zip that Spark puts first on its Python processes' path and
+# that Python compiles from source at every start (tests/worker_site/sitecustomize.py).
 WORKER_SITE = str(Path(__file__).resolve().parent / "worker_site")
+ROOT = Path(__file__).resolve().parent.parent
 os.environ["PYTHONPATH"] = os.pathsep.join(
-    filter(None, [WORKER_SITE, os.environ.get("PYTHONPATH")])
+    dict.fromkeys(
+        filter(None, [WORKER_SITE, str(ROOT), *os.environ.get("PYTHONPATH", "").split(os.pathsep)])
+    )
 )
 
 CONNECT_MODE = "SPARK_CONNECT_MODE_ENABLED"
 SESSIONS = ["classic", pytest.param("connect", marks=pytest.mark.connect)]
-ROOT = Path(__file__).resolve().parent.parent
 SESSION_CONF = {
     "spark.sql.shuffle.partitions": "2",
     "spark.ui.enabled": "false",
@@ -109,8 +108,15 @@ def session_jars(cache: Path = JARS, sets: Sequence[str] = SESSION_JAR_SETS) -> 
 
 
 def build_session() -> SparkSession:
+    """The tests' classic session, a Spark Connect server too (`connect_server_conf`): the
+    Connect tests cost no second JVM, its start and its warm-up (a separate server's first
+    Connect test took 71 CPU-seconds against 9 for its classic run)."""
     conf = {**SESSION_CONF, "spark.default.parallelism": "2", "spark.driver.memory": "2g"}
     jars = session_jars()
+    server = connect_server_conf(Path(pyspark.__file__).parent)
+    if server is not None:
+        jars += server[0]
+        conf.update(server[1])
     if jars:  # local paths: nothing is downloaded when the session starts
         conf["spark.jars"] = ",".join(jars)
     class_path = session_jars(sets=CLASS_PATH_JAR_SETS)
@@ -191,16 +197,11 @@ def spark(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Sp
     return request.getfixturevalue("classic_spark")
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM it when pytest dies (Linux's PR_SET_PDEATHSIG)."""
-    pr_set_pdeathsig = 1
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
-
-
 # pyspark 3.5 ships no Connect server (4.0 added it to the wheel): `make smoke` puts Spark's
 # plugin (one shaded jar, the newest 3.5 on Maven Central) into the local Maven repository.
 MAVEN_REPOSITORY = Path.home() / ".m2" / "repository"
 CONNECT_PLUGIN = "org/apache/spark/spark-connect_2.12"
+CONNECT_PORT = "spark.connect.grpc.binding.port"
 
 
 def connect_plugin_jars(spark_home: Path, repository: Path = MAVEN_REPOSITORY) -> list[str]:
@@ -217,190 +218,41 @@ def connect_plugin_jars(spark_home: Path, repository: Path = MAVEN_REPOSITORY) -
     return [str((exact or found)[-1])] if found else []
 
 
-def _free_port() -> int:
+def connect_server_conf(spark_home: Path) -> tuple[list[str], dict[str, str]] | None:
+    """The jars and settings that make the tests' classic session a Spark Connect server too,
+    on a free loopback port (Spark's ``SparkConnectPlugin``, as ``start-connect-server.sh``
+    starts it); None when this pyspark has no server and no plugin jar is there."""
+    jars = connect_plugin_jars(spark_home)
+    if not jars and not any((spark_home / "jars").glob("spark-connect_*.jar")):
+        return None
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port = s.getsockname()[1]
+    return jars, {
+        "spark.plugins": "org.apache.spark.sql.connect.SparkConnectPlugin",
+        "spark.connect.grpc.binding.address": "127.0.0.1",
+        CONNECT_PORT: str(port),
+    }
 
 
+@dataclass(frozen=True)
 class ConnectServer:
-    """A Spark Connect server (local[2]) from the pyspark install, on a free loopback port.
+    """The Spark Connect server the tests' classic session runs (its own JVM serves both):
+    a Connect session sees the same SparkContext (local[2]), its own SQL settings, and its
+    Python workers (``foreachBatch`` functions, listeners) run as the classic session's do."""
 
-    Its own process group, ended by `stop`; it also dies with the process ``watched``
-    (this one by default). Its Python workers (``foreachBatch`` functions, listeners) use
-    this venv's Python and import the project from the work tree.
-    """
-
-    READY_TIMEOUT_S = 120
-
-    def __init__(self, base: Path, watched: int | None = None) -> None:
-        self.base = base
-        self.watched = watched
-        self.port = _free_port()
-        self.url = f"sc://127.0.0.1:{self.port}"
-        self.log = base / "connect-server.log"
-        self.process: subprocess.Popen | None = None
-        self.watchdog: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        spark_home = Path(pyspark.__file__).parent
-        conf_dir = self.base / "conf"
-        conf_dir.mkdir(exist_ok=True)
-        env = {k: v for k, v in os.environ.items() if k != CONNECT_MODE}
-        env.update(
-            SPARK_HOME=str(spark_home),
-            SPARK_CONF_DIR=str(conf_dir),
-            SPARK_LOCAL_IP="127.0.0.1",
-            PYSPARK_PYTHON=sys.executable,
-            PYSPARK_DRIVER_PYTHON=sys.executable,
-            PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
-        )
-        conf = {
-            **SESSION_CONF,
-            "spark.connect.grpc.binding.address": "127.0.0.1",
-            "spark.connect.grpc.binding.port": str(self.port),
-            "spark.driver.host": "127.0.0.1",
-            "spark.driver.bindAddress": "127.0.0.1",
-        }
-        plugin = connect_plugin_jars(spark_home)
-        if not plugin and not any((spark_home / "jars").glob("spark-connect_*.jar")):
-            pytest.skip(
-                f"pyspark {pyspark.__version__} ships no Connect server and no "
-                f"{CONNECT_PLUGIN} jar is in {MAVEN_REPOSITORY} (`make smoke` fetches it)"
-            )
-        command = [
-            str(spark_home / "bin" / "spark-submit"),
-            *(["--jars", ",".join(plugin)] if plugin else []),
-            "--class",
-            "org.apache.spark.sql.connect.service.SparkConnectServer",
-            "--master",
-            "local[2]",
-            "--driver-memory",
-            "1g",
-            *[arg for key, value in conf.items() for arg in ("--conf", f"{key}={value}")],
-        ]
-        with open(self.log, "wb") as log:
-            self.process = subprocess.Popen(
-                command,
-                cwd=self.base,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=None if self.watched else _die_with_parent,
-            )
-        if self.watched:  # a shell that ends the server's group when that process is gone
-            watch = f"while kill -0 {self.watched} 2>/dev/null; do sleep 2; done; "
-            self.watchdog = subprocess.Popen(
-                ["sh", "-c", watch + f"kill -TERM -{self.process.pid} 2>/dev/null"],
-                start_new_session=True,
-            )
-        deadline = time.monotonic() + self.READY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"Connect server exited: {self.log.read_text()[-2000:]}")
-            if _listening(self.port):
-                return
-            time.sleep(0.5)
-        raise RuntimeError(f"Connect server not listening after {self.READY_TIMEOUT_S} s")
-
-    def stop(self) -> None:
-        if self.process is not None:
-            _stop_group(self.process.pid)
-            self.process.wait()
-        if self.watchdog is not None:
-            self.watchdog.kill()
-            self.watchdog.wait()
-
-
-def _stop_group(leader: int) -> None:
-    """SIGTERM the process group of ``leader``; SIGKILL it if the leader still runs 20 s
-    later (gone or a zombie: stopped)."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(leader, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                if Path(f"/proc/{leader}/stat").read_text().split(")")[-1].split()[0] == "Z":
-                    return
-            except FileNotFoundError:
-                return
-            time.sleep(0.2)
-
-
-class SharedConnectServer:
-    """One `ConnectServer` for every pytest-xdist worker of a run (`make test`'s main suite
-    runs two): the first worker to need it starts it, each counts itself in and out under a
-    lock in the run's shared temporary directory, and the last one out stops it; it dies with
-    the run's controller (the workers' parent). Saves a second server's start and warm-up
-    (the first Connect test of a worker took 71 CPU-seconds against 9 for its classic run)."""
-
-    def __init__(self, shared: Path) -> None:
-        self.shared = shared
-        shared.mkdir(exist_ok=True)
-        self.state = shared / "server.json"
-
-    @contextmanager
-    def _locked(self) -> Iterator[dict]:
-        with open(self.shared / "lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            state = json.loads(self.state.read_text()) if self.state.exists() else {}
-            yield state
-            self.state.write_text(json.dumps(state))
-
-    def acquire(self) -> ConnectServer:
-        with self._locked() as state:
-            server = ConnectServer(self.shared, watched=os.getppid())
-            if state.get("users") and _listening(state["port"]):
-                server.port, server.url = state["port"], state["url"]
-                state["users"] += 1
-                return server
-            server.start()
-            assert server.process is not None and server.watchdog is not None
-            state.update(
-                users=1,
-                port=server.port,
-                url=server.url,
-                pgid=server.process.pid,
-                watchdog=server.watchdog.pid,
-            )
-            return server
-
-    def release(self) -> None:
-        with self._locked() as state:
-            state["users"] = state.get("users", 1) - 1
-            if state["users"] <= 0 and state.get("pgid"):
-                _stop_group(state.pop("pgid"))
-                with suppress(ProcessLookupError):
-                    os.kill(state.pop("watchdog"), signal.SIGKILL)
-
-
-def _listening(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1):
-            return True
-    except OSError:
-        return False
+    url: str
 
 
 @pytest.fixture(scope="session")
-def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConnectServer]:
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        shared = SharedConnectServer(tmp_path_factory.getbasetemp().parent / "connect-server")
-        try:
-            yield shared.acquire()
-        finally:
-            shared.release()
-        return
-    server = ConnectServer(tmp_path_factory.mktemp("connect-server"))
-    try:
-        server.start()
-        yield server
-    finally:
-        server.stop()
+def connect_server(classic_spark: SparkSession) -> ConnectServer:
+    port = classic_spark.sparkContext.getConf().get(CONNECT_PORT)
+    if port is None:
+        pytest.skip(
+            f"pyspark {pyspark.__version__} ships no Connect server and no "
+            f"{CONNECT_PLUGIN} jar is in {MAVEN_REPOSITORY} (`make smoke` fetches it)"
+        )
+    return ConnectServer(f"sc://127.0.0.1:{port}")
 
 
 @pytest.fixture(scope="session")

@@ -24,8 +24,6 @@ import pytest
 from streaming.cli import main
 from streaming.cli.query import _FAILURE_LOGGERS
 
-ROOT = Path(__file__).resolve().parents[2]
-
 Run = Callable[..., subprocess.CompletedProcess]
 
 
@@ -122,7 +120,7 @@ def no_spark_cli() -> Callable[..., list[subprocess.CompletedProcess]]:
     """
 
     def run(*commands: Sequence[str], cwd: Path) -> list[subprocess.CompletedProcess]:
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "SPARK_HOME": str(cwd / "no-spark-here")}
+        env = {**os.environ, "SPARK_HOME": str(cwd / "no-spark-here")}
         done = subprocess.run(
             [sys.executable, "-c", _ONE_PROCESS],
             input=json.dumps([list(c) for c in commands]),

@@ -19,7 +19,6 @@ import pytest
 from streaming.inputs.kafka import write_kafka_files
 
 CLI = [sys.executable, "-m", "streaming.cli"]
-ROOT = Path(__file__).resolve().parents[2]
 JOB = """
 [source]
 format = "files"
@@ -37,7 +36,6 @@ available_now = true
 
 def client(*args: str, cwd: Path, remote: str | None = None) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "SPARK_CONNECT_MODE_ENABLED"}
-    env["PYTHONPATH"] = str(ROOT)
     env.pop("SPARK_REMOTE", None)
     if remote is not None:
         env["SPARK_REMOTE"] = remote

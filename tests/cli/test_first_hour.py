@@ -17,7 +17,6 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -28,8 +27,7 @@ from streaming.jobs.job import JobConfigError
 from streaming.jobs.runner import infer_file_format
 
 CLI = [sys.executable, "-m", "streaming.cli"]
-ROOT = Path(__file__).resolve().parents[2]
-ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+ENV = dict(os.environ)
 
 RATE_JOB = """
 [source]

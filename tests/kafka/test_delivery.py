@@ -18,7 +18,6 @@ from sinks import CleanerConfig, CompactedStateSink
 pytestmark = pytest.mark.kafka
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
 NO_PASS = CleanerConfig(min_cleanable_dirty_ratio=1.0)  # the log keeps every record
 
 
@@ -41,7 +40,6 @@ def test_a_query_killed_mid_stream_resumes_from_its_checkpoint_exactly_once(
     log, checkpoint, batches = tmp_path / "log", tmp_path / "chk", tmp_path / "batches"
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
         "SPARK_LOCAL_IP": "127.0.0.1",
     }
     args = [kafka.bootstrap, topic, str(log), str(checkpoint), str(batches)]

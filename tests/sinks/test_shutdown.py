@@ -28,10 +28,7 @@ SPARK_RUNS = ("close", "no-close")
 
 
 def run_script(*args: str, timeout_s: float = 180) -> subprocess.CompletedProcess:
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
+    env = dict(os.environ)
     env.pop("SPARK_CONNECT_MODE_ENABLED", None)
     return subprocess.run(
         [sys.executable, str(SCRIPT), *args],

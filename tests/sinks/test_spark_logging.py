@@ -13,9 +13,9 @@ script's run also serves the check's local fix end to end (the first batch succe
 the script's own Python and says so): one Spark process for both.
 The notebook test runs the README's quick start, as written, in a real Jupyter
 kernel (nbclient, ipykernel), whose outputs receive what the JVM writes to stderr.
-The kernel's environment carries ``PYTHONPATH`` set to this checkout, so that the
+The kernel's environment carries the tests' ``PYTHONPATH`` (this checkout: the
 kernel imports the code under test even where the venv's editable install points
-at another checkout; ``PYSPARK_PYTHON`` and ``PYSPARK_DRIVER_PYTHON`` are removed.
+at another checkout); ``PYSPARK_PYTHON`` and ``PYSPARK_DRIVER_PYTHON`` are removed.
 """
 
 from __future__ import annotations
@@ -74,7 +74,6 @@ def environment_without_pyspark_python() -> dict[str, str]:
     # for PYTEST_CURRENT_TEST, which the kernel must not inherit.
     dropped = ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_REMOTE", "PYTEST_CURRENT_TEST")
     env = {k: v for k, v in os.environ.items() if k not in dropped}
-    env["PYTHONPATH"] = str(ROOT)
     return env
 
 

@@ -31,7 +31,6 @@ from streaming.inputs.kafka import write_kafka_files
 
 pytestmark = pytest.mark.smoke
 
-ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = "key string, value string, partition int"
 
 
@@ -161,7 +160,7 @@ def test_the_version_error_names_both_versions_and_the_way_on() -> None:
 
 
 def test_the_cli_imports_and_runs_a_job(tmp_path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "SPARK_MASTER": "local[1]"}
+    env = {**os.environ, "SPARK_MASTER": "local[1]"}
     cli = [sys.executable, "-m", "streaming.cli"]
     assert subprocess.run([*cli, "--help"], env=env, capture_output=True).returncode == 0
     start = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
