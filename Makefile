@@ -92,8 +92,8 @@ $(KAFKA_STAMP): pyproject.toml | $(UV)
 PYARROW_FLOOR ?= 16.1.0
 smoke-venv = .venv-spark$(basename $(1))/.installed
 SMOKE_STAMPS = $(foreach v,$(filter-out $(KAFKA_SPARK),$(SMOKE_SPARKS)),$(call smoke-venv,$(v)))
-# `make test` sets SMOKE_AFTER to the class-data archives its lanes wait for: the smoke venvs,
-# needed last, are built after them, leaving the job slots and the network to what starts
+# `make test` sets SMOKE_AFTER to the class-data archive the main lane waits for: the smoke
+# venvs, needed last, are built after it, leaving the job slots and the network to what starts
 # the lanes (on a fresh clone the main lane's archive had waited for a smoke venv's slot).
 SMOKE_AFTER ?=
 .venv-spark%/.installed: pyproject.toml | $(UV) $(SMOKE_AFTER)
@@ -163,7 +163,7 @@ part = t=$$(date +%s); status=0; $(2) || status=$$?; \
 test:
 	@rm -rf $(RESULTS) && mkdir $(RESULTS); t=$$(date +%s); status=0; \
 	$(MAKE) --no-print-directory -k -j$(TEST_JOBS) --output-sync=target \
-	  SMOKE_SPARKS="$(TEST_SMOKE_SPARKS)" SMOKE_AFTER="$(VENV)/spark-classes.jsa $(KAFKA_VENV)/spark-classes.jsa" \
+	  SMOKE_SPARKS="$(TEST_SMOKE_SPARKS)" SMOKE_AFTER="$(VENV)/spark-classes.jsa" \
 	  test-lane-main test-lane-others || status=1; \
 	echo "== make test: $(call since,$$t) s (ended $$(date +%T))"; failed=$$(grep -Lx 0 $(RESULTS)/* | xargs -rn1 basename); \
 	if [ -n "$$failed" ]; then echo "== failed:" $$failed; status=1; fi; exit $$status
@@ -178,22 +178,20 @@ test-lane-others: test-kafka-venv-suite $(foreach v,$(OTHER_LANE_SMOKE),$(call s
 test-main-suite: $(STAMP) $(VENV)/spark-classes.jsa
 	@$(call part,main,$(MAIN_SUITE))
 
-test-kafka-venv-suite: $(KAFKA_STAMP) jars $(KAFKA_VENV)/spark-classes.jsa
+test-kafka-venv-suite: $(KAFKA_STAMP) jars
 	@$(call part,kafka-delta-spark$(if $(filter $(KAFKA_SPARK),$(TEST_SMOKE_SPARKS)),-smoke-$(KAFKA_SPARK)),$(ON_KAFKA_VENV))
 
 # What `make test` needs, built side by side, nothing run.
-test-setup: $(STAMP) $(KAFKA_STAMP) $(SMOKE_STAMPS) jars $(VENV)/spark-classes.jsa \
-  $(KAFKA_VENV)/spark-classes.jsa
+test-setup: $(STAMP) $(KAFKA_STAMP) $(SMOKE_STAMPS) jars $(VENV)/spark-classes.jsa
 
-# A class-data sharing archive of the classes the tests' Spark loads, per venv that runs most
-# of them (tests/jvm_archive.py; about 40 CPU-seconds, 185 MB): dumped by one session of the
-# tests' settings (on $(KAFKA_VENV) with S3A's jars on its class path, as the tests' session),
-# remade with its venv. A failed dump fails nothing: the tests run without the archive.
+# A class-data sharing archive of the classes the tests' Spark loads, for the main suite's
+# venv, whose session and twenty-odd drivers of its tests start with it (tests/jvm_archive.py;
+# 50-75 CPU-seconds, 190 MB; each start then spends about 6 fewer): dumped by one session of the
+# tests' settings, remade with its venv. A failed dump fails nothing: the tests run without it.
+# None for $(KAFKA_VENV): its session alone would map one (the Kafka job's and the CLI's
+# drivers have another class path), which saved 8-13 CPU-seconds where the dump cost 60-75.
 $(VENV)/spark-classes.jsa: $(STAMP)
 	-$(PY) tests/jvm_archive.py >$(VENV)/spark-classes.log 2>&1
-
-$(KAFKA_VENV)/spark-classes.jsa: $(KAFKA_STAMP) $(HADOOP_AWS_JARS)
-	-$(KAFKA_PY) tests/jvm_archive.py >$(KAFKA_VENV)/spark-classes.log 2>&1
 
 # The main suite on $(TEST_WORKERS) pytest workers (pytest-xdist), each with its own Spark
 # session, a file at a time (a file's tests share its fixtures), the slowest files first

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import socket
+import subprocess
 import sys
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +31,8 @@ import pytest
 from pyspark.sql import SparkSession
 
 from sinks.log.storage import DELTA_SPARK_CONF
+from streaming.cli import main
+from streaming.cli.query import _FAILURE_LOGGERS
 from streaming.inputs.local_kafka import fetched_jars
 from streaming.jobs.session import local_session
 
@@ -311,6 +315,72 @@ def connect_spark(_connect_session: SparkSession, monkeypatch: pytest.MonkeyPatc
         monkeypatch.setattr(DataStreamWriter, name, _start_again_when_the_worker_timed_out(start))
     ConnectSession._active_session.session = _connect_session
     return _connect_session
+
+
+CliRun = Callable[..., subprocess.CompletedProcess]
+
+
+# ``streaming.cli.main`` is what the console script runs (``sys.exit(main())``). `cli` calls it
+# in the test's own process: a command that needs Spark takes the active session (the test
+# session, `streaming.cli.common.session`) instead of starting a JVM of its own, which costs
+# ~10-14 CPU-seconds a process (the CLI starting its own Spark is tested where the process is
+# the subject: tests/cli/test_first_hour.py).
+@pytest.fixture
+def cli(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Callable[..., subprocess.CompletedProcess]]:
+    """``cli(*args, cwd=path)``: ``compacted-sink ARGS`` run in this process from ``path``;
+    its exit code, stdout and stderr as a `subprocess.CompletedProcess`.
+
+    ``run`` quiets py4j's logger and three of Spark's (`streaming.cli.query`) for the rest
+    of a process's life: their levels are put back when the test ends, so that the shared
+    session logs as before.
+    """
+    levels = _LogLevels()
+
+    def call(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+        monkeypatch.chdir(cwd)
+        levels.remember()
+        capsys.readouterr()
+        try:
+            code = main(list(args))
+        except SystemExit as e:  # argparse's own refusals
+            code = e.code
+        stdout, stderr = capsys.readouterr()
+        return subprocess.CompletedProcess(["compacted-sink", *args], code, stdout, stderr)
+
+    yield call
+    levels.restore()
+
+
+class _LogLevels:
+    """The levels ``run`` changes, as they were before the test's first command."""
+
+    def __init__(self) -> None:
+        self.py4j: int | None = None
+        self.spark: dict[str, object] = {}
+
+    def remember(self) -> None:
+        if self.py4j is None:
+            self.py4j = logging.getLogger("py4j").level
+        log4j = _log4j()
+        if log4j is not None and not self.spark:
+            self.spark = {n: log4j.LogManager.getLogger(n).getLevel() for n in _FAILURE_LOGGERS}
+
+    def restore(self) -> None:
+        if self.py4j is not None:
+            logging.getLogger("py4j").setLevel(self.py4j)
+        log4j = _log4j()
+        if log4j is not None:
+            for name, level in self.spark.items():
+                log4j.core.config.Configurator.setLevel(name, level)
+
+
+def _log4j():
+    from pyspark import SparkContext
+
+    context = SparkContext._active_spark_context
+    return None if context is None else context._jvm.org.apache.logging.log4j
 
 
 class FakeClock:

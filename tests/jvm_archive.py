@@ -1,11 +1,12 @@
-"""A class-data sharing archive of the JVM classes the tests' Spark loads, one per venv.
+"""A class-data sharing archive of the JVM classes the tests' Spark loads, for a venv.
 
-`make test-setup` runs this file with a venv's Python (``python tests/jvm_archive.py``):
-it starts the tests' classic session (tests/conftest.py's ``build_session``), runs a few
-small jobs (a DataFrame aggregate, an Arrow round trip through a Python UDF, a Parquet
-write and read) and lets the JVM dump the classes it loaded into ``<venv>/spark-classes.jsa``
-when it exits (HotSpot's ``-XX:ArchiveClassesAtExit``, JDK 13+). ``jvm_options()`` gives
-the options every JVM the tests start runs with: the archive's, when it is there.
+`make test-setup` runs this file with the main suite's venv's Python (``python
+tests/jvm_archive.py``): it starts the tests' classic session (tests/conftest.py's
+``build_session``), runs a few small jobs (a DataFrame aggregate, an Arrow round trip
+through a Python UDF, a Parquet write and read) and lets the JVM dump the classes it
+loaded into ``<venv>/spark-classes.jsa`` when it exits (HotSpot's
+``-XX:ArchiveClassesAtExit``, JDK 13+). ``jvm_options()`` gives the options every JVM the
+tests start runs with: the archive's, when it is there.
 
 A JVM maps the archive only when its class path starts with the dump's and the jars on it
 are the same files; otherwise it loads its classes as without it. Neither case prints

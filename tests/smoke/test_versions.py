@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -159,10 +158,14 @@ def test_the_version_error_names_both_versions_and_the_way_on() -> None:
     )
 
 
-def test_the_cli_imports_and_runs_a_job(tmp_path) -> None:
-    env = {**os.environ, "SPARK_MASTER": "local[1]"}
-    cli = [sys.executable, "-m", "streaming.cli"]
-    assert subprocess.run([*cli, "--help"], env=env, capture_output=True).returncode == 0
+def test_the_cli_imports_and_runs_a_job(spark, cli, tmp_path) -> None:
+    """The console script's module imports and ``status`` runs in fresh processes; ``run`` runs
+    the job on this Spark in this process, on the active session (as in a notebook or a
+    job's driver): the CLI's own local session is `local_session`, which the tests' session
+    is built by, and a ``run`` that starts its own Spark is tested on the newest
+    (tests/cli/test_first_hour.py)."""
+    command = [sys.executable, "-m", "streaming.cli"]
+    assert subprocess.run([*command, "--help"], capture_output=True).returncode == 0
     start = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
     rows = [
         {
@@ -181,14 +184,11 @@ def test_the_cli_imports_and_runs_a_job(tmp_path) -> None:
         '[source]\nformat = "files"\npath = "input"\n\n'
         '[sink]\npath = "lake/users"\n\n[trigger]\navailable_now = true\n'
     )
-    run = subprocess.run(
-        [*cli, "run", "job.toml"], cwd=tmp_path, env=env, capture_output=True, text=True
-    )
+    run = cli("run", "job.toml", cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
     status = subprocess.run(
-        [*cli, "status", "lake/users", "--json"],
+        [*command, "status", "lake/users", "--json"],
         cwd=tmp_path,
-        env=env,
         capture_output=True,
         text=True,
     )
