@@ -63,7 +63,7 @@ HADOOP_AWS_JARS := $(JARS)/hadoop-aws-$(KAFKA_SPARK)/.fetched
 SMOKE_SPARKS ?= 3.5.9 4.0.1 4.1.4 4.2.0
 TEST_SMOKE_SPARKS ?= $(SMOKE_SPARKS)
 # pyspark 3.5's wheel has no Spark Connect server (4.0 added it): Spark's plugin jar for the 3.5
-# line, put into the local Maven repository, where the tests' Connect server finds it. 3.5.7 is
+# line, put into the local Maven repository, where the tests' session finds it. 3.5.7 is
 # the newest 3.5 plugin on the Maven Central this project's machines reach.
 CONNECT_PLUGIN_3.5 ?= 3.5.7
 
@@ -205,7 +205,7 @@ test-main: $(STAMP)
 	$(MAIN_SUITE)
 
 # The Kafka, delta-spark and (when $(TEST_SMOKE_SPARKS) holds $(KAFKA_SPARK)) smoke tests on
-# $(KAFKA_VENV) in one pytest: one Spark session and one Connect server for the three, as
+# $(KAFKA_VENV) in one pytest: one Spark session (their Connect server too) for the three, as
 # `make test-kafka`, `make test-delta-spark` and `make smoke` would run them one by one.
 ON_KAFKA_VENV = COMPACTED_SINK_KAFKA_TESTS=required COMPACTED_SINK_DELTA_TESTS=required \
 	COMPACTED_SINK_RACE_ROUNDS=$(RACE_ROUNDS) $(KAFKA_PY) -m pytest -q --durations=15 \
