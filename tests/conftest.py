@@ -208,11 +208,9 @@ CONNECT_PLUGIN = "org/apache/spark/spark-connect_2.12"
 CONNECT_PORT = "spark.connect.grpc.binding.port"
 
 
-def connect_plugin_jars(spark_home: Path, repository: Path = MAVEN_REPOSITORY) -> list[str]:
-    """The jars a Connect server needs beside ``spark_home``'s own: none when pyspark ships
-    the server, else the plugin of this pyspark's version, else the newest of its line."""
-    if any((spark_home / "jars").glob("spark-connect_*.jar")):
-        return []
+def connect_plugin_jars(repository: Path = MAVEN_REPOSITORY) -> list[str]:
+    """Spark's Connect plugin jar in ``repository`` for a pyspark that ships no server: this
+    pyspark's version, else the newest of its line; none when there is neither."""
     line = ".".join(pyspark.__version__.split(".")[:2])
     found = sorted(
         (repository / CONNECT_PLUGIN).glob(f"{line}.*/spark-connect_2.12-{line}.*.jar"),
@@ -226,8 +224,9 @@ def connect_server_conf(spark_home: Path) -> tuple[list[str], dict[str, str]] | 
     """The jars and settings that make the tests' classic session a Spark Connect server too,
     on a free loopback port (Spark's ``SparkConnectPlugin``, as ``start-connect-server.sh``
     starts it); None when this pyspark has no server and no plugin jar is there."""
-    jars = connect_plugin_jars(spark_home)
-    if not jars and not any((spark_home / "jars").glob("spark-connect_*.jar")):
+    shipped = any((spark_home / "jars").glob("spark-connect_*.jar"))
+    jars = [] if shipped else connect_plugin_jars()
+    if not shipped and not jars:
         return None
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -326,9 +325,7 @@ CliRun = Callable[..., subprocess.CompletedProcess]
 # ~10-14 CPU-seconds a process (the CLI starting its own Spark is tested where the process is
 # the subject: tests/cli/test_first_hour.py).
 @pytest.fixture
-def cli(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Callable[..., subprocess.CompletedProcess]]:
+def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Iterator[CliRun]:
     """``cli(*args, cwd=path)``: ``compacted-sink ARGS`` run in this process from ``path``;
     its exit code, stdout and stderr as a `subprocess.CompletedProcess`.
 
