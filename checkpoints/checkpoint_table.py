@@ -69,7 +69,7 @@ CHECKPOINT_TABLE_PROPERTIES = {
     **HANDS_OFF_PROPERTIES,
     "delta.deletedFileRetentionDuration": "interval 1 hour",
     "delta.logRetentionDuration": "interval 1 hour",
-    "delta.checkpointInterval": "100",
+    "delta.checkpointInterval": "10",  # a checkpoint of a few rows is cheap to write
     "delta.enableExpiredLogCleanup": "false",
 }
 
@@ -133,10 +133,7 @@ class CleanerOffsetCheckpoint:
 
     def read(self, log_path: str | None = None) -> dict[tuple[str, int], CheckpointEntry]:
         """Every row (or one log's rows), keyed by (log_path, partition)."""
-        table = self._table()
-        if table is None:
-            return {}
-        rows = table.to_pyarrow_table().to_pylist()
+        rows = self._keyed.rows()
         # A column a row's table predates (``table_id``) reads as None: unknown.
         entries = (CheckpointEntry(**{k: r.get(k) for k in _FIELD_NAMES}) for r in rows)
         return {

@@ -47,7 +47,7 @@ CONSUMER_OFFSETS_PROPERTIES = {
     **HANDS_OFF_PROPERTIES,
     "delta.deletedFileRetentionDuration": "interval 1 hour",
     "delta.logRetentionDuration": "interval 1 hour",
-    "delta.checkpointInterval": "50",
+    "delta.checkpointInterval": "10",
     "delta.enableExpiredLogCleanup": "true",
 }
 
@@ -121,10 +121,7 @@ class ConsumerOffsets:
 
     def read(self, log_path: str | None = None) -> list[CommittedOffset]:
         """Every row (or one log's rows)."""
-        table = self._table()
-        if table is None:
-            return []
-        rows = table.to_pyarrow_table().to_pylist()
+        rows = self._keyed.rows()
         return [
             CommittedOffset(**{k: r.get(k) for k in CONSUMER_OFFSETS_SCHEMA.names})
             for r in rows

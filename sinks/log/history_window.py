@@ -10,8 +10,9 @@ VACUUM keeps exactly what this sink keeps:
 - ``delta.deletedFileRetentionDuration``: the window;
 - ``delta.logRetentionDuration``: the window too, so every version inside it can
   still be loaded (a version's files and its commit go together);
-- ``delta.checkpointInterval``: a Delta checkpoint every 100 commits, so opening
-  the log reads one checkpoint and at most 100 commits;
+- ``delta.checkpointInterval``: a Delta checkpoint every 10 commits (delta-spark's
+  default), so opening the log, and each ``txn`` lookup on it, reads one checkpoint
+  and at most 10 commits (design.md §24);
 - ``delta.enableExpiredLogCleanup``: false, because the sink trims the Delta log
   itself in one place (the segment deleter, on the cleaner's schedule) instead
   of in every writer's post-commit hook, where a cleanup racing a checkpoint can
@@ -46,7 +47,7 @@ CHECKPOINT_INTERVAL = "delta.checkpointInterval"
 ENABLE_EXPIRED_LOG_CLEANUP = "delta.enableExpiredLogCleanup"
 
 DEFAULT_WINDOW_MS = 7 * 24 * 3_600_000  # Delta's default deletedFileRetentionDuration
-DEFAULT_CHECKPOINT_INTERVAL = 100  # delta-rs's default, made explicit on the table
+DEFAULT_CHECKPOINT_INTERVAL = 10  # delta-spark's default (delta-rs's is 100), made explicit
 
 
 # delta-rs resolves a timestamp before the first commit to version 0 without a word; a
@@ -152,6 +153,23 @@ def list_delta_log(location: LogLocation) -> DeltaLogListing:
         elif ".checkpoint" in name:
             checkpoints.add(version)
     return DeltaLogListing(commits, frozenset(checkpoints), files, size)
+
+
+CommitStamp = tuple[int, int]
+"""A commit file's size and modification time (nanoseconds): what tells one table's version
+from another's at the same path (a table dropped and created again, a copy put back)."""
+
+
+def commit_stamps(location: LogLocation, versions: list[int]) -> list[CommitStamp | None]:
+    """The `CommitStamp` of each version's commit file in ``_delta_log``, None where there is
+    none: one metadata read a file (a HEAD on an object store), no file read. Raises the
+    store's `OSError`."""
+    fs, root = location.filesystem()
+    paths = [f"{root}/{DELTA_LOG_DIR}/{v:020d}.json" for v in versions]
+    return [
+        None if info.type == pafs.FileType.NotFound else (info.size or 0, info.mtime_ns or 0)
+        for info in fs.get_file_info(paths)
+    ]
 
 
 def oldest_reachable_version(

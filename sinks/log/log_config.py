@@ -136,7 +136,7 @@ def alter_log_config(
         else:
             properties[TOPIC_CONFIG_PREFIX + key] = new or ""
     snapshot.committer.set_properties(
-        snapshot.table,
+        snapshot.table_to_change(),
         properties,
         metadata={
             COMMIT_INFO_KEY: {

@@ -69,6 +69,7 @@ from sinks.log.segment import (
     data_file,
 )
 from sinks.log.segment_writer import WrittenSegment
+from sinks.log.snapshot_cache import SnapshotCache
 from sinks.log.storage import LogLocation, is_local, join
 from sinks.spark_compat import utc_arrow_schema
 
@@ -103,6 +104,7 @@ class LogTable:
         self.location = LogLocation(uri, dict(storage_options or {}))
         self.guard = CommitGuard(self.location)
         self.committer = committer  # the engine its commits go through (design.md §36)
+        self.latest = SnapshotCache()  # the latest snapshot, until the next commit (§46)
 
     @property
     def uri(self) -> str:
@@ -124,8 +126,13 @@ class LogTable:
         own before the snapshot is returned (`sinks.log.foreign.stale_revert`), or
         `ForeignChangeError` raised when that cannot be exact; with ``repair=False`` (a
         reader that must not write) or ``as_of``, the snapshot is seen through the undo
-        instead, and cannot be committed against.
+        instead, and cannot be committed against. The latest snapshot is read once and given
+        out again until the next commit (`SnapshotCache`).
         """
+        if as_of is None:
+            kept = self.latest.get(self.location, verified=verify)
+            if kept is not None and kept.committer is self.committer:
+                return kept
         for _ in range(REBASE_ATTEMPTS):
             try:
                 table = self.location.delta_table()
@@ -135,6 +142,8 @@ class LogTable:
                 self._travel(table, as_of)
             snapshot = LogSnapshot(self.location, table, committer=self.committer)
             if not verify:
+                if as_of is None:
+                    self.latest.keep(self.location, snapshot, verified=False)
                 return snapshot
             checked = snapshot.txn_version(CHECKED_VERSION_TXN)
             accepted = snapshot.txn_version(ACCEPTED_VERSION_TXN)
@@ -142,6 +151,8 @@ class LogTable:
             stale = self.guard.stale(snapshot.version, checked=checked, accepted=accepted)
             if not stale:
                 snapshot.verified = True
+                if as_of is None:
+                    self.latest.keep(self.location, snapshot, verified=True)
                 return snapshot
             undo = plan_undo(
                 self.location, snapshot.data_files(), stale, current_version=snapshot.version
@@ -257,6 +268,13 @@ class LogSnapshot:
     @property
     def storage_options(self) -> Mapping[str, str]:
         return self.location.storage_options
+
+    def table_to_change(self) -> DeltaTable:
+        """A Delta table of this version of its own, for a committer call that moves the table
+        it is given to the version it commits (a schema, table properties, a restore):
+        ``table`` may be shared with other readers of this snapshot (`SnapshotCache`) and
+        stays at this version. One open of the log."""
+        return self.location.delta_table(self.version)
 
     @cached_property
     def table_id(self) -> str:

@@ -38,6 +38,6 @@ def commit_schema(snapshot: LogSnapshot, schema: StructType, *, info: Mapping[st
         return False
     check_writable(snapshot.location, snapshot.table)
     snapshot.committer.commit_schema(
-        snapshot.table, log_arrow_schema(schema), metadata=commit_metadata(info)
+        snapshot.table_to_change(), log_arrow_schema(schema), metadata=commit_metadata(info)
     )
     return True

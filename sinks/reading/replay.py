@@ -381,6 +381,8 @@ def set_carried_properties(log: LogTable, config: CarriedConfig) -> bool:
     if not wanted:
         return False
     snapshot.committer.set_properties(
-        snapshot.table, wanted, metadata={COMMIT_INFO_KEY: {"operation": "replay-config"}}
+        snapshot.table_to_change(),
+        wanted,
+        metadata={COMMIT_INFO_KEY: {"operation": "replay-config"}},
     )
     return True

@@ -64,7 +64,7 @@ def test_compare_and_set_writes_only_over_the_row_it_read(tmp_path):
     assert not table.compare_and_set(read, read.with_changes(first_dirty_offset=30))  # stale
     assert table.read()[("lake/users", 0)].first_dirty_offset == 20
     properties = DeltaTable(table.uri).metadata().configuration
-    assert properties["delta.checkpointInterval"] == "100"  # created in one place, with them
+    assert properties["delta.checkpointInterval"] == "10"  # created in one place, with them
 
 
 def test_the_table_compacts_itself_every_50_versions(tmp_path):

@@ -82,7 +82,7 @@ def restore_version(log: LogTable, version: int) -> int:
     stamp = now_ms()
     try:
         current.committer.restore(
-            current.table,
+            current.table_to_change(),
             version,
             transactions=offsets,
             metadata=commit_metadata({"operation": "restore", "toVersion": version}),

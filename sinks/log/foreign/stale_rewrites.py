@@ -38,8 +38,8 @@ from urllib.parse import unquote
 
 WINDOW_MAX = 100
 """The most commits between a rewrite's read version and its own that are read to find
-what they removed; the log's ``delta.checkpointInterval`` (100), past which reading the
-snapshot before the rewrite is the cheaper way."""
+what they removed, past which reading the snapshot before the rewrite (one checkpoint and
+at most ``delta.checkpointInterval`` commits, 10) is the cheaper way."""
 
 UNDO_OPERATION = "revert-stale-rewrite"
 """The ``operation`` of the sink's commit that undoes stale rewrites; its ``staleVersions``
