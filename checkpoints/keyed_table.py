@@ -23,7 +23,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 import pyarrow as pa
-from deltalake import DeltaTable, QueryBuilder
+from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.schema import Field
 
@@ -63,18 +63,12 @@ class KeyedTable:
     def rows(self) -> list[dict[str, object]]:
         """Every row of the table as of now, as dicts; [] before the first write. Read-only.
 
-        Read through delta-rs's query engine, which reads a few small files several times
-        faster than ``to_pyarrow_table`` (10 against 40 ms for eight). Raises the store's
-        errors as `OSError`.
+        Read with pyarrow (``to_pyarrow_table``): delta-rs's own query engine reads a few
+        small files about four times faster, but its footer reads (suffix ranges) fail on
+        moto's S3, where the fault tests run. Raises the store's errors (`OSError`).
         """
         table = self.table()
-        if table is None:
-            return []
-        try:
-            read = QueryBuilder().register("t", table).execute("SELECT * FROM t").read_all()
-        except Exception as e:  # noqa: BLE001 - the engine raises a store's errors as Exception
-            raise OSError(f"{self.uri}: {e}") from e
-        return pa.table(read).to_pylist()
+        return [] if table is None else table.to_pyarrow_table().to_pylist()
 
     def open_or_create(self) -> DeltaTable:
         """The table, created with its properties if it does not exist yet."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sinks.log.history_window import CommitStamp, commit_stamps
 from sinks.log.storage import LogLocation
@@ -38,11 +38,8 @@ class SnapshotCache:
         self._kept: dict[bool, _Kept] = {}
         self._lock = threading.Lock()
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__()  # type: ignore[misc]
+    def __reduce__(self) -> tuple[type[SnapshotCache], tuple[()]]:
+        return SnapshotCache, ()  # a new, empty cache where it is unpickled
 
     def get(self, location: LogLocation, *, verified: bool) -> LogSnapshot | None:
         """The kept snapshot while it is still the latest version, else None.
