@@ -64,8 +64,8 @@ class KeyedTable:
         """Every row of the table as of now, as dicts; [] before the first write. Read-only.
 
         Read with pyarrow (``to_pyarrow_table``): delta-rs's own query engine reads a few
-        small files about four times faster, but its footer reads (suffix ranges) fail on
-        moto's S3, where the fault tests run. Raises the store's errors (`OSError`).
+        small files about four times faster, but its reads of a file's footer fail on moto's
+        S3, where the fault tests run. Raises the store's errors (`OSError`).
         """
         table = self.table()
         return [] if table is None else table.to_pyarrow_table().to_pylist()
