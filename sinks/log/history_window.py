@@ -162,8 +162,8 @@ from another's at the same path (a table dropped and created again, a copy put b
 
 def commit_stamps(location: LogLocation, versions: list[int]) -> list[CommitStamp | None]:
     """The `CommitStamp` of each version's commit file in ``_delta_log``, None where there is
-    none: one metadata read a file (a HEAD on an object store), no file read. Raises the
-    store's `OSError`."""
+    none: one metadata read a file (on an object store a HEAD, and a listing where the file
+    is not there), no file read. Raises the store's `OSError`."""
     fs, root = location.filesystem()
     paths = [f"{root}/{DELTA_LOG_DIR}/{v:020d}.json" for v in versions]
     return [
