@@ -65,11 +65,16 @@ HANDS_OFF_PROPERTIES = {
 }
 """Table properties that tell engines which honour them not to rearrange a table's files."""
 
+DELTA_CHECKPOINT_INTERVAL = 10
+"""Commits between two Delta checkpoints of every table the sink writes: its logs, this table
+and the consumer offsets (delta-spark's default; delta-rs's is 100; design.md §24). One value,
+since the segment deleter sets a log's window properties on this table too."""
+
 CHECKPOINT_TABLE_PROPERTIES = {
     **HANDS_OFF_PROPERTIES,
     "delta.deletedFileRetentionDuration": "interval 1 hour",
     "delta.logRetentionDuration": "interval 1 hour",
-    "delta.checkpointInterval": "10",  # a checkpoint of a few rows is cheap to write
+    "delta.checkpointInterval": str(DELTA_CHECKPOINT_INTERVAL),
     "delta.enableExpiredLogCleanup": "false",
 }
 
@@ -187,9 +192,6 @@ class CleanerOffsetCheckpoint:
             return []
         # Some rows only, or a commit whose answer was lost: the table tells which landed.
         return [n for n, held in zip(news, self._keyed.held(rows), strict=True) if held]
-
-    def _table(self) -> DeltaTable | None:
-        return self._keyed.table()
 
     def open_or_create(self) -> DeltaTable:
         """The table, created with its properties if it does not exist yet."""

@@ -24,7 +24,11 @@ from dataclasses import asdict, dataclass
 import pyarrow as pa
 from deltalake import DeltaTable
 
-from checkpoints.checkpoint_table import HANDS_OFF_PROPERTIES, other_history
+from checkpoints.checkpoint_table import (
+    DELTA_CHECKPOINT_INTERVAL,
+    HANDS_OFF_PROPERTIES,
+    other_history,
+)
 from checkpoints.keyed_table import KeyedTable
 
 CONSUMER_OFFSETS_TABLE_NAME = "_consumer-offsets"
@@ -47,7 +51,7 @@ CONSUMER_OFFSETS_PROPERTIES = {
     **HANDS_OFF_PROPERTIES,
     "delta.deletedFileRetentionDuration": "interval 1 hour",
     "delta.logRetentionDuration": "interval 1 hour",
-    "delta.checkpointInterval": "10",
+    "delta.checkpointInterval": str(DELTA_CHECKPOINT_INTERVAL),
     "delta.enableExpiredLogCleanup": "true",
 }
 

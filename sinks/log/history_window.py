@@ -35,7 +35,7 @@ from typing import Any
 import pyarrow.fs as pafs
 from deltalake import DeltaTable
 
-from checkpoints.checkpoint_table import HANDS_OFF_PROPERTIES
+from checkpoints.checkpoint_table import DELTA_CHECKPOINT_INTERVAL, HANDS_OFF_PROPERTIES
 from sinks.config import DELETED_FILE_RETENTION_DURATION, format_interval, parse_interval_ms
 from sinks.errors import ConcurrentCommitError, HistoryExpiredError, TimeTravelError
 from sinks.log.committer import DELTA_RS, LogCommitter
@@ -47,7 +47,6 @@ CHECKPOINT_INTERVAL = "delta.checkpointInterval"
 ENABLE_EXPIRED_LOG_CLEANUP = "delta.enableExpiredLogCleanup"
 
 DEFAULT_WINDOW_MS = 7 * 24 * 3_600_000  # Delta's default deletedFileRetentionDuration
-DEFAULT_CHECKPOINT_INTERVAL = 10  # delta-spark's default (delta-rs's is 100), made explicit
 
 
 # delta-rs resolves a timestamp before the first commit to version 0 without a word; a
@@ -67,7 +66,7 @@ def table_properties(window_ms: int) -> dict[str, str]:
         **HANDS_OFF_PROPERTIES,
         DELETED_FILE_RETENTION_DURATION: interval,
         LOG_RETENTION_DURATION: interval,
-        CHECKPOINT_INTERVAL: str(DEFAULT_CHECKPOINT_INTERVAL),
+        CHECKPOINT_INTERVAL: str(DELTA_CHECKPOINT_INTERVAL),
         ENABLE_EXPIRED_LOG_CLEANUP: "false",
     }
 
