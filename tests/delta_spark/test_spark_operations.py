@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from chispa import assert_df_equality
-from testkit import Oracle
+from testkit import Oracle, arrow_append
 
 from sinks import (
     CleanerConfig,
@@ -39,10 +39,16 @@ NO_RETENTION_CHECK = "spark.databricks.delta.retentionDurationCheck.enabled"
 
 
 class Feed:
-    """Random keyed updates and tombstones into a sink, remembered by an oracle."""
+    """Random keyed updates and tombstones into a sink, remembered by an oracle.
 
-    def __init__(self, spark, sink, clock) -> None:
+    The module's first three batches go through Spark (``sink(frame, batch_id)``); the
+    tests' own batches through the sink's `LogAppender` without Spark feeding them
+    (`testkit.arrow_append`): their subject is delta-spark's operation on the log.
+    """
+
+    def __init__(self, spark, sink, clock, *, through_spark: bool = False) -> None:
         self.spark, self.sink, self.clock = spark, sink, clock
+        self.through_spark = through_spark
         self.rng = random.Random(11)
         self.oracle = Oracle()
         self.batch_id = 0
@@ -58,8 +64,10 @@ class Feed:
         if self.extra:
             rows = [(*row, None) for row in rows]
             schema += f", {self.extra} string"
-        frame = self.spark.createDataFrame(rows, schema)
-        self.sink(frame, self.batch_id)
+        if self.through_spark:
+            self.sink(self.spark.createDataFrame(rows, schema), self.batch_id)
+        else:
+            arrow_append(self.sink, rows, schema, self.batch_id, spark=self.spark)
         self.batch_id += 1
         self.oracle.apply((row[0], row[1]) for row in rows)
         self.clock.advance(400)
@@ -78,7 +86,7 @@ def three_batches(classic_spark, tmp_path_factory) -> tuple[Path, Feed]:
     clock = _Clock()
     path = str(work / "lake" / "users")
     sink = CompactedStateSink(path, config=CONFIG, clock=clock, cleaning="inline")
-    feed = Feed(classic_spark, sink, clock)
+    feed = Feed(classic_spark, sink, clock, through_spark=True)
     for _ in range(3):
         feed.append()
     sink.close()
