@@ -347,10 +347,21 @@ class LogSnapshot:
         """The version recorded for ``app_id`` by a Delta ``txn`` action, if any.
 
         Read once per snapshot (a cache, not a refresh): delta-rs replays the log's txn
-        actions on every lookup, and a batch asks for a few per partition.
+        actions on every lookup, and a batch asks for a few per partition. That replay
+        reads the commit files the table was opened from again; when they were trimmed
+        since (a Delta checkpoint at this version or below, written after the open, made
+        them removable, design.md §46), the table is opened again at this version, from that
+        checkpoint. Raises delta-rs's error when the version itself is gone.
         """
         if app_id not in self._transactions:
-            self._transactions[app_id] = self.table.transaction_version(app_id)
+            try:
+                found = self.table.transaction_version(app_id)
+            except DeltaError as e:
+                if "File not found" not in str(e):
+                    raise
+                self.table = self.location.delta_table(self.version)
+                found = self.table.transaction_version(app_id)
+            self._transactions[app_id] = found
         return self._transactions[app_id]
 
     def log_end_offset(self, partition: int) -> int:

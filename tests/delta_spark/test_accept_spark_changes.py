@@ -8,7 +8,7 @@ The same operations by delta-rs alone are in tests/log/test_accept_foreign_chang
 from __future__ import annotations
 
 import pytest
-from testkit import assert_offsets_unique, state_of
+from testkit import arrow_append, assert_offsets_unique, state_of
 
 from sinks import (
     CleanerConfig,
@@ -28,11 +28,16 @@ CONFIG = CleanerConfig(min_cleanable_dirty_ratio=0.99, delete_retention_ms=1_000
 NO_RETENTION_CHECK = "spark.databricks.delta.retentionDurationCheck.enabled"
 
 
-def append(spark, sink, rows, batch_id: int) -> None:
-    frame = spark.createDataFrame(
-        [(k, v, 0) for k, v in rows], "key string, value string, partition int"
-    )
-    sink(frame.coalesce(1), batch_id)
+def append(spark, sink, rows, batch_id: int, *, through_spark: bool = False) -> None:
+    """A batch of ``(key, value)`` rows in partition 0: through the sink's `LogAppender`
+    without Spark feeding it (`testkit.arrow_append`; the subject here is delta-spark's
+    change and its acceptance), or through ``sink(frame, batch_id)``."""
+    rows = [(k, v, 0) for k, v in rows]
+    schema = "key string, value string, partition int"
+    if through_spark:
+        sink(spark.createDataFrame(rows, schema).coalesce(1), batch_id)
+    else:
+        arrow_append(sink, rows, schema, batch_id, spark=spark)
 
 
 def run(spark, path: str, statement: str) -> None:
@@ -75,9 +80,9 @@ def test_a_spark_restore_to_before_a_pass_then_accept_gives_each_key_once(
 ) -> None:
     spark, path = delta_spark, str(lake / "log")
     sink = CompactedStateSink(path, config=CONFIG, clock=clock, cleaning="inline")
-    append(spark, sink, [("a", "1"), ("b", "1")], 0)
+    append(spark, sink, [("a", "1"), ("b", "1")], 0, through_spark=True)
     clock.advance(2_000)
-    append(spark, sink, [("a", "2")], 1)
+    append(spark, sink, [("a", "2")], 1, through_spark=True)
     version = spark.sql(f"DESCRIBE HISTORY delta.`{path}` LIMIT 1").first().version
     clock.advance(2_000)
     sink.clean(force=True)

@@ -120,3 +120,25 @@ def test_a_schema_commit_leaves_the_snapshot_it_was_made_against_at_its_version(
     after = log.snapshot()
     assert after.version == snapshot.version + 1 and "note" in after.spark_schema.names
     assert DeltaTable(log.uri).version() == after.version
+
+
+def test_a_kept_snapshot_whose_commit_files_were_trimmed_reads_its_txns_from_the_checkpoint(
+    tmp_path,
+):
+    """A snapshot opened from commit files that a checkpoint written after the open made
+    removable, and another process's trim then removed, while its version is still the
+    latest: its next `txn` lookup reads the version again from the checkpoint."""
+    path = str(tmp_path / "t")
+    log = new_log(path)
+    commit_nothing(log)
+    first = log.snapshot()
+    assert first is not None and first.version == 2
+    DeltaTable(path).create_checkpoint()  # another writer's checkpoint of the same version
+    for version in range(first.version):  # and its trim of the commits before it
+        (tmp_path / "t" / "_delta_log" / f"{version:020d}.json").unlink()
+
+    assert log.snapshot() is first  # still the latest version
+    assert first.txn_version("another-app") is None
+    assert first.log_end_offsets() == LogTable(path).snapshot().log_end_offsets()
+    commit_nothing(log)  # and a commit against it lands at the next version
+    assert log.snapshot().version == first.version + 1

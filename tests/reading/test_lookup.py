@@ -2,9 +2,11 @@
 
 Pure tests check the key filter on its own: the hash against XXH64's published values,
 no false negative on filters pyarrow writes, the writers' files carrying it, a file
-without it read whole. The sink builds the other logs (real Spark, real Delta); every
-lookup is then compared with the replay model of the workload and with `read_state`,
-in pure Python: random workloads with tombstones, passes and a dirty region, time
+without it read whole. The sink builds the other logs (real Delta; its batches through
+`testkit.arrow_append`, the Python segment writer a small Spark batch takes too, except where
+Spark's input is the subject: Spark's writer, composite keys with struct values, the CLI;
+passes on Spark); every lookup is then compared with the replay model of the workload and
+with `read_state`, in pure Python: random workloads with tombstones, passes and a dirty region, time
 travel, another engine's OPTIMIZE, Spark's writer, composite keys with a sequence
 column, ``delete_records``, unknown and deleted keys, and the CLI.
 """
@@ -20,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
+from testkit import arrow_append
 
 from sinks import BadInputError, CleanerConfig, CompactedStateSink, lookup, read_state
 from sinks.log.key_filter import (
@@ -261,7 +264,7 @@ def test_random_workloads_with_passes_a_dirty_region_and_time_travel(spark, lake
     versions: list[tuple[int, int]] = []  # (Delta version, batches applied)
     for batch_id in range(8):
         rows = random_batch(rng, batch_id, 40)
-        sink(spark.createDataFrame(rows, KVP).coalesce(1), batch_id)
+        arrow_append(sink, rows, KVP, batch_id, spark=spark)
         history.append(rows)
         if rng.random() < 0.4:
             sink.clean(force=True)
@@ -279,7 +282,7 @@ def test_another_engines_optimize_leaves_files_without_filters_that_are_read(spa
     history = []
     for batch_id in range(5):
         history.append(random_batch(rng, batch_id, 30))
-        sink(spark.createDataFrame(history[-1], KVP).coalesce(1), batch_id)
+        arrow_append(sink, history[-1], KVP, batch_id, spark=spark)
         if batch_id == 2:
             sink.clean(force=True)
     DeltaTable(path).optimize.compact()
@@ -292,7 +295,7 @@ def test_another_engines_optimize_leaves_files_without_filters_that_are_read(spa
         index = metadata.schema.names.index("key")
         assert metadata.row_group(0).column(index).bloom_filter_offset is None
     history.append(random_batch(rng, 5, 30))
-    sink(spark.createDataFrame(history[-1], KVP).coalesce(1), 5)
+    arrow_append(sink, history[-1], KVP, 5, spark=spark)
     sink.clean(force=True)
     assert_lookups_match(path, keys, model_at(history))
 
@@ -360,10 +363,10 @@ def test_delete_records_hides_what_lies_below_the_log_start(spark, lake, clock):
     path = str(lake / "log")
     sink = CompactedStateSink(path, config=NO_CLEAN, clock=clock)
     first = [("a", "a1", 0), ("b", "b1", 0), ("c", "c1", 0), ("d", "d1", 0)]
-    sink(spark.createDataFrame(first, KVP).coalesce(1), 0)
-    sink(spark.createDataFrame([("b", "b2", 0), ("e", "e1", 0)], KVP).coalesce(1), 1)
+    arrow_append(sink, first, KVP, 0, spark=spark)
+    arrow_append(sink, [("b", "b2", 0), ("e", "e1", 0)], KVP, 1, spark=spark)
     sink.clean(force=True)  # clean: c1 d1 b2 e1 at offsets 2..5
-    sink(spark.createDataFrame([("c", None, 0), ("f", "f1", 0)], KVP).coalesce(1), 2)
+    arrow_append(sink, [("c", None, 0), ("f", "f1", 0)], KVP, 2, spark=spark)
     sink.delete_records(0, 3)  # c1 goes
     keys = list("abcdef")
     assert found(lookup(path, keys)) == {
