@@ -7,6 +7,7 @@ import io
 import struct
 import time
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import fastavro
@@ -82,6 +83,17 @@ _DDL_TYPES = {  # a DDL type name: (Spark's type, Arrow's type Spark hands a tas
     "double": (T.DoubleType(), pa.float64()),
     "timestamp": (T.TimestampType(), pa.timestamp("us", tz="UTC")),
 }
+
+
+def checkpoint_and_trim(path: str) -> int:
+    """Another writer's Delta checkpoint of the latest version of the table at ``path``, and
+    its trim of every commit file before it (as a log's segment deleter trims them once they
+    are out of its window). Returns the checkpoint's version."""
+    table = DeltaTable(path)
+    table.create_checkpoint()
+    for version in range(table.version()):
+        (Path(path) / "_delta_log" / f"{version:020d}.json").unlink()
+    return table.version()
 
 
 def ddl_schemas(ddl: str) -> tuple[T.StructType, pa.Schema]:

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
-from deltalake.exceptions import CommitFailedError
+from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.transaction import AddAction, CommitProperties, Transaction
 from deltalake.transaction import RemoveAction as _RemoveAction
 
@@ -219,13 +219,23 @@ class DeltaRsCommitter:
             )
 
 
+TRIMMED_VERSION = "Invalid table version"
+"""delta-rs's error when a commit file its transaction reads is gone: the version it read
+from, or a later one it would rebase over, trimmed from the Delta log since it was read."""
+
+
 @contextmanager
 def _conflicts_raised() -> Iterator[None]:
-    """Raise delta-rs's conflict as the sink's own `ConcurrentCommitError`."""
+    """Raise delta-rs's conflict as the sink's own `ConcurrentCommitError`; so too a commit
+    whose read version the log has moved past and trimmed (the caller reads it again)."""
     try:
         yield
     except CommitFailedError as e:
         raise ConcurrentCommitError(str(e)) from e
+    except DeltaError as e:
+        if not str(e).startswith(TRIMMED_VERSION):
+            raise
+        raise ConcurrentCommitError(f"the log moved on and was trimmed since: {e}") from e
 
 
 def _transactions(versions: Mapping[str, int], timestamp_ms: int) -> list[Transaction]:

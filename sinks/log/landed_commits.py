@@ -32,9 +32,16 @@ def landed_version(location: LogLocation, token: str, after: int) -> int | None:
 
 def check_removes(location: LogLocation, removed: set[str], after: int, through: int) -> None:
     """Raise `ConcurrentCommitError` when a commit in ``(after, through]`` removed a file of
-    ``removed``."""
+    ``removed``, or cannot be read (trimmed from the Delta log since, or a store error): what
+    it removed is then not known."""
     for version in range(after + 1, through + 1):
-        for action in read_commit(location, version) or []:
+        actions = read_commit(location, version)
+        if actions is None:
+            raise ConcurrentCommitError(
+                f"{location.uri}: version {version} cannot be read (trimmed from the Delta log "
+                "since, or the store failed); what it removed is not known"
+            )
+        for action in actions:
             path = action.get("remove", {}).get("path")
             if path is not None and unquote(path) in removed:
                 raise ConcurrentCommitError(

@@ -12,6 +12,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from pyspark.sql import types as T
+from testkit import checkpoint_and_trim
 
 from sinks import CleanerConfig
 from sinks.crash_points import APPEND_BEFORE_COMMIT, armed
@@ -81,6 +82,27 @@ def test_a_conflict_elsewhere_commits_the_same_files_again(lake):
     ):
         info = ours.append(batch(["c", "d"]), app_id="ours", batch_id=1)
     assert [(w.partition, w.base_offset) for w in info.written] == [(0, 1)]
+    live, on_disk = live_and_on_disk(path)
+    assert on_disk == live and len(live) == 3
+
+
+def test_a_log_trimmed_past_the_version_the_attempt_read_commits_the_same_files_again(lake):
+    """While the attempt writes, another writer commits, checkpoints and trims the commit the
+    attempt read: delta-rs cannot rebase the commit over a version that is gone (it raised
+    ``Invalid table version``, which failed the batch), so the attempt reads the log again."""
+    path = lake / "log"
+    ours, theirs = appender(path), appender(path)
+    ours.append(batch(["a"]), app_id="ours", batch_id=0)
+
+    def move_on_and_trim() -> None:
+        theirs.append(batch(["x"], 1), app_id="t", batch_id=0)
+        checkpoint_and_trim(str(path))
+
+    with armed(APPEND_BEFORE_COMMIT, move_on_and_trim):
+        info = ours.append(batch(["c", "d"]), app_id="ours", batch_id=1)
+    assert [(w.partition, w.base_offset, w.last_offset) for w in info.written] == [(0, 1, 2)]
+    assert info.snapshot.log_end_offsets() == {0: 3, 1: 1}
+    assert info.snapshot.txn_version("ours") == 1
     live, on_disk = live_and_on_disk(path)
     assert on_disk == live and len(live) == 3
 
