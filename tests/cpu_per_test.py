@@ -40,7 +40,7 @@ class CpuPerTest:
         directory.mkdir(parents=True, exist_ok=True)
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         self.out = directory / f"{worker}.jsonl"
-        self.started: dict[str, tuple[float, float]] = {}
+        self.started: dict[str, tuple[float, float, int]] = {}
 
     def pytest_runtest_logstart(self, nodeid: str) -> None:
         self.started[nodeid] = (self.process_tree_cpu_s(), time.monotonic(), spark_jobs())
