@@ -6,16 +6,15 @@ processes' path (the worker daemon and its forks, a Connect server's ``foreachBa
 a streaming data source's runner). Python cannot cache bytecode for a zip, so each of those
 processes compiled pyspark's modules from source: importing ``pyspark.daemon`` cost 1.2-1.5
 CPU-seconds from the zip against 0.3 from the installed package beside it. These zips hold the
-same files as that package (they ship inside it), so they are taken off the path: the same
-code runs. (On the path, even last, each fork of the daemon read their directories again,
-when pyspark's worker adds the task's files to the path and invalidates the import caches.)
+same files as that package (they ship inside it), so they go last on the path: the same code
+runs, and a Python without pyspark installed (the ``python3`` on the PATH that a test starts
+the workers with) still finds it there.
 
-pyspark's daemon forks one worker per task slot, and forks again when a worker was idle for a
-minute. Each fork imported the sink's modules (pyarrow, pandas, the sink's packages) when it
-unpickled its first task, 0.6 CPU-seconds, and a reused worker runs a full garbage
-collection after every task, which walked all of them again. The daemon imports them once
-before it forks, and freezes them (`gc.freeze`): a fork starts with them, and its
-collections walk only what it made. The tasks run the same code.
+pyspark's daemon forks one worker per task slot, and forks again for a worker that was idle
+for a minute. Each fork imported the sink's task modules (pyarrow, pandas, the sink's packages)
+when it unpickled its first task, 0.6 CPU-seconds, which that task then froze (design.md §45).
+The daemon imports them once, before it forks, and freezes them: a fork starts with them.
+The tasks run the same code.
 `tests/conftest.py` puts this directory on ``PYTHONPATH``, which Spark appends to its own.
 """
 
@@ -27,6 +26,7 @@ import sys
 _LIB = os.path.join("pyspark", "python", "lib")
 for _zip in [p for p in sys.path if p.endswith(".zip") and os.path.dirname(p).endswith(_LIB)]:
     sys.path.remove(_zip)
+    sys.path.append(_zip)
 
 # What a worker's tasks import: pyspark's worker and its Arrow serializers, the sink's tasks
 # (an append, a pass's recopy, a state read) and the data source's reader.
@@ -44,7 +44,7 @@ _TASK_MODULES = (
     "streaming",
 )
 
-if sys.orig_argv[1:3] == ["-m", "pyspark.daemon"]:
+if getattr(sys, "orig_argv", [])[1:3] == ["-m", "pyspark.daemon"]:
     for _module in _TASK_MODULES:
         try:
             importlib.import_module(_module)
