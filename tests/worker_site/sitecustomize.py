@@ -28,21 +28,10 @@ for _zip in [p for p in sys.path if p.endswith(".zip") and os.path.dirname(p).en
     sys.path.remove(_zip)
     sys.path.append(_zip)
 
-# What a worker's tasks import: pyspark's worker and its Arrow serializers, the sink's tasks
-# (an append, a pass's recopy, a state read) and the data source's reader.
-_TASK_MODULES = (
-    "pyspark.worker",
-    "pyspark.sql.pandas.serializers",
-    "pandas",
-    "pyarrow.compute",
-    "pyarrow.dataset",
-    "pyarrow.parquet",
-    "deltalake",
-    "sinks",
-    "sinks.cleaner.recopy_task",
-    "sinks.produce.append_task",
-    "streaming",
-)
+# What a worker's tasks import: pyspark's worker (it imports pandas for Arrow tasks), the
+# sink (its package imports every task: an append's, a pass's recopy, a read's, with pyarrow
+# and delta-rs) and the data source's reader.
+_TASK_MODULES = ("pyspark.worker", "pandas", "sinks", "streaming")
 
 if getattr(sys, "orig_argv", [])[1:3] == ["-m", "pyspark.daemon"]:
     for _module in _TASK_MODULES:
