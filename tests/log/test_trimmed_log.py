@@ -9,33 +9,19 @@ no longer tell: the commit is refused as a conflict, and the caller plans again.
 
 from __future__ import annotations
 
-import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
-from pyspark.sql import types as T
-from testkit import checkpoint_and_trim
+from testkit import arrow_append, checkpoint_and_trim
 
-from sinks import CleanerConfig
+from sinks import CleanerConfig, CompactedStateSink
 from sinks.errors import ConcurrentCommitError
-from sinks.log.log_keys import LogKeys
 from sinks.log.log_table import LogTable
-from sinks.produce.append_batch import ArrowRecords
-from sinks.produce.log_append import LogAppender
-
-SCHEMA = T.StructType(
-    [T.StructField("key", T.StringType()), T.StructField("value", T.StringType())]
-)
 
 
 def test_a_commit_that_removes_files_is_not_rebased_over_commits_trimmed_since(lake):
     path = lake / "log"
-    rows = pa.table({"key": ["a", "b"], "value": ["1", "2"]})
-    appender = LogAppender(
-        LogTable(str(path)),
-        keys=LogKeys(key_columns=("key",)),
-        config=CleanerConfig(min_cleanable_dirty_ratio=1.0),
-    )
-    appender.append(ArrowRecords(rows, SCHEMA), app_id="app", batch_id=0)
+    sink = CompactedStateSink(str(path), config=CleanerConfig(min_cleanable_dirty_ratio=1.0))
+    arrow_append(sink, [("a", "1"), ("b", "2")], "key string, value string", 0)
     held = LogTable(str(path)).snapshot()
     [segment] = held.all_segments()
     other = LogTable(str(path))  # another writer removes the same file first, commits again
