@@ -2,12 +2,12 @@
 
 One row per (log, partition): the first dirty offset (where the last pass ended), the
 cleaner's state for that partition, and the last pass's figures. Many logs share one
-table. Rows are upserted with a Delta MERGE, so a reader sees either the old row or the
-new one. It has one writer, `CleanerOffsetCheckpoint`, with two moves: `write` (an
-upsert, retried) and `compare_and_set` (the cleaner states' transitions, see
-`checkpoints.cleaner_states`); the table is created in one place with its properties
-(`checkpoints.keyed_table`). Every pass merges into it, so it is compacted every 50
-versions, and its removed files and old commits are deleted by the segment deleter
+table. Every write commits the table's rows as one file against the version it read
+(`checkpoints.keyed_table`), so a reader sees either the old row or the new one. It has
+one writer, `CleanerOffsetCheckpoint`, with two moves: `write` (an upsert, retried) and
+`compare_and_set` (the cleaner states' transitions, see `checkpoints.cleaner_states`);
+the table is created in one place with its properties (`checkpoints.keyed_table`). Its
+removed files and old commits are deleted by the segment deleter
 (``sinks.maintenance.segment_deleter``). Each row names the Delta table (its id) and the
 version it describes, so a row left by another table at the same path, or by a later
 history of a copy put back, is told apart (`other_history`) and ignored. The log itself
@@ -181,11 +181,7 @@ class CleanerOffsetCheckpoint:
         stamp = max(int(time.time() * 1000), previous + 1)
         news = [new.with_changes(updated_ms=stamp) for _, new in changes]
         rows = pa.Table.from_pylist([asdict(n) for n in news], schema=CHECKPOINT_SCHEMA)
-        updates = [f"({_row_of('t', e)} AND {_unchanged(e)})" for e, _ in changes if e]
-        inserts = [f"({_row_of('s', new)})" for e, new in changes if e is None]
-        written = self._keyed.compare_and_set_rows(
-            rows, " OR ".join(updates) or None, " OR ".join(inserts) or None
-        )
+        written = self._keyed.compare_and_set_rows(rows, [_as_read(e) for e, _ in changes])
         if written == len(news):
             return news
         if written == 0:
@@ -249,27 +245,13 @@ def split_histories(
     return kept, others
 
 
-def _unchanged(entry: CheckpointEntry) -> str:
-    """A predicate true while the target row is still ``entry`` (as far as a transition reads)."""
-    return " AND ".join(
-        [
-            _equals("t.updated_ms", entry.updated_ms),
-            _equals("t.cleaner_state", entry.cleaner_state),
-            _equals("t.state_owner", entry.state_owner),
-            _equals("t.first_dirty_offset", entry.first_dirty_offset),
-        ]
-    )
+def _as_read(entry: CheckpointEntry | None) -> dict[str, object] | None:
+    """What a transition reads of ``entry``'s row: its row is still ``entry`` while these
+    columns are unchanged (`KeyedTable.compare_and_set_rows`). None: no row."""
+    if entry is None:
+        return None
+    return {c: getattr(entry, c) for c in TRANSITION_READS}
 
 
-def _row_of(alias: str, entry: CheckpointEntry) -> str:
-    """A predicate true for ``entry``'s (log, partition) row of ``alias``."""
-    log = _equals(f"{alias}.log_path", entry.log_path)
-    return f"{log} AND {alias}.partition = {entry.partition}"
-
-
-def _equals(column: str, value: object) -> str:
-    if value is None:
-        return f"{column} IS NULL"
-    if isinstance(value, str):
-        return f"{column} = '{value.replace(chr(39), chr(39) * 2)}'"
-    return f"{column} = {int(value)}"  # type: ignore[call-overload]
+TRANSITION_READS = ("updated_ms", "cleaner_state", "state_owner", "first_dirty_offset")
+"""The columns of a row a compare-and-set checks are unchanged since it read the row."""

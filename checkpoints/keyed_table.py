@@ -1,15 +1,18 @@
-"""A small Delta table of keyed rows, upserted with MERGE: what the checkpoint tables share.
+"""A small Delta table of keyed rows, rewritten whole: what the checkpoint tables share.
 
 The cleaner-offset checkpoint (`checkpoints.checkpoint_table`) and the consumer offsets
 (`checkpoints.consumer_offsets`) are both a few rows per log, rewritten often by many
-processes. Each upsert is one MERGE on the key columns, retried when a concurrent commit
-wins; a compare-and-set is one MERGE that applies only while the rows are as read, and is
-not retried (the caller reads again and decides). After either, every ``COMPACT_EVERY``
-versions the table's small files are compacted (and, for a table no one else vacuums,
-its removed files deleted). A table created by an earlier version with fewer columns
-gains the new ones (nullable) on its next write.
+processes. Every write reads the table, puts its rows in by key and commits the table's
+rows as one file, removing the files it read, as the version after the one it read and
+no other (design.md §47): any commit between the read and the commit refuses it. An
+upsert is retried on that refusal; a compare-and-set writes only the rows still as the
+caller read them, and is not retried (the caller reads again and decides). The table is
+one file after every write; for a table no one else vacuums, its removed files are
+deleted every ``VACUUM_EVERY`` versions. A table created by an earlier version with fewer
+columns gains the new ones (nullable) on its next write; columns a later version added
+are kept as they are.
 
-A commit whose answer the store lost counts once (design.md §39): a MERGE that fails so
+A commit whose answer the store lost counts once (design.md §39): a write that fails so
 is taken as made when the table holds every row it wrote, column for column (`holds`),
 and an upsert whose rows are already there has nothing left to do. (A log finds its own
 commits by a token instead, `sinks.log.landed_commits`; reading commit files back needs a
@@ -23,12 +26,15 @@ import time
 from collections.abc import Mapping, Sequence
 
 import pyarrow as pa
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.schema import Field
+from deltalake.transaction import CommitProperties
 
-COMPACT_EVERY = 50  # versions between compactions of the table's small files
+VACUUM_EVERY = 50  # versions between two deletions of the removed files (`vacuum_hours`)
 RETRIES = 10
+
+Row = dict[str, object]
 
 
 class KeyedTable:
@@ -60,7 +66,7 @@ class KeyedTable:
         except TableNotFoundError:
             return None
 
-    def rows(self) -> list[dict[str, object]]:
+    def rows(self) -> list[Row]:
         """Every row of the table as of now, as dicts; [] before the first write. Read-only.
 
         Read with pyarrow (``to_pyarrow_table``): delta-rs's own query engine reads a few
@@ -101,65 +107,64 @@ class KeyedTable:
         try:
             table.alter.add_columns([Field.from_arrow(f.with_nullable(True)) for f in missing])
         except (DeltaError, OSError):
-            pass  # a concurrent writer added them first (or will: the merge retries)
+            pass  # a concurrent writer added them first (or will: the write retries)
         return DeltaTable(self.uri, storage_options=self.storage_options or None)
 
     def upsert(self, rows: pa.Table) -> None:
-        """Insert or replace ``rows`` by key in one commit; retried on conflicts."""
+        """Insert or replace ``rows`` by key in one commit; retried on conflicts.
+
+        Idempotent. Raises the store's errors past the retries (`OSError`, `DeltaError`)
+        when the rows are not in the table.
+        """
         if rows.num_rows == 0:
             return
-        predicate = " AND ".join(f't."{k}" = s."{k}"' for k in self.keys)
+        wanted = rows.to_pylist()
         for attempt in range(RETRIES):
             table = self.open_or_create()
             try:
-                (
-                    table.merge(rows, predicate=predicate, source_alias="s", target_alias="t")
-                    .when_matched_update_all()
-                    .when_not_matched_insert_all()
-                    .execute()
-                )
+                self._rewrite(table, table.to_pyarrow_table(), wanted)
                 break
             except (DeltaError, OSError) as e:
                 if self.holds(rows):
-                    break  # it landed, and the store lost the answer
+                    return  # it landed, and the store lost the answer
                 if not isinstance(e, CommitFailedError) or attempt == RETRIES - 1:
                     raise
                 time.sleep(0.05 * (attempt + 1))
-        self._compact_when_due(table)
+        self._vacuum_when_due(table)
 
     def compare_and_set_rows(
-        self, rows: pa.Table, update_if: str | None, insert_if: str | None
+        self, rows: pa.Table, expected: Sequence[Mapping[str, object] | None]
     ) -> int | None:
         """Write ``rows`` in one commit, each only where it may go: over its key's row while
-        ``update_if`` (a SQL predicate over the target ``t`` and the source ``s``) holds, or
-        as a new row where its key has none and ``insert_if`` (over ``s``) holds.
+        that row still has the values its ``expected`` names (column by column), or as a
+        new row where its key has none and its ``expected`` is None.
 
-        Returns how many rows were written; 0 when a concurrent commit made delta-rs reject
-        this one (then none was). None when the commit failed and yet some of ``rows`` are
-        in the table: the store lost the answer of a commit that landed, and only reading
-        the rows back tells which it wrote (`held`). A store error past the client's
-        retries is raised when none of them is there.
+        Returns how many rows were written; 0 when none could go, or a concurrent commit
+        made delta-rs refuse this one (then none was). None when the commit failed and yet
+        some of ``rows`` are in the table: the store lost the answer of a commit that
+        landed, and only reading the rows back tells which it wrote (`held`). A store error
+        past the client's retries is raised when none of them is there.
         """
         table = self.open_or_create()
-        predicate = " AND ".join(f't."{k}" = s."{k}"' for k in self.keys)
-        merger = table.merge(rows, predicate=predicate, source_alias="s", target_alias="t")
-        if update_if is not None:
-            merger = merger.when_matched_update_all(predicate=update_if)
-        if insert_if is not None:
-            merger = merger.when_not_matched_insert_all(predicate=insert_if)
         try:
-            metrics = merger.execute()
+            current = table.to_pyarrow_table()
+            by_key = {self._key(row): row for row in current.to_pylist()}
+            wanted = [
+                row
+                for row, values in zip(rows.to_pylist(), expected, strict=True)
+                if _still(by_key.get(self._key(row)), values)
+            ]
+            if not wanted:
+                return 0
+            self._rewrite(table, current, wanted)
         except (DeltaError, OSError) as e:
             if any(self.held(rows)):
-                self._compact_when_due(table)
                 return None
             if isinstance(e, CommitFailedError):
                 return 0
             raise
-        written = int(metrics["num_target_rows_inserted"] + metrics["num_target_rows_updated"])
-        if written:
-            self._compact_when_due(table)
-        return written
+        self._vacuum_when_due(table)
+        return len(wanted)
 
     def holds(self, rows: pa.Table) -> bool:
         """Whether the table now holds every row of ``rows``, equal in each of its columns."""
@@ -174,25 +179,55 @@ class KeyedTable:
             current = self.rows()
         except (DeltaError, OSError):
             return [False] * rows.num_rows
-        by_key = {tuple(r[k] for k in self.keys): r for r in current}
-        found = (by_key.get(tuple(wanted[k] for k in self.keys)) for wanted in rows.to_pylist())
+        by_key = {self._key(r): r for r in current}
+        found = (by_key.get(self._key(wanted)) for wanted in rows.to_pylist())
         return [
             row is not None and all(row.get(c) == v for c, v in wanted.items())
             for row, wanted in zip(found, rows.to_pylist(), strict=True)
         ]
 
-    def _compact_when_due(self, table: DeltaTable) -> None:
-        """Every ``COMPACT_EVERY`` versions: compact the small files (and vacuum, if asked)."""
-        table.update_incremental()
-        if table.version() % COMPACT_EVERY != 0:
+    def _key(self, row: Mapping[str, object]) -> tuple[object, ...]:
+        return tuple(row[k] for k in self.keys)
+
+    def _rewrite(self, table: DeltaTable, current: pa.Table, rows: Sequence[Row]) -> None:
+        """Commit ``current`` (``table``'s rows) with ``rows`` put in by key, as one file, as
+        the version after ``table``'s. Raises `CommitFailedError` when any commit came in
+        between (delta-rs is not let rebase it: every write reads the whole table)."""
+        new = {self._key(row): row for row in rows}
+        merged: list[Row] = []
+        placed: set[tuple[object, ...]] = set()
+        for row in current.to_pylist():
+            key = self._key(row)
+            if key in placed:
+                continue  # a second row of a key just written: the key has one row again
+            if key in new:
+                row = {**row, **new[key]}  # a column only a later version knows is kept
+                placed.add(key)
+            merged.append(row)
+        merged += [row for key, row in new.items() if key not in placed]
+        write_deltalake(
+            table,
+            pa.Table.from_pylist(merged, schema=current.schema),
+            mode="overwrite",
+            commit_properties=CommitProperties(max_commit_retries=0),
+        )
+
+    def _vacuum_when_due(self, table: DeltaTable) -> None:
+        """Every ``VACUUM_EVERY`` versions, for a table no one else vacuums: delete the files
+        removed more than ``vacuum_hours`` ago."""
+        if self.vacuum_hours is None or table.version() % VACUUM_EVERY != 0:
             return
         try:
-            table.optimize.compact()
-            if self.vacuum_hours is not None:
-                table.vacuum(
-                    retention_hours=self.vacuum_hours,
-                    dry_run=False,
-                    enforce_retention_duration=False,
-                )
+            table.vacuum(
+                retention_hours=self.vacuum_hours, dry_run=False, enforce_retention_duration=False
+            )
         except CommitFailedError:
-            pass  # a concurrent writer won: the next due version compacts
+            pass  # a concurrent writer won: the next due version vacuums
+
+
+def _still(row: Mapping[str, object] | None, expected: Mapping[str, object] | None) -> bool:
+    """Whether a key's ``row`` (None: the key has none) is as ``expected`` says: None for no
+    row, else equal in each column it names (a column the row lacks reads as None)."""
+    if expected is None:
+        return row is None
+    return row is not None and all(row.get(c) == v for c, v in expected.items())

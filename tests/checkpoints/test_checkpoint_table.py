@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-from deltalake import DeltaTable
+from dataclasses import asdict
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+from deltalake.exceptions import CommitFailedError
+from deltalake.schema import Field
 
 from checkpoints import CheckpointEntry, CleanerOffsetCheckpoint
+from checkpoints.checkpoint_table import CHECKPOINT_SCHEMA
 
 
 def test_rows_of_two_logs_share_one_table_and_are_upserted(tmp_path):
@@ -67,26 +74,53 @@ def test_compare_and_set_writes_only_over_the_row_it_read(tmp_path):
     assert properties["delta.checkpointInterval"] == "10"  # created in one place, with them
 
 
-def test_the_table_compacts_itself_every_50_versions(tmp_path):
-    from checkpoints.keyed_table import COMPACT_EVERY
-
+def test_every_write_leaves_the_table_one_file(tmp_path):
     table = CleanerOffsetCheckpoint(str(tmp_path / "_cleaner-offset-checkpoint"))
-    for p in range(8):  # each first row of a partition is a file of its own
+    table.open_or_create()
+    for p in range(8):  # as an earlier version's MERGEs left it: a file per inserted row
         entry = CheckpointEntry(log_path="lake/users", partition=p, first_dirty_offset=0)
-        assert table.compare_and_set(None, entry)
+        rows = pa.Table.from_pylist([asdict(entry)], schema=CHECKPOINT_SCHEMA)
+        write_deltalake(table.uri, rows, mode="append")
     assert len(DeltaTable(table.uri).file_uris()) == 8
-    offset = 0
-    while DeltaTable(table.uri).version() < COMPACT_EVERY + 2:  # transitions and upserts
-        offset += 1
+    for offset in range(1, 7):  # transitions and upserts
         current = table.read()[("lake/users", offset % 8)]
         if offset % 2:
             assert table.compare_and_set(current, current.with_changes(first_dirty_offset=offset))
         else:
             table.write([current.with_changes(first_dirty_offset=offset)])
-    delta = DeltaTable(table.uri)
-    assert "OPTIMIZE" in [h["operation"] for h in delta.history()]
-    assert len(delta.file_uris()) < 8  # compacted, not one file per partition any more
-    assert len(table.read()) == 8
+        assert len(DeltaTable(table.uri).file_uris()) == 1
+    rows = table.read()
+    assert len(rows) == 8 and rows[("lake/users", 6)].first_dirty_offset == 6
+
+
+def test_a_write_against_a_version_another_write_followed_is_refused(tmp_path):
+    table = CleanerOffsetCheckpoint(str(tmp_path / "_cleaner-offset-checkpoint"))
+    table.open_or_create()  # empty: two inserts of different keys remove no file of each other
+    keyed = table._keyed
+    stale = keyed.open_or_create()
+    first = CheckpointEntry(log_path="lake/users", partition=0, first_dirty_offset=1)
+    assert table.compare_and_set(None, first)
+    second = pa.Table.from_pylist(
+        [asdict(first.with_changes(partition=1))], schema=CHECKPOINT_SCHEMA
+    )
+    with pytest.raises(CommitFailedError):
+        keyed._rewrite(stale, stale.to_pyarrow_table(), second.to_pylist())
+    assert set(table.read()) == {("lake/users", 0)}
+
+
+def test_a_column_a_later_version_added_is_kept_by_a_write(tmp_path):
+    table = CleanerOffsetCheckpoint(str(tmp_path / "_cleaner-offset-checkpoint"))
+    table.write([CheckpointEntry(log_path="lake/users", partition=0, first_dirty_offset=1)])
+    DeltaTable(table.uri).alter.add_columns([Field("later", "string", nullable=True)])
+    rows = DeltaTable(table.uri).to_pyarrow_table().to_pylist()
+    rows[0]["later"] = "kept"
+    write_deltalake(table.uri, pa.Table.from_pylist(rows), mode="overwrite")
+    read = table.read()[("lake/users", 0)]
+    assert table.compare_and_set(read, read.with_changes(first_dirty_offset=2))
+    table.write([CheckpointEntry(log_path="lake/users", partition=1, first_dirty_offset=3)])
+    stored = {r["partition"]: r for r in DeltaTable(table.uri).to_pyarrow_table().to_pylist()}
+    assert (stored[0]["later"], stored[0]["first_dirty_offset"]) == ("kept", 2)
+    assert stored[1]["later"] is None
 
 
 def test_compare_and_set_many_swaps_the_rows_still_as_read_in_one_commit(tmp_path):

@@ -2,7 +2,7 @@
 
 The commit's conditional PUT reaches the store, then the client gets a 500 or a reset
 (`fault_proxy`'s ``-after`` faults); delta-rs's retry finds the version taken, by this very
-commit. `checkpoints.keyed_table` recognises a landed MERGE by the rows it wrote, so a
+commit. `checkpoints.keyed_table` recognises a landed write by the rows it wrote, so a
 compare-and-set whose commit landed answers True, an upsert does not fail, and neither
 is written twice. Spark-free: S3 (moto) behind the proxy.
 """
@@ -32,14 +32,14 @@ def proxy(s3_options) -> Iterator[FaultProxy]:
         proxy.stop()
 
 
-def merges(uri: str, options: dict[str, str]) -> list[dict]:
-    """The MERGE commits' info, read from the Delta log's files (delta-rs's ``history``
+def writes(uri: str, options: dict[str, str]) -> list[dict]:
+    """The writes' commit info, read from the Delta log's files (delta-rs's ``history``
     lists with ``start-after``, which hangs against moto)."""
     infos = []
     for version in range(DeltaTable(uri, storage_options=options).version() + 1):
         actions = read_commit(LogLocation(uri, options), version) or []
         infos += [a["commitInfo"] for a in actions if "commitInfo" in a]
-    return [i for i in infos if i.get("operation") == "MERGE"]
+    return [i for i in infos if i.get("operation") == "WRITE"]
 
 
 def test_a_compare_and_set_whose_answer_was_lost_counts_once(s3_options, proxy):
@@ -66,4 +66,4 @@ def test_a_compare_and_set_whose_answer_was_lost_counts_once(s3_options, proxy):
     assert (after.cleaner_state, after.first_dirty_offset) == ("idle", 25)
     assert (claimed.cleaner_state, claimed.state_owner) == ("in_progress", "me")
     assert DeltaTable(uri, storage_options=direct).to_pyarrow_table().num_rows == 1
-    assert len(merges(uri, direct)) == 3  # the first write, the claim, the release: once each
+    assert len(writes(uri, direct)) == 3  # the first write, the claim, the release: once each
