@@ -127,7 +127,7 @@ class KeyedTable:
             except (DeltaError, OSError) as e:
                 if self.holds(rows):
                     return  # it landed, and the store lost the answer
-                if not isinstance(e, CommitFailedError) or attempt == RETRIES - 1:
+                if not self._refused(e, table) or attempt == RETRIES - 1:
                     raise
                 time.sleep(0.05 * (attempt + 1))
         self._vacuum_when_due(table)
@@ -139,8 +139,8 @@ class KeyedTable:
         that row still has the values its ``expected`` names (column by column), or as a
         new row where its key has none and its ``expected`` is None.
 
-        Returns how many rows were written; 0 when none could go, or a concurrent commit
-        made delta-rs refuse this one (then none was). None when the commit failed and yet
+        Returns how many rows were written; 0 when none could go, or another commit came
+        first and refused this one (then none was). None when the commit failed and yet
         some of ``rows`` are in the table: the store lost the answer of a commit that
         landed, and only reading the rows back tells which it wrote (`held`). A store error
         past the client's retries is raised when none of them is there.
@@ -160,7 +160,7 @@ class KeyedTable:
         except (DeltaError, OSError) as e:
             if any(self.held(rows)):
                 return None
-            if isinstance(e, CommitFailedError):
+            if self._refused(e, table):
                 return 0
             raise
         self._vacuum_when_due(table)
@@ -186,13 +186,27 @@ class KeyedTable:
             for row, wanted in zip(found, rows.to_pylist(), strict=True)
         ]
 
+    def _refused(self, error: Exception, table: DeltaTable) -> bool:
+        """Whether a write against ``table`` that failed with ``error`` (and did not land) was
+        refused because another commit came first: a conflict, or the table is now past the
+        version read (delta-rs raises `Invalid table version` when that version's commit file
+        was trimmed since)."""
+        if isinstance(error, CommitFailedError):
+            return True
+        try:
+            latest = self.table()
+        except (DeltaError, OSError):
+            return False
+        return latest is not None and latest.version() > table.version()
+
     def _key(self, row: Mapping[str, object]) -> tuple[object, ...]:
         return tuple(row[k] for k in self.keys)
 
     def _rewrite(self, table: DeltaTable, current: pa.Table, rows: Sequence[Row]) -> None:
         """Commit ``current`` (``table``'s rows) with ``rows`` put in by key, as one file, as
-        the version after ``table``'s. Raises `CommitFailedError` when any commit came in
-        between (delta-rs is not let rebase it: every write reads the whole table)."""
+        the version after ``table``'s. Raises when any commit came in between (delta-rs is
+        not let rebase it: every write reads the whole table), `CommitFailedError` or, when
+        the version read was trimmed since, a `DeltaError` (`_refused` tells both)."""
         new = {self._key(row): row for row in rows}
         merged: list[Row] = []
         placed: set[tuple[object, ...]] = set()

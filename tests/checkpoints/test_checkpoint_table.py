@@ -9,9 +9,11 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError
 from deltalake.schema import Field
+from testkit import checkpoint_and_trim
 
 from checkpoints import CheckpointEntry, CleanerOffsetCheckpoint
 from checkpoints.checkpoint_table import CHECKPOINT_SCHEMA
+from checkpoints.keyed_table import KeyedTable
 
 
 def test_rows_of_two_logs_share_one_table_and_are_upserted(tmp_path):
@@ -147,3 +149,21 @@ def test_compare_and_set_many_swaps_the_rows_still_as_read_in_one_commit(tmp_pat
     rows = table.read("lake/users")
     assert {k[1]: e.first_dirty_offset for k, e in rows.items()} == {0: 10, 1: 5, 2: 7}
     assert rows[("lake/users", 0)] == written[0]  # the rows returned are the rows stored
+
+
+def test_a_write_whose_read_version_was_trimmed_is_refused_as_a_conflict(tmp_path, monkeypatch):
+    table = CleanerOffsetCheckpoint(str(tmp_path / "_cleaner-offset-checkpoint"))
+    first = CheckpointEntry(log_path="lake/users", partition=0, first_dirty_offset=0)
+    table.write([first])
+    read = table.read()[("lake/users", 0)]
+    stale = [table._keyed.open_or_create(), table._keyed.open_or_create()]  # two writers read
+    table.write([first.with_changes(partition=1)])  # another writer commits,
+    checkpoint_and_trim(table.uri)  # checkpoints, and trims the commit the two read
+    fresh = KeyedTable.open_or_create
+    monkeypatch.setattr(
+        KeyedTable, "open_or_create", lambda keyed: stale.pop() if stale else fresh(keyed)
+    )
+    assert not table.compare_and_set(read, read.with_changes(first_dirty_offset=5))
+    table.write([first.with_changes(partition=2)])  # an upsert reads again and commits
+    rows = table.read()
+    assert sorted(p for _, p in rows) == [0, 1, 2] and rows[("lake/users", 0)] == read
