@@ -67,7 +67,7 @@ TEST_SMOKE_SPARKS ?= $(SMOKE_SPARKS)
 # the newest 3.5 plugin on the Maven Central this project's machines reach.
 CONNECT_PLUGIN_3.5 ?= 3.5.7
 
-.PHONY: demo demo-kafka wheel jars test test-setup test-lane-main test-lane-others test-main-suite test-kafka-venv-suite test-main test-install test-kafka test-delta-spark race smoke lint bench bench-quick bench-append bench-consumer bench-lookup bench-lookup-pass bench-scale bench-cluster soak soak-quick soak-exit soak-faults clean
+.PHONY: demo demo-kafka wheel jars test test-setup test-lane-main test-lane-others test-main-suite test-kafka-venv-suite test-main test-install test-kafka test-delta-spark race smoke lint bench bench-quick bench-append bench-consumer bench-lookup bench-lookup-pass bench-checkpoint bench-scale bench-cluster soak soak-quick soak-exit soak-faults clean
 
 $(UV):
 	python3 -m venv $(UV_VENV)
@@ -283,6 +283,12 @@ bench-lookup: $(STAMP)
 
 bench-lookup-pass: $(STAMP)
 	$(PY) -m bench.lookup_pass --out bench/lookup_pass.json
+
+# Not part of `make test`: a cleaner-state transition's write to the checkpoint table, the
+# sink's rewrite against a delta-rs MERGE, at 6 to 10,000 rows (bench/checkpoint_writes.json;
+# about 1 min).
+bench-checkpoint: $(STAMP)
+	$(PY) -m bench.checkpoint_writes --out bench/checkpoint_writes.json
 
 # Not part of `make test`: one pass on a two-worker standalone cluster on loopback, its tasks
 # on both workers (bench/cluster_pass.json; about 5 min on 2 cores).

@@ -138,14 +138,10 @@ class CleanerOffsetCheckpoint:
 
     def read(self, log_path: str | None = None) -> dict[tuple[str, int], CheckpointEntry]:
         """Every row (or one log's rows), keyed by (log_path, partition)."""
-        rows = self._keyed.rows()
+        rows = self._keyed.rows(None if log_path is None else {"log_path": log_path})
         # A column a row's table predates (``table_id``) reads as None: unknown.
         entries = (CheckpointEntry(**{k: r.get(k) for k in _FIELD_NAMES}) for r in rows)
-        return {
-            (e.log_path, e.partition): e
-            for e in entries
-            if log_path is None or e.log_path == log_path
-        }
+        return {(e.log_path, e.partition): e for e in entries}
 
     def logs(self) -> list[str]:
         """Every log registered in this checkpoint table."""

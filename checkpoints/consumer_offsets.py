@@ -10,9 +10,10 @@ A registered consumer holds deletes: a pass keeps a tombstone whose delete horiz
 has passed while a live consumer's committed offset is at or below it
 (`held_below`). A consumer that has not committed for its expiration time holds
 nothing any more (Paimon's ``consumer.expiration-time``; Kafka expires idle groups'
-offsets after ``offsets.retention.minutes``, 7 days). Rows are upserted with one
-Delta MERGE per commit, so a reader sees a consumer's old offsets or its new ones,
-never a mix; committing the same offsets twice is harmless (idempotent).
+offsets after ``offsets.retention.minutes``, 7 days). Rows are upserted in one commit
+that rewrites the table (`checkpoints.keyed_table`), so a reader sees a consumer's old
+offsets or its new ones, never a mix; committing the same offsets twice is harmless
+(idempotent).
 """
 
 from __future__ import annotations
@@ -125,12 +126,9 @@ class ConsumerOffsets:
 
     def read(self, log_path: str | None = None) -> list[CommittedOffset]:
         """Every row (or one log's rows)."""
-        rows = self._keyed.rows()
-        return [
-            CommittedOffset(**{k: r.get(k) for k in CONSUMER_OFFSETS_SCHEMA.names})
-            for r in rows
-            if log_path is None or r["log_path"] == log_path
-        ]
+        rows = self._keyed.rows(None if log_path is None else {"log_path": log_path})
+        names = CONSUMER_OFFSETS_SCHEMA.names
+        return [CommittedOffset(**{k: r.get(k) for k in names}) for r in rows]
 
     def consumers(self, log_path: str, *, now_ms: int) -> list[ConsumerState]:
         """The consumers of ``log_path``, sorted by id."""

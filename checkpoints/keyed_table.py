@@ -26,6 +26,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.schema import Field
@@ -66,15 +67,21 @@ class KeyedTable:
         except TableNotFoundError:
             return None
 
-    def rows(self) -> list[Row]:
-        """Every row of the table as of now, as dicts; [] before the first write. Read-only.
+    def rows(self, where: Mapping[str, object] | None = None) -> list[Row]:
+        """Every row of the table as of now (with ``where``, those equal to it in each column
+        it names), as dicts; [] before the first write. Read-only.
 
         Read with pyarrow (``to_pyarrow_table``): delta-rs's own query engine reads a few
         small files about four times faster, but its reads of a file's footer fail on moto's
         S3, where the fault tests run. Raises the store's errors (`OSError`).
         """
         table = self.table()
-        return [] if table is None else table.to_pyarrow_table().to_pylist()
+        if table is None:
+            return []
+        current = table.to_pyarrow_table()
+        for column, value in (where or {}).items():
+            current = current.filter(pc.field(column) == value)
+        return current.to_pylist()
 
     def open_or_create(self) -> DeltaTable:
         """The table, created with its properties if it does not exist yet."""
@@ -118,11 +125,10 @@ class KeyedTable:
         """
         if rows.num_rows == 0:
             return
-        wanted = rows.to_pylist()
         for attempt in range(RETRIES):
             table = self.open_or_create()
             try:
-                self._rewrite(table, table.to_pyarrow_table(), wanted)
+                self._rewrite(table, table.to_pyarrow_table(), rows)
                 break
             except (DeltaError, OSError) as e:
                 if self.holds(rows):
@@ -148,13 +154,10 @@ class KeyedTable:
         table = self.open_or_create()
         try:
             current = table.to_pyarrow_table()
-            by_key = {self._key(row): row for row in current.to_pylist()}
-            wanted = [
-                row
-                for row, values in zip(rows.to_pylist(), expected, strict=True)
-                if _still(by_key.get(self._key(row)), values)
-            ]
-            if not wanted:
+            found = self._rows_of(current, self._keys_of(rows))
+            may_go = [_still(row, values) for row, values in zip(found, expected, strict=True)]
+            wanted = rows.filter(pa.array(may_go, pa.bool_()))
+            if wanted.num_rows == 0:
                 return 0
             self._rewrite(table, current, wanted)
         except (DeltaError, OSError) as e:
@@ -164,7 +167,7 @@ class KeyedTable:
                 return 0
             raise
         self._vacuum_when_due(table)
-        return len(wanted)
+        return wanted.num_rows
 
     def holds(self, rows: pa.Table) -> bool:
         """Whether the table now holds every row of ``rows``, equal in each of its columns."""
@@ -202,26 +205,41 @@ class KeyedTable:
     def _key(self, row: Mapping[str, object]) -> tuple[object, ...]:
         return tuple(row[k] for k in self.keys)
 
-    def _rewrite(self, table: DeltaTable, current: pa.Table, rows: Sequence[Row]) -> None:
+    def _keys_of(self, table: pa.Table) -> list[tuple[object, ...]]:
+        """The key of each row of ``table``, in order (its key columns read, no other)."""
+        return list(zip(*(table[k].to_pylist() for k in self.keys), strict=True))
+
+    def _rows_at(self, current: pa.Table, keys: Sequence[tuple[object, ...]]) -> pa.Table:
+        """For each of ``keys``, its row of ``current``; a row of nulls where it has none."""
+        at = {key: i for i, key in enumerate(self._keys_of(current))}
+        return current.take(pa.array([at.get(key) for key in keys], pa.int64()))
+
+    def _rows_of(self, current: pa.Table, keys: Sequence[tuple[object, ...]]) -> list[Row | None]:
+        """For each of ``keys``, its row of ``current`` as a dict; None where it has none."""
+        found = self._rows_at(current, keys).to_pylist()
+        pairs = zip(keys, found, strict=True)
+        return [row if self._key(row) == key else None for key, row in pairs]
+
+    def _rewrite(self, table: DeltaTable, current: pa.Table, rows: pa.Table) -> None:
         """Commit ``current`` (``table``'s rows) with ``rows`` put in by key, as one file, as
         the version after ``table``'s. Raises when any commit came in between (delta-rs is
         not let rebase it: every write reads the whole table), `CommitFailedError` or, when
         the version read was trimmed since, a `DeltaError` (`_refused` tells both)."""
-        new = {self._key(row): row for row in rows}
-        merged: list[Row] = []
-        placed: set[tuple[object, ...]] = set()
-        for row in current.to_pylist():
-            key = self._key(row)
-            if key in placed:
-                continue  # a second row of a key just written: the key has one row again
-            if key in new:
-                row = {**row, **new[key]}  # a column only a later version knows is kept
-                placed.add(key)
-            merged.append(row)
-        merged += [row for key, row in new.items() if key not in placed]
+        written = self._keys_of(rows)
+        replaced = set(written)
+        untouched = current.filter(
+            pa.array([key not in replaced for key in self._keys_of(current)], pa.bool_())
+        )
+        carried = self._rows_at(current, written)
+        for field in current.schema:
+            if field.name not in rows.schema.names:  # a column only a later version knows
+                rows = rows.append_column(field, carried[field.name])
+        merged = pa.concat_tables(
+            [untouched, rows.select(current.schema.names).cast(current.schema)]
+        )
         write_deltalake(
             table,
-            pa.Table.from_pylist(merged, schema=current.schema),
+            merged,
             mode="overwrite",
             commit_properties=CommitProperties(max_commit_retries=0),
         )
