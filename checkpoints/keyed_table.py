@@ -179,15 +179,14 @@ class KeyedTable:
         Reads the table (a few rows per log); a store error while reading counts as no.
         """
         try:
-            current = self.rows()
+            table = self.table()
+            current = None if table is None else table.to_pyarrow_table()
         except (DeltaError, OSError):
+            current = None
+        if current is None:
             return [False] * rows.num_rows
-        by_key = {self._key(r): r for r in current}
-        found = (by_key.get(self._key(wanted)) for wanted in rows.to_pylist())
-        return [
-            row is not None and all(row.get(c) == v for c, v in wanted.items())
-            for row, wanted in zip(found, rows.to_pylist(), strict=True)
-        ]
+        found = self._rows_of(current, self._keys_of(rows))
+        return [_still(row, wanted) for row, wanted in zip(found, rows.to_pylist(), strict=True)]
 
     def _refused(self, error: Exception, table: DeltaTable) -> bool:
         """Whether a write against ``table`` that failed with ``error`` (and did not land) was
