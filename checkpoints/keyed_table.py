@@ -36,6 +36,7 @@ VACUUM_EVERY = 50  # versions between two deletions of the removed files (`vacuu
 RETRIES = 10
 
 Row = dict[str, object]
+Key = tuple[object, ...]
 
 
 class KeyedTable:
@@ -128,7 +129,7 @@ class KeyedTable:
         for attempt in range(RETRIES):
             table = self.open_or_create()
             try:
-                self._rewrite(table, table.to_pyarrow_table(), rows)
+                self._rewrite(table, self._read(table), rows)
                 break
             except (DeltaError, OSError) as e:
                 if self.holds(rows):
@@ -153,8 +154,8 @@ class KeyedTable:
         """
         table = self.open_or_create()
         try:
-            current = table.to_pyarrow_table()
-            found = self._rows_of(current, self._keys_of(rows))
+            current = self._read(table)
+            found = current.rows_of(self._keys_of(rows))
             may_go = [_still(row, values) for row, values in zip(found, expected, strict=True)]
             wanted = rows.filter(pa.array(may_go, pa.bool_()))
             if wanted.num_rows == 0:
@@ -180,12 +181,12 @@ class KeyedTable:
         """
         try:
             table = self.table()
-            current = None if table is None else table.to_pyarrow_table()
+            current = None if table is None else self._read(table)
         except (DeltaError, OSError):
             current = None
         if current is None:
             return [False] * rows.num_rows
-        found = self._rows_of(current, self._keys_of(rows))
+        found = current.rows_of(self._keys_of(rows))
         return [_still(row, wanted) for row, wanted in zip(found, rows.to_pylist(), strict=True)]
 
     def _refused(self, error: Exception, table: DeltaTable) -> bool:
@@ -201,41 +202,31 @@ class KeyedTable:
             return False
         return latest is not None and latest.version() > table.version()
 
-    def _key(self, row: Mapping[str, object]) -> tuple[object, ...]:
-        return tuple(row[k] for k in self.keys)
-
-    def _keys_of(self, table: pa.Table) -> list[tuple[object, ...]]:
+    def _keys_of(self, table: pa.Table) -> list[Key]:
         """The key of each row of ``table``, in order (its key columns read, no other)."""
         return list(zip(*(table[k].to_pylist() for k in self.keys), strict=True))
 
-    def _rows_at(self, current: pa.Table, keys: Sequence[tuple[object, ...]]) -> pa.Table:
-        """For each of ``keys``, its row of ``current``; a row of nulls where it has none."""
-        at = {key: i for i, key in enumerate(self._keys_of(current))}
-        return current.take(pa.array([at.get(key) for key in keys], pa.int64()))
+    def _read(self, table: DeltaTable) -> _Rows:
+        """``table``'s rows, with their keys."""
+        current = table.to_pyarrow_table()
+        return _Rows(current, self._keys_of(current))
 
-    def _rows_of(self, current: pa.Table, keys: Sequence[tuple[object, ...]]) -> list[Row | None]:
-        """For each of ``keys``, its row of ``current`` as a dict; None where it has none."""
-        found = self._rows_at(current, keys).to_pylist()
-        pairs = zip(keys, found, strict=True)
-        return [row if self._key(row) == key else None for key, row in pairs]
-
-    def _rewrite(self, table: DeltaTable, current: pa.Table, rows: pa.Table) -> None:
+    def _rewrite(self, table: DeltaTable, current: _Rows, rows: pa.Table) -> None:
         """Commit ``current`` (``table``'s rows) with ``rows`` put in by key, as one file, as
         the version after ``table``'s. Raises when any commit came in between (delta-rs is
         not let rebase it: every write reads the whole table), `CommitFailedError` or, when
         the version read was trimmed since, a `DeltaError` (`_refused` tells both)."""
         written = self._keys_of(rows)
         replaced = set(written)
-        untouched = current.filter(
-            pa.array([key not in replaced for key in self._keys_of(current)], pa.bool_())
+        untouched = current.table.filter(
+            pa.array([key not in replaced for key in current.keys], pa.bool_())
         )
-        carried = self._rows_at(current, written)
-        for field in current.schema:
+        carried = current.rows_at(written)
+        schema = current.table.schema
+        for field in schema:
             if field.name not in rows.schema.names:  # a column only a later version knows
                 rows = rows.append_column(field, carried[field.name])
-        merged = pa.concat_tables(
-            [untouched, rows.select(current.schema.names).cast(current.schema)]
-        )
+        merged = pa.concat_tables([untouched, rows.select(schema.names).cast(schema)])
         write_deltalake(
             table,
             merged,
@@ -254,6 +245,24 @@ class KeyedTable:
             )
         except CommitFailedError:
             pass  # a concurrent writer won: the next due version vacuums
+
+
+class _Rows:
+    """A table's rows as read, with the key of each row (read once, for every lookup)."""
+
+    def __init__(self, table: pa.Table, keys: list[Key]) -> None:
+        self.table = table
+        self.keys = keys
+        self.at = {key: i for i, key in enumerate(keys)}
+
+    def rows_at(self, keys: Sequence[Key]) -> pa.Table:
+        """For each of ``keys``, its row; a row of nulls where it has none."""
+        return self.table.take(pa.array([self.at.get(key) for key in keys], pa.int64()))
+
+    def rows_of(self, keys: Sequence[Key]) -> list[Row | None]:
+        """For each of ``keys``, its row as a dict; None where it has none."""
+        found = self.rows_at(keys).to_pylist()
+        return [row if key in self.at else None for key, row in zip(keys, found, strict=True)]
 
 
 def _still(row: Mapping[str, object] | None, expected: Mapping[str, object] | None) -> bool:

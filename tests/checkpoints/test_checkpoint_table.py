@@ -106,7 +106,7 @@ def test_a_write_against_a_version_another_write_followed_is_refused(tmp_path):
         [asdict(first.with_changes(partition=1))], schema=CHECKPOINT_SCHEMA
     )
     with pytest.raises(CommitFailedError):
-        keyed._rewrite(stale, stale.to_pyarrow_table(), second)
+        keyed._rewrite(stale, keyed._read(stale), second)
     assert set(table.read()) == {("lake/users", 0)}
 
 
