@@ -178,12 +178,7 @@ class CleanerOffsetCheckpoint:
         news = [new.with_changes(updated_ms=stamp) for _, new in changes]
         rows = pa.Table.from_pylist([asdict(n) for n in news], schema=CHECKPOINT_SCHEMA)
         written = self._keyed.compare_and_set_rows(rows, [_as_read(e) for e, _ in changes])
-        if written == len(news):
-            return news
-        if written == 0:
-            return []
-        # Some rows only, or a commit whose answer was lost: the table tells which landed.
-        return [n for n, held in zip(news, self._keyed.held(rows), strict=True) if held]
+        return [new for new, wrote in zip(news, written, strict=True) if wrote]
 
     def open_or_create(self) -> DeltaTable:
         """The table, created with its properties if it does not exist yet."""

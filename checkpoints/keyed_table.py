@@ -141,34 +141,34 @@ class KeyedTable:
 
     def compare_and_set_rows(
         self, rows: pa.Table, expected: Sequence[Mapping[str, object] | None]
-    ) -> int | None:
+    ) -> list[bool]:
         """Write ``rows`` in one commit, each only where it may go: over its key's row while
         that row still has the values its ``expected`` names (column by column), or as a
         new row where its key has none and its ``expected`` is None.
 
-        Returns how many rows were written; 0 when none could go, or another commit came
-        first and refused this one (then none was). None when the commit failed and yet
-        some of ``rows`` are in the table: the store lost the answer of a commit that
-        landed, and only reading the rows back tells which it wrote (`held`). A store error
-        past the client's retries is raised when none of them is there.
+        Returns, for each row, whether it was written: none when none could go, or another
+        commit came first and refused this one. When the commit failed and yet some of
+        ``rows`` are in the table, the store lost the answer of a commit that landed: the
+        rows read back tell which (`held`). A store error past the client's retries is
+        raised when none of them is there.
         """
         table = self.open_or_create()
         try:
             current = self._read(table)
             found = current.rows_of(self._keys_of(rows))
             may_go = [_still(row, values) for row, values in zip(found, expected, strict=True)]
-            wanted = rows.filter(pa.array(may_go, pa.bool_()))
-            if wanted.num_rows == 0:
-                return 0
-            self._rewrite(table, current, wanted)
+            if not any(may_go):
+                return may_go
+            self._rewrite(table, current, rows.filter(pa.array(may_go, pa.bool_())))
         except (DeltaError, OSError) as e:
-            if any(self.held(rows)):
-                return None
+            landed = self.held(rows)
+            if any(landed):
+                return landed
             if self._refused(e, table):
-                return 0
+                return [False] * rows.num_rows
             raise
         self._vacuum_when_due(table)
-        return wanted.num_rows
+        return may_go
 
     def holds(self, rows: pa.Table) -> bool:
         """Whether the table now holds every row of ``rows``, equal in each of its columns."""
