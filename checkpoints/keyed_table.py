@@ -81,7 +81,8 @@ class KeyedTable:
             return []
         current = table.to_pyarrow_table()
         for column, value in (where or {}).items():
-            current = current.filter(pc.field(column) == value)
+            # A mask, not an expression: an expression runs Acero on Arrow's thread pool.
+            current = current.filter(pc.equal(current[column], value))
         return current.to_pylist()
 
     def open_or_create(self) -> DeltaTable:
