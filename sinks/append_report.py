@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from sinks.cleaner.cleaner_stats import CleanerStats
 from sinks.produce.log_append import LogAppendInfo
+from sinks.produce.redelivery import Redeliveries
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,12 @@ class AppendReport:
     duration_ms: int
     delta_version: int | None
     clean: CleanerStats | None = None
-    redelivered: int = 0  # Kafka records already in the log (offsets below its end), dropped
+    redeliveries: Redeliveries = Redeliveries()  # below the log end, proven obsolete, dropped
+
+    @property
+    def redelivered(self) -> int:
+        """Kafka records below the log end offset dropped as redelivered (design.md §48)."""
+        return self.redeliveries.total
 
     @classmethod
     def of(
@@ -52,7 +58,7 @@ class AppendReport:
             duration_ms=duration_ms,
             delta_version=delta_version,
             clean=clean,
-            redelivered=info.redelivered,
+            redeliveries=info.redeliveries,
         )
 
     def summary(self) -> str:
@@ -66,8 +72,8 @@ class AppendReport:
             )
         if self.redelivered:
             head += (
-                f"; dropped {self.redelivered} redelivered record(s) whose offsets the log "
-                "already holds"
+                f"; dropped {self.redelivered} redelivered record(s) below the log end offset "
+                f"({self.redeliveries.describe()})"
             )
         tail = f"; dirty ratio {self.dirty_ratio:.2f}"
         return head + tail + (f"; {self.clean.summary()}" if self.clean else "")

@@ -111,7 +111,8 @@ class PartitionCounts:
     null_offsets: int = 0
     repeated_offsets: int = 0
     undecodable: int = 0
-    redelivered: int = 0  # Kafka records below the log end offset: already in the log, dropped
+    null_sequence_tombstones: int = 0
+    redelivered: int = 0  # Kafka records below the log end offset, dropped once proven obsolete
 
     def __add__(self, other: PartitionCounts) -> PartitionCounts:
         return PartitionCounts(
@@ -153,7 +154,7 @@ class BatchReport:
 
     @property
     def redelivered(self) -> int:
-        """Kafka records dropped because the log already held their offsets (a redelivery)."""
+        """Kafka records dropped below the log end offset (proven obsolete, design.md §48)."""
         return self._total("redelivered")
 
     @property
@@ -186,6 +187,13 @@ class BatchReport:
         if undecodable := self._total("undecodable"):
             found.append(
                 f"{undecodable} of {rows} rows have an undecodable payload ({DECODE_ERROR})"
+            )
+        if unordered := self._total("null_sequence_tombstones"):
+            found.append(
+                f"{unordered} of {rows} rows are tombstones whose sequence column "
+                f"{keys.sequence_column!r} is null: a null sequence sorts lowest, so such a "
+                "tombstone would never delete its key; give it the sequence of the delete it "
+                "stands for (for Debezium input, value_format='debezium-json' does), or drop it"
             )
         valid = sorted((p, c) for p, c in self.partitions.items() if p is not None and p >= 0)
         for partition, c in valid:

@@ -14,7 +14,7 @@ task over its rows:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -36,10 +36,14 @@ from sinks.log.records import (
     PreparedBatch,
     log_columns,
     prepare_batch,
+    sql_map,
+    sql_name,
 )
 from sinks.produce.append_task import APPEND_TASK_DDL, AppendTask, TaskOutput
 from sinks.produce.dead_letter import SplitBatch, split_arrow_batch, split_batch
+from sinks.produce.redelivery import below
 from sinks.produce.spark_append import PYTHON_WRITER, run_in_jvm
+from sinks.spark_compat import to_arrow
 
 
 class TaskRunner(Protocol):
@@ -143,6 +147,20 @@ class SparkPrepared:
             r.asDict() for r in rows.mapInArrow(task, APPEND_TASK_DDL).collect()
         )
 
+    def redelivery_rows(
+        self, end_offsets: Mapping[int, int], *, columns: Sequence[str], on: Sequence[str]
+    ) -> pa.Table:
+        """The ``columns`` of every row whose ``on`` (partition and key) has a row below its
+        partition's log end offset (``end_offsets``), those at or above it included: what
+        the redelivery proof reads of the batch (`sinks.produce.redelivery`). One Spark job,
+        run only when the writers dropped such rows."""
+        df = self.batch.df
+        under = df.filter(
+            f"{sql_name(OFFSET)} < coalesce({sql_map(end_offsets)}[{sql_name(PARTITION)}], 0)"
+        )
+        rows = df.select(*columns).join(under.select(*on).distinct(), list(on), "left_semi")
+        return to_arrow(rows)
+
     def release(self) -> None:
         """Free the cached evaluation `quarantine` made, if any. Idempotent."""
         if self._split is not None:
@@ -208,6 +226,14 @@ class ArrowPrepared:
         return TaskOutput.from_rows(
             row for out in task(iter(ordered.to_batches())) for row in out.to_pylist()
         )
+
+    def redelivery_rows(
+        self, end_offsets: Mapping[int, int], *, columns: Sequence[str], on: Sequence[str]
+    ) -> pa.Table:
+        """`SparkPrepared.redelivery_rows` on the rows in this process."""
+        table = self.table.select(list(columns))
+        under = table.filter(pa.array(below(table, end_offsets)))
+        return table.join(under.select(list(on)), list(on), join_type="left semi")
 
     def release(self) -> None:
         """Nothing to free: the rows are this process's."""

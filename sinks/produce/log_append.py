@@ -69,6 +69,13 @@ from sinks.produce.append_batch import ArrowRecords, SparkRecords, TaskRunner
 from sinks.produce.append_task import AppendTask
 from sinks.produce.dead_letter import DeadLetterTable
 from sinks.produce.log_commit import commit_append, commit_empty, discard, moved, overlapping
+from sinks.produce.redelivery import (
+    Redeliveries,
+    RowsBelow,
+    key_on,
+    prove_redeliveries,
+    record_columns,
+)
 from sinks.produce.schema_commit import commit_schema
 from sinks.produce.schema_evolution import (
     DEFAULT_SCHEMA_EVOLUTION,
@@ -93,14 +100,19 @@ class LogAppendInfo:
 
     ``snapshot`` is the log after it. ``already_committed`` when the batch id was
     found committed (by an earlier attempt or another writer) and nothing was added.
-    ``redelivered`` counts Kafka records dropped because their offsets lay below the
-    log end offset (a query from a fresh checkpoint reading the topic again).
+    ``redeliveries`` counts the Kafka records dropped because their offsets lay below the
+    log end offset and the log proved them obsolete, by reason (`sinks.produce.redelivery`).
     """
 
     snapshot: LogSnapshot | None  # None: no log, and an empty batch did not create one
     written: tuple[WrittenSegment, ...] = ()
     already_committed: bool = False
-    redelivered: int = 0  # Kafka records the log already held (a redelivery), dropped
+    redeliveries: Redeliveries = Redeliveries()
+
+    @property
+    def redelivered(self) -> int:
+        """How many Kafka records were dropped as redelivered (every reason)."""
+        return self.redeliveries.total
 
 
 def committed(snapshot: LogSnapshot | None, app_id: str, batch_id: int) -> bool:
@@ -190,8 +202,7 @@ class LogAppender:
         if records.empty:
             if snapshot is None:
                 return LogAppendInfo(None)  # no log and nothing to create it with
-            commit_empty(snapshot, app_id, batch_id)
-            return LogAppendInfo(self.fresh_snapshot())
+            return self.commit_empty(snapshot, app_id=app_id, batch_id=batch_id)
         prepared = records.prepare(keys=self.keys, now_ms=self.clock(), writer=self.writer)
         try:
             if snapshot is not None:
@@ -215,9 +226,37 @@ class LogAppender:
                 has_offsets=prepared.has_offsets,
                 app_id=app_id,
                 batch_id=batch_id,
+                rows_below=prepared.redelivery_rows,
             )
         finally:
             prepared.release()
+
+    def commit_empty(
+        self,
+        snapshot: LogSnapshot,
+        *,
+        app_id: str,
+        batch_id: int,
+        redeliveries: Redeliveries | None = None,
+    ) -> LogAppendInfo:
+        """Record a batch that adds no file (empty, or only redeliveries), retrying conflicts
+        as an append of files does: a pass or another writer may commit first, and nothing
+        this commit holds can clash with theirs. Raises `CommitConflictError` when conflicts
+        never settle in `APPEND_ATTEMPTS` commits. Idempotent per (app id, batch id)."""
+        for _retry in range(APPEND_ATTEMPTS):
+            try:
+                commit_empty(snapshot, app_id, batch_id)
+            except ConcurrentCommitError as e:
+                logger.info("empty batch %s conflicted (%s); refreshing", batch_id, e)
+                snapshot = self.fresh_snapshot()
+                if committed(snapshot, app_id, batch_id):
+                    return LogAppendInfo(snapshot, already_committed=True)
+                continue
+            return LogAppendInfo(self.fresh_snapshot(), redeliveries=redeliveries or Redeliveries())
+        raise CommitConflictError(
+            f"batch {batch_id} of {self.log.uri}: an empty commit kept conflicting after "
+            f"{APPEND_ATTEMPTS} attempts; nothing was committed"
+        )
 
     def append_as_leader(
         self,
@@ -228,6 +267,7 @@ class LogAppender:
         has_offsets: bool,
         app_id: str,
         batch_id: int,
+        rows_below: RowsBelow | None = None,
     ) -> LogAppendInfo:
         """Number, write and commit the batch: one retry loop over `AppendAttempt`.
 
@@ -240,13 +280,16 @@ class LogAppender:
         (another writer created the log with other columns) or `CommitConflictError`
         (conflicts never settled in `APPEND_ATTEMPTS` rounds or commits). Idempotent per
         (app id, batch id): a batch found committed after a conflict is not added again.
+        Kafka input below the log end offset is dropped only as the log proves it obsolete
+        (``rows_below`` gives those rows of the batch, `sinks.produce.redelivery`); without
+        ``rows_below`` none may be dropped.
         """
         if snapshot is None:
             # Never create a log over someone else's files (sinks.log.ownership).
             check_new_log_location(self.log.location)
         for _round in range(APPEND_ATTEMPTS):
             with AppendAttempt(self, snapshot, schema, app_id=app_id, batch_id=batch_id) as attempt:
-                attempt.write(run, has_offsets=has_offsets)
+                attempt.write(run, has_offsets=has_offsets, rows_below=rows_below)
                 if attempt.create_log() and attempt.evolve_schema():
                     attempt.commit()
                 if attempt.outcome is not None:
@@ -323,7 +366,7 @@ class AppendAttempt:
         # The log's schema after the batch: the files are written with it.
         self.target = appender.evolved_schema(snapshot, schema) if snapshot is not None else schema
         self.written: list[WrittenSegment] = []
-        self.redelivered = 0
+        self.redeliveries = Redeliveries()
         self.outcome: LogAppendInfo | None = None
 
     def __enter__(self) -> AppendAttempt:
@@ -336,18 +379,23 @@ class AppendAttempt:
 
     # -- the steps, in order -------------------------------------------------------------------
 
-    def write(self, run: TaskRunner, *, has_offsets: bool) -> None:
+    def write(
+        self, run: TaskRunner, *, has_offsets: bool, rows_below: RowsBelow | None = None
+    ) -> None:
         """Validate, number and write the batch with ``run``, from `end_offsets`.
 
         Kafka input is first written where it was read (no shuffle). Its tasks each saw
         their own rows: a repeat across tasks (overlapping files) and the whole count of
         a bad batch take one task per partition, so then the batch goes through the shuffle.
-        Raises `BadInputError` listing what the checks found (the files are cleaned up).
+        Kafka records the tasks dropped below the log end offset must be proven obsolete
+        (`prove_redeliveries`, from ``rows_below``). Raises `BadInputError` listing what the
+        checks found, or the records below the log end the log cannot account for (the
+        files are cleaned up).
         """
         task = self.appender.task(self.target, self.end_offsets, has_offsets)
         for exchange in (False, True) if has_offsets else (True,):
             output = run(task, exchange=exchange)
-            self.written, self.redelivered = output.written, output.report.redelivered
+            self.written, redelivered = output.written, output.report.redelivered
             problems = output.report.problems(
                 keys=self.appender.keys, message_max_bytes=self.appender.config.message_max_bytes
             )
@@ -355,6 +403,23 @@ class AppendAttempt:
                 break
             self.clean_up()
         raise_for_problems(problems, batch_id=self.batch_id)
+        if redelivered:
+            self.prove(redelivered, rows_below)
+
+    def prove(self, redelivered: int, rows_below: RowsBelow | None) -> None:
+        """Check the ``redelivered`` records the tasks dropped below the log end offset
+        against the log (`prove_redeliveries`); raises `BadInputError` for any it cannot
+        account for."""
+        if self.snapshot is None or rows_below is None:
+            raise BadInputError(
+                f"batch {self.batch_id}: {redelivered} record(s) lie below the log end offset "
+                "and cannot be checked against the log; nothing was written"
+            )
+        keys = self.appender.keys
+        rows = rows_below(self.end_offsets, columns=record_columns(keys), on=key_on(keys))
+        self.redeliveries = prove_redeliveries(
+            self.snapshot, rows, self.end_offsets, keys, batch_id=self.batch_id
+        )
 
     def create_log(self) -> bool:
         """Create the log when none existed (only a valid batch creates it); True to go on.
@@ -418,9 +483,8 @@ class AppendAttempt:
         snapshot = self.snapshot
         assert snapshot is not None
         if not self.written:
-            commit_empty(snapshot, self.app_id, self.batch_id)
-            self.outcome = LogAppendInfo(
-                self.appender.fresh_snapshot(), redelivered=self.redelivered
+            self.outcome = self.appender.commit_empty(
+                snapshot, app_id=self.app_id, batch_id=self.batch_id, redeliveries=self.redeliveries
             )
             return
         for _retry in range(APPEND_ATTEMPTS):
@@ -439,7 +503,7 @@ class AppendAttempt:
                     return
                 continue
             self.outcome = LogAppendInfo(
-                self.appender.fresh_snapshot(), tuple(self.written), redelivered=self.redelivered
+                self.appender.fresh_snapshot(), tuple(self.written), redeliveries=self.redeliveries
             )
             return
         raise CommitConflictError(

@@ -8,7 +8,10 @@ letter names the first one a row breaks (`ROW_RULES`):
 - ``null_keys``: a key column is null;
 - ``null_partition`` / ``negative_partition``: no partition to append to;
 - ``null_offsets``: Kafka input (offsets came with the batch) without an offset;
-- ``oversized_values``: a string or binary value longer than ``message.max.bytes``.
+- ``oversized_values``: a string or binary value longer than ``message.max.bytes``;
+- ``null_sequence_tombstones``: with a ``sequence_column``, a tombstone whose sequence is
+  null: a null sorts lowest (design.md §13), so it could never delete its key (design.md
+  §49); Kafka's tombstone after a change stream's delete event is the usual case.
 
 They run in two places, so they exist in two forms side by side here, and
 ``tests/produce/test_validity.py`` holds them to the same verdict on the same rows:
@@ -52,6 +55,7 @@ ROW_RULES = (
     "negative_partition",
     "null_offsets",
     "oversized_values",
+    "null_sequence_tombstones",
 )
 """The per-row rules, in the order a dead letter names the first one broken."""
 
@@ -65,6 +69,9 @@ def reason_text(rule: str, *, keys: LogKeys, message_max_bytes: int) -> str:
         "negative_partition": "negative partition",
         "null_offsets": "null offset",
         "oversized_values": f"value larger than message.max.bytes ({message_max_bytes} bytes)",
+        "null_sequence_tombstones": (
+            f"tombstone with a null sequence ({keys.sequence_column!r}): it could never win"
+        ),
     }[rule]
 
 
@@ -100,6 +107,11 @@ def spark_row_problems_sql(
     if VALUE in columns and isinstance(df.schema[VALUE].dataType, T.BinaryType | T.StringType):
         checks["oversized_values"] = (
             f"coalesce(octet_length({sql_name(VALUE)}), 0) > {int(message_max_bytes)}"
+        )
+    sequence = keys.sequence_column
+    if sequence is not None and sequence in columns and VALUE in columns:
+        checks["null_sequence_tombstones"] = (
+            f"{sql_name(VALUE)} IS NULL AND {sql_name(sequence)} IS NULL"
         )
     return {rule: f"({checks[rule]})" for rule in ROW_RULES if rule in checks}
 
@@ -151,6 +163,11 @@ def row_problems(
     if VALUE in names and _has_length(batch.schema.field(VALUE).type):
         lengths = pc.fill_null(pc.binary_length(batch.column(VALUE)), 0)
         checks["oversized_values"] = pc.greater(lengths, message_max_bytes)
+    sequence = keys.sequence_column
+    if sequence is not None and sequence in names and VALUE in names:
+        checks["null_sequence_tombstones"] = pc.and_(
+            pc.is_null(batch.column(VALUE)), pc.is_null(batch.column(sequence))
+        )
     return {rule: checks[rule] for rule in ROW_RULES if rule in checks}
 
 
