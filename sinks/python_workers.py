@@ -123,14 +123,14 @@ def _probe(spark: SparkSession, packages: tuple[str, ...]) -> str | None:
         try:
             for package in packages:
                 __import__(package)
-        except Exception as e:  # noqa: BLE001 - ImportError and whatever a package raises
+        except Exception as e:  # ImportError and whatever a package raises
             return f"{type(e).__name__}: {e}"
         return None
 
     try:
         probe = F.udf(imports, "string", useArrow=False)
         return spark.range(0, 1, 1, 1).select(probe("id")).collect()[0][0]
-    except Exception as e:  # noqa: BLE001 - the worker did not start: Py4JJavaError, ...
+    except Exception as e:  # the worker did not start: Py4JJavaError, ...
         return worker_failure(str(e))
 
 

@@ -147,7 +147,7 @@ def _stop_registered(deadline: float) -> int:
     for stoppable in pending:
         try:
             stoppable.shutdown(max(0.0, deadline - time.monotonic()))
-        except Exception:  # noqa: BLE001 - one failed stop must not keep the others running
+        except Exception:  # one failed stop must not keep the others running
             logger.warning("stopping %r at exit failed", stoppable, exc_info=True)
     return len(pending)
 

@@ -305,7 +305,7 @@ class CompactedStateSink:
             return
         try:
             self.close()
-        except Exception as e:  # noqa: BLE001 - the exception in flight wins
+        except Exception as e:  # the exception in flight wins
             logger.warning(
                 "closing %s after %s failed too: %s: %s",
                 self.path,

@@ -348,7 +348,7 @@ class CleanerManager:
             while not stop.wait(self.heartbeat_timeout_ms / 3000):
                 try:
                     self.heartbeat(claimed)
-                except Exception:  # noqa: BLE001 - a missed beat only risks a takeover
+                except Exception:  # a missed beat only risks a takeover
                     logger.warning("heartbeat of %s failed", self.log_path, exc_info=True)
 
         thread = threading.Thread(target=beat, name=f"cleaner-heartbeat-{self.owner}", daemon=True)

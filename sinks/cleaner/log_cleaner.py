@@ -487,7 +487,7 @@ class CleanerWorker(threading.Thread):
                 if self.loop.work_left:
                     with self._condition:  # the budget cut the pass: the rest goes next
                         self._pending = True
-            except Exception as e:  # noqa: BLE001 - the worker must outlive one bad round
+            except Exception as e:  # the worker must outlive one bad round
                 self.cleaner.last_error = e
                 logger.warning("cleaner round over %s failed", self.cleaner.log.uri, exc_info=True)
             finally:

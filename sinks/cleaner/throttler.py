@@ -157,7 +157,7 @@ def at_lower_priority(niceness: int, produce: Callable[[], Iterator[T]]) -> Iter
                 if not put(item):
                     return
             put(_DONE)
-        except BaseException as e:  # noqa: BLE001 - handed to the consumer, raised there
+        except BaseException as e:  # handed to the consumer, raised there
             put(e)
 
     worker = threading.Thread(target=work, name="log-cleaner-task", daemon=True)

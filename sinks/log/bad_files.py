@@ -76,7 +76,7 @@ def repair_advice(location: LogLocation, before: int | None, *, read_version: in
     try:
         latest = location.delta_table()
         live_now = _live_files(latest)
-    except Exception:  # noqa: BLE001 - the log cannot be opened: no advice to check
+    except Exception:  # the log cannot be opened: no advice to check
         return "To repair, restore the log to a version whose files are all on storage; "
     if read_version < latest.version() and not find_bad_files(location, live_now):
         return (
@@ -89,7 +89,7 @@ def repair_advice(location: LogLocation, before: int | None, *, read_version: in
     if before is not None and before >= 0:
         try:
             target = _live_files(location.delta_table(before))
-        except Exception:  # noqa: BLE001 - an expired version fails in several ways
+        except Exception:  # an expired version fails in several ways
             target = None
     if target is None or find_bad_files(location, target):
         return (

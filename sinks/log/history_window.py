@@ -270,7 +270,7 @@ def _first_commit_ms(listing: DeltaLogListing, current: DeltaTable) -> int | Non
         return listing.commit_ms[0]
     try:
         created = current.metadata().created_time
-    except Exception:  # noqa: BLE001 - metadata without a creation time: nothing to name
+    except Exception:  # metadata without a creation time: nothing to name
         return None
     return int(created) if created else None
 

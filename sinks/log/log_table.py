@@ -182,7 +182,7 @@ class LogTable:
         Read-only."""
         try:
             table = self.location.delta_table(version)
-        except Exception:  # noqa: BLE001 - cleaned-up versions fail in several ways
+        except Exception:  # cleaned-up versions fail in several ways
             return None
         return add_action_paths(table.get_add_actions())
 
@@ -191,7 +191,7 @@ class LogTable:
         current = self.location.delta_table()
         try:
             table.load_as_version(as_of)
-        except Exception as e:  # noqa: BLE001 - cleaned-up versions fail in several ways
+        except Exception as e:  # cleaned-up versions fail in several ways
             check_reachable(
                 self.location, as_of, version=None, current=current, now_ms=now_ms(), cause=e
             )

@@ -156,7 +156,7 @@ def delete_expired_checkpoint_files(
     uri = table_location.uri
     try:
         table = table_location.delta_table()
-    except Exception:  # noqa: BLE001 - not created yet
+    except Exception:  # not created yet
         return None
     if table.metadata().name != CHECKPOINT_TABLE_NAME:
         logger.warning(
@@ -219,7 +219,7 @@ class SegmentDeleter:
         try:
             self._next_run = time.monotonic() + self.check_interval_ms / 1000
             self._run(busy_partitions)
-        except Exception:  # noqa: BLE001 - deletion must never fail a batch or a pass
+        except Exception:  # deletion must never fail a batch or a pass
             logger.warning("deleting expired files of %s failed", self.log.uri, exc_info=True)
         finally:
             self._lock.release()

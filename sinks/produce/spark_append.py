@@ -162,7 +162,7 @@ def estimated_bytes(df: DataFrame) -> int | None:
     try:
         size = int(str(jdf.queryExecution().optimizedPlan().stats().sizeInBytes()))
         unknown = jdf.sparkSession().sessionState().conf().defaultSizeInBytes()
-    except Exception:  # noqa: BLE001 - no estimate is an answer: the Python task runs
+    except Exception:  # no estimate is an answer: the Python task runs
         logger.debug("no size estimate for the batch", exc_info=True)
         return None
     return None if size >= int(unknown) else size

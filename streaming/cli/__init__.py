@@ -59,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"compacted-sink {args.command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except Exception as e:  # noqa: BLE001 - every failure ends as one line (and an exit code)
+    except Exception as e:  # every failure ends as one line (and an exit code)
         print(f"compacted-sink {args.command}: {failure_message(e)}", file=sys.stderr)
         if args.verbose:
             traceback.print_exc()

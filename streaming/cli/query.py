@@ -84,7 +84,7 @@ def _run(args: argparse.Namespace) -> int:
         try:
             while not interrupted.is_set() and not query.awaitTermination(_WAIT_S):
                 pass
-        except Exception as e:  # noqa: BLE001 - a failed query: its root cause, in one line
+        except Exception as e:  # a failed query: its root cause, in one line
             cause = root_cause(str(e))
             if cause is None:
                 raise
@@ -206,7 +206,7 @@ def _quiet_query_failures(spark) -> None:
         log4j = spark.sparkContext._jvm.org.apache.logging.log4j
         for logger in _FAILURE_LOGGERS:
             log4j.core.config.Configurator.setLevel(logger, log4j.Level.OFF)
-    except Exception:  # noqa: BLE001 - another logging backend: its lines stay
+    except Exception:  # another logging backend: its lines stay
         pass
 
 

@@ -112,7 +112,7 @@ def job_step(spark, path: str, rng: random.Random, n: int, offsets: list[int], t
         try:
             run()
             return tag, intent
-        except Exception as e:  # noqa: BLE001 - Delta's conflicts arrive as Py4J errors
+        except Exception as e:  # Delta's conflicts arrive as Py4J errors
             conflict = DELTA_CONFLICT.search(str(e))
             if conflict is None:
                 raise
@@ -212,7 +212,7 @@ def test_delta_spark_and_the_sink_commit_at_once_and_lose_nothing(
         try:
             time.sleep(pause)
             step()
-        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+        except BaseException as e:  # reported by the main thread
             failures.append(e)
 
     try:

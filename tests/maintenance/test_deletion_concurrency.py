@@ -64,7 +64,7 @@ def test_deletion_beside_a_streaming_query_and_a_concurrent_cleaner(spark, lake)
                 pass  # lost a race with the query's own cleaner: expected, nothing committed
             try:
                 deleted.extend(other.vacuum().deleted)
-            except Exception as e:  # noqa: BLE001 - collected and failed on below
+            except Exception as e:  # collected and failed on below
                 errors.append(e)
             stop.wait(0.3)
 

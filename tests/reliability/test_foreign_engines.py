@@ -401,7 +401,7 @@ def test_a_streaming_query_beside_a_scheduled_optimize_loses_nothing(spark, lake
             try:
                 DeltaTable(path).optimize.compact()
                 optimized.append(time.monotonic())
-            except Exception:  # noqa: BLE001 - no table yet, or a commit conflict: try again
+            except Exception:  # no table yet, or a commit conflict: try again
                 pass
             stop.wait(0.5)
 

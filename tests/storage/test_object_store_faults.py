@@ -76,7 +76,7 @@ class Restarts:
         for attempt in range(self.attempts):
             try:
                 return call()
-            except Exception as e:  # noqa: BLE001 - any failure: the restart runs it again
+            except Exception as e:  # any failure: the restart runs it again
                 self.failures.append(f"{type(e).__name__}: {str(e)[:200]}")
                 if attempt == self.attempts - 1:
                     raise

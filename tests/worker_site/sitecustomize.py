@@ -37,6 +37,6 @@ if getattr(sys, "orig_argv", [])[1:3] == ["-m", "pyspark.daemon"]:
     for _module in _TASK_MODULES:
         try:
             importlib.import_module(_module)
-        except Exception:  # noqa: BLE001 - a Python without it: a task that needs it fails there
+        except Exception:  # a Python without it: a task that needs it fails there
             pass
     gc.freeze()

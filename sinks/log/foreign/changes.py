@@ -88,7 +88,7 @@ def restore_version(log: LogTable, version: int) -> int:
             metadata=commit_metadata({"operation": "restore", "toVersion": version}),
             timestamp_ms=stamp,
         )
-    except Exception as e:  # noqa: BLE001 - delta-rs reports missing files in several ways
+    except Exception as e:  # delta-rs reports missing files in several ways
         raise CompactedSinkError(
             f"log {log.uri}: cannot restore version {version} ({e}); the files it needs "
             "must still be on storage (inside the history window)"

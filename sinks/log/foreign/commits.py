@@ -317,7 +317,7 @@ class CommitGuard:
     def _live_paths(self, version: int) -> set[str] | None:
         try:
             table = self.location.delta_table(version)
-        except Exception:  # noqa: BLE001 - an expired version fails in several ways
+        except Exception:  # an expired version fails in several ways
             return None
         return add_action_paths(table.get_add_actions(flatten=True))
 

@@ -172,7 +172,7 @@ def _files_before(
     """The add actions, at the version before ``version``, of ``paths`` (files live then)."""
     try:
         table = location.delta_table(version - 1)
-    except Exception:  # noqa: BLE001 - an expired version fails in several ways
+    except Exception:  # an expired version fails in several ways
         return None
     wanted = set(paths)
     flat = add_action_rows(table.get_add_actions(flatten=True))
