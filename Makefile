@@ -149,10 +149,9 @@ wheel:
 # is printed when it ends; the target fails when any part or venv does, naming it.
 # TEST_JOBS=1 runs one thing at a time.
 TEST_JOBS ?= 4
-# The split that ends both lanes closest together on a fresh clone (28 November: the other
-# lane started 1.3 min in, the main lane, after its class-data archive, 2.6 min in; the main
-# suite 19.6 min, the 4.2 part 17.8, a smoke run 1.0-1.4, the install tests 0.6: the main lane
-# takes the install tests, the other lane every smoke run).
+# The split that ends both lanes closest together on a fresh clone: the other lane starts first
+# (it waits for no class-data archive) and takes every smoke run, the main lane the install
+# tests (figures: docs/benchmarks.md, "The test run's cost, by date").
 MAIN_LANE_SMOKE ?=
 OTHER_LANE_SMOKE = $(filter-out $(KAFKA_SPARK) $(MAIN_LANE_SMOKE),$(TEST_SMOKE_SPARKS))
 RESULTS := .test-results

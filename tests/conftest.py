@@ -273,10 +273,9 @@ def _connect_session(connect_server: ConnectServer) -> Iterator[SparkSession]:
 # A Connect query's ``foreachBatch`` function runs in a Python process the server starts when
 # the query starts, and Spark gives it a fixed 10 s to connect back (PythonWorkerFactory, 3.5 to
 # 4.3, not a setting). It imports pyspark's Connect client, pandas and pyarrow first: 1.7
-# CPU-seconds on an idle core, over 10 s on this project's 2-core machines under `make test`'s
-# load (two fresh clones in two, 27 November). The server then refuses the start and no query
-# exists; the tests' Connect sessions start it again, at most three times more, with a warning
-# (a fresh clone on a slow host, 27 November, needed two in one test). Other
+# CPU-seconds on an idle core, over 10 s on a loaded 2-core machine under `make test`. The
+# server then refuses the start and no query exists; the tests' Connect sessions start it
+# again, at most three times more, with a warning. Other
 # such processes (a streaming read of the data source: the query fails before its first batch)
 # fail the test, which then runs again (pyproject.toml's `reruns` and `only_rerun`).
 WORKER_TIMED_OUT = "Python worker failed to connect back"
@@ -386,7 +385,7 @@ def _log4j():
 class FakeClock:
     """A clock the test moves by hand (epoch milliseconds). Defined here, not in testkit: a
     Connect server's Python workers unpickle it with a test's ``foreachBatch`` function and
-    do not find testkit (moved there, a fresh clone's Connect streaming tests failed)."""
+    do not find testkit (the server's workers have only the tests' root on their path)."""
 
     def __init__(self, start_ms: int = 1_700_000_000_000) -> None:
         self.now = start_ms
