@@ -385,7 +385,7 @@ def _log4j():
 class FakeClock:
     """A clock the test moves by hand (epoch milliseconds). Defined here, not in testkit: a
     Connect server's Python workers unpickle it with a test's ``foreachBatch`` function and
-    do not find testkit (the server's workers have only the tests' root on their path)."""
+    do not find testkit."""
 
     def __init__(self, start_ms: int = 1_700_000_000_000) -> None:
         self.now = start_ms
