@@ -297,12 +297,13 @@ def _refusal(
         )
     resume = json.dumps({str(p): o for p, o in sorted(end_offsets.items())})
     return (
-        f"batch {batch_id}: " + "; ".join(parts) + ". Offsets are appended in increasing "
-        "order only (design rule 1), so these records cannot be appended, and dropping them "
-        "would lose them. Feed each partition's records in offset order (for files: "
-        "one partition's offsets ascending across files, e.g. maxFilesPerTrigger with files "
-        "named in offset order); if these records were appended before and their keys were "
-        f"deleted since, start the query from the log end offsets (startingOffsets {resume}); "
+        f"batch {batch_id}: " + "; ".join(parts) + ". A partition's offsets only increase "
+        "as records are appended, so these cannot be appended, and dropping them would lose "
+        "them. Feed each partition's records in offset order (a batch's own records are "
+        "sorted by offset; Spark's file source takes files oldest first, so give the files "
+        "modification times in offset order, or read them in one batch); if these records "
+        "were appended before and their keys deleted since, start the query from the log "
+        f"end offsets (startingOffsets {resume}); "
         "nothing was written"
     )
 
