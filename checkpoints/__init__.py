@@ -8,6 +8,7 @@ from checkpoints.checkpoint_table import (
     other_history,
     split_histories,
 )
+from checkpoints.clock import Clock, now_ms
 from checkpoints.consumer_offsets import (
     DEFAULT_CONSUMER_EXPIRATION_MS,
     ConsumerOffsets,
@@ -21,9 +22,11 @@ __all__ = [
     "CheckpointEntry",
     "CleanerOffsetCheckpoint",
     "CleanerState",
+    "Clock",
     "ConsumerOffsets",
     "ConsumerState",
     "consumer_offsets_uri",
+    "now_ms",
     "other_history",
     "split_histories",
 ]

@@ -18,7 +18,6 @@ the log.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Literal, TypeVar
@@ -26,6 +25,7 @@ from typing import Literal, TypeVar
 import pyarrow as pa
 from deltalake import DeltaTable
 
+from checkpoints.clock import Clock, now_ms
 from checkpoints.keyed_table import KeyedTable
 
 CleanerState = Literal["idle", "in_progress", "paused", "uncleanable"]
@@ -124,9 +124,16 @@ assert _FIELD_NAMES == CHECKPOINT_SCHEMA.names
 class CleanerOffsetCheckpoint:
     """The checkpoint table at ``uri``, created on first write. Safe to share between logs."""
 
-    def __init__(self, uri: str, storage_options: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        uri: str,
+        storage_options: Mapping[str, str] | None = None,
+        *,
+        clock: Clock = now_ms,
+    ) -> None:
         self.uri = uri
         self.storage_options = dict(storage_options or {})
+        self.clock = clock  # stamps each row's updated_ms
         self._keyed = KeyedTable(
             uri,
             CHECKPOINT_SCHEMA,
@@ -149,7 +156,7 @@ class CleanerOffsetCheckpoint:
 
     def write(self, entries: Iterable[CheckpointEntry]) -> None:
         """Upsert rows by (log_path, partition) in one commit; retried on conflicts."""
-        stamp = int(time.time() * 1000)
+        stamp = self.clock()
         rows = [asdict(e.with_changes(updated_ms=stamp)) for e in entries]
         self._keyed.upsert(pa.Table.from_pylist(rows, schema=CHECKPOINT_SCHEMA))
 
@@ -174,7 +181,7 @@ class CleanerOffsetCheckpoint:
         if not changes:
             return []
         previous = max((e.updated_ms or 0 for e, _ in changes if e is not None), default=0)
-        stamp = max(int(time.time() * 1000), previous + 1)
+        stamp = max(self.clock(), previous + 1)
         news = [new.with_changes(updated_ms=stamp) for _, new in changes]
         rows = pa.Table.from_pylist([asdict(n) for n in news], schema=CHECKPOINT_SCHEMA)
         written = self._keyed.compare_and_set_rows(rows, [_as_read(e) for e, _ in changes])

@@ -18,7 +18,6 @@ offsets or its new ones, never a mix; committing the same offsets twice is harml
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 
@@ -30,6 +29,7 @@ from checkpoints.checkpoint_table import (
     HANDS_OFF_PROPERTIES,
     other_history,
 )
+from checkpoints.clock import now_ms
 from checkpoints.keyed_table import KeyedTable
 
 CONSUMER_OFFSETS_TABLE_NAME = "_consumer-offsets"
@@ -191,7 +191,7 @@ class ConsumerOffsets:
 
         Idempotent: committing the same offsets again only moves ``committed_ms``.
         """
-        stamp = (clock or _now_ms)()
+        stamp = (clock or now_ms)()
         rows = [
             asdict(
                 CommittedOffset(
@@ -228,10 +228,6 @@ class ConsumerOffsets:
 
 def _quote(text: str) -> str:
     return text.replace("'", "''")
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def consumer_offsets_uri(checkpoint_table_uri: str) -> str:

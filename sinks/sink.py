@@ -104,14 +104,16 @@ class CompactedStateSink:
         self.config: CleanerConfig = self.log_config.config
         checkpoint_table = checkpoint_table or sibling(self.path, CHECKPOINT_TABLE_DIR)
         self.checkpoint_path = normalize_uri(checkpoint_table)
-        self.checkpoints = CleanerOffsetCheckpoint(self.checkpoint_path, self.storage_options)
+        self.clock = clock or now_ms
+        self.checkpoints = CleanerOffsetCheckpoint(
+            self.checkpoint_path, self.storage_options, clock=self.clock
+        )
         self.dead_letter_table = _uri(dead_letter_table)
         self.checkpoint_location = _uri(checkpoint_location)
         self.transactional_id = TransactionalId.of(
             self.log_table.location, sink_id, self.checkpoint_location
         )
         self.sink_id = self.transactional_id.sink_id
-        self.clock = clock or now_ms
         self.cleaning: CleaningMode = cleaning
         dead_letters = (
             DeadLetterTable(LogLocation(self.dead_letter_table, self.storage_options))

@@ -191,3 +191,28 @@ def test_the_checks_see_what_they_look_for():
         ("C", "class"),
         ("f", "def"),
     ]
+
+
+WALL_CLOCK = "checkpoints/clock.py"
+WALL_CLOCK_ELSEWHERE = {
+    "streaming/consumers/datasource.py": "compares staged files' modification times, which "
+    "storage stamps with the wall clock, not a timestamp the library writes",
+}
+
+
+def wall_clock_readers() -> list[str]:
+    """Library modules that read ``time.time()`` outside the clock module (and the known
+    exceptions): a timestamp the library writes comes from a clock it is given."""
+    found = []
+    for package in LIBRARY:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            relative = path.relative_to(ROOT).as_posix()
+            if relative == WALL_CLOCK or relative in WALL_CLOCK_ELSEWHERE:
+                continue
+            if re.search(r"\btime\.time\(\)", path.read_text()):
+                found.append(relative)
+    return found
+
+
+def test_one_clock_for_every_timestamp_the_library_writes():
+    assert wall_clock_readers() == []

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
-from checkpoints import CheckpointEntry, CleanerOffsetCheckpoint
+from checkpoints import CheckpointEntry, CleanerOffsetCheckpoint, now_ms
 from checkpoints.cleaner_states import (
     BACKOFF_BASE_MS,
     BACKOFF_MAX_MS,
@@ -83,7 +83,7 @@ class CleanerManager:
         self.checkpoints = checkpoints
         self.log_path = log_path
         self.owner = owner or default_owner()
-        self.clock = clock or (lambda: int(time.time() * 1000))
+        self.clock = clock or now_ms
         self.heartbeat_timeout_ms = heartbeat_timeout_ms
         self.backoff_base_ms = backoff_base_ms
         self.backoff_max_ms = backoff_max_ms

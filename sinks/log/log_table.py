@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
@@ -41,6 +40,7 @@ from deltalake.exceptions import DeltaError, TableNotFoundError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
+from checkpoints import now_ms
 from sinks.errors import CompactedSinkError, ConcurrentCommitError
 from sinks.log.bad_files import check_files
 from sinks.log.committer import DELTA_RS, LogCommitter
@@ -84,11 +84,6 @@ logger = logging.getLogger("compacted_sink")
 
 REBASE_ATTEMPTS = 16
 """How many concurrent versions in a row a commit that removes files is rebased over."""
-
-
-def now_ms() -> int:
-    """Wall-clock time in epoch milliseconds."""
-    return int(time.time() * 1000)
 
 
 class LogTable:

@@ -21,6 +21,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from checkpoints import CheckpointEntry, CleanerOffsetCheckpoint, split_histories
+from checkpoints import now_ms as wall_clock_ms
 from checkpoints.cleaner_states import live_claims
 from sinks.crash_points import RECOVERY_AFTER_ORPHAN_DELETED, RECOVERY_BEFORE_MARKER, crash_point
 from sinks.errors import LogCorruptedError
@@ -169,7 +170,7 @@ def recover_log(
     snapshot = log.snapshot()
     if snapshot is None:
         return RecoveryReport(version=None)
-    now = int(time.time() * 1000) if now_ms is None else now_ms
+    now = wall_clock_ms() if now_ms is None else now_ms
     if busy_partitions is None:
         busy_partitions = live_claims(checkpoints.read(log.uri).values(), now_ms=now)
     removed, young, not_ours = remove_orphans(
@@ -413,7 +414,7 @@ def write_clean_shutdown_marker(log: LogTable, version: int) -> None:
     """
     fs, root = arrow_filesystem(log.uri, log.storage_options)
     fs.create_dir(f"{root}/{MARKER_DIR}", recursive=True)
-    body = json.dumps({"version": version, "written_ms": int(time.time() * 1000)}).encode()
+    body = json.dumps({"version": version, "written_ms": wall_clock_ms()}).encode()
     final = f"{root}/{CLEAN_SHUTDOWN_MARKER}"
     temporary = f"{final}.{time.monotonic_ns()}.tmp"
     with fs.open_output_stream(temporary) as stream:

@@ -28,6 +28,7 @@ from pathlib import Path
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from checkpoints import now_ms
 from sinks import CleanerConfig, CompactedStateSink, NotACompactedLogError
 from sinks.log import (
     DELTA_LOG_DIR,
@@ -146,7 +147,7 @@ def prepare_lake(lake: Path) -> None:
         shutil.rmtree(lake / name, ignore_errors=True)
     lake.mkdir(parents=True, exist_ok=True)
     (lake / DEMO_MARKER).write_text(
-        json.dumps({"written_by": "compacted-sink demo", "written_ms": int(time.time() * 1000)})
+        json.dumps({"written_by": "compacted-sink demo", "written_ms": now_ms()})
     )
 
 

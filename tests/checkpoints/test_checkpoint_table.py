@@ -6,14 +6,16 @@ from dataclasses import asdict
 
 import pyarrow as pa
 import pytest
+from conftest import FakeClock
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError
 from deltalake.schema import Field
-from testkit import checkpoint_and_trim
+from testkit import arrow_append, checkpoint_and_trim
 
 from checkpoints import CheckpointEntry, CleanerOffsetCheckpoint
 from checkpoints.checkpoint_table import CHECKPOINT_SCHEMA
 from checkpoints.keyed_table import KeyedTable
+from sinks import CompactedStateSink
 
 
 def test_rows_of_two_logs_share_one_table_and_are_upserted(tmp_path):
@@ -167,3 +169,25 @@ def test_a_write_whose_read_version_was_trimmed_is_refused_as_a_conflict(tmp_pat
     table.write([first.with_changes(partition=2)])  # an upsert reads again and commits
     rows = table.read()
     assert sorted(p for _, p in rows) == [0, 1, 2] and rows[("lake/users", 0)] == read
+
+
+def test_rows_are_stamped_by_the_clock_the_table_is_given(tmp_path, spark):
+    """A sink under a simulated clock stamps its checkpoint rows with that clock, as it
+    stamps its records and horizons."""
+    stamps = iter([5_000, 5_000, 9_000])
+    table = CleanerOffsetCheckpoint(str(tmp_path / "cp"), clock=lambda: next(stamps))
+    table.write([CheckpointEntry(log_path="lake/users", partition=0, first_dirty_offset=1)])
+    (row,) = table.read().values()
+    assert row.updated_ms == 5_000
+    table.compare_and_set(row, row.with_changes(first_dirty_offset=2))
+    (row,) = table.read().values()
+    assert (row.first_dirty_offset, row.updated_ms) == (2, 5_001)  # past the row it replaced
+
+    clock = FakeClock(start_ms=1_000_000)
+    sink = CompactedStateSink(str(tmp_path / "log"), clock=clock)
+    arrow_append(sink, [("a", "1"), ("a", "2")], "key string, value string", 0, spark=spark)
+    clock.advance(60_000)
+    sink.clean(force=True)
+    rows = CleanerOffsetCheckpoint(sink.checkpoint_path).read().values()
+    # the simulated clock's time (a stamp is also past the row it replaced), not the wall's
+    assert rows and all(1_000_000 <= r.updated_ms <= 1_060_010 for r in rows)
