@@ -58,7 +58,7 @@ def add_lookup(commands: argparse._SubParsersAction) -> None:
 
 def _lookup(args: argparse.Namespace) -> int:
     from sinks import lookup
-    from sinks.reading.lookup import wanted_keys
+    from sinks.reading import wanted_keys
 
     version = as_of(args.as_of)
     schema = lookup(args.log, [], as_of=version).schema  # no key asked: the answer's columns
@@ -122,7 +122,7 @@ def render(
 ) -> list[str]:
     """One line per key asked, in the order asked (a key in several partitions: one line
     each), for `lookup`'s ``rows``. ``asked`` holds each key as typed and as the key
-    columns' values (`sinks.reading.lookup.wanted_keys`), which a row's key is compared
+    columns' values (`sinks.reading.wanted_keys`), which a row's key is compared
     with; a key asked twice (``42`` and ``042`` of an integer key) gets one line. Pure."""
     found: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for row in rows:
