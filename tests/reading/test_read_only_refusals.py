@@ -33,9 +33,9 @@ def strangers(tmp_path):
 
 def test_readers_refuse_in_a_readers_words(strangers, capsys):
     for what, path in strangers.items():
-        for read in (lambda: read_state(path), lambda: lookup(path, "a")):
+        for read, args in ((read_state, (path,)), (lookup, (path, "a"))):
             with pytest.raises(NotACompactedLogError) as refused:
-                read()
+                read(*args)
             message = str(refused.value)
             assert f"{path} is not a compacted log: it is {what}" in message
             assert READER in message
