@@ -82,6 +82,7 @@ _DDL_TYPES = {  # a DDL type name: (Spark's type, Arrow's type Spark hands a tas
     "bigint": (T.LongType(), pa.int64()),
     "double": (T.DoubleType(), pa.float64()),
     "timestamp": (T.TimestampType(), pa.timestamp("us", tz="UTC")),
+    "binary": (T.BinaryType(), pa.binary()),
 }
 
 

@@ -120,12 +120,13 @@ class LogKeys:
         return self
 
 
-def log_keys(snapshot: LogSnapshot) -> LogKeys:
+def log_keys(snapshot: LogSnapshot, *, read_only: bool = False) -> LogKeys:
     """The keys ``snapshot``'s log records (as of that version). Reads no data file.
 
-    Raises `NotACompactedLogError` when the table is not a compacted log (`sinks.log.ownership`).
+    Raises `NotACompactedLogError` when the table is not a compacted log (`sinks.log.ownership`),
+    worded for a reader with ``read_only``.
     """
-    check_compacted_log(snapshot.uri, snapshot.table)
+    check_compacted_log(snapshot.uri, snapshot.table, read_only=read_only)
     return LogKeys.from_properties(
         snapshot.table.metadata().configuration, snapshot.spark_schema.names
     )

@@ -157,24 +157,39 @@ class TableFacts:
         return f"a Delta table{named} (Delta v{self.version}, columns {shown})"
 
 
-def not_a_log_message(uri: str, facts: TableFacts) -> str:
-    return (
+def not_a_log_message(uri: str, facts: TableFacts, *, read_only: bool = False) -> str:
+    """Why the Delta table at ``uri`` is refused, and what to do; ``read_only``: for a
+    command that only reads (``lookup``, ``read_state``, ``export``), which neither writes
+    nor would create a log there."""
+    what = (
         f"{uri} is not a compacted log: it is {facts.what()}, and it carries none of the marks "
         f"this sink leaves on the logs it creates (table property {KEY_COLUMNS_PROPERTY}, "
-        f"description {LOG_DESCRIPTION!r}). Nothing was written to it. Give the path of a "
+        f"description {LOG_DESCRIPTION!r})."
+    )
+    if read_only:
+        return f"{what} Nothing was written to it or read from it. Give the path of a compacted log"
+    return (
+        f"{what} Nothing was written to it. Give the path of a "
         "compacted log, or a new (missing or empty) directory for a new one; to compact this "
         "table's records, read them with Spark and feed them to a sink at another path"
     )
 
 
-def not_empty_message(uri: str, foreign: list[str]) -> str:
+def not_empty_message(uri: str, foreign: list[str], *, read_only: bool = False) -> str:
+    """Why ``uri``, no Delta table, is refused (``foreign``: what the sink did not write);
+    ``read_only`` as for `not_a_log_message`."""
     shown = ", ".join(foreign[:_LISTED]) + (
         f" and {len(foreign) - _LISTED} more" if len(foreign) > _LISTED else ""
     )
-    return (
+    what = (
         f"{uri} is not a compacted log: it is not a Delta table, and it holds "
         f"{len(foreign)} entr{'y' if len(foreign) == 1 else 'ies'} the sink did not write "
-        f"({shown}). The sink creates a log only in a missing or empty directory, so that it "
+        f"({shown})."
+    )
+    if read_only:
+        return f"{what} Nothing was written to it or read from it. Give the path of a compacted log"
+    return (
+        f"{what} The sink creates a log only in a missing or empty directory, so that it "
         "never mixes with (or deletes) someone else's files. Nothing was written. Choose a new "
         "path for the log, or move those files away"
     )
@@ -183,10 +198,11 @@ def not_empty_message(uri: str, foreign: list[str]) -> str:
 # -- I/O -------------------------------------------------------------------------------------
 
 
-def check_compacted_log(uri: str, table: DeltaTable) -> str:
+def check_compacted_log(uri: str, table: DeltaTable, *, read_only: bool = False) -> str:
     """The mark that makes the Delta table at ``uri`` a compacted log; raises
-    `NotACompactedLogError` (saying what it is and what to do) when it carries none.
-    Reads the table's metadata (and, for a log older than its marks, one txn lookup)."""
+    `NotACompactedLogError` (saying what it is and what to do, worded for a reader with
+    ``read_only``) when it carries none. Reads the table's metadata (and, for a log older
+    than its marks, one txn lookup)."""
     metadata = table.metadata()
     mark = log_mark(metadata.configuration, metadata.description, None)
     if mark is None:
@@ -198,29 +214,31 @@ def check_compacted_log(uri: str, table: DeltaTable) -> str:
             description=metadata.description,
             columns=tuple(f.name for f in table.schema().fields),
         )
-        raise NotACompactedLogError(not_a_log_message(uri, facts), path=uri)
+        raise NotACompactedLogError(not_a_log_message(uri, facts, read_only=read_only), path=uri)
     return mark
 
 
-def check_log_location(location: LogLocation) -> None:
-    """Raise `NotACompactedLogError` unless ``location`` holds a compacted log or may become one."""
+def check_log_location(location: LogLocation, *, read_only: bool = False) -> None:
+    """Raise `NotACompactedLogError` unless ``location`` holds a compacted log or may become
+    one (``read_only``: the refusal worded for a reader)."""
     from deltalake.exceptions import TableNotFoundError
 
     try:
         table = location.delta_table()
     except TableNotFoundError:
-        check_new_log_location(location)
+        check_new_log_location(location, read_only=read_only)
         return
-    check_compacted_log(location.uri, table)
+    check_compacted_log(location.uri, table, read_only=read_only)
 
 
-def check_new_log_location(location: LogLocation) -> None:
+def check_new_log_location(location: LogLocation, *, read_only: bool = False) -> None:
     """Raise `NotACompactedLogError` when ``location``, where no Delta table loads, holds
-    anything a killed first batch of the sink could not have left (rule 2). One recursive LIST."""
+    anything a killed first batch of the sink could not have left (rule 2); ``read_only``:
+    the refusal worded for a reader. One recursive LIST."""
     foreign = foreign_entries(list_entries(location))
     if foreign:
         uri = location.uri
-        raise NotACompactedLogError(not_empty_message(uri, foreign), path=uri)
+        raise NotACompactedLogError(not_empty_message(uri, foreign, read_only=read_only), path=uri)
 
 
 def list_entries(location: LogLocation) -> list[tuple[str, bool]]:

@@ -18,6 +18,7 @@ from sinks.reading.export_format import (
     is_faithful,
     read_manifest,
 )
+from sinks.reading.lookup import wanted_keys
 from sinks.reading.replay import (
     RESTORE_APP_ID,
     RestoreSource,
@@ -44,4 +45,5 @@ __all__ = [
     "verify_export",
     "verify_export_arrow",
     "verify_restore_arrow",
+    "wanted_keys",
 ]

@@ -96,7 +96,7 @@ def read_state_batches(
     log = LogTable(normalize_uri(path), storage_options)
     snapshot = log.snapshot(as_of, repair=False)
     if snapshot is None:
-        check_new_log_location(log.location)  # someone else's files: say so
+        check_new_log_location(log.location, read_only=True)  # someone else's files
         raise FileNotFoundError(f"no compacted log at {path}")
     plan = StatePlan.of(snapshot)
     return pa.RecordBatchReader.from_batches(plan.schema, plan.batches(batch_rows))
@@ -155,7 +155,7 @@ class StatePlan:
     @classmethod
     def of(cls, snapshot: LogSnapshot) -> StatePlan:
         """Split ``snapshot`` into sections and find the tail's winners (reads narrow columns)."""
-        keys = log_keys(snapshot)
+        keys = log_keys(snapshot, read_only=True)
         sections = log_sections(snapshot)
         snapshot.check_files([*sections.clean, *sections.dirty])
         starts = {p: snapshot.log_start_offset(p) for p in snapshot.partitions}

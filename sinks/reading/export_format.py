@@ -159,7 +159,7 @@ class CarriedConfig:
 
     @classmethod
     def of(cls, snapshot: LogSnapshot) -> CarriedConfig:
-        keys = log_keys(snapshot)
+        keys = log_keys(snapshot, read_only=True)
         properties = carried_properties(snapshot.table.metadata().configuration)
         if not keys.recorded:  # a log older than the key properties: record them now
             properties = {**properties, **keys.to_properties()}

@@ -99,7 +99,7 @@ def lookup(
     log = LogTable(normalize_uri(path), storage_options)
     snapshot = log.snapshot(as_of, repair=False)
     if snapshot is None:
-        check_new_log_location(log.location)  # someone else's files: say so
+        check_new_log_location(log.location, read_only=True)  # someone else's files
         raise FileNotFoundError(f"no compacted log at {path}")
     return KeyLookup.of(snapshot).find(keys)
 
@@ -125,7 +125,12 @@ class KeyLookup:
         files = tuple(snapshot.data_files())
         snapshot.check_files(list(files))
         starts = {p: snapshot.log_start_offset(p) for p in snapshot.partitions}
-        return cls(snapshot, log_keys(snapshot), files, {p: s for p, s in starts.items() if s > 0})
+        return cls(
+            snapshot,
+            log_keys(snapshot, read_only=True),
+            files,
+            {p: s for p, s in starts.items() if s > 0},
+        )
 
     @cached_property
     def own_keys(self) -> list[str]:

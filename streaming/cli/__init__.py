@@ -17,7 +17,8 @@ delta-rs and pyarrow (`sinks.read_state`).
 Each sub-command lives in a module of this package that adds its parser and
 handles it: ``run`` and ``demo`` in `query`, ``clean`` and ``vacuum`` in
 `cleaning`, ``accept``, ``restore`` and ``consumers`` in `log_admin`, ``status`` in
-`status`, ``lookup`` in `lookup`, ``configs`` in `configs`, ``export`` and ``replay`` in
+`status`, ``lookup`` in `lookup` (binary keys and values as text: `binary_text`),
+``configs`` in `configs`, ``export`` and ``replay`` in
 `recovery`; what they share is in `common`.
 """
 

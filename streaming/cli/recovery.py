@@ -127,7 +127,7 @@ def _replay(args: argparse.Namespace) -> int:
     # Everything that can refuse the replay is checked before Spark starts.
     source_snapshot = LogTable(source_path).snapshot(version, repair=False)
     if source_snapshot is not None:
-        keys = log_keys(source_snapshot).key_columns
+        keys = log_keys(source_snapshot, read_only=True).key_columns
         schema: T.StructType = source_snapshot.spark_schema
     else:
         manifest = read_manifest(source_path)

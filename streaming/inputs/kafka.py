@@ -119,8 +119,10 @@ def kafka_shaped_files(
     """A file stream with the Kafka source's columns, for runs without a broker.
 
     Parquet files carry `KAFKA_SCHEMA`'s columns; JSON lines carry ``key`` and ``value``
-    as text (cast to binary) and ``timestamp`` as an ISO string or a number, epoch
-    milliseconds as Kafka's tools print them (seconds below `MILLISECONDS_FROM`).
+    as text (cast to binary, their UTF-8 bytes: the stream has the Kafka source's types
+    whichever the format, so a log fed by files takes a broker's records later) and
+    ``timestamp`` as an ISO string or a number, epoch milliseconds as Kafka's tools print
+    them (seconds below `MILLISECONDS_FROM`).
     ``columns``: the Kafka columns the files hold (`file_columns`; None: all). A column
     they lack is left out of the stream, so the sink fills it as for any batch without
     it: offsets assigned per partition from the log end offset in input order,

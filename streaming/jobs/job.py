@@ -26,7 +26,9 @@ Every error raised while reading the file is a `JobConfigError` naming the file 
 
 The ``files`` source reads Parquet files with the Kafka source's schema (`KAFKA_SCHEMA`:
 ``key`` and ``value`` binary, ``topic``, ``partition``, ``offset``, ``timestamp``,
-``timestampType``) or JSON lines with ``key`` and ``value`` as text. ``file_format``
+``timestampType``) or JSON lines with ``key`` and ``value`` as text, stored as binary (their
+UTF-8 bytes) as the Kafka source gives them, so the log's types do not depend on the
+source. ``file_format``
 says which; without it the format is taken from the files in ``path`` when the job
 starts (Parquet's magic bytes, or a JSON object), Parquet when there are none yet.
 """

@@ -238,14 +238,18 @@ def start(
 ) -> tuple[StreamingQuery, list[CompactedStateSink]]:
     """Start the job's query (not waiting for it); returns it with the sinks it writes.
 
+    Before the query starts (and writes its checkpoint), each log's key columns, ``value``
+    and sequence column are checked against the input's columns (`check_input_columns`).
     ``wrap`` wraps the query's hook (``run`` uses `InFlightHook` to stop between batches).
     """
     hook, sinks = build_hook(job, out=out)
     if wrap is not None:
         hook = wrap(hook)
+    source = build_source(spark, job)
+    if job.avro is None:  # Avro decoding makes the columns the sinks see: known per batch
+        check_input_columns(job, sinks, source.columns)
     writer = (
-        build_source(spark, job)
-        .writeStream.foreachBatch(hook)
+        source.writeStream.foreachBatch(hook)
         .queryName(job.file.stem)
         .option("checkpointLocation", checkpoint_location(job))
     )
@@ -255,3 +259,33 @@ def start(
     elif "processing_time" in trigger:
         writer = writer.trigger(processingTime=str(trigger["processing_time"]))
     return writer.start(), sinks
+
+
+def check_input_columns(
+    job: JobConfig, sinks: list[CompactedStateSink], columns: list[str]
+) -> None:
+    """Raise `JobConfigError` when the input's ``columns`` lack a column a log of ``job``
+    needs: its key columns (the job's, or the log's recorded ones), ``value``, its sequence
+    column. The message names the job file, the key to change, the missing column and the
+    input's columns. A routed job's ``topic`` column is not the logs' (the router drops it).
+    Pure; run before the query starts, so a wrong name leaves no query checkpoint behind."""
+    for log, sink in zip(job.logs, sinks, strict=True):
+        available = [c for c in columns if not (job.routed and c == TOPIC)]
+        section = f"topics.{log.topic}" if log.topic is not None else "sink"
+        needed = [(k, "key_columns") for k in sink.key_columns] + [("value", "key_columns")]
+        if sink.sequence_column:
+            needed.append((sink.sequence_column, "sequence_column"))
+        for name, key in needed:
+            if name in available:
+                continue
+            if name == "value":
+                what = "a compacted log's records need a 'value' column (null: a tombstone)"
+            elif key == "key_columns":
+                what = f"key_columns = {list(sink.key_columns)}"
+            else:
+                what = f"sequence_column = {name!r}"
+            raise JobConfigError(
+                f"{job.file}: {section}.{key}: the input has no column {name!r} ({what}); "
+                f"its columns are {', '.join(available)}; the query was not started and "
+                "nothing was written"
+            )
