@@ -50,14 +50,9 @@ from sinks import CleanerConfig, lookup, read_state_batches
 from sinks.config import topic_table_properties
 from sinks.log.history_window import table_properties
 from sinks.log.key_filter import spark_key_filter_options
+from sinks.log.log_format import CLEANER_OFFSET_TXN, LOG_END_OFFSET_TXN, PARTITIONS_TXN
 from sinks.log.log_keys import LogKeys
-from sinks.log.log_table import (
-    CLEANER_OFFSET_TXN,
-    LOG_END_OFFSET_TXN,
-    LogTable,
-    log_arrow_schema,
-)
-from sinks.log.ownership import PARTITIONS_TXN
+from sinks.log.log_table import LogTable, log_arrow_schema
 from sinks.log.segment_writer import SegmentWriterTask, WrittenSegment, stats_columns
 from sinks.reading.delta_sql import state_query
 from sinks.reading.lookup_files import LOOKUP_FILES

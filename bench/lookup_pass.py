@@ -39,8 +39,8 @@ from sinks import CleanerConfig, CompactedStateSink
 from sinks.config import topic_table_properties
 from sinks.log.history_window import table_properties
 from sinks.log.key_filter import KEY_FILTER_OFF_ENV, spark_key_filter_options
-from sinks.log.log_table import LOG_END_OFFSET_TXN, LogTable, log_arrow_schema
-from sinks.log.ownership import PARTITIONS_TXN
+from sinks.log.log_format import LOG_END_OFFSET_TXN, PARTITIONS_TXN
+from sinks.log.log_table import LogTable, log_arrow_schema
 
 VALUE_BYTES = 512
 BATCH = 131_072

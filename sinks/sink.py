@@ -29,9 +29,9 @@ from sinks.config import CleanerConfig
 from sinks.errors import CompactedSinkError, ForeignChangeError, TableFeatureError
 from sinks.log.foreign import changes as foreign_changes
 from sinks.log.log_config import opened_log_config
+from sinks.log.log_format import PARTITIONS_TXN
 from sinks.log.log_keys import opened_log_keys
 from sinks.log.log_table import AsOf, LogSnapshot, LogTable, now_ms
-from sinks.log.ownership import PARTITIONS_TXN
 from sinks.log.s3a_options import (
     S3A_PREFIX,
     credential_setting_names,

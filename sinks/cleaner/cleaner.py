@@ -56,8 +56,9 @@ from sinks.errors import (
     TableFeatureError,
 )
 from sinks.log.foreign.rearrangement import absorb
+from sinks.log.log_format import CLEANER_OFFSET_TXN
 from sinks.log.log_keys import LogKeys
-from sinks.log.log_table import CLEANER_OFFSET_TXN, LogSnapshot, LogTable
+from sinks.log.log_table import LogSnapshot, LogTable
 from sinks.log.records import DELETE_HORIZON_MS
 from sinks.log.segment import Segment
 from sinks.log.segment_writer import WRITTEN_SEGMENT_DDL, WrittenSegment, stats_columns

@@ -17,10 +17,10 @@ from sinks.log.history_window import (
     window_of,
 )
 from sinks.log.log_config import alter_log_config
+from sinks.log.log_format import COMMIT_INFO_KEY, DELTA_LOG_DIR
 from sinks.log.log_keys import LogKeys
-from sinks.log.log_table import COMMIT_INFO_KEY, LogSnapshot, LogTable, log_arrow_schema, now_ms
+from sinks.log.log_table import LogSnapshot, LogTable, log_arrow_schema, now_ms
 from sinks.log.ownership import (
-    DELTA_LOG_DIR,
     check_log_location,
     check_new_log_location,
     foreign_entries,

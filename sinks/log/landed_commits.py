@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from urllib.parse import unquote
 
 from sinks.errors import ConcurrentCommitError
-from sinks.log.foreign.commits import COMMIT_INFO_KEY, read_commit
+from sinks.log.foreign.commits import read_commit
+from sinks.log.log_format import COMMIT_INFO_KEY
 from sinks.log.storage import LogLocation
 
 COMMIT_TOKEN_KEY = "commitToken"

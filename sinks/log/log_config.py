@@ -35,8 +35,8 @@ from sinks.config import (
     topic_key,
 )
 from sinks.errors import ConfigError, NotACompactedLogError
-from sinks.log.foreign.commits import COMMIT_INFO_KEY
 from sinks.log.history_window import DEFAULT_WINDOW_MS, table_properties
+from sinks.log.log_format import COMMIT_INFO_KEY
 from sinks.log.log_keys import KEY_COLUMNS_PROPERTY
 from sinks.log.log_table import LogSnapshot, LogTable
 from sinks.log.records import OFFSET, PARTITION, VALUE

@@ -45,20 +45,20 @@ from sinks.errors import CompactedSinkError, ConcurrentCommitError
 from sinks.log.bad_files import check_files
 from sinks.log.committer import DELTA_RS, LogCommitter
 from sinks.log.file_reader import read_files
-from sinks.log.foreign.commits import (
-    ACCEPTED_VERSION_TXN,
-    CHECKED_VERSION_TXN,
-    COMMIT_INFO_KEY,  # noqa: F401 (status and recovery import it from here)
-    CommitGuard,
-    check_placed,
-    check_readable,
-    check_writable,
-    commit_metadata,
-)
+from sinks.log.foreign.commits import CommitGuard, check_placed, check_readable, check_writable
 from sinks.log.foreign.stale_revert import RestoredFile, Undo, plan_undo
 from sinks.log.history_window import check_reachable
 from sinks.log.landed_commits import COMMIT_TOKEN_KEY, check_removes, landed_version
-from sinks.log.ownership import LOG_DESCRIPTION, PARTITIONS_TXN
+from sinks.log.log_format import (
+    ACCEPTED_VERSION_TXN,
+    CHECKED_VERSION_TXN,
+    CLEANER_OFFSET_TXN,
+    LOG_END_OFFSET_TXN,
+    LOG_START_OFFSET_TXN,
+    PARTITIONS_TXN,
+    commit_metadata,
+)
+from sinks.log.ownership import LOG_DESCRIPTION
 from sinks.log.records import spark_at_or_above
 from sinks.log.segment import (
     DataFile,
@@ -72,11 +72,6 @@ from sinks.log.segment_writer import WrittenSegment
 from sinks.log.snapshot_cache import SnapshotCache
 from sinks.log.storage import LogLocation, is_local, join
 from sinks.spark_compat import utc_arrow_schema
-
-TXN_PREFIX = "compacted-sink/"
-LOG_END_OFFSET_TXN = TXN_PREFIX + "log-end-offset/{}"
-LOG_START_OFFSET_TXN = TXN_PREFIX + "log-start-offset/{}"
-CLEANER_OFFSET_TXN = TXN_PREFIX + "cleaner-offset/{}"
 
 AsOf = int | str | datetime
 

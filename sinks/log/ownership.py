@@ -47,6 +47,7 @@ from urllib.parse import unquote
 import pyarrow.fs as pafs
 
 from sinks.errors import NotACompactedLogError
+from sinks.log.log_format import DELTA_LOG_DIR, MARKER_DIR, PARTITIONS_TXN, STAGING_DIR
 from sinks.log.storage import LogLocation
 
 if TYPE_CHECKING:
@@ -56,12 +57,8 @@ LOG_DESCRIPTION = "compacted-state log"
 """The Delta table description `LogTable.create` gives every log."""
 KEY_COLUMNS_PROPERTY = "compacted.sink.key.columns"
 """The table property a log records its key columns in (`sinks.log.log_keys`)."""
-PARTITIONS_TXN = "compacted-sink/partitions"  # committed with every append (produce.log_commit)
 CHECKPOINT_TABLE_NAME = "cleaner-offset-checkpoint"  # the name checkpoints/ creates it with
 
-DELTA_LOG_DIR = "_delta_log"
-MARKER_DIR = "_compacted_sink"
-STAGING_DIR = "_staging"
 
 SEGMENT_FILE = re.compile(r"partition-\d+/\d{20}-[0-9a-f]{32}\.parquet")
 STAGED_FILE = re.compile(rf"{STAGING_DIR}/[0-9a-f]{{32}}\.parquet")

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 
 from sinks.crash_points import RETENTION_BEFORE_COMMIT, crash_point
 from sinks.errors import CommitConflictError, ConcurrentCommitError, OffsetOutOfRangeError
-from sinks.log.log_table import LOG_START_OFFSET_TXN, LogSnapshot, LogTable
+from sinks.log.log_format import LOG_START_OFFSET_TXN
+from sinks.log.log_table import LogSnapshot, LogTable
 from sinks.log.segment import Segment
 
 logger = logging.getLogger("compacted_sink")

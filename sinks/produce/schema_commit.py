@@ -23,7 +23,8 @@ from typing import Any
 
 from pyspark.sql.types import StructType
 
-from sinks.log.foreign.commits import check_writable, commit_metadata
+from sinks.log.foreign.commits import check_writable
+from sinks.log.log_format import commit_metadata
 from sinks.log.log_table import LogSnapshot, log_arrow_schema
 
 

@@ -73,7 +73,7 @@ from pyspark.sql import types as T
 from sinks.crash_points import APPEND_AFTER_STAGED_WRITE, crash_point
 from sinks.errors import ConfigError
 from sinks.log.key_filter import spark_key_filter_options
-from sinks.log.ownership import STAGING_DIR
+from sinks.log.log_format import STAGING_DIR
 from sinks.log.records import (
     INPUT_ORDER,
     OFFSET,

@@ -1,6 +1,7 @@
 """Reading a log back: its state (latest record per key) and replay for disaster recovery."""
 
 from sinks.errors import ReplayError
+from sinks.log.log_format import RESTORE_APP_ID
 from sinks.reading.arrow_export import (
     export_state_arrow,
     verify_export_arrow,
@@ -19,12 +20,7 @@ from sinks.reading.export_format import (
     read_manifest,
 )
 from sinks.reading.lookup import wanted_keys
-from sinks.reading.replay import (
-    RESTORE_APP_ID,
-    RestoreSource,
-    check_target,
-    replay,
-)
+from sinks.reading.replay import RestoreSource, check_target, replay
 from sinks.reading.state_reader import spark_state
 
 __all__ = [

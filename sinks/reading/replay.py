@@ -24,22 +24,20 @@ from pyspark.sql import types as T
 
 from sinks.config import CleanerConfig
 from sinks.errors import ConcurrentCommitError, ConfigError, RestoreTargetError
-from sinks.log.foreign.commits import COMMIT_INFO_KEY
 from sinks.log.history_window import table_properties
+from sinks.log.log_format import (
+    CLEANER_OFFSET_TXN,
+    COMMIT_INFO_KEY,
+    LOG_END_OFFSET_TXN,
+    LOG_START_OFFSET_TXN,
+    PARTITIONS_TXN,
+    RESTORE_APP_ID,
+)
 from sinks.log.log_keys import (
     LogKeys,
     log_keys,
 )
-from sinks.log.log_table import (
-    CLEANER_OFFSET_TXN,
-    LOG_END_OFFSET_TXN,
-    LOG_START_OFFSET_TXN,
-    PARTITIONS_TXN,
-    AsOf,
-    LogSnapshot,
-    LogTable,
-    log_arrow_schema,
-)
+from sinks.log.log_table import AsOf, LogSnapshot, LogTable, log_arrow_schema
 from sinks.log.ownership import check_new_log_location
 from sinks.log.records import OFFSET, PARTITION, TIMESTAMP, VALUE
 from sinks.log.segment_writer import SegmentWriterTask, stats_columns
@@ -67,9 +65,6 @@ from sinks.reading.export_format import (
     partition_offsets,
     read_manifest,
 )
-
-RESTORE_APP_ID = "compacted-sink/replay"
-
 
 """The ``txn`` app id a restore commits its batch id under (exactly once per target)."""
 

@@ -12,8 +12,7 @@ from testkit import arrow_append
 
 from checkpoints import CleanerOffsetCheckpoint
 from sinks import CleanerConfig, CompactedStateSink
-from sinks.log.foreign.commits import CHECKED_VERSION_TXN
-from sinks.log.log_table import CLEANER_OFFSET_TXN
+from sinks.log.log_format import CHECKED_VERSION_TXN, CLEANER_OFFSET_TXN
 
 NO_CLEAN = CleanerConfig(min_cleanable_dirty_ratio=1.0)
 KV = "key string, value string"

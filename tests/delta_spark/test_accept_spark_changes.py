@@ -18,7 +18,7 @@ from sinks import (
     MissingDataFileError,
     read_state,
 )
-from sinks.log.foreign.commits import HISTORY_OPERATION_KEY
+from sinks.log.log_format import HISTORY_OPERATION_KEY
 from sinks.log.log_table import LogTable
 from sinks.maintenance.recovery import CLEAN_SHUTDOWN_MARKER
 

@@ -41,7 +41,7 @@ from sinks import (
     ForeignChangeError,
     read_state,
 )
-from sinks.log.foreign.commits import COMMIT_INFO_KEY
+from sinks.log.log_format import COMMIT_INFO_KEY
 from sinks.spark_session import warn_unsafe_beside_delta_spark
 
 pytestmark = pytest.mark.delta_spark

@@ -31,8 +31,8 @@ from sinks import (
     read_state,
 )
 from sinks.log.foreign.changes import ACCEPTED_VERSION_TXN, CHECKED_VERSION_TXN
-from sinks.log.foreign.commits import HISTORY_OPERATION_KEY
-from sinks.log.log_table import LOG_END_OFFSET_TXN, LogTable
+from sinks.log.log_format import HISTORY_OPERATION_KEY, LOG_END_OFFSET_TXN
+from sinks.log.log_table import LogTable
 from sinks.maintenance.recovery import CLEAN_SHUTDOWN_MARKER
 
 CONFIG = CleanerConfig(min_cleanable_dirty_ratio=0.99, delete_retention_ms=1_000)

@@ -15,7 +15,8 @@ from testkit import kv_frame, segment, state_of, unreferenced_files
 
 from checkpoints import CheckpointEntry, CleanerOffsetCheckpoint
 from sinks import CleanerConfig, CompactedStateSink, LogCorruptedError
-from sinks.log.log_table import COMMIT_INFO_KEY, LogTable
+from sinks.log.log_format import COMMIT_INFO_KEY
+from sinks.log.log_table import LogTable
 from sinks.log.segment import segment_path
 from sinks.maintenance.recovery import (
     CLEAN_SHUTDOWN_MARKER,

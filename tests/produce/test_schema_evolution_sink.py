@@ -16,7 +16,7 @@ from pyspark.sql import types as T
 
 from sinks import CleanerConfig, CompactedStateSink, SchemaMismatchError
 from sinks.crash_points import SCHEMA_BEFORE_APPEND, armed
-from sinks.log.log_table import COMMIT_INFO_KEY
+from sinks.log.log_format import COMMIT_INFO_KEY
 from sinks.reading.export import (
     export_state,
     verify_export,

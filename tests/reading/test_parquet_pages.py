@@ -22,9 +22,9 @@ from sinks import CleanerConfig, lookup, read_state
 from sinks.config import topic_table_properties
 from sinks.log.history_window import table_properties
 from sinks.log.key_filter import PAGE_INDEX_OFF_ENV, page_index_options
+from sinks.log.log_format import CLEANER_OFFSET_TXN, LOG_END_OFFSET_TXN, PARTITIONS_TXN
 from sinks.log.log_keys import LogKeys
-from sinks.log.log_table import CLEANER_OFFSET_TXN, LOG_END_OFFSET_TXN, LogTable
-from sinks.log.ownership import PARTITIONS_TXN
+from sinks.log.log_table import LogTable
 from sinks.log.segment_writer import SegmentWriterTask, WrittenSegment, stats_columns
 from sinks.log.thrift_compact import read_struct, write_struct
 from sinks.reading import lookup as lookup_module

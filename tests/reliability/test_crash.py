@@ -46,7 +46,8 @@ from sinks.crash_points import (
     SCHEMA_BEFORE_APPEND,
     SEGMENT_DELETER_AFTER_FILE_DELETED,
 )
-from sinks.log.ownership import STAGING_DIR, foreign_entries
+from sinks.log.log_format import STAGING_DIR
+from sinks.log.ownership import foreign_entries
 from sinks.log.storage import LogLocation
 from sinks.maintenance.file_inventory import list_data_files
 from sinks.produce.dead_letter import DeadLetterTable

@@ -9,7 +9,7 @@ from chispa import assert_df_equality
 from pyspark.sql import functions as F
 
 from sinks import BadInputError, CleanerConfig, CompactedStateSink, SchemaMismatchError
-from sinks.log.log_table import LOG_END_OFFSET_TXN
+from sinks.log.log_format import LOG_END_OFFSET_TXN
 
 NO_CLEAN = CleanerConfig(min_cleanable_dirty_ratio=1.0)
 

@@ -42,14 +42,15 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from sinks.errors import ForeignChangeError, TableFeatureError
-from sinks.log.foreign.commits import (
+from sinks.log.foreign.commits import foreign_change, read_commit
+from sinks.log.log_format import (
     ACCEPTED_VERSION_TXN,
     CHECKED_VERSION_TXN,
-    foreign_change,
-    read_commit,
+    CLEANER_OFFSET_TXN,
+    LOG_END_OFFSET_TXN,
+    PARTITIONS_TXN,
 )
-from sinks.log.log_table import CLEANER_OFFSET_TXN, LOG_END_OFFSET_TXN, LogSnapshot, LogTable
-from sinks.log.ownership import PARTITIONS_TXN
+from sinks.log.log_table import LogSnapshot, LogTable
 from sinks.log.records import OFFSET, PARTITION
 from sinks.log.segment import Segment
 

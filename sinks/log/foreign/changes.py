@@ -22,15 +22,15 @@ from collections.abc import Sequence
 
 from sinks.errors import CompactedSinkError
 from sinks.log.foreign.acceptance import Acceptance, plan_acceptance
-from sinks.log.foreign.commits import ACCEPTED_VERSION_TXN, CHECKED_VERSION_TXN, commit_metadata
-from sinks.log.log_table import (
+from sinks.log.log_format import (
+    ACCEPTED_VERSION_TXN,
+    CHECKED_VERSION_TXN,
     CLEANER_OFFSET_TXN,
     LOG_END_OFFSET_TXN,
     LOG_START_OFFSET_TXN,
-    LogSnapshot,
-    LogTable,
-    now_ms,
+    commit_metadata,
 )
+from sinks.log.log_table import LogSnapshot, LogTable, now_ms
 
 logger = logging.getLogger("compacted_sink")
 

@@ -56,60 +56,11 @@ from sinks.log.foreign.stale_rewrites import (
     gone_after,
     stale_rewrite,
 )
+from sinks.log.log_format import COMMIT_INFO_KEY, DELTA_LOG_DIR
 from sinks.log.segment import add_action_paths
 from sinks.log.storage import LogLocation
 
 logger = logging.getLogger("compacted_sink")
-
-COMMIT_INFO_KEY = "compactedSink"
-CHECKED_VERSION_TXN = "compacted-sink/checked-version"
-ACCEPTED_VERSION_TXN = "compacted-sink/accepted-version"
-DELTA_LOG = "_delta_log"
-
-
-HISTORY_OPERATION_KEY = "compactedSinkOperation"
-"""The ``operationParameters`` entry naming a sink commit's operation (``append``, ``clean``,
-``absorb``, ``retention``, ``accept-foreign-changes``, ``restore``...): delta-rs writes
-every commit's ``operation`` itself (``WRITE``, ``RESTORE``) and refuses to let a writer
-set it, so ``DESCRIBE HISTORY`` tells the sink's commits apart by this parameter and by
-``userMetadata``."""
-
-
-def commit_metadata(info: Mapping[str, Any]) -> dict[str, Any]:
-    """The commit-info entries of one of the sink's commits: ``info`` under `COMMIT_INFO_KEY`
-    (how the sink knows its own commits), Delta's ``userMetadata``, the line other engines'
-    history shows, and the operation among ``operationParameters`` (`HISTORY_OPERATION_KEY`;
-    ``DESCRIBE HISTORY``'s ``operation`` is delta-rs's ``WRITE`` for every file commit)."""
-    return {
-        COMMIT_INFO_KEY: dict(info),
-        "userMetadata": history_line(info),
-        "operationParameters": {HISTORY_OPERATION_KEY: str(info.get("operation", "commit"))},
-    }
-
-
-def history_line(info: Mapping[str, Any]) -> str:
-    """One line that tells a person what a commit of the sink did. Pure."""
-    operation = str(info.get("operation", "commit"))
-    if operation == "append":
-        return f"compacted-sink append: batch {info.get('batchId')} of {info.get('appId')}"
-    if operation == "clean":
-        ends = info.get("endOffsets") or {}
-        partitions = ", ".join(f"{p} to offset {e}" for p, e in sorted(ends.items()))
-        return (
-            f"compacted-sink clean: pass over partition(s) {partitions}; records "
-            f"{info.get('recordsRead')} read, {info.get('recordsWritten')} written "
-            "(dataChange=false)"
-        )
-    if operation == "schema":
-        return f"compacted-sink schema change: before batch {info.get('batchId')}"
-    if operation == "accept-foreign-changes":
-        return (
-            f"compacted-sink accept: other engines' changes through version "
-            f"{info.get('throughVersion')}, offsets re-derived from the records"
-        )
-    if operation == "restore":
-        return f"compacted-sink restore: back to version {info.get('toVersion')}"
-    return f"compacted-sink {operation}"
 
 
 @dataclass(frozen=True)
@@ -163,7 +114,7 @@ def read_commit(location: LogLocation, version: int) -> list[dict[str, Any]] | N
     no longer holds it."""
     fs, root = location.filesystem()
     try:
-        with fs.open_input_stream(f"{root}/{DELTA_LOG}/{version:020d}.json") as stream:
+        with fs.open_input_stream(f"{root}/{DELTA_LOG_DIR}/{version:020d}.json") as stream:
             text = stream.read().decode()
     except (FileNotFoundError, OSError):
         return None
