@@ -127,7 +127,7 @@ def log_keys(snapshot: LogSnapshot) -> LogKeys:
     """
     check_compacted_log(snapshot.uri, snapshot.table)
     return LogKeys.from_properties(
-        snapshot.table.metadata().configuration, snapshot.spark_schema.names
+        snapshot.table.metadata().configuration, snapshot.arrow_schema.names
     )
 
 
