@@ -134,10 +134,14 @@ def checkpoints_run(log: str) -> None:
     assert CleanerOffsetCheckpoint(checkpoint).read()
 
 
+KEPT: list[object] = []  # what the control read, alive until the exit as in a user's script
+
+
 def control_run(log: str) -> None:
     from deltalake import DeltaTable
 
-    print(DeltaTable(log).to_pyarrow_table().num_rows)
+    KEPT.append(DeltaTable(log).to_pyarrow_table())
+    print(KEPT[0].num_rows)  # type: ignore[attr-defined]
 
 
 def user_run(log: Path) -> None:

@@ -11,6 +11,7 @@ every time; ``make soak-exit`` runs the same loops longer, beside the
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
@@ -27,6 +28,8 @@ CHECKPOINT_RUNS = 12
 """The fastest exit after a checkpoint-table read: with ``to_pyarrow_table`` 5 of 20 runs
 aborted on a quiet machine (fewer under load), so 12 clean runs by chance are unlikely."""
 READER_RUNS = 3
+SCANS_THROUGH_A_PYTHON_FILE_SYSTEM = {"to_pyarrow_table", "to_pyarrow_dataset", "to_pandas"}
+"""delta-rs's reads that scan a pyarrow dataset over ``PyFileSystem(DeltaStorageHandler)``."""
 
 
 def run_script(*args: str, timeout_s: float) -> subprocess.CompletedProcess:
@@ -67,3 +70,19 @@ def test_a_service_that_read_the_state_a_key_and_the_tables_exits_cleanly(log):
         assert done.returncode == 0, done.stderr[-2000:]
         codes.append(done.returncode)
     assert codes == [0] * (READER_RUNS + CHECKPOINT_RUNS)
+
+
+def test_the_library_scans_no_delta_table_through_a_python_file_system():
+    """The rule behind the exits above, as code (design.md §58): only `read_whole_table`
+    asks delta-rs for its dataset (to list the files, not to scan them); no library module
+    calls ``to_pyarrow_table``, ``to_pandas`` or a dataset scan of delta-rs's."""
+    calls = []
+    for package in ("checkpoints", "sinks", "streaming"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+                if (
+                    isinstance(node, ast.Attribute)
+                    and node.attr in SCANS_THROUGH_A_PYTHON_FILE_SYSTEM
+                ):
+                    calls.append(f"{path.relative_to(ROOT)} {node.attr}")
+    assert calls == ["checkpoints/table_read.py to_pyarrow_dataset"]
