@@ -25,10 +25,14 @@ table's log.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pyarrow as pa
-import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
+
+if TYPE_CHECKING:  # pyarrow.dataset imports pandas: only a read imports it (as delta-rs does)
+    import pyarrow.dataset as ds
 
 
 def read_whole_table(table: DeltaTable, columns: list[str] | None = None) -> pa.Table:
@@ -43,8 +47,12 @@ def read_whole_table(table: DeltaTable, columns: list[str] | None = None) -> pa.
     return pa.concat_tables(pieces) if pieces else schema.empty_table()
 
 
-def _read_fragment(dataset: ds.FileSystemDataset, fragment: ds.Fragment, schema: pa.Schema):
-    partition = ds.get_partition_keys(fragment.partition_expression)
+def _read_fragment(
+    dataset: ds.FileSystemDataset, fragment: ds.Fragment, schema: pa.Schema
+) -> pa.Table:
+    from pyarrow.dataset import get_partition_keys
+
+    partition = get_partition_keys(fragment.partition_expression)
     with dataset.filesystem.open_input_file(fragment.path) as source:
         data = source.read()  # on this thread (a Python file: Arrow's ReadAsync is no option)
     copy = pa.allocate_buffer(len(data))  # Arrow's memory: freed by any thread without the GIL
