@@ -303,7 +303,7 @@ soak-quick: $(STAMP)
 
 # Not part of `make test`: exit codes of processes that used the sink (about 10 min).
 soak-exit: $(STAMP)
-	$(PY) -m bench.soak_exit --runs 100 --spark-runs 10
+	$(PY) -m bench.soak_exit --runs 100 --spark-runs 10 --user-runs 10
 
 # Not part of `make test`: the sink on S3 behind the fault proxy, longer and harsher (20-30 min).
 soak-faults: $(STAMP)

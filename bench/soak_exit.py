@@ -3,7 +3,10 @@
 Runs ``tests/sinks/exit_script.py``: streaming-query processes (with and without
 ``close()``), Spark-free processes that leave a state-reading worker inside delta-rs
 at exit, and the same Spark-free processes with the worker *not* registered with
-`sinks.shutdown` (the control, which shows the abort). Prints exit codes per case.
+`sinks.shutdown` (the control, which shows the abort); a service's reads (`read_state`,
+`lookup`, ``status``, consumer offsets), the checkpoint tables read right before the exit,
+and their control, delta-rs's ``to_pyarrow_table`` (design.md §58); and a user's script with
+Spark (appends, ``state()``, `read_state`, `lookup`, ``close()``). Prints exit codes per case.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=100, help="Spark-free runs per case")
     parser.add_argument("--spark-runs", type=int, default=10, help="streaming-query runs")
+    parser.add_argument("--user-runs", type=int, default=10, help="user-script runs (Spark)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         cases: dict[str, collections.Counter[int]] = {}
@@ -48,6 +52,15 @@ def main() -> None:
             cases[name] = collections.Counter(
                 run("arrow", log, control=control) for _ in range(args.runs)
             )
+        for name, mode in (
+            ("service reads (no Spark)", "reader"),
+            ("checkpoint tables read, then exit", "checkpoints"),
+            ("control: delta-rs to_pyarrow_table, then exit", "to-pyarrow-table"),
+        ):
+            cases[name] = collections.Counter(run(mode, log) for _ in range(args.runs))
+        cases["user script (appends, state(), read_state, lookup, close())"] = collections.Counter(
+            run("user", f"{tmp}/user{i}/log") for i in range(args.user_runs)
+        )
     for name, codes in cases.items():
         print(f"{name}: " + ", ".join(f"exit {c}: {n}" for c, n in sorted(codes.items())))
 

@@ -32,6 +32,8 @@ from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundErr
 from deltalake.schema import Field
 from deltalake.transaction import CommitProperties
 
+from checkpoints.table_read import read_whole_table
+
 VACUUM_EVERY = 50  # versions between two deletions of the removed files (`vacuum_hours`)
 RETRIES = 10
 
@@ -72,14 +74,16 @@ class KeyedTable:
         """Every row of the table as of now (with ``where``, those equal to it in each column
         it names), as dicts; [] before the first write. Read-only.
 
-        Read with pyarrow (``to_pyarrow_table``): delta-rs's own query engine reads a few
-        small files about four times faster, but its reads of a file's footer fail on moto's
-        S3, where the fault tests run. Raises the store's errors (`OSError`).
+        Read with pyarrow on this thread (`read_whole_table`, not ``to_pyarrow_table``, whose
+        I/O threads can abort the process at exit: design.md §58); delta-rs's own query
+        engine reads a few small files about four times faster, but its reads of a file's
+        footer fail on moto's S3, where the fault tests run. Raises the store's errors
+        (`OSError`).
         """
         table = self.table()
         if table is None:
             return []
-        current = table.to_pyarrow_table()
+        current = read_whole_table(table)
         for column, value in (where or {}).items():
             # A mask, not an expression: an expression runs Acero on Arrow's thread pool.
             current = current.filter(pc.equal(current[column], value))
@@ -209,7 +213,7 @@ class KeyedTable:
 
     def _read(self, table: DeltaTable) -> _Rows:
         """``table``'s rows, with their keys."""
-        current = table.to_pyarrow_table()
+        current = read_whole_table(table)
         return _Rows(current, self._keys_of(current))
 
     def _rewrite(self, table: DeltaTable, current: _Rows, rows: pa.Table) -> None:

@@ -1,10 +1,25 @@
-"""The compacted-state sink: Kafka's log compaction for Delta Lake tables on Spark."""
+"""The compacted-state sink: Kafka's log compaction for Delta Lake tables on Spark.
 
-# First: without a supported pyspark module the import stops here, naming the range.
-from sinks.spark_compat import SparkVersionError  # isort: skip
-from sinks.cleaner.cleaner_stats import CleanerStats
-from sinks.config import CleanerConfig
-from sinks.errors import (
+The Arrow readers (`read_state`, `read_state_batches`, `lookup`), the config and the
+errors import no pyspark: a service without Spark reads a log with ``deltalake`` and
+``pyarrow`` alone (design.md §59). The Spark names (`CompactedStateSink`, `AppendReport`,
+`CleanerStats`, `CHECKPOINT_TABLE_DIR`) are imported when first used; without a pyspark
+module that use raises `SparkVersionError` naming the supported range.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# First: a pyspark older than 3.5 stops the import here, naming the range (no pyspark is
+# fine until a Spark name is used).
+from sinks.spark_version import refuse_an_old_pyspark  # isort: skip
+
+refuse_an_old_pyspark()
+
+from sinks.config import CleanerConfig  # noqa: E402
+from sinks.errors import (  # noqa: E402
     BadInputError,
     CleanerError,
     CommitConflictError,
@@ -21,12 +36,35 @@ from sinks.errors import (
     OffsetOutOfRangeError,
     QueryIdentityError,
     SchemaMismatchError,
+    SparkVersionError,
     TableFeatureError,
     TimeTravelError,
 )
-from sinks.reading.arrow_state import read_state, read_state_batches
-from sinks.reading.lookup import lookup
-from sinks.sink import CHECKPOINT_TABLE_DIR, AppendReport, CompactedStateSink
+from sinks.reading.arrow_state import read_state, read_state_batches  # noqa: E402
+from sinks.reading.lookup import lookup  # noqa: E402
+
+if TYPE_CHECKING:
+    from sinks.cleaner.cleaner_stats import CleanerStats
+    from sinks.sink import CHECKPOINT_TABLE_DIR, AppendReport, CompactedStateSink
+
+_SPARK_NAMES = {
+    "CHECKPOINT_TABLE_DIR": "sinks.sink",
+    "AppendReport": "sinks.sink",
+    "CleanerStats": "sinks.cleaner.cleaner_stats",
+    "CompactedStateSink": "sinks.sink",
+}
+"""The names whose modules import pyspark, and those modules: imported on first use."""
+
+
+def __getattr__(name: str) -> Any:
+    module = _SPARK_NAMES.get(name)
+    if module is None:
+        raise AttributeError(f"module 'sinks' has no attribute {name!r}")
+    importlib.import_module("sinks.spark_compat")  # no pyspark: SparkVersionError, by name
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "CHECKPOINT_TABLE_DIR",

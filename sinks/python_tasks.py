@@ -12,8 +12,7 @@ collection skips; a later collection walks only what later tasks made.
 from __future__ import annotations
 
 import gc
-
-from pyspark import TaskContext
+import sys
 
 _frozen = False
 
@@ -30,7 +29,11 @@ def freeze_imports() -> None:
     process, and the first task's own few objects). Returns nothing, raises nothing.
     """
     global _frozen
-    if _frozen or TaskContext.get() is None:
+    if _frozen or "pyspark" not in sys.modules:  # a Spark worker has imported pyspark
+        return
+    from pyspark import TaskContext  # here: importing this module imports no pyspark
+
+    if TaskContext.get() is None:
         return
     _frozen = True
     gc.freeze()

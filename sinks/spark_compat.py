@@ -3,8 +3,10 @@
 The sink runs on pyspark 3.5 and newer, whichever distribution provides the ``pyspark``
 module (pyspark itself, a platform runtime's, databricks-connect's, pyspark-client's): the
 produce path, passes, ``state()``, ``log()``, ``read_state``, the CLI and job files use only
-what every release from 3.5 has. Importing the package without a ``pyspark`` module, or with
-one older than 3.5, fails at once with `SparkVersionError` naming the supported range. A few
+what every release from 3.5 has. Importing this module without a ``pyspark`` module, or with
+one older than 3.5, fails at once with `SparkVersionError` naming the supported range (the
+package imports it when a Spark name is first used; the Arrow readers never do, and a
+pyspark older than 3.5 stops ``import sinks`` itself: `sinks.spark_version`). A few
 features are built on Python APIs that arrived later; on an older Spark they fail by name, at
 the call, with the version they need (`SparkVersionError`), and everything else keeps working:
 
@@ -33,13 +35,7 @@ from typing import Any
 import pyarrow as pa
 
 from sinks.errors import SparkVersionError
-
-MIN_VERSION: tuple[int, int] = (3, 5)
-SUPPORTED = "pyspark 3.5 to 4.x"
-INSTALL = (
-    "Use the Spark your platform provides (its runtime's pyspark, databricks-connect or "
-    "pyspark-client), or on a machine without one: pip install 'compacted-sink[spark]'."
-)
+from sinks.spark_version import check_version, no_pyspark_error
 
 DATA_SOURCE = "format('compacted-state')"
 STREAM_WRITER = "writeStream.format('compacted-state')"
@@ -51,36 +47,17 @@ _NEEDS: dict[str, tuple[int, int]] = {
 }
 
 
-def _version(text: str) -> tuple[int, int]:
-    """``(major, minor)`` of a version string such as ``3.5.9`` or ``4.1.0.dev0``."""
-    major, minor = (text.split(".") + ["0"])[:2]
-    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
-
-
 def check_installed() -> tuple[int, int]:
     """The ``(major, minor)`` of the installed ``pyspark`` module.
 
     Raises `SparkVersionError` naming the supported range when there is no ``pyspark``
-    module or it is older than `MIN_VERSION`.
+    module or it is older than `MIN_VERSION` (`sinks.spark_version`).
     """
     try:
         import pyspark
     except ImportError as e:
-        raise SparkVersionError(
-            "compacted-sink",
-            MIN_VERSION,
-            f"It runs on {SUPPORTED}. {INSTALL}",
-            found="no pyspark module is installed",
-        ) from e
-    version = _version(pyspark.__version__)
-    if version < MIN_VERSION:
-        raise SparkVersionError(
-            "compacted-sink",
-            MIN_VERSION,
-            f"It runs on {SUPPORTED}: upgrade the Spark it runs on, or install it into an "
-            f"environment with a supported one ({INSTALL})",
-        )
-    return version
+        raise no_pyspark_error() from e
+    return check_version(pyspark.__version__)
 
 
 SPARK_VERSION: tuple[int, int] = check_installed()

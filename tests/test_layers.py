@@ -1,7 +1,8 @@
 """The library's layers: no module imports one from a layer above its own.
 
 From the bottom: ``checkpoints``, ``sinks.errors``, ``sinks.crash_points``,
-``sinks.shutdown``, ``sinks.spark_compat`` and ``sinks.python_tasks``; ``sinks.config``;
+``sinks.shutdown``, ``sinks.spark_compat``, ``sinks.spark_version`` and
+``sinks.python_tasks``; ``sinks.config``;
 ``sinks.log`` (with ``sinks.log.foreign``) and ``sinks.spark_session``; ``sinks.produce``;
 ``sinks.maintenance``; ``sinks.cleaner``;
 ``sinks.reading``; ``sinks.sink``; then ``streaming`` by concern: ``streaming.consumers``,
@@ -29,6 +30,7 @@ LAYERS: list[tuple[str, ...]] = [
         "sinks.crash_points",
         "sinks.shutdown",
         "sinks.spark_compat",
+        "sinks.spark_version",
         "sinks.python_tasks",
     ),
     ("sinks.config",),

@@ -22,18 +22,53 @@
 - `rules`: what a pass keeps, in Spark and in Arrow side by side.
 """
 
-from sinks.cleaner.cleaner import Cleaner
-from sinks.cleaner.cleaner_manager import CleanerManager
-from sinks.cleaner.cleaner_stats import CleanerStats, format_bytes
-from sinks.cleaner.log_cleaner import Candidate, CleanerLoop, LogCleaner, RoundReport
-from sinks.cleaner.log_to_clean import (
-    LogToClean,
-    OffsetsToClean,
-    cleanable_offsets,
-    dirty_ratio,
-    nothing_cleanable_line,
-)
-from sinks.cleaner.throttler import budget_summary
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sinks.cleaner.cleaner import Cleaner
+    from sinks.cleaner.cleaner_manager import CleanerManager
+    from sinks.cleaner.cleaner_stats import CleanerStats, format_bytes
+    from sinks.cleaner.log_cleaner import Candidate, CleanerLoop, LogCleaner, RoundReport
+    from sinks.cleaner.log_to_clean import (
+        LogToClean,
+        OffsetsToClean,
+        cleanable_offsets,
+        dirty_ratio,
+        nothing_cleanable_line,
+    )
+    from sinks.cleaner.throttler import budget_summary
+
+_MODULE_OF = {
+    "Candidate": "sinks.cleaner.log_cleaner",
+    "Cleaner": "sinks.cleaner.cleaner",
+    "CleanerLoop": "sinks.cleaner.log_cleaner",
+    "CleanerManager": "sinks.cleaner.cleaner_manager",
+    "CleanerStats": "sinks.cleaner.cleaner_stats",
+    "LogCleaner": "sinks.cleaner.log_cleaner",
+    "LogToClean": "sinks.cleaner.log_to_clean",
+    "OffsetsToClean": "sinks.cleaner.log_to_clean",
+    "RoundReport": "sinks.cleaner.log_cleaner",
+    "budget_summary": "sinks.cleaner.throttler",
+    "cleanable_offsets": "sinks.cleaner.log_to_clean",
+    "dirty_ratio": "sinks.cleaner.log_to_clean",
+    "format_bytes": "sinks.cleaner.cleaner_stats",
+    "nothing_cleanable_line": "sinks.cleaner.log_to_clean",
+}
+"""Each name and its module, imported on first use: the Arrow readers import modules of
+this package, whose Spark modules they must not import (design.md §59)."""
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "Candidate",

@@ -12,15 +12,17 @@ beyond what Spark or Arrow raise on a bad column.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
 
 from sinks.log.latest import latest_offsets
 from sinks.log.log_keys import LogKeys
 from sinks.log.records import DELETE_HORIZON_MS, OFFSET, PARTITION, VALUE
+
+if TYPE_CHECKING:  # the Arrow readers import this module without pyspark (design.md §59)
+    from pyspark.sql import DataFrame
 
 _LATEST = "_latest"
 
@@ -30,6 +32,8 @@ _LATEST = "_latest"
 def latest_records(df: DataFrame, keys: LogKeys) -> DataFrame:
     """Spark: one row per key (``keys``' columns), its newest record (highest sequence
     then offset), all columns (a ``max_by`` over a struct of every column)."""
+    from pyspark.sql import functions as F
+
     key_columns, sequence_column = keys.key_columns, keys.sequence_column
     order = F.struct(*([F.col(sequence_column)] if sequence_column else []), F.col(OFFSET))
     rest = [c for c in df.columns if c not in key_columns]
@@ -43,6 +47,8 @@ def spark_latest_offsets(records: DataFrame, keys: LogKeys) -> DataFrame:
     Without a sequence ``max(offset)``; with one ``max(struct(sequence, offset))``, the
     order `latest_records` uses.
     """
+    from pyspark.sql import functions as F
+
     group, sequence_column = list(keys.key_columns), keys.sequence_column
     if sequence_column is None or sequence_column in (*group, OFFSET):
         return records.groupBy(*group).agg(F.max(OFFSET).alias(OFFSET))
@@ -67,6 +73,8 @@ def arrow_latest_offsets(records: pa.Table, keys: LogKeys) -> pa.Table:
 
 def drop_tombstones(df: DataFrame) -> DataFrame:
     """Spark: records whose value is not null (the live state)."""
+    from pyspark.sql import functions as F
+
     return df.filter(F.col(VALUE).isNotNull())
 
 
@@ -75,6 +83,8 @@ def drop_expired_tombstones(
 ) -> DataFrame:
     """Spark: remove tombstones whose delete horizon lies before this pass's start, except
     those at or above their partition's ``held_below``."""
+    from pyspark.sql import functions as F
+
     expired = (
         F.col(VALUE).isNull()
         & F.col(DELETE_HORIZON_MS).isNotNull()
@@ -90,6 +100,8 @@ def stamp_delete_horizon(
     df: DataFrame, *, pass_start_ms: int, delete_retention_ms: int
 ) -> DataFrame:
     """Spark: give each unstamped tombstone the horizon ``pass_start_ms + delete_retention_ms``."""
+    from pyspark.sql import functions as F
+
     unstamped = F.col(VALUE).isNull() & F.col(DELETE_HORIZON_MS).isNull()
     horizon = F.lit(pass_start_ms + delete_retention_ms).cast("long")
     return df.withColumn(

@@ -14,17 +14,19 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.types import StructType
 
 from sinks.log.records import RecordsT
 from sinks.log.segment_writer import nullable_schema
 from sinks.log.storage import LogLocation, normalize_uri
 from sinks.python_tasks import freeze_imports
-from sinks.spark_compat import utc_arrow_schema
+
+if TYPE_CHECKING:  # the Arrow readers import this module without pyspark (design.md §59)
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
 
 _PATH = "path"
 _BATCH_ROWS = 65_536
@@ -41,6 +43,8 @@ def read_files(
     dropped. Lazy like any DataFrame: files are opened when an action runs, so a
     file deleted before then fails that action with ``FileNotFoundError``.
     """
+    from sinks.spark_compat import utc_arrow_schema
+
     if not paths:
         return spark.createDataFrame([], schema)
     arrow_schema = nullable_schema(utc_arrow_schema(schema))

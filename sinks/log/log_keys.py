@@ -128,7 +128,7 @@ def log_keys(snapshot: LogSnapshot, *, read_only: bool = False) -> LogKeys:
     """
     check_compacted_log(snapshot.uri, snapshot.table, read_only=read_only)
     return LogKeys.from_properties(
-        snapshot.table.metadata().configuration, snapshot.spark_schema.names
+        snapshot.table.metadata().configuration, snapshot.arrow_schema.names
     )
 
 

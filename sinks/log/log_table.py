@@ -31,14 +31,12 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 import pyarrow as pa
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.types import StructType
 
 from checkpoints import now_ms
 from sinks.errors import CompactedSinkError, ConcurrentCommitError
@@ -71,7 +69,10 @@ from sinks.log.segment import (
 from sinks.log.segment_writer import WrittenSegment
 from sinks.log.snapshot_cache import SnapshotCache
 from sinks.log.storage import LogLocation, is_local, join
-from sinks.spark_compat import utc_arrow_schema
+
+if TYPE_CHECKING:  # the Arrow readers import this module without pyspark (design.md §59)
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
 
 AsOf = int | str | datetime
 
@@ -273,11 +274,17 @@ class LogSnapshot:
 
     @cached_property
     def spark_schema(self) -> StructType:
+        from pyspark.sql.types import StructType
+
         return StructType.fromJson(json.loads(self.table.schema().to_json()))
 
     @cached_property
     def arrow_schema(self) -> pa.Schema:
-        return log_arrow_schema(self.spark_schema)
+        """The Arrow schema of the log's files (`log_arrow_schema`), from delta-rs's own
+        conversion of the Delta schema: the same as pyspark's for every Delta type
+        (tests/log/test_arrow_schema.py), and the Arrow readers need no pyspark for it
+        (design.md §59)."""
+        return arrow_schema_of(self.table)
 
     @cached_property
     def _files(self) -> tuple[dict[int, list[Segment]], list[ForeignFile]]:
@@ -449,7 +456,15 @@ class LogSnapshot:
         raise ConcurrentCommitError(f"{self.uri}: still behind after {REBASE_ATTEMPTS} rebases")
 
 
+def arrow_schema_of(table: DeltaTable) -> pa.Schema:
+    """`log_arrow_schema` of ``table``'s Delta schema, converted by delta-rs, not pyspark."""
+    arrow = pa.schema(table.schema().to_arrow())
+    return pa.schema([f.with_nullable(True) for f in arrow])
+
+
 def log_arrow_schema(schema: StructType) -> pa.Schema:
     """The Arrow schema data files are written with: Delta's types, every field nullable."""
+    from sinks.spark_compat import utc_arrow_schema
+
     arrow = utc_arrow_schema(schema)
     return pa.schema([f.with_nullable(True) for f in arrow])

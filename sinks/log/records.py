@@ -21,11 +21,12 @@ from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 import pyarrow as pa
-from pyspark.sql import DataFrame
 
 from sinks.errors import BadInputError, SchemaMismatchError
 
 if TYPE_CHECKING:  # log_keys reads the column names below: a type-only edge
+    from pyspark.sql import DataFrame  # the Arrow readers import no pyspark (design.md §59)
+
     from sinks.log.log_keys import LogKeys
 
 RecordsT = TypeVar("RecordsT", pa.Table, pa.RecordBatch)

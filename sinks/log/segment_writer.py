@@ -17,15 +17,13 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake.transaction import AddAction
-from pyspark.sql import DataFrame
-from pyspark.sql.types import StructType
 
 from sinks.log.key_filter import (
     KEY_FILTER_OFF_ENV,
@@ -38,6 +36,10 @@ from sinks.log.records import DELETE_HORIZON_MS, OFFSET, PARTITION
 from sinks.log.segment import segment_path
 from sinks.log.storage import LogLocation, arrow_filesystem
 from sinks.python_tasks import freeze_imports
+
+if TYPE_CHECKING:  # the Arrow readers import this module without pyspark (design.md §59)
+    from pyspark.sql import DataFrame
+    from pyspark.sql.types import StructType
 
 WRITTEN_SEGMENT_DDL = (
     "path string, size_bytes long, partition int, base_offset long, last_offset long, "

@@ -48,6 +48,7 @@ import pyarrow.fs as pafs
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
+from checkpoints.table_read import read_whole_table
 from sinks.errors import ConfigError, UnsupportedStoreError
 
 Store = Literal["local", "s3", "gcs", "azure"]
@@ -233,9 +234,9 @@ class LogLocation:
 
     def read_arrow(self) -> pa.Table | None:
         """Every row of the table here, at its latest version; None when there is no table.
-        Read-only."""
+        Read-only; read on this thread, not by ``to_pyarrow_table`` (design.md §58)."""
         try:
-            return self.delta_table().to_pyarrow_table()
+            return read_whole_table(self.delta_table())
         except TableNotFoundError:
             return None
 

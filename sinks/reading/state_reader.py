@@ -36,10 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
-from pyspark.sql import types as T
+from typing import TYPE_CHECKING
 
 from sinks.cleaner.rules import spark_latest_offsets
 from sinks.config import CleanerConfig
@@ -47,7 +44,10 @@ from sinks.log.log_keys import LogKeys
 from sinks.log.log_table import LogSnapshot, LogTable
 from sinks.log.records import OFFSET, PARTITION, VALUE
 from sinks.log.segment import DataFile, ForeignFile, Segment, split_clean
-from sinks.reading.partition_state import partition_state
+
+if TYPE_CHECKING:  # `read_state` imports this module without pyspark (design.md §59)
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import types as T
 
 # The largest lookup table (estimated, see `broadcast_bytes`) this reader asks Spark
 # to broadcast: an eighth of the 1 GiB Spark gives a driver by default, and of
@@ -59,7 +59,6 @@ from sinks.reading.partition_state import partition_state
 TAIL_BROADCAST_MAX_BYTES = 128 * 1024 * 1024
 
 _WINNER = "_winner_offset"
-_VARIABLE_WIDTH = (T.StringType, T.BinaryType, T.ArrayType, T.MapType, T.StructType)
 
 
 @dataclass(frozen=True)
@@ -112,7 +111,10 @@ def broadcast_bytes(rows: int, fields: Sequence[T.DataType]) -> int:
     null bitmap, 8 bytes a field, and variable-width data (counted as 24 bytes, Spark's
     20-byte default size rounded to a word); plus 16 bytes of hash-map entry.
     """
-    row = 8 + 8 * len(fields) + sum(24 for f in fields if isinstance(f, _VARIABLE_WIDTH))
+    from pyspark.sql import types as T
+
+    variable_width = (T.StringType, T.BinaryType, T.ArrayType, T.MapType, T.StructType)
+    row = 8 + 8 * len(fields) + sum(24 for f in fields if isinstance(f, variable_width))
     return rows * (2 * row + 16)
 
 
@@ -139,6 +141,8 @@ def spark_state(
     Records below a log start offset are not read (`LogTable.read`). Reads only;
     ``snapshot`` may be an older version.
     """
+    from sinks.reading.partition_state import partition_state
+
     keys, sequence_column = [*log_keys.key_columns], log_keys.sequence_column
     sections = log_sections(snapshot)
     if not sections.dirty:
@@ -207,6 +211,8 @@ def _keep_winners(
     sequence every tail key's winner lies in the tail, above every clean offset of
     its partition; with one, the winner may be the clean row itself, which stays.
     """
+    from pyspark.sql import functions as F
+
     key_columns = keys.key_columns
     on = [PARTITION, *key_columns]
     table = _hint(winners.withColumnRenamed(OFFSET, _WINNER), small).alias("w")
@@ -224,8 +230,12 @@ def _keep_winners(
 
 
 def _hint(df: DataFrame, small: bool) -> DataFrame:
+    from pyspark.sql import functions as F
+
     return F.broadcast(df) if small else df
 
 
 def _live(records: DataFrame, keys: LogKeys) -> DataFrame:
+    from pyspark.sql import functions as F
+
     return records.select(*keys.key_columns, VALUE).filter(F.col(VALUE).isNotNull())
