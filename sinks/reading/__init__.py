@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from sinks.errors import ReplayError
+    from sinks.log.log_format import RESTORE_APP_ID
     from sinks.reading.arrow_export import (
         export_state_arrow,
         verify_export_arrow,
@@ -24,7 +25,6 @@ if TYPE_CHECKING:
         is_faithful,
         read_manifest,
     )
-    from sinks.log.log_format import RESTORE_APP_ID
     from sinks.reading.lookup import wanted_keys
     from sinks.reading.replay import RestoreSource, check_target, replay
     from sinks.reading.state_reader import spark_state
