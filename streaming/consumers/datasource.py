@@ -65,12 +65,14 @@ from sinks.spark_compat import (
     STREAM_READER,
     STREAM_WRITER,
     DataSource,
+    DataSourceReader,
     DataSourceStreamArrowWriter,
+    DataSourceStreamReader,
     WriterCommitMessage,
     require,
 )
 from sinks.spark_session import checkpoint_query_id
-from streaming.consumers import consumer_source
+from streaming.consumers import change_feed_source, consumer_source
 from streaming.consumers.source_options import SourceOptions
 
 FORMAT = "compacted-state"
@@ -117,19 +119,26 @@ class CompactedStateDataSource(DataSource):
         return FORMAT
 
     def schema(self) -> T.StructType:
-        return consumer_source.source_schema(SourceOptions.parse(self.options).path)
+        options = SourceOptions.parse(self.options)
+        if options.read_change_feed:
+            return change_feed_source.change_feed_schema(options.path)
+        return consumer_source.source_schema(options.path)
 
-    def streamReader(self, schema: T.StructType) -> consumer_source.ConsumerStreamReader:  # noqa: N802
+    def streamReader(self, schema: T.StructType) -> DataSourceStreamReader:  # noqa: N802
         require(
             STREAM_READER,
             "Read the log with spark.read.format('compacted-state') (a batch read), "
             "sink.log() or read_state().",
         )
         options = SourceOptions.parse(self.options)
+        if options.read_change_feed:
+            return change_feed_source.ChangeFeedStreamReader(options, schema)
         return consumer_source.ConsumerStreamReader(options, schema)
 
-    def reader(self, schema: T.StructType) -> consumer_source.ConsumerBatchReader:
+    def reader(self, schema: T.StructType) -> DataSourceReader:
         options = SourceOptions.parse(self.options)
+        if options.read_change_feed:
+            return change_feed_source.ChangeFeedBatchReader(options, schema)
         return consumer_source.ConsumerBatchReader(options, schema)
 
     def streamWriter(self, schema: T.StructType, overwrite: bool) -> CompactedStateStreamWriter:  # noqa: N802
