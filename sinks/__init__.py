@@ -6,6 +6,7 @@ from sinks.cleaner.cleaner_stats import CleanerStats
 from sinks.config import CleanerConfig
 from sinks.errors import (
     BadInputError,
+    ChangeDataExpiredError,
     CleanerError,
     CommitConflictError,
     CompactedSinkError,
@@ -13,7 +14,6 @@ from sinks.errors import (
     CorruptDataFileError,
     DataFileError,
     ForeignChangeError,
-    ChangeDataExpiredError,
     HistoryExpiredError,
     KeyColumnsMismatchError,
     LogCorruptedError,

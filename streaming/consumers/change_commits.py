@@ -1,4 +1,4 @@
-"""The change feed's commits, read from the Delta log on the driver: which offsets each append added.
+"""The change feed's commits, read from the Delta log on the driver: what each append added.
 
 An append is one Delta commit (design.md §2) that adds the batch's segments; their
 statistics give, per partition, the offsets it added, ``[first, until)``. Every other

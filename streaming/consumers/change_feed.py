@@ -26,13 +26,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow as pa
 
 from sinks.log import OFFSET, PARTITION, LogTable, Segment
-from sinks.log.records import VALUE
 from sinks.log.log_keys import LogKeys, log_keys
+from sinks.log.records import VALUE
 from sinks.python_tasks import freeze_imports
 from sinks.reading.lookup import KeyLookup
 from sinks.spark_compat import InputPartition
@@ -178,7 +179,5 @@ def _order(record: Mapping[str, Any], keys: LogKeys) -> tuple:
     return (record.get(sequence) is not None, record.get(sequence), record[OFFSET])
 
 
-def _utc(ms: int) -> Any:
-    from datetime import UTC, datetime
-
+def _utc(ms: int) -> datetime:
     return datetime.fromtimestamp(ms / 1000, UTC)

@@ -30,6 +30,7 @@ from pyspark.sql import types as T
 
 from sinks.errors import ConfigError
 from sinks.log import DELETE_HORIZON_MS, LogSnapshot, LogTable, log_arrow_schema, normalize_uri
+from sinks.log.foreign.commits import read_commit
 from sinks.spark_compat import (
     DataSourceReader,
     DataSourceStreamReader,
@@ -265,8 +266,6 @@ def _commit_ms(commits: ChangeCommits, version: int) -> int:
     append: AppendCommit | None = commits.commit(version)
     if append is not None:
         return append.timestamp_ms
-    from sinks.log.foreign.commits import read_commit
-
     actions = read_commit(commits.log.location, version) or []
     info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
     return int(info.get("timestamp") or 0)
