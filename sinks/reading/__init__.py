@@ -18,6 +18,7 @@ from sinks.reading.export_format import (
     is_faithful,
     read_manifest,
 )
+from sinks.reading.lookup import KeyLookup
 from sinks.reading.replay import (
     RESTORE_APP_ID,
     RestoreSource,
@@ -32,6 +33,7 @@ __all__ = [
     "RESTORE_APP_ID",
     "CarriedConfig",
     "ExportReport",
+    "KeyLookup",
     "ReplayError",
     "RestoreSource",
     "check_target",

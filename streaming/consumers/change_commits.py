@@ -17,10 +17,15 @@ from urllib.parse import unquote
 
 from sinks.config import DELETED_FILE_RETENTION_DURATION, format_interval
 from sinks.errors import ChangeDataExpiredError
-from sinks.log import LogTable
-from sinks.log.foreign.commits import COMMIT_INFO_KEY, read_commit
-from sinks.log.history_window import list_delta_log, oldest_reachable_version, window_of
-from sinks.log.log_table import now_ms
+from sinks.log import (
+    COMMIT_INFO_KEY,
+    LogTable,
+    list_delta_log,
+    now_ms,
+    oldest_reachable_version,
+    read_commit,
+    window_of,
+)
 
 CHANGE_FEED_RETENTION = f"file.delete.delay.ms ({DELETED_FILE_RETENTION_DURATION})"
 

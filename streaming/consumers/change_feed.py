@@ -31,11 +31,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from sinks.log import OFFSET, PARTITION, LogTable, Segment
-from sinks.log.log_keys import LogKeys, log_keys
-from sinks.log.records import VALUE
+from sinks.log import OFFSET, PARTITION, VALUE, LogKeys, LogTable, Segment, log_keys
 from sinks.python_tasks import freeze_imports
-from sinks.reading.lookup import KeyLookup
+from sinks.reading import KeyLookup
 from sinks.spark_compat import InputPartition
 from streaming.consumers.consumer_position import FetchRange
 from streaming.consumers.fetch_plan import ConsumerReadPartition

@@ -29,8 +29,14 @@ import pyarrow as pa
 from pyspark.sql import types as T
 
 from sinks.errors import ConfigError
-from sinks.log import DELETE_HORIZON_MS, LogSnapshot, LogTable, log_arrow_schema, normalize_uri
-from sinks.log.foreign.commits import read_commit
+from sinks.log import (
+    DELETE_HORIZON_MS,
+    LogSnapshot,
+    LogTable,
+    log_arrow_schema,
+    normalize_uri,
+    read_commit,
+)
 from sinks.spark_compat import (
     DataSourceReader,
     DataSourceStreamReader,
