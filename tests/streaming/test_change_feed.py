@@ -72,6 +72,7 @@ def test_an_aggregate_kept_from_the_feed_equals_the_states(spark, tmp_path):
         read_through = latest
 
 
+@pytest.mark.both_sessions
 def test_same_value_update_and_unknown_tombstone(spark, tmp_path):
     register(spark)
     path = str(tmp_path / "log")
