@@ -75,6 +75,16 @@ class ChangeCommits:
             version -= 1
         return version
 
+    def ends_at(self, version: int, latest: int, ends: Mapping[int, int]) -> dict[int, int]:
+        """The log end offsets at ``version`` (``ends``: those of ``latest``), from the
+        appends after it: no time travel, so a version past the window still has them."""
+        ends = dict(ends)
+        for v in range(latest, version, -1):
+            append = self.commit(v)
+            if append is not None:
+                ends.update({p: first for p, (first, _) in append.ranges.items()})
+        return ends
+
     def check_reachable(self, version: int) -> None:
         """Raise `ChangeDataExpiredError` when time travel no longer reaches ``version`` (a
         change's before-images are read there, design.md §57)."""

@@ -152,6 +152,7 @@ class ChangeFeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self.options = options
         self._available_now: int | None = None
         self._committed: tuple[int, float] | None = None
+        self._initial: dict | None = None  # Spark may ask twice; the first answer holds
 
     def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802
         self._available_now = self.reading.snapshot().version
@@ -159,6 +160,8 @@ class ChangeFeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     def initialOffset(self) -> dict:  # noqa: N802
         """Where the feed starts: a registered consumer's committed offsets first, then
         ``startingVersion``, then ``startingOffsets``."""
+        if self._initial is not None:
+            return self._initial
         options, reading = self.options, self.reading
         version = NOTHING_READ
         committed: Positions = {}
@@ -175,7 +178,8 @@ class ChangeFeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             version = reading.version_at(options.starting_offsets)
         if options.consumer_id is not None:
             self._commit(version)  # registered from now on
-        return {VERSION: version}
+        self._initial = {VERSION: version}
+        return self._initial
 
     def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802
         return ReadAllAvailable()
@@ -207,14 +211,12 @@ class ChangeFeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             if last == version and now - at < self.options.consumer_expiration_ms / 4000:
                 return
         self._committed = (version, now)
+        snapshot = self.reading.snapshot()
         if version < 0:
-            positions: Positions = {}
-            snapshot = self.reading.snapshot()
             positions = {p: snapshot.log_start_offset(p) for p in snapshot.partitions}
         else:
-            snapshot = self.reading.log.snapshot(version, verify=False, repair=False)
-            assert snapshot is not None
-            positions = snapshot.log_end_offsets()
+            ends = snapshot.log_end_offsets()
+            positions = self.reading.commits.ends_at(version, snapshot.version, ends)
         self.options.consumer_offsets().commit(
             self.options.path,
             self.options.consumer_id,

@@ -139,8 +139,30 @@ def test_a_read_past_the_retention_is_refused_by_name(spark, tmp_path):
     sink = CompactedStateSink(path, config=window)
     schema = "key string, value int, partition int"
     sink(spark.createDataFrame([("a", 1, 0)], schema), 0)
-    time.sleep(1.5)
+    checkpoint = str(tmp_path / "chk")
+
+    def run():
+        query = (
+            spark.readStream.format("compacted-state")
+            .option("readChangeFeed", "true")
+            .option("consumer.id", "slow")
+            .load(path)
+            .writeStream.foreachBatch(lambda df, _: df.collect())
+            .option("checkpointLocation", checkpoint)
+            .trigger(availableNow=True)
+            .start()
+        )
+        try:
+            query.awaitTermination(120)
+        except Exception as failed:  # noqa: BLE001 - the query's failure is the answer
+            return failed
+        return query.exception()
+
+    assert run() is None  # the state as inserts
+    time.sleep(1.5)  # the consumer lags past the window
     sink(spark.createDataFrame([("a", 2, 0)], schema), 1)
     with pytest.raises(Exception, match="ChangeDataExpiredError") as caught:
         feed(spark, path, startingVersion=0).collect()
     assert "file.delete.delay.ms" in str(caught.value)
+    lagged = run()  # refused by name, not given net changes
+    assert lagged is not None and "ChangeDataExpiredError" in str(lagged)
