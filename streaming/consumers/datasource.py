@@ -112,7 +112,8 @@ def register(spark: SparkSession) -> None:
 
 class CompactedStateDataSource(DataSource):
     """The ``compacted-state`` format: a streaming sink over one compacted log, and its
-    consumers' reader (``readStream`` / ``read``, see `streaming.consumers.consumer_source`)."""
+    consumers' reader (``readStream`` / ``read``, see `streaming.consumers.consumer_source`);
+    with ``readChangeFeed`` its change feed (`streaming.consumers.change_feed_source`)."""
 
     @classmethod
     def name(cls) -> str:
