@@ -294,6 +294,15 @@ bench-checkpoint: $(STAMP)
 bench-cluster: $(STAMP)
 	$(PY) -m bench.cluster_pass --out bench
 
+# Not part of `make test`: the change feed at 1e6 keys x 512 B, the append, its bytes and one
+# batch's feed against delta-spark's MERGE and table_changes (bench/change_feed.json; about
+# 15 min on 2 shared cores), then Delta's judge over a longer workload (60 batches).
+.PHONY: bench-change-feed
+bench-change-feed: $(KAFKA_STAMP) $(DELTA_JARS)
+	$(KAFKA_PY) -m bench.change_feed --out bench/change_feed.json
+	COMPACTED_SINK_DELTA_TESTS=required COMPACTED_SINK_CDF_BATCHES=60 \
+	  $(KAFKA_PY) -m pytest -q -m delta_spark tests/delta_spark/test_change_feed_judge.py
+
 # Not part of `make test`: 3,000 micro-batches through a streaming query (20-40 min).
 soak: $(STAMP)
 	$(PY) -m bench.soak --out bench

@@ -21,6 +21,7 @@ refuse_an_old_pyspark()
 from sinks.config import CleanerConfig  # noqa: E402
 from sinks.errors import (  # noqa: E402
     BadInputError,
+    ChangeDataExpiredError,
     CleanerError,
     CommitConflictError,
     CompactedSinkError,
@@ -80,6 +81,7 @@ __all__ = [
     "CorruptDataFileError",
     "DataFileError",
     "ForeignChangeError",
+    "ChangeDataExpiredError",
     "HistoryExpiredError",
     "KeyColumnsMismatchError",
     "LogCorruptedError",

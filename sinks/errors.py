@@ -112,6 +112,11 @@ class HistoryExpiredError(TimeTravelError):
     """Raised when time travel asks for a version older than the history window keeps."""
 
 
+class ChangeDataExpiredError(HistoryExpiredError):
+    """Raised when a change feed read needs a version past the feed's retention (the history
+    window): the before-images of its changes can no longer be read. Kafka's OffsetOutOfRange."""
+
+
 class ReplayError(CompactedSinkError):
     """Raised when an export cannot be written, read or verified, or a restore cannot start."""
 

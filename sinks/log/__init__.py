@@ -10,6 +10,7 @@ log owns (`ownership`). Commits other engines make to the log are read in
 """
 
 from sinks.log.file_reader import conform
+from sinks.log.foreign.commits import read_commit
 from sinks.log.history_window import (
     list_delta_log,
     oldest_reachable_version,
@@ -18,7 +19,7 @@ from sinks.log.history_window import (
 )
 from sinks.log.log_config import alter_log_config
 from sinks.log.log_format import COMMIT_INFO_KEY, DELTA_LOG_DIR
-from sinks.log.log_keys import LogKeys
+from sinks.log.log_keys import LogKeys, log_keys
 from sinks.log.log_table import LogSnapshot, LogTable, log_arrow_schema, now_ms
 from sinks.log.ownership import (
     check_log_location,
@@ -27,7 +28,7 @@ from sinks.log.ownership import (
     is_delta_rs_data_path,
     is_own_data_path,
 )
-from sinks.log.records import DECODE_ERROR, DELETE_HORIZON_MS, OFFSET, PARTITION, TIMESTAMP
+from sinks.log.records import DECODE_ERROR, DELETE_HORIZON_MS, OFFSET, PARTITION, TIMESTAMP, VALUE
 from sinks.log.segment import Segment, is_segment_path
 from sinks.log.segment_writer import WrittenSegment
 from sinks.log.storage import (
@@ -47,7 +48,10 @@ __all__ = [
     "OFFSET",
     "PARTITION",
     "TIMESTAMP",
+    "VALUE",
     "LogKeys",
+    "log_keys",
+    "read_commit",
     "LogLocation",
     "LogSnapshot",
     "LogTable",

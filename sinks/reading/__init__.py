@@ -25,7 +25,7 @@ if TYPE_CHECKING:
         is_faithful,
         read_manifest,
     )
-    from sinks.reading.lookup import wanted_keys
+    from sinks.reading.lookup import KeyLookup, wanted_keys
     from sinks.reading.replay import RestoreSource, check_target, replay
     from sinks.reading.state_reader import spark_state
 
@@ -33,6 +33,7 @@ _MODULE_OF = {
     "CarriedConfig": "sinks.reading.export_format",
     "EXACT": "sinks.reading.export_format",
     "ExportReport": "sinks.reading.export",
+    "KeyLookup": "sinks.reading.lookup",
     "NEW_OFFSETS": "sinks.reading.export_format",
     "RESTORE_APP_ID": "sinks.log.log_format",
     "ReplayError": "sinks.errors",
@@ -68,6 +69,7 @@ __all__ = [
     "RESTORE_APP_ID",
     "CarriedConfig",
     "ExportReport",
+    "KeyLookup",
     "ReplayError",
     "RestoreSource",
     "check_target",

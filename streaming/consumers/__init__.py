@@ -5,7 +5,9 @@ are the consumers' (and whose writer appends with the log's produce path);
 `consumer_source`: the readers Spark calls; `consumer_position`: a consumer's
 position per partition, pure; `source_options`: the source's options; `fetch_plan`:
 the files each task reads, planned on the driver; `fetcher`: the tasks' reads and
-``offsetsForTimes``; `consumer_groups`: Kafka's ``kafka-consumer-groups.sh`` for a log.
+``offsetsForTimes``; `change_feed_source`, `change_feed`, `change_commits`:
+``readChangeFeed``, Delta's Change Data Feed of the log; `consumer_groups`: Kafka's
+``kafka-consumer-groups.sh`` for a log.
 """
 
 from sinks.errors import DataLossError

@@ -65,12 +65,14 @@ from sinks.spark_compat import (
     STREAM_READER,
     STREAM_WRITER,
     DataSource,
+    DataSourceReader,
     DataSourceStreamArrowWriter,
+    DataSourceStreamReader,
     WriterCommitMessage,
     require,
 )
 from sinks.spark_session import checkpoint_query_id
-from streaming.consumers import consumer_source
+from streaming.consumers import change_feed_source, consumer_source
 from streaming.consumers.source_options import SourceOptions
 
 FORMAT = "compacted-state"
@@ -110,26 +112,34 @@ def register(spark: SparkSession) -> None:
 
 class CompactedStateDataSource(DataSource):
     """The ``compacted-state`` format: a streaming sink over one compacted log, and its
-    consumers' reader (``readStream`` / ``read``, see `streaming.consumers.consumer_source`)."""
+    consumers' reader (``readStream`` / ``read``, see `streaming.consumers.consumer_source`);
+    with ``readChangeFeed`` its change feed (`streaming.consumers.change_feed_source`)."""
 
     @classmethod
     def name(cls) -> str:
         return FORMAT
 
     def schema(self) -> T.StructType:
-        return consumer_source.source_schema(SourceOptions.parse(self.options).path)
+        options = SourceOptions.parse(self.options)
+        if options.read_change_feed:
+            return change_feed_source.change_feed_schema(options.path)
+        return consumer_source.source_schema(options.path)
 
-    def streamReader(self, schema: T.StructType) -> consumer_source.ConsumerStreamReader:  # noqa: N802
+    def streamReader(self, schema: T.StructType) -> DataSourceStreamReader:  # noqa: N802
         require(
             STREAM_READER,
             "Read the log with spark.read.format('compacted-state') (a batch read), "
             "sink.log() or read_state().",
         )
         options = SourceOptions.parse(self.options)
+        if options.read_change_feed:
+            return change_feed_source.ChangeFeedStreamReader(options, schema)
         return consumer_source.ConsumerStreamReader(options, schema)
 
-    def reader(self, schema: T.StructType) -> consumer_source.ConsumerBatchReader:
+    def reader(self, schema: T.StructType) -> DataSourceReader:
         options = SourceOptions.parse(self.options)
+        if options.read_change_feed:
+            return change_feed_source.ChangeFeedBatchReader(options, schema)
         return consumer_source.ConsumerBatchReader(options, schema)
 
     def streamWriter(self, schema: T.StructType, overwrite: bool) -> CompactedStateStreamWriter:  # noqa: N802

@@ -3,7 +3,8 @@
 The Kafka source's options where Spark's Kafka source has them (``startingOffsets``,
 ``startingTimestamp``, ``endingOffsets``, ``maxOffsetsPerTrigger``,
 ``failOnDataLoss``), and a consumer group's (``consumer.id``,
-``consumer.expiration.ms``); `streaming.consumers.consumer_source` says what each means.
+``consumer.expiration.ms``), and Delta's change feed's (``readChangeFeed``,
+``startingVersion``, ``endingVersion``); `streaming.consumers.consumer_source` says what each means.
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ class SourceOptions:
     consumer_id: str | None
     consumer_expiration_ms: int
     checkpoint_table: str
+    read_change_feed: bool = False  # Delta's readChangeFeed (design.md §56)
+    starting_version: int | None = None  # the feed's first commit version (Delta's name)
+    ending_version: int | None = None  # the feed's last commit version, inclusive (batch reads)
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -58,6 +62,9 @@ class SourceOptions:
             checkpoint_table=normalize_uri(
                 options.get("checkpoint_table") or sibling(path, CHECKPOINT_TABLE_DIR)
             ),
+            read_change_feed=_bool(options, "readChangeFeed", default=False),
+            starting_version=_int(options, "startingVersion", minimum=0),
+            ending_version=_int(options, "endingVersion", minimum=0),
         )
 
     def consumer_offsets(self) -> ConsumerOffsets:
