@@ -49,6 +49,7 @@ DEPENDENCY_PLUGIN := org.apache.maven.plugins:maven-dependency-plugin:3.8.1
 fetch-jars = rm -rf $(2) && $(MVN) -q -B -f $(1) $(3) \
 	$(DEPENDENCY_PLUGIN):copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(CURDIR)/$(2)
 KAFKA_JARS := $(JARS)/kafka/.fetched
+DEBEZIUM_JARS := $(JARS)/debezium/.fetched
 SPARK_KAFKA_JARS := $(JARS)/spark-kafka-$(KAFKA_SPARK)/.fetched
 # Spark's own Delta (delta-spark 4.4: built for Spark 4.0-4.2, none for 4.3), for the tests
 # marked `delta_spark`; they run on the same venv as the Kafka tests.
@@ -119,7 +120,12 @@ $(KAFKA_JARS) $(SPARK_KAFKA_JARS) &: jvm/pom.xml jvm/kafka/pom.xml jvm/spark-kaf
 $(DELTA_JARS) $(HADOOP_AWS_JARS) &: jvm/pom.xml jvm/delta/pom.xml jvm/hadoop-aws/pom.xml | $(SPARK_KAFKA_JARS)
 	$(call fetch-jar-sets,delta$(comma)hadoop-aws,$(DELTA_JARS) $(HADOOP_AWS_JARS))
 
-jars: $(KAFKA_JARS) $(SPARK_KAFKA_JARS) $(DELTA_JARS) $(HADOOP_AWS_JARS)
+# A Kafka Connect worker with Debezium's PostgreSQL connector, for the change-event tests
+# (tests/kafka/test_debezium_pipeline.py). After the other groups: one local repository.
+$(DEBEZIUM_JARS): jvm/pom.xml jvm/debezium/pom.xml | $(DELTA_JARS)
+	$(call fetch-jar-sets,debezium,$(DEBEZIUM_JARS))
+
+jars: $(KAFKA_JARS) $(SPARK_KAFKA_JARS) $(DELTA_JARS) $(HADOOP_AWS_JARS) $(DEBEZIUM_JARS)
 
 demo: $(DEMO_STAMP)
 	$(DEMO_VENV)/bin/compacted-sink demo --lake lake-demo
