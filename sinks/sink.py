@@ -33,6 +33,7 @@ from sinks.log.log_config import opened_log_config
 from sinks.log.log_keys import opened_log_keys
 from sinks.log.log_table import AsOf, LogSnapshot, LogTable, now_ms
 from sinks.log.ownership import PARTITIONS_TXN
+from sinks.log.records import VALUE
 from sinks.log.s3a_options import (
     S3A_PREFIX,
     credential_setting_names,
@@ -182,6 +183,11 @@ class CompactedStateSink:
             if unwrapped is not None:
                 unwrapped.release()
 
+    def _log_value_type(self) -> object:
+        """The log's ``value`` type, or None before the log exists."""
+        snapshot = self.log_table.snapshot()
+        return None if snapshot is None else snapshot.spark_schema[VALUE].dataType
+
     def _unwrapped(self, batch_df: DataFrame) -> DebeziumBatch | None:
         """The batch's change events as records under ``value_format`` (design.md §52), or
         None without one. A tombstone's and a TOAST value's previous state is the log's."""
@@ -198,6 +204,7 @@ class CompactedStateSink:
             batch_df,
             key_columns=self.key_columns,
             previous_state=previous_state,
+            log_value=self._log_value_type(),
             refuse=self.dead_letter_table is None,
         )
 

@@ -172,6 +172,7 @@ def unwrap(
     *,
     key_columns: Sequence[str],
     previous_state: PreviousState,
+    log_value: T.DataType | None = None,
     refuse: bool = True,
 ) -> DebeziumBatch:
     """The sink's records of ``batch``'s Debezium change events (the module's contract).
@@ -180,6 +181,9 @@ def unwrap(
     inferred over the batch), the keys whose previous state the log must give, and with
     ``refuse`` the refused rows, raising `BadInputError` with their reasons before anything
     is written (without ``refuse`` they stay in ``_decode_error`` for the dead letters).
+    ``log_value`` is the log's ``value`` type: a field it has that the batch's events lack
+    (events from before a column was added, redelivered) is kept, null, as the log keeps
+    every field it has had.
     """
     missing = [c for c in ("key", "value", OFFSET) if c not in batch.columns]
     if missing:
@@ -199,6 +203,7 @@ def unwrap(
             after_type=after_type,
             after_fields=after_fields,
             previous_state=previous_state,
+            log_value=log_value,
         )
         if refuse:
             _refuse(out.records)
@@ -331,6 +336,7 @@ def _records(
     after_type: T.StructType,
     after_fields: list[dict[str, Any]],
     previous_state: PreviousState,
+    log_value: T.DataType | None,
 ) -> DataFrame:
     names = [f.name for f in key_type.fields]
     if key_type.fields and sorted(names) != sorted(key_columns):
@@ -396,6 +402,21 @@ def _records(
             column = F.when(F.col(f"_p_{f.name}"), resolved).otherwise(column)
         schema = next((s for s in after_fields if s["field"] == f.name), {})
         fields.append(_logical(schema, column).alias(f.name))
+    if isinstance(log_value, T.StructType):
+        ours = {f.name for f in after_type.fields}
+        kept = [
+            F.lit(None).cast(f.dataType).alias(f.name)
+            for f in log_value.fields
+            if f.name not in ours
+        ]
+        by_name = dict(zip([f.name for f in after_type.fields], fields, strict=True))
+        by_name.update(
+            zip([f.name for f in log_value.fields if f.name not in ours], kept, strict=True)
+        )
+        order = [f.name for f in log_value.fields] + [
+            f.name for f in after_type.fields if f.name not in {g.name for g in log_value.fields}
+        ]
+        fields = [by_name[name] for name in order]
     value = F.when(upsert, F.struct(*fields))
     unresolved_names = F.concat_ws(", ", *unresolved) if unresolved else F.lit("")
     reason = (

@@ -39,7 +39,18 @@ class LocalPostgres:
     def start(self) -> None:
         run = {"check": True, "capture_output": True, "timeout": 120}
         subprocess.run(
-            _as_postgres([str(PG_BIN / "initdb"), "-A", "trust", "-U", "postgres", "-N", "-D", str(self.data)]),
+            _as_postgres(
+                [
+                    str(PG_BIN / "initdb"),
+                    "-A",
+                    "trust",
+                    "-U",
+                    "postgres",
+                    "-N",
+                    "-D",
+                    str(self.data),
+                ]
+            ),
             **run,
         )
         settings = (
@@ -48,7 +59,17 @@ class LocalPostgres:
         )
         subprocess.run(
             _as_postgres(
-                [str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-l", str(self.dir / "log"), "-w", "-o", settings, "start"]
+                [
+                    str(PG_BIN / "pg_ctl"),
+                    "-D",
+                    str(self.data),
+                    "-l",
+                    str(self.dir / "log"),
+                    "-w",
+                    "-o",
+                    settings,
+                    "start",
+                ]
             ),
             **run,
         )
@@ -118,6 +139,13 @@ class ConnectWorker:
 
     def tail(self, lines: int = 30) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+    def kill(self) -> None:
+        """kill -9: what Connect had not flushed of its offsets it sends again on restart."""
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait(30)
+        self.process = None
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
