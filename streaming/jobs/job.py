@@ -42,8 +42,12 @@ from typing import Any, Literal
 
 from sinks import CleanerConfig, CompactedStateSink
 from sinks.errors import ConfigError, JobConfigError
-from sinks.produce import DEFAULT_SCHEMA_EVOLUTION, SchemaEvolution, check_mode
-from sinks.produce.debezium_json import check_value_format
+from sinks.produce import (
+    DEFAULT_SCHEMA_EVOLUTION,
+    SchemaEvolution,
+    check_mode,
+    check_value_format,
+)
 
 SOURCE_FORMATS = ("files", "rate", "kafka")
 FILE_FORMATS = ("parquet", "json")
