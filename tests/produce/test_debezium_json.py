@@ -18,6 +18,8 @@ from pyspark.sql import types as T
 
 from sinks import CompactedStateSink, read_state
 from sinks.errors import BadInputError
+from sinks.log.storage import LogLocation
+from sinks.produce.dead_letter import DeadLetterTable
 from sinks.produce.debezium_json import SOURCE_POSITION, UNAVAILABLE_VALUE
 
 KAFKA = T.StructType(
@@ -211,6 +213,17 @@ def test_truncate_and_other_ops_are_refused_by_name(spark: SparkSession, tmp_pat
         CompactedStateSink(tmp_path / "other", ("key",), value_format="debezium-json")(
             Topic(schemas=True).event("c", 1, 1, row(1, "a")).batch(spark), 0
         )
+    sink.close()
+    # With a dead-letter table the refused event goes there and the others are appended.
+    dead = str(tmp_path / "dead")
+    topic.event("c", 1, 10, row(1, "a")).event("t", 1, 11).event("c", 2, 12, row(2, "b"))
+    sink = CompactedStateSink(
+        tmp_path / "log", ("id",), value_format="debezium-json", dead_letter_table=dead
+    )
+    sink(topic.batch(spark), 0)
+    assert sorted(r["id"] for r in _state(sink).collect()) == [1, 2]
+    (letter,) = DeadLetterTable(LogLocation(dead)).read().to_pylist()
+    assert "op=t (TRUNCATE)" in letter["reason"]
     sink.close()
 
 
