@@ -68,7 +68,7 @@ TEST_SMOKE_SPARKS ?= $(SMOKE_SPARKS)
 # the newest 3.5 plugin on the Maven Central this project's machines reach.
 CONNECT_PLUGIN_3.5 ?= 3.5.7
 
-.PHONY: demo demo-kafka wheel jars test test-setup test-lane-main test-lane-others test-main-suite test-kafka-venv-suite test-main test-install test-kafka test-delta-spark race smoke lint bench bench-quick bench-append bench-consumer bench-lookup bench-lookup-pass bench-checkpoint bench-scale bench-cluster soak soak-quick soak-exit soak-faults clean
+.PHONY: demo demo-kafka demo-cdc wheel jars test test-setup test-lane-main test-lane-others test-main-suite test-kafka-venv-suite test-main test-install test-kafka test-delta-spark race smoke lint bench bench-quick bench-append bench-consumer bench-lookup bench-lookup-pass bench-checkpoint bench-scale bench-cluster soak soak-quick soak-exit soak-faults clean
 
 $(UV):
 	python3 -m venv $(UV_VENV)
@@ -134,6 +134,11 @@ demo: $(DEMO_STAMP)
 # broker's jars and Spark's Kafka source, nothing else.
 demo-kafka: $(KAFKA_STAMP) $(KAFKA_JARS) $(SPARK_KAFKA_JARS)
 	$(KAFKA_PY) examples/kafka_demo.py --lake lake-demo-kafka
+
+# PostgreSQL, a broker and Debezium's connector in a Connect worker, started and stopped by the
+# demo itself (examples/debezium_demo.py): the state follows the table and ends equal to it.
+demo-cdc: $(KAFKA_STAMP) $(KAFKA_JARS) $(SPARK_KAFKA_JARS) $(DEBEZIUM_JARS)
+	$(KAFKA_PY) examples/debezium_demo.py --lake lake-demo-cdc
 
 # The wheel (dist/compacted_sink-<version>-py3-none-any.whl): what a cluster, a Databricks job's
 # library or `pip install` beside a platform's Spark takes; and the same file as

@@ -22,9 +22,9 @@ from pyspark.sql import DataFrame, SparkSession
 
 from sinks import CompactedStateSink, read_state
 from sinks.produce.debezium_json import UNAVAILABLE_VALUE
+from streaming.inputs.local_debezium import PG_BIN, ConnectWorker, LocalPostgres, wait_until
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from debezium_kit import PG_BIN, ConnectWorker, LocalPostgres, wait_until  # noqa: E402
 from kafka_kit import SUMMARY, KafkaKit, kafka_options, run_available  # noqa: E402
 
 pytestmark = pytest.mark.kafka

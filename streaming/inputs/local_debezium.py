@@ -1,4 +1,7 @@
-"""A throwaway PostgreSQL 15 and a Kafka Connect worker running Debezium, for the pipeline test.
+"""A throwaway PostgreSQL 15 and a Kafka Connect worker running Debezium, on loopback.
+
+What the Debezium pipeline test (tests/kafka/test_debezium_pipeline.py) and ``make demo-cdc``
+(examples/debezium_demo.py) start, as `streaming.inputs.local_kafka` is the broker's.
 
 `LocalPostgres`: ``initdb`` and ``pg_ctl`` on loopback (``wal_level=logical``), as the
 ``postgres`` user when the tests run as root (PostgreSQL refuses root). `ConnectWorker`:
@@ -37,6 +40,7 @@ class LocalPostgres:
         self.port = free_port()
 
     def start(self) -> None:
+        """``initdb`` and ``pg_ctl start``: logical decoding on, no fsync (throwaway data)."""
         run = {"check": True, "capture_output": True, "timeout": 120}
         subprocess.run(
             _as_postgres(
@@ -75,6 +79,7 @@ class LocalPostgres:
         )
 
     def connect(self):
+        """An autocommit psycopg connection to the ``postgres`` database."""
         import psycopg
 
         return psycopg.connect(
@@ -82,6 +87,7 @@ class LocalPostgres:
         )
 
     def stop(self) -> None:
+        """Stop the cluster at once and remove its directory."""
         subprocess.run(
             _as_postgres([str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "stop"]),
             capture_output=True,
@@ -99,6 +105,7 @@ class ConnectWorker:
         self.log = work / "connect.log"
 
     def start(self) -> None:
+        """Start ``ConnectStandalone`` with the connector (its offsets file kept in ``work``)."""
         self.work.mkdir(parents=True, exist_ok=True)
         worker = {
             "bootstrap.servers": self.bootstrap,
@@ -163,6 +170,7 @@ def _properties(settings: dict[str, str]) -> str:
 
 
 def wait_until(check, *, timeout_s: float, what: str, alive=None) -> None:
+    """Poll ``check`` until true (``alive`` raising stops early); AssertionError at the end."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if alive is not None:
