@@ -109,6 +109,14 @@ def run(args, db, bootstrap: str, jars: list[str], worker: ConnectWorker) -> int
         .trigger(processingTime="2 seconds")
         .start()
     )
+    snapshot = args.keys // 2
+    wait_until(
+        lambda: _state_rows(sink) == snapshot,
+        timeout_s=300,
+        what="the snapshot in the state",
+        alive=worker.check_alive,
+    )
+    print(f"the snapshot: the table has {snapshot} rows, the state {snapshot}")
     rng = random.Random(63)
     began = time.monotonic()
     for n in range(args.transactions):
