@@ -204,6 +204,7 @@ def unwrap(
             after_fields=after_fields,
             previous_state=previous_state,
             log_value=log_value,
+            cache=out.cached,
         )
         if refuse:
             _refuse(out.records)
@@ -284,12 +285,12 @@ def _types(
     rows = (
         parsed.where(~F.col("_tombstone") | F.col("_key_schema").isNotNull())
         .groupBy("_key_schema", "_value_schema")
-        .agg(F.count(F.lit(1)).alias("n"), F.max(F.col("_tombstone").cast("int")).alias("t"))
+        .agg(F.min(F.col("_tombstone").cast("int")).alias("only_tombstones"))
         .collect()
     )
     key_schemas = sorted({r["_key_schema"] for r in rows if r["_key_schema"] is not None})
     value_schemas = sorted({r["_value_schema"] for r in rows if r["_value_schema"] is not None})
-    schemaless = any(r["_value_schema"] is None and not r["t"] for r in rows)
+    schemaless = any(r["_value_schema"] is None and not r["only_tombstones"] for r in rows)
     spark = parsed.sparkSession
     if key_schemas and not any(r["_key_schema"] is None for r in rows):
         key_fields = merged_fields(key_schemas, None)
@@ -337,6 +338,7 @@ def _records(
     after_fields: list[dict[str, Any]],
     previous_state: PreviousState,
     log_value: T.DataType | None,
+    cache: list[DataFrame],
 ) -> DataFrame:
     names = [f.name for f in key_type.fields]
     if key_type.fields and sorted(names) != sorted(key_columns):
@@ -379,7 +381,10 @@ def _records(
     needs_log = tombstone & F.col("_prior_position").isNull()
     for name in toast:
         needs_log = needs_log | (F.col(f"_p_{name}") & F.col(f"_e_{name}").isNull())
-    df = df.withColumn("_needs_log", needs_log)
+    # Cached: the keys the log must give are collected from it, and the records read it again
+    # (refused rows, the append) without computing the windows a second time.
+    df = df.withColumn("_needs_log", needs_log).persist(StorageLevel.MEMORY_AND_DISK)
+    cache.append(df)
     df = _with_log_state(df, key_columns, after_type, previous_state)
 
     position = F.when(
