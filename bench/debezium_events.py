@@ -5,8 +5,8 @@ connector writes them: a snapshot of ``--keys`` rows, then updates under Zipf ke
 deletes with their tombstones) as Parquet with Kafka's columns, then appends them in
 ``--batches`` micro-batches into two fresh logs: with ``value_format="debezium-json"``
 (``debezium``) and as the raw binary key and value (``raw``). Reports events per second and
-the ratio of the times (driver and executors share the machine's cores, so wall time is the
-CPU the append takes). Run: ``python -m bench.debezium_events`` (``--help``).
+the ratios of the wall times and of the CPU seconds of the process tree (the driver JVM
+and Spark's Python workers). Run: ``python -m bench.debezium_events`` (``--help``).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from bench.lookup_pass import tree_cpu
 from sinks import CompactedStateSink
 from streaming.jobs.session import local_session
 
@@ -92,14 +93,16 @@ def main() -> None:
             ("debezium", {"key_columns": ("id",), "value_format": "debezium-json"}),
         ]:
             sink = CompactedStateSink(str(work / name), **options)
-            began = time.monotonic()
+            began, cpu = time.monotonic(), tree_cpu()
             for b in range(args.batches):
                 sink(spark.read.parquet(str(work / f"batch-{b}.parquet")), b)
             seconds = time.monotonic() - began
+            figures[f"{name}_cpu_s"] = round(tree_cpu() - cpu, 1)
             sink.close()
             figures[f"{name}_s"] = round(seconds, 2)
             figures[f"{name}_events_per_s"] = round(table.num_rows / seconds)
         figures["ratio"] = round(figures["debezium_s"] / figures["raw_s"], 2)
+        figures["cpu_ratio"] = round(figures["debezium_cpu_s"] / figures["raw_cpu_s"], 2)
         print(json.dumps(figures))
         if args.out:
             Path(args.out).write_text(json.dumps(figures, indent=2) + "\n")
