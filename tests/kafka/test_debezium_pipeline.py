@@ -11,6 +11,7 @@ sink's ``state()`` and ``read_state`` equal ``SELECT * FROM`` the table, row for
 from __future__ import annotations
 
 import json
+import os
 import random
 import sys
 import time
@@ -85,7 +86,10 @@ def test_the_state_equals_the_table(
     spark: SparkSession, kafka: KafkaKit, postgres: LocalPostgres, tmp_path: Path
 ) -> None:
     if not (DEBEZIUM_JARS / "debezium-connector-postgres-3.6.1.Final.jar").exists():
-        pytest.fail(f"no Debezium jars in {DEBEZIUM_JARS}: run `make jars`", pytrace=False)
+        message = f"no Debezium jars in {DEBEZIUM_JARS}: run `make jars`"
+        if os.environ.get("COMPACTED_SINK_KAFKA_TESTS") == "required":
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
     rng = random.Random(63)
     db = postgres.connect()
     db.execute("CREATE TABLE users (id int PRIMARY KEY, name text NOT NULL, big text)")
