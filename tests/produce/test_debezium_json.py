@@ -275,3 +275,30 @@ def test_json_lines_with_kafka_columns(spark: SparkSession, tmp_path: Path) -> N
         _state(sink).select("id", "name"), expected, ignore_row_order=True, ignore_nullable=True
     )
     sink.close()
+
+
+def test_mysql_events_are_ordered_by_binlog_file_position_and_row(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    def event(offset: int, id_: int, name: str, file: str, pos: int, row_: int) -> tuple:
+        payload = {
+            "before": None,
+            "after": {"id": id_, "name": name},
+            "source": {"connector": "mysql", "file": file, "pos": pos, "row": row_, "ts_ms": 1},
+            "op": "u",
+            "ts_ms": 1,
+        }
+        key = json.dumps({"id": id_}).encode()
+        return (key, json.dumps(payload).encode(), "db.t", 0, offset, None)
+
+    records = [
+        event(0, 1, "a", "mysql-bin.000002", 900, 0),
+        event(1, 1, "b", "mysql-bin.000003", 4, 0),  # a later file, a smaller position
+        event(2, 2, "x", "mysql-bin.000003", 10, 1),
+        event(3, 2, "y", "mysql-bin.000003", 10, 0),  # redelivered: the same event, row 0
+        event(4, 1, "a", "mysql-bin.000002", 900, 0),  # redelivered: older
+    ]
+    sink = CompactedStateSink(tmp_path / "log", ("id",), value_format="debezium-json")
+    sink(spark.createDataFrame(records, KAFKA), 0)
+    assert {r["id"]: r["name"] for r in _state(sink).collect()} == {1: "b", 2: "x"}
+    sink.close()
