@@ -49,6 +49,7 @@ DEPENDENCY_PLUGIN := org.apache.maven.plugins:maven-dependency-plugin:3.8.1
 fetch-jars = rm -rf $(2) && $(MVN) -q -B -f $(1) $(3) \
 	$(DEPENDENCY_PLUGIN):copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(CURDIR)/$(2)
 KAFKA_JARS := $(JARS)/kafka/.fetched
+DEBEZIUM_JARS := $(JARS)/debezium/.fetched
 SPARK_KAFKA_JARS := $(JARS)/spark-kafka-$(KAFKA_SPARK)/.fetched
 # Spark's own Delta (delta-spark 4.4: built for Spark 4.0-4.2, none for 4.3), for the tests
 # marked `delta_spark`; they run on the same venv as the Kafka tests.
@@ -67,7 +68,7 @@ TEST_SMOKE_SPARKS ?= $(SMOKE_SPARKS)
 # the newest 3.5 plugin on the Maven Central this project's machines reach.
 CONNECT_PLUGIN_3.5 ?= 3.5.7
 
-.PHONY: demo demo-kafka wheel jars test test-setup test-lane-main test-lane-others test-main-suite test-kafka-venv-suite test-main test-install test-kafka test-delta-spark race smoke lint bench bench-quick bench-append bench-consumer bench-lookup bench-lookup-pass bench-checkpoint bench-scale bench-cluster soak soak-quick soak-exit soak-faults clean
+.PHONY: demo demo-kafka demo-cdc wheel jars test test-setup test-lane-main test-lane-others test-main-suite test-kafka-venv-suite test-main test-install test-kafka test-delta-spark race smoke lint bench bench-quick bench-append bench-consumer bench-lookup bench-lookup-pass bench-checkpoint bench-scale bench-cluster soak soak-quick soak-exit soak-faults clean
 
 $(UV):
 	python3 -m venv $(UV_VENV)
@@ -119,7 +120,12 @@ $(KAFKA_JARS) $(SPARK_KAFKA_JARS) &: jvm/pom.xml jvm/kafka/pom.xml jvm/spark-kaf
 $(DELTA_JARS) $(HADOOP_AWS_JARS) &: jvm/pom.xml jvm/delta/pom.xml jvm/hadoop-aws/pom.xml | $(SPARK_KAFKA_JARS)
 	$(call fetch-jar-sets,delta$(comma)hadoop-aws,$(DELTA_JARS) $(HADOOP_AWS_JARS))
 
-jars: $(KAFKA_JARS) $(SPARK_KAFKA_JARS) $(DELTA_JARS) $(HADOOP_AWS_JARS)
+# A Kafka Connect worker with Debezium's PostgreSQL connector, for the change-event tests
+# (tests/kafka/test_debezium_pipeline.py). After the other groups: one local repository.
+$(DEBEZIUM_JARS): jvm/pom.xml jvm/debezium/pom.xml | $(DELTA_JARS)
+	$(call fetch-jar-sets,debezium,$(DEBEZIUM_JARS))
+
+jars: $(KAFKA_JARS) $(SPARK_KAFKA_JARS) $(DELTA_JARS) $(HADOOP_AWS_JARS) $(DEBEZIUM_JARS)
 
 demo: $(DEMO_STAMP)
 	$(DEMO_VENV)/bin/compacted-sink demo --lake lake-demo
@@ -128,6 +134,11 @@ demo: $(DEMO_STAMP)
 # broker's jars and Spark's Kafka source, nothing else.
 demo-kafka: $(KAFKA_STAMP) $(KAFKA_JARS) $(SPARK_KAFKA_JARS)
 	$(KAFKA_PY) examples/kafka_demo.py --lake lake-demo-kafka
+
+# PostgreSQL, a broker and Debezium's connector in a Connect worker, started and stopped by the
+# demo itself (examples/debezium_demo.py): the state follows the table and ends equal to it.
+demo-cdc: $(KAFKA_STAMP) $(KAFKA_JARS) $(SPARK_KAFKA_JARS) $(DEBEZIUM_JARS)
+	$(KAFKA_PY) examples/debezium_demo.py --lake lake-demo-cdc
 
 # The wheel (dist/compacted_sink-<version>-py3-none-any.whl): what a cluster, a Databricks job's
 # library or `pip install` beside a platform's Spark takes; and the same file as

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from urllib.parse import urlparse
 
+import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
 from checkpoints import CleanerOffsetCheckpoint
@@ -32,6 +33,7 @@ from sinks.log.log_config import opened_log_config
 from sinks.log.log_format import PARTITIONS_TXN
 from sinks.log.log_keys import opened_log_keys
 from sinks.log.log_table import AsOf, LogSnapshot, LogTable, now_ms
+from sinks.log.records import VALUE
 from sinks.log.s3a_options import (
     S3A_PREFIX,
     credential_setting_names,
@@ -45,9 +47,16 @@ from sinks.maintenance.retention import RetentionPlan
 from sinks.maintenance.segment_deleter import DeletionReport
 from sinks.produce.append_batch import SparkRecords
 from sinks.produce.dead_letter import DeadLetterTable
+from sinks.produce.debezium_json import (
+    SOURCE_POSITION,
+    DebeziumBatch,
+    check_value_format,
+)
+from sinks.produce.debezium_json import unwrap as unwrap_debezium_json
 from sinks.produce.log_append import LogAppender, Records
 from sinks.produce.schema_evolution import DEFAULT_SCHEMA_EVOLUTION, SchemaEvolution
 from sinks.python_workers import check_python_workers
+from sinks.reading.lookup import lookup
 from sinks.reading.state_reader import spark_state
 from sinks.shutdown import finished_before_exit
 from sinks.spark_session import active_session, hadoop_settings, warn_unsafe_beside_delta_spark
@@ -69,7 +78,8 @@ class CompactedStateSink:
     ``config``, ``sequence_column``, ``checkpoint_table``, ``dead_letter_table``,
     ``sink_id``, ``clock`` (epoch ms), ``storage_options``, ``cleaning`` (``"auto"``,
     ``"background"`` or ``"inline"``), ``checkpoint_location`` (the query's, needed under
-    Spark Connect) and ``schema_evolution`` (``"additive"`` or ``"none"``).
+    Spark Connect), ``schema_evolution`` (``"additive"`` or ``"none"``) and
+    ``value_format`` (``"debezium-json"``: the batch holds Debezium's change events).
     """
 
     def __init__(
@@ -87,7 +97,17 @@ class CompactedStateSink:
         cleaning: CleaningMode = "auto",
         checkpoint_location: str | None = None,
         schema_evolution: SchemaEvolution = DEFAULT_SCHEMA_EVOLUTION,
+        value_format: str | None = None,
     ) -> None:
+        self.value_format = check_value_format(value_format)
+        if self.value_format is not None:
+            # Debezium's events are ordered by their source position (design.md §52).
+            if sequence_column not in (None, SOURCE_POSITION):
+                raise ValueError(
+                    f"value_format={value_format!r} orders a key's events by "
+                    f"{SOURCE_POSITION!r}; sequence_column={sequence_column!r} cannot be used"
+                )
+            sequence_column = SOURCE_POSITION
         self.path = normalize_uri(path)
         # Given, else (on S3) from the session's fs.s3a.* settings (said in one line).
         resolved = resolve_storage_options(
@@ -145,17 +165,49 @@ class CompactedStateSink:
         spark = batch_df.sparkSession
         warn_unsafe_beside_delta_spark(spark, self.path)
         query_id = self.transactional_id.query_id(spark, batch_id)
+        unwrapped = self._unwrapped(batch_df)
+        if unwrapped is not None:
+            batch_df = unwrapped.records
         records = SparkRecords(batch_df, before_prepare=lambda: check_python_workers(spark))
         background = self.cleaning == "background" or (
             self.cleaning == "auto" and query_id is not None
         )
-        self._append(
-            spark,
-            records,
-            app_id=self.transactional_id.app_id(query_id),
-            batch_id=batch_id,
-            background=background,
-            started=started,
+        try:
+            self._append(
+                spark,
+                records,
+                app_id=self.transactional_id.app_id(query_id),
+                batch_id=batch_id,
+                background=background,
+                started=started,
+            )
+        finally:
+            if unwrapped is not None:
+                unwrapped.release()
+
+    def _log_value_type(self) -> object:
+        """The log's ``value`` type, or None before the log exists."""
+        snapshot = self.log_table.snapshot()
+        return None if snapshot is None else snapshot.spark_schema[VALUE].dataType
+
+    def _unwrapped(self, batch_df: DataFrame) -> DebeziumBatch | None:
+        """The batch's change events as records under ``value_format`` (design.md §52), or
+        None without one. A tombstone's and a TOAST value's previous state is the log's."""
+        if self.value_format is None:
+            return None
+
+        def previous_state(keys: list[dict[str, object]]) -> pa.Table:
+            try:
+                return lookup(self.path, keys, storage_options=self.storage_options)
+            except FileNotFoundError:  # no log yet: no previous state
+                return pa.table({})
+
+        return unwrap_debezium_json(
+            batch_df,
+            key_columns=self.key_columns,
+            previous_state=previous_state,
+            log_value=self._log_value_type(),
+            refuse=self.dead_letter_table is None,
         )
 
     def _append(

@@ -12,6 +12,7 @@ Sink settings use Kafka's dotted property names, as a topic's config would::
     key_columns = ["key"]
     checkpoint_location = "lake/_chk/users"
     schema_evolution = "additive"  # or "none": refuse every schema change
+    value_format = "debezium-json"  # optional: the topic holds Debezium's change events
 
     [cleaner]
     "min.cleanable.dirty.ratio" = 0.5
@@ -43,7 +44,12 @@ from typing import Any, Literal
 
 from sinks import CleanerConfig, CompactedStateSink
 from sinks.errors import ConfigError, JobConfigError
-from sinks.produce import DEFAULT_SCHEMA_EVOLUTION, SchemaEvolution, check_mode
+from sinks.produce import (
+    DEFAULT_SCHEMA_EVOLUTION,
+    SchemaEvolution,
+    check_mode,
+    check_value_format,
+)
 
 SOURCE_FORMATS = ("files", "rate", "kafka")
 FILE_FORMATS = ("parquet", "json")
@@ -69,6 +75,7 @@ _SINK_KEYS = {
     "sink_id",
     "schema_evolution",
     "cleaner",
+    "value_format",
 }
 _TRIGGER_KEYS = {"available_now", "processing_time", "once"}
 _TOP_KEYS = {"source", "sink", "topics", "cleaner", "trigger", "avro", "spark"}
@@ -88,6 +95,7 @@ class LogSpec:
     sink_id: str | None = None
     topic: str | None = None
     schema_evolution: SchemaEvolution = DEFAULT_SCHEMA_EVOLUTION
+    value_format: str | None = None
 
     def sink(self, checkpoint_location: str | None = None) -> CompactedStateSink:
         """The sink over this log (reads only the log's key properties until used);
@@ -103,6 +111,7 @@ class LogSpec:
             sink_id=self.sink_id,
             checkpoint_location=checkpoint_location,
             schema_evolution=self.schema_evolution,
+            value_format=self.value_format,
         )
 
 
@@ -212,6 +221,10 @@ def _log_spec(
         evolution = check_mode(table.get("schema_evolution", DEFAULT_SCHEMA_EVOLUTION))
     except ConfigError as e:
         where.fail(f"{section}.schema_evolution", str(e))
+    try:
+        value_format = check_value_format(table.get("value_format"))
+    except ConfigError as e:
+        where.fail(f"{section}.value_format", str(e))
     return LogSpec(
         path=where.path(table, f"{section}.path", required=True),
         key_columns=tuple(keys),
@@ -223,6 +236,7 @@ def _log_spec(
         sink_id=table.get("sink_id"),
         topic=topic,
         schema_evolution=evolution,
+        value_format=value_format,
     )
 
 

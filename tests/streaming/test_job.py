@@ -89,6 +89,10 @@ cleaner = { "min.cleanable.dirty.ratio" = 0.75 }
             ('key_columns = ["tenant", "id"]', 'key_columns = ["id"]\nschema_evolution = "merge"'),
             "sink.schema_evolution",
         ),
+        (
+            ('key_columns = ["tenant", "id"]', 'key_columns = ["id"]\nvalue_format = "debezium"'),
+            "sink.value_format",
+        ),
     ],
 )
 def test_bad_configuration_names_the_key_and_the_file(
@@ -130,3 +134,14 @@ def test_schema_evolution_is_additive_unless_the_job_says_none(tmp_path: Path) -
     )
     job = load_job(write(tmp_path, text, "none.toml"))
     assert [log.schema_evolution for log in job.logs] == ["none"]
+
+
+def test_value_format_names_debeziums_change_events(tmp_path: Path) -> None:
+    assert [log.value_format for log in load_job(write(tmp_path, GOOD)).logs] == [None]
+    text = GOOD.replace(
+        'key_columns = ["tenant", "id"]', 'key_columns = ["id"]\nvalue_format = "debezium-json"'
+    )
+    (log,) = load_job(write(tmp_path, text, "cdc.toml")).logs
+    assert log.value_format == "debezium-json"
+    sink = log.sink()
+    assert (sink.value_format, sink.sequence_column) == ("debezium-json", "source_position")

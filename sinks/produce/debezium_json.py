@@ -1,0 +1,541 @@
+"""Debezium's change events taken as they come: ``value_format="debezium-json"``.
+
+A batch with Spark's Kafka source's columns (``key`` and ``value`` holding Debezium's JSON,
+binary or text, with or without the JSON converter's ``schema``/``payload`` wrapping, and
+``partition``, ``offset``, ``timestamp``) becomes the sink's records (design.md §52):
+
+- the key columns are the message key's fields (the primary key's columns);
+- ``value`` is a struct of ``after``'s fields, so ``state().select("value.*")`` is the
+  table's row; ``op`` ``c``, ``u`` and ``r`` are upserts, ``d`` and the tombstone after it
+  deletes;
+- `SOURCE_POSITION` (the sink's sequence column, design.md §13) is the event's place in
+  the source's log: PostgreSQL's ``source.lsn``, MySQL's ``source.file``, ``pos`` and
+  ``row``, else ``ts_ms``, as fixed-width text so that text order is log order;
+- a tombstone carries no position: it takes the one of the key's record just before it
+  in the batch, else the key's live record in the log, followed by ``~`` so it sorts just
+  after that record and before any later event (design.md §53); a tombstone with neither
+  deletes nothing and is dropped;
+- PostgreSQL's unchanged TOAST values (`UNAVAILABLE_VALUE`) take the column's previous
+  value: the key's nearest earlier event in the batch, else its live record in the log.
+
+What cannot be done right is a row refused by name in ``_decode_error`` (dead letters
+when the sink has a dead-letter table, else `BadInputError` naming the reasons): ``op=t``
+(TRUNCATE), any other ``op``, a change event without ``after``, a TOAST value with no
+previous value, text that is not a change event. The log's records are looked up through
+a callable the sink gives (`PreviousState`), so this module needs no reader.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+from pyspark import StorageLevel
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+from pyspark.sql.window import Window
+
+from sinks.errors import BadInputError, ConfigError
+from sinks.log.records import DECODE_ERROR, OFFSET, PARTITION, TIMESTAMP, VALUE
+
+DEBEZIUM_JSON = "debezium-json"
+VALUE_FORMATS = (DEBEZIUM_JSON,)
+"""The ``value_format`` names the sink, the job file and ``run`` take (Flink's and Paimon's)."""
+
+SOURCE_POSITION = "source_position"
+"""The sequence column the unwrap writes: the event's position in the source's log, as text."""
+
+UNAVAILABLE_VALUE = "__debezium_unavailable_value"
+"""Debezium's placeholder (``unavailable.value.placeholder``) for an unchanged TOAST value."""
+
+TOMBSTONE_MARK = "~"
+"""Appended to the position a tombstone takes: it sorts after it and before every later one."""
+
+_WIDTH = 20  # digits of a long: fixed width makes text order numeric order
+_ROW_WIDTH = 10
+_UPSERTS = ("c", "u", "r")
+
+PreviousState = Callable[[list[dict[str, Any]]], pa.Table]
+"""Keys (dicts by key column) -> the log's live rows of them: key columns, ``value``,
+`SOURCE_POSITION` and ``partition`` (`sinks.lookup`'s answer); an empty table when none."""
+
+
+def check_value_format(value_format: str | None) -> str | None:
+    """``value_format`` when it is None or one of `VALUE_FORMATS`; else `ConfigError`."""
+    if value_format is not None and value_format not in VALUE_FORMATS:
+        raise ConfigError(
+            f"value_format={value_format!r} is not known; use one of {list(VALUE_FORMATS)} "
+            "or None (the batch's columns as they are)"
+        )
+    return value_format
+
+
+# -- Kafka Connect schemas as Spark types -------------------------------------------------
+
+_CONNECT_TYPES: dict[str, T.DataType] = {
+    "int8": T.ByteType(),
+    "int16": T.ShortType(),
+    "int32": T.IntegerType(),
+    "int64": T.LongType(),
+    "float32": T.FloatType(),
+    "float64": T.DoubleType(),
+    "boolean": T.BooleanType(),
+    "string": T.StringType(),
+    "bytes": T.BinaryType(),
+}
+
+_DAYS = ("io.debezium.time.Date", "org.apache.kafka.connect.data.Date")
+_MILLIS = ("io.debezium.time.Timestamp", "org.apache.kafka.connect.data.Timestamp")
+_MICROS = ("io.debezium.time.MicroTimestamp",)
+
+
+def connect_type(schema: dict[str, Any]) -> T.DataType:
+    """The Spark type Kafka Connect's JSON schema ``schema`` is parsed as (physical types)."""
+    kind = schema.get("type")
+    if kind == "struct":
+        return T.StructType(
+            [
+                T.StructField(f["field"], connect_type(f), nullable=True)
+                for f in schema.get("fields", [])
+            ]
+        )
+    if kind == "array":
+        return T.ArrayType(connect_type(schema["items"]))
+    if kind == "map":
+        return T.MapType(connect_type(schema["keys"]), connect_type(schema["values"]))
+    if kind in _CONNECT_TYPES:
+        return _CONNECT_TYPES[kind]
+    raise BadInputError(f"value_format={DEBEZIUM_JSON!r}: Kafka Connect type {kind!r} not known")
+
+
+def _logical(schema: dict[str, Any], column: Column) -> Column:
+    """A top-level field's column converted from Debezium's encoding to the database's type."""
+    name = schema.get("name")
+    if name in _DAYS:
+        return F.date_from_unix_date(column)
+    if name in _MILLIS:
+        return F.to_timestamp_ntz(F.timestamp_millis(column))
+    if name in _MICROS:
+        return F.to_timestamp_ntz(F.timestamp_micros(column))
+    return column
+
+
+def _field_schemas(schema_text: str, field_name: str | None) -> list[dict[str, Any]]:
+    """The fields of an envelope's ``field_name`` struct (the key's own with None)."""
+    schema = json.loads(schema_text)
+    if field_name is not None:
+        schema = next((f for f in schema.get("fields", []) if f.get("field") == field_name), {})
+    return list(schema.get("fields", []))
+
+
+def merged_fields(schema_texts: Sequence[str], field_name: str | None) -> list[dict[str, Any]]:
+    """The fields of every schema version a batch holds, fewest fields first, so a column
+    the source added comes after the ones it had (the log's schema evolves additively).
+    One field with two types is `BadInputError` naming it."""
+    versions = sorted((_field_schemas(t, field_name) for t in schema_texts), key=len)
+    fields: dict[str, dict[str, Any]] = {}
+    for version in versions:
+        for f in version:
+            seen = fields.setdefault(f["field"], f)
+            if connect_type(seen) != connect_type(f):
+                raise BadInputError(
+                    f"value_format={DEBEZIUM_JSON!r}: column {f['field']!r} changes type in "
+                    f"one batch ({seen.get('type')} and {f.get('type')}); a source column's "
+                    "type change is not an additive schema change"
+                )
+    return list(fields.values())
+
+
+# -- the unwrap ---------------------------------------------------------------------------
+
+
+@dataclass
+class DebeziumBatch:
+    """A batch of change events unwrapped: `records` for the append, `release` after it."""
+
+    records: DataFrame
+    cached: list[DataFrame] = field(default_factory=list)
+
+    def release(self) -> None:
+        """Drop what the unwrap cached (the parsed batch); idempotent."""
+        for df in self.cached:
+            df.unpersist()
+        self.cached.clear()
+
+
+def unwrap(
+    batch: DataFrame,
+    *,
+    key_columns: Sequence[str],
+    previous_state: PreviousState,
+    log_value: T.DataType | None = None,
+    refuse: bool = True,
+) -> DebeziumBatch:
+    """The sink's records of ``batch``'s Debezium change events (the module's contract).
+
+    Runs small Spark jobs of its own: the batch's schemas (or, without them, JSON's types
+    inferred over the batch), the keys whose previous state the log must give, and with
+    ``refuse`` the refused rows, raising `BadInputError` with their reasons before anything
+    is written (without ``refuse`` they stay in ``_decode_error`` for the dead letters).
+    ``log_value`` is the log's ``value`` type: a field it has that the batch's events lack
+    (events from before a column was added, redelivered) is kept, null, as the log keeps
+    every field it has had.
+    """
+    missing = [c for c in ("key", "value", OFFSET) if c not in batch.columns]
+    if missing:
+        raise BadInputError(
+            f"value_format={DEBEZIUM_JSON!r} needs Kafka's columns key, value and offset; "
+            f"the batch has no {', '.join(missing)}"
+        )
+    parsed = _parsed(batch).persist(StorageLevel.MEMORY_AND_DISK)
+    out = DebeziumBatch(records=parsed, cached=[parsed])
+    try:
+        key_type, key_fields, after_type, after_fields = _types(parsed)
+        out.records = _records(
+            parsed,
+            key_columns=key_columns,
+            key_type=key_type,
+            key_fields=key_fields,
+            after_type=after_type,
+            after_fields=after_fields,
+            previous_state=previous_state,
+            log_value=log_value,
+            cache=out.cached,
+        )
+        if refuse:
+            _refuse(out.records)
+    except BaseException:
+        out.release()
+        raise
+    return out
+
+
+def _parsed(batch: DataFrame) -> DataFrame:
+    """Key and envelope as JSON text, unwrapped from ``schema``/``payload``, and the source's
+    position (SQL only)."""
+    has_partition = PARTITION in batch.columns
+    has_timestamp = TIMESTAMP in batch.columns
+    wrap = "schema string, payload string"
+    df = batch.select(
+        F.col("key").cast("string").alias("_key_text"),
+        F.col("value").cast("string").alias("_value_text"),
+        (F.col(PARTITION) if has_partition else F.lit(0)).alias(PARTITION),
+        F.col(OFFSET),
+        *([F.col(TIMESTAMP)] if has_timestamp else []),
+    )
+    key_wrap = F.from_json("_key_text", wrap)
+    value_wrap = F.from_json("_value_text", wrap)
+    key_wrapped = key_wrap.schema.isNotNull() & key_wrap.payload.isNotNull()
+    value_wrapped = value_wrap.schema.isNotNull() & value_wrap.payload.isNotNull()
+    df = df.select(
+        "*",
+        F.when(key_wrapped, key_wrap.payload).otherwise(F.col("_key_text")).alias("_key_json"),
+        F.when(key_wrapped, key_wrap.schema).alias("_key_schema"),
+        F.when(value_wrapped, value_wrap.payload)
+        .otherwise(F.col("_value_text"))
+        .alias("_envelope"),
+        F.when(value_wrapped, value_wrap.schema).alias("_value_schema"),
+    )
+    envelope = F.from_json(
+        "_envelope",
+        "after string, op string, ts_ms long, "
+        "source struct<lsn: long, file: string, pos: long, row: int, ts_ms: long>",
+    )
+    source = envelope.source
+    position = (
+        F.when(source.lsn.isNotNull(), F.lpad(source.lsn.cast("string"), _WIDTH, "0"))
+        .when(
+            source.file.isNotNull(),
+            F.concat_ws(
+                "/",
+                source.file,
+                F.lpad(source.pos.cast("string"), _WIDTH, "0"),
+                F.lpad(F.coalesce(source.row, F.lit(0)).cast("string"), _ROW_WIDTH, "0"),
+            ),
+        )
+        .when(
+            F.coalesce(source.ts_ms, envelope.ts_ms).isNotNull(),
+            F.lpad(F.coalesce(source.ts_ms, envelope.ts_ms).cast("string"), _WIDTH, "0"),
+        )
+    )
+    return df.select(
+        PARTITION,
+        OFFSET,
+        *([TIMESTAMP] if has_timestamp else []),
+        "_key_json",
+        "_key_schema",
+        "_value_schema",
+        F.col("_value_text").isNull().alias("_tombstone"),
+        envelope.isNull().alias("_not_event"),
+        envelope.op.alias("_op"),
+        envelope.after.alias("_after"),
+        position.alias(SOURCE_POSITION),
+    )
+
+
+def _types(
+    parsed: DataFrame,
+) -> tuple[T.StructType, list[dict[str, Any]], T.StructType, list[dict[str, Any]]]:
+    """The key's and ``after``'s Spark types: from the batch's Connect schemas (every
+    version it holds, merged), else inferred by Spark's JSON reader over the batch."""
+    rows = (
+        parsed.where(~F.col("_tombstone") | F.col("_key_schema").isNotNull())
+        .groupBy("_key_schema", "_value_schema")
+        .agg(F.min(F.col("_tombstone").cast("int")).alias("only_tombstones"))
+        .collect()
+    )
+    key_schemas = sorted({r["_key_schema"] for r in rows if r["_key_schema"] is not None})
+    value_schemas = sorted({r["_value_schema"] for r in rows if r["_value_schema"] is not None})
+    schemaless = any(r["_value_schema"] is None and not r["only_tombstones"] for r in rows)
+    spark = parsed.sparkSession
+    if key_schemas and not any(r["_key_schema"] is None for r in rows):
+        key_fields = merged_fields(key_schemas, None)
+        key_type = T.StructType([T.StructField(f["field"], connect_type(f)) for f in key_fields])
+    else:
+        key_type = _inferred(spark, parsed.select(F.col("_key_json").alias("j")))
+        key_fields = [{"field": f.name} for f in key_type.fields]
+    if value_schemas and not schemaless:
+        after_fields = merged_fields(value_schemas, "after")
+        after_type = T.StructType(
+            [T.StructField(f["field"], connect_type(f)) for f in after_fields]
+        )
+    else:
+        upserts = parsed.where(F.col("_op").isin(*_UPSERTS) & F.col("_after").isNotNull())
+        after_type = _inferred(spark, upserts.select(F.col("_after").alias("j")))
+        after_fields = [{"field": f.name} for f in after_type.fields]
+    return key_type, key_fields, after_type, after_fields
+
+
+def _inferred(spark: Any, texts: DataFrame) -> T.StructType:
+    """JSON's own types over ``texts`` (one column of JSON objects), as Spark infers them."""
+    inferred = spark.read.json(texts.where(F.col("j").isNotNull()).select("j")).schema
+    return T.StructType([f for f in inferred.fields if f.name != "_corrupt_record"])
+
+
+def _placeholder(data_type: T.DataType, column: Column) -> Column | None:
+    """True where ``column`` holds Debezium's unchanged-TOAST placeholder (None: its type
+    cannot)."""
+    if isinstance(data_type, T.StringType):
+        return column == F.lit(UNAVAILABLE_VALUE)
+    if isinstance(data_type, T.BinaryType):
+        return column == F.lit(UNAVAILABLE_VALUE.encode())
+    if isinstance(data_type, T.ArrayType) and isinstance(data_type.elementType, T.StringType):
+        return (F.size(column) == 1) & (column[0] == F.lit(UNAVAILABLE_VALUE))
+    return None
+
+
+def _records(
+    parsed: DataFrame,
+    *,
+    key_columns: Sequence[str],
+    key_type: T.StructType,
+    key_fields: list[dict[str, Any]],
+    after_type: T.StructType,
+    after_fields: list[dict[str, Any]],
+    previous_state: PreviousState,
+    log_value: T.DataType | None,
+    cache: list[DataFrame],
+) -> DataFrame:
+    names = [f.name for f in key_type.fields]
+    if key_type.fields and sorted(names) != sorted(key_columns):
+        raise BadInputError(
+            f"value_format={DEBEZIUM_JSON!r}: the message key's fields are {names} (the "
+            f"table's primary key) but the sink's key columns are {list(key_columns)}; open "
+            f"the sink with key_columns={tuple(names)!r}"
+        )
+    key = F.from_json("_key_json", key_type)
+    after = F.from_json("_after", after_type)
+    df = parsed.select(
+        "*",
+        *[key[k].alias(k) for k in key_columns],
+        *[after[f.name].alias(f"_a_{f.name}") for f in after_type.fields],
+    )
+    by_key = Window.partitionBy(PARTITION, *key_columns)
+    before = by_key.orderBy(OFFSET)
+    earlier = by_key.orderBy(F.col(SOURCE_POSITION).asc_nulls_first(), OFFSET).rowsBetween(
+        Window.unboundedPreceding, -1
+    )
+    tombstone = F.col("_tombstone")
+    upsert = ~tombstone & F.col("_op").isin(*_UPSERTS)
+    df = df.withColumn("_prior_position", F.lag(SOURCE_POSITION).over(before))
+    toast: list[str] = []
+    for f in after_type.fields:
+        is_placeholder = _placeholder(f.dataType, F.col(f"_a_{f.name}"))
+        if is_placeholder is None:
+            continue
+        toast.append(f.name)
+        real = F.when(
+            upsert & ~F.coalesce(is_placeholder, F.lit(False)),
+            F.struct(F.col(f"_a_{f.name}").alias("v")),
+        )
+        df = df.withColumns(
+            {
+                f"_p_{f.name}": upsert & F.coalesce(is_placeholder, F.lit(False)),
+                f"_e_{f.name}": F.last(real, ignorenulls=True).over(earlier),
+            }
+        )
+    needs_log = tombstone & F.col("_prior_position").isNull()
+    for name in toast:
+        needs_log = needs_log | (F.col(f"_p_{name}") & F.col(f"_e_{name}").isNull())
+    # Cached: the keys the log must give are collected from it, and the records read it again
+    # (refused rows, the append) without computing the windows a second time.
+    df = df.withColumn("_needs_log", needs_log).persist(StorageLevel.MEMORY_AND_DISK)
+    cache.append(df)
+    df = _with_log_state(df, key_columns, after_type, previous_state)
+
+    position = F.when(
+        tombstone,
+        F.concat(
+            F.coalesce(F.col("_prior_position"), F.col("_log_position")), F.lit(TOMBSTONE_MARK)
+        ),
+    ).otherwise(F.col(SOURCE_POSITION))
+    fields: list[Column] = []
+    unresolved: list[Column] = []
+    for f in after_type.fields:
+        column = F.col(f"_a_{f.name}")
+        if f.name in toast:
+            from_log = F.col("_log_value")[f.name] if f.name in _log_fields(df) else F.lit(None)
+            resolved = F.when(F.col(f"_e_{f.name}").isNotNull(), F.col(f"_e_{f.name}").v).when(
+                F.col("_log_live"), from_log.cast(f.dataType)
+            )
+            missing = F.col(f"_p_{f.name}") & F.col(f"_e_{f.name}").isNull() & ~F.col("_log_live")
+            unresolved.append(F.when(missing, F.lit(f.name)))
+            column = F.when(F.col(f"_p_{f.name}"), resolved).otherwise(column)
+        schema = next((s for s in after_fields if s["field"] == f.name), {})
+        fields.append(_logical(schema, column).alias(f.name))
+    if isinstance(log_value, T.StructType):
+        ours = {f.name for f in after_type.fields}
+        kept = [
+            F.lit(None).cast(f.dataType).alias(f.name)
+            for f in log_value.fields
+            if f.name not in ours
+        ]
+        by_name = dict(zip([f.name for f in after_type.fields], fields, strict=True))
+        by_name.update(
+            zip([f.name for f in log_value.fields if f.name not in ours], kept, strict=True)
+        )
+        order = [f.name for f in log_value.fields] + [
+            f.name for f in after_type.fields if f.name not in {g.name for g in log_value.fields}
+        ]
+        fields = [by_name[name] for name in order]
+    value = F.when(upsert, F.struct(*fields))
+    unresolved_names = F.concat_ws(", ", *unresolved) if unresolved else F.lit("")
+    reason = (
+        F.when(tombstone, F.lit(None))
+        .when(F.col("_not_event"), F.lit(f"not a Debezium change event ({DEBEZIUM_JSON})"))
+        .when(
+            F.col("_op") == "t",
+            F.lit(
+                "op=t (TRUNCATE): the sink cannot clear a table's state from one event; "
+                "leave truncates out (Debezium's default skipped.operations=t) and rebuild "
+                "the log from a new snapshot"
+            ),
+        )
+        .when(
+            ~F.coalesce(F.col("_op").isin(*_UPSERTS, "d"), F.lit(False)),
+            F.concat(
+                F.lit("op="),
+                F.coalesce(F.col("_op"), F.lit("null")),
+                F.lit(" is not a row change (c, u, r, d)"),
+            ),
+        )
+        .when(upsert & F.col("_after").isNull(), F.lit("a change event without after"))
+        .when(
+            F.col(SOURCE_POSITION).isNull(),
+            F.lit(
+                "a change event without a source position (source.lsn, source.file/pos or ts_ms)"
+            ),
+        )
+        .when(
+            upsert & (unresolved_names != ""),
+            F.concat(
+                F.lit(f"unchanged TOAST value ({UNAVAILABLE_VALUE}) of "),
+                unresolved_names,
+                F.lit(
+                    " and no earlier value of the key in the batch or the log: the sink must "
+                    "see the row's value first (start the connector with a snapshot)"
+                ),
+            ),
+        )
+    )
+    has_timestamp = TIMESTAMP in parsed.columns
+    records = df.where(~tombstone | position.isNotNull()).select(
+        *key_columns,
+        value.alias(VALUE),
+        position.alias(SOURCE_POSITION),
+        PARTITION,
+        OFFSET,
+        *([TIMESTAMP] if has_timestamp else []),
+        reason.alias(DECODE_ERROR),
+    )
+    return records
+
+
+def _log_fields(df: DataFrame) -> set[str]:
+    data_type = df.schema["_log_value"].dataType
+    return {f.name for f in data_type.fields} if isinstance(data_type, T.StructType) else set()
+
+
+def _with_log_state(
+    df: DataFrame,
+    key_columns: Sequence[str],
+    after_type: T.StructType,
+    previous_state: PreviousState,
+) -> DataFrame:
+    """``df`` with the log's live record of each key that needs it (``_needs_log``):
+    ``_log_live``, ``_log_value``, ``_log_position``. One Spark job collects the keys; the
+    log is read by ``previous_state`` on the driver."""
+    wanted = df.where("_needs_log").select(PARTITION, *key_columns).distinct().collect()
+    keys = [
+        {k: row[k] for k in key_columns}
+        for row in wanted
+        if None not in [row[k] for k in key_columns]
+    ]
+    table = previous_state(keys) if keys else None
+    if table is None or table.num_rows == 0:
+        return df.select(
+            "*",
+            F.lit(False).alias("_log_live"),
+            F.lit(None).alias("_log_value"),
+            F.lit(None).cast("string").alias("_log_position"),
+        )
+    spark = df.sparkSession
+    columns = [*key_columns, PARTITION, VALUE]
+    log_rows = table.select(columns)
+    position = (
+        table.column(SOURCE_POSITION)
+        if SOURCE_POSITION in table.column_names
+        else pa.nulls(table.num_rows, pa.string())
+    )
+    log_rows = log_rows.append_column("_log_position", position.cast(pa.string()))
+    log_df = spark.createDataFrame(log_rows).select(
+        *[F.col(k).alias(f"_lk_{k}") for k in key_columns],
+        F.col(PARTITION).cast("int").alias("_lk_partition"),
+        F.col(VALUE).alias("_log_value"),
+        "_log_position",
+        F.lit(True).alias("_log_live"),
+    )
+    condition = [F.col(PARTITION) == F.col("_lk_partition")] + [
+        F.col(k) == F.col(f"_lk_{k}") for k in key_columns
+    ]
+    joined = df.join(F.broadcast(log_df), on=condition, how="left")
+    joined = joined.drop(*[f"_lk_{k}" for k in key_columns], "_lk_partition")
+    return joined.withColumn("_log_live", F.coalesce(F.col("_log_live"), F.lit(False)))
+
+
+def _refuse(records: DataFrame) -> None:
+    """`BadInputError` naming why rows are refused, before anything is written."""
+    reasons = (
+        records.where(F.col(DECODE_ERROR).isNotNull())
+        .groupBy(DECODE_ERROR)
+        .count()
+        .limit(5)
+        .collect()
+    )
+    if reasons:
+        said = "; ".join(f"{r['count']} rows: {r[DECODE_ERROR]}" for r in reasons)
+        raise BadInputError(f"value_format={DEBEZIUM_JSON!r} refused change events: {said}")
