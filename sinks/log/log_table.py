@@ -77,6 +77,7 @@ TXN_PREFIX = "compacted-sink/"
 LOG_END_OFFSET_TXN = TXN_PREFIX + "log-end-offset/{}"
 LOG_START_OFFSET_TXN = TXN_PREFIX + "log-start-offset/{}"
 CLEANER_OFFSET_TXN = TXN_PREFIX + "cleaner-offset/{}"
+ERASURE_TXN = TXN_PREFIX + "erasure/{}"  # clean below it: an erasure (design.md §54)
 
 AsOf = int | str | datetime
 

@@ -1,0 +1,253 @@
+"""Forgetting keys: tombstones for them, once, and their partitions marked for cleaning
+(design.md §54). `erasure_status` (`sinks.maintenance.erasure_status`) proves what is left.
+
+Kafka's answer to "forget this user" is a tombstone plus ``max.compaction.lag.ms``
+(KIP-354): the cleaner must reach the tombstone within that lag, and drops it after
+``delete.retention.ms``. `erase` does the same on the log, and one thing more: it records,
+per partition holding an erased key, the offset below which the partition must be cleaned
+(``compacted-sink/erasure/<p>``, a ``txn`` action, the offset just past the key's last
+record there). The cleaner's trigger (`sinks.cleaner.log_to_clean.LogToClean`) takes a
+partition whose cleaner offset lies below that mark as cleanable once the mark lies below
+the first uncleanable offset, whatever its dirty ratio and ``max.compaction.lag.ms``: an
+erasure never waits for the log to get dirty. Nothing else is shortened: the tombstones
+keep ``delete.retention.ms`` and registered consumers' holds (a downstream copy forgets the
+key only by reading the delete), and removed files keep the history window (time travel
+and other engines' readers are promised it).
+
+Exactly once, by the log's state rather than by a batch id: a tombstone is written only
+where the key's latest record in a partition is not already one, so a retried or repeated
+request writes nothing more, and two erasers at once each either commit their own batch
+(under `ERASE_APP_ID`, numbered past the last recorded) or find theirs written by the
+other. Nothing derived from a key (a digest, a request id) is stored: the log would then
+name the key forever. Idempotent.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake.exceptions import TableNotFoundError
+from pyspark.sql import types as T
+
+from sinks.errors import CommitConflictError, ConcurrentCommitError
+from sinks.log.log_table import ERASURE_TXN, TXN_PREFIX, LogSnapshot, LogTable
+from sinks.log.records import METADATA_COLUMNS, OFFSET, PARTITION, VALUE
+from sinks.log.storage import LogLocation
+from sinks.maintenance.segment_deleter import delete_expired_files
+from sinks.produce.append_batch import ArrowRecords
+from sinks.produce.log_append import LogAppender
+from sinks.reading.lookup import KeyLookup, wanted_keys
+
+logger = logging.getLogger("compacted_sink")
+
+ERASE_APP_ID = TXN_PREFIX + "erase"
+"""The app id erasures' tombstone batches commit under (design.md §2's ``txn``)."""
+
+ERASE_ATTEMPTS = 8
+
+
+@dataclass(frozen=True)
+class ErasureReport:
+    """What one `erase` did: tombstones written, partitions marked, dead letters removed.
+
+    ``tombstones`` counts (partition, key) pairs a tombstone was written for; ``marked``
+    maps each partition to the offset below which it must now be cleaned; ``version`` is
+    the log's version after the erasure (None: no log).
+    """
+
+    keys: int
+    tombstones: int
+    marked: dict[int, int]
+    dead_letters_removed: int = 0
+    version: int | None = None
+
+    def summary(self) -> str:
+        """One line saying what the erasure did; pure."""
+        marks = ", ".join(f"p{p} below {o}" for p, o in sorted(self.marked.items())) or "none"
+        return (
+            f"erased {self.keys} key(s): {self.tombstones} tombstone(s) appended, partitions "
+            f"to clean {marks}, {self.dead_letters_removed} dead letter(s) removed"
+        )
+
+
+def key_list(keys: Any) -> list[Any]:
+    """``keys`` as a list: one key (a value, or a tuple for several key columns) or a list."""
+    return list(keys) if isinstance(keys, list | set | frozenset) else [keys]
+
+
+def erase(
+    appender: LogAppender, keys: Any, *, key_columns: Sequence[str]
+) -> tuple[int, dict[int, int], LogSnapshot | None]:
+    """Append tombstones for ``keys`` where their latest record is live, then mark their
+    partitions (`ERASURE_TXN`); returns (tombstones written, marks, the log after).
+
+    Raises `BadInputError` for a key that does not fit the key columns, and
+    `CommitConflictError` when other writers kept winning. Idempotent (module docstring).
+    """
+    log = appender.log
+    written = 0
+    for _ in range(ERASE_ATTEMPTS):
+        snapshot = log.snapshot()
+        if snapshot is None:
+            return 0, {}, None
+        records = _records_of(snapshot, keys, key_columns)
+        tombstones = _tombstones_needed(records, key_columns)
+        if tombstones.num_rows == 0:
+            return written, _mark(log, snapshot, records), log.snapshot()
+        batch_id = (snapshot.txn_version(ERASE_APP_ID) or -1) + 1
+        info = appender.append(
+            ArrowRecords(_tombstone_rows(tombstones, snapshot), _input_schema(snapshot)),
+            app_id=ERASE_APP_ID,
+            batch_id=batch_id,
+        )
+        if not info.already_committed:
+            written += tombstones.num_rows
+    raise CommitConflictError(
+        f"{log.uri}: erasing {len(key_list(keys))} key(s) kept meeting other erasures after "
+        f"{ERASE_ATTEMPTS} attempts"
+    )
+
+
+def _records_of(snapshot: LogSnapshot, keys: Any, key_columns: Sequence[str]) -> pa.Table:
+    """Every visible record of ``keys`` in the live files: key columns, partition, offset,
+    value (read with the key filters, `KeyLookup`)."""
+    lookup = KeyLookup.of(snapshot)
+    wanted = wanted_keys(key_list(keys), snapshot.arrow_schema, lookup.own_keys)
+    found = lookup.records_of(wanted)
+    return found.select([*lookup.own_keys, PARTITION, OFFSET, VALUE])
+
+
+def _tombstones_needed(records: pa.Table, key_columns: Sequence[str]) -> pa.Table:
+    """(key columns, partition) of each key whose latest record in a partition is live."""
+    own = [k for k in key_columns if k != PARTITION]
+    group = [*own, PARTITION]
+    if records.num_rows == 0:
+        return records.select(group)
+    latest = records.group_by(group, use_threads=False).aggregate([(OFFSET, "max")])
+    latest = latest.rename_columns([*group, OFFSET])
+    winners = records.join(latest, [*group, OFFSET], join_type="inner")
+    return winners.filter(pc.is_valid(winners.column(VALUE))).select(group)
+
+
+def _mark(log: LogTable, snapshot: LogSnapshot, records: pa.Table) -> dict[int, int]:
+    """Commit, per partition holding a record of the keys, the offset just past the last of
+    them as its erasure mark, where the mark recorded is lower; the marks now due."""
+    if records.num_rows == 0:
+        return {}
+    ends = records.group_by([PARTITION], use_threads=False).aggregate([(OFFSET, "max")])
+    wanted = {
+        p: o + 1
+        for p, o in zip(
+            ends.column(PARTITION).to_pylist(), ends.column(f"{OFFSET}_max").to_pylist(), strict=True
+        )
+    }
+    for _ in range(ERASE_ATTEMPTS):
+        raise_to = {
+            ERASURE_TXN.format(p): end
+            for p, end in wanted.items()
+            if (snapshot.txn_version(ERASURE_TXN.format(p)) or 0) < end
+        }
+        if not raise_to:
+            return wanted
+        try:
+            snapshot.commit(data_change=False, transactions=raise_to, info={"operation": "erase"})
+            return wanted
+        except ConcurrentCommitError:
+            fresh = log.snapshot()
+            assert fresh is not None
+            snapshot = fresh
+    raise CommitConflictError(f"{log.uri}: could not record the erasure's marks")
+
+
+def _input_schema(snapshot: LogSnapshot) -> T.StructType:
+    """The log's columns a tombstone batch carries: every one but the metadata the append
+    assigns (offset, timestamp, delete horizon); ``partition`` is kept."""
+    return T.StructType(
+        [
+            f
+            for f in snapshot.spark_schema.fields
+            if f.name == PARTITION or f.name not in METADATA_COLUMNS
+        ]
+    )
+
+
+def _tombstone_rows(tombstones: pa.Table, snapshot: LogSnapshot) -> pa.Table:
+    """One row per (key, partition): the key columns, a null value and null payload."""
+    schema = snapshot.arrow_schema
+    n = tombstones.num_rows
+    columns = {}
+    for field in _input_schema(snapshot).fields:
+        arrow_type = schema.field(field.name).type
+        if field.name in tombstones.column_names:
+            columns[field.name] = tombstones.column(field.name).cast(arrow_type)
+        else:
+            columns[field.name] = pa.nulls(n, arrow_type)
+    return pa.table(columns)
+
+
+# -- the dead-letter table ------------------------------------------------------------------
+
+
+def dead_letter_matches(record: str | None, wanted: list[dict[str, Any]]) -> bool:
+    """True when a dead letter's ``record`` (its row as JSON) holds one of the ``wanted``
+    keys (column name to value, compared as JSON values and as text). Pure."""
+    if record is None:
+        return False
+    try:
+        row = json.loads(record)
+    except ValueError:
+        return False
+    if not isinstance(row, dict):
+        return False
+    return any(all(_same(row.get(c), v) for c, v in key.items()) for key in wanted)
+
+
+def _same(stored: Any, value: Any) -> bool:
+    return stored == value or (stored is not None and str(stored) == str(value))
+
+
+def wanted_dicts(keys: Any, key_columns: Sequence[str]) -> list[dict[str, Any]]:
+    """``keys`` as one {column: value} per key (for matching dead letters). Pure."""
+    own = [k for k in key_columns if k != PARTITION]
+    out = []
+    for key in key_list(keys):
+        if isinstance(key, dict):
+            out.append({c: key[c] for c in own})
+        elif len(own) > 1:
+            out.append(dict(zip(own, key, strict=True)))
+        else:
+            out.append({own[0]: key[0] if isinstance(key, tuple) else key})
+    return out
+
+
+def erase_dead_letters(location: LogLocation, keys: Any, *, key_columns: Sequence[str]) -> int:
+    """Delete the dead letters holding one of ``keys`` (rewriting their files in one Delta
+    commit; the old files stay for the table's window); how many. Idempotent."""
+    try:
+        table = location.delta_table()
+    except TableNotFoundError:  # no dead letter yet: no table
+        return 0
+    rows = pa.table(table.to_pyarrow_dataset().to_table(columns=["record"]))
+    wanted = wanted_dicts(keys, key_columns)
+    doomed = sorted({r for r in rows.column("record").to_pylist() if dead_letter_matches(r, wanted)})
+    if not doomed:
+        return 0
+    listed = ", ".join("'" + r.replace("'", "''") + "'" for r in doomed)
+    metrics = table.delete(f"record IN ({listed})")
+    return int(metrics.get("num_deleted_rows", 0) or 0)
+
+
+def vacuum_dead_letters(location: LogLocation, *, window_ms: int) -> None:
+    """Delete the dead-letter table's files removed more than ``window_ms`` ago (an
+    erasure's rewrites) and trim its Delta log; nothing without a table. Idempotent."""
+    try:
+        location.delta_table()
+    except TableNotFoundError:
+        return
+    delete_expired_files(location, window_ms=window_ms, kind="checkpoint")

@@ -1,0 +1,172 @@
+"""Forgetting a key (design.md §54, §55): `erase` appends tombstones once and makes its
+partitions cleanable; `erasure_status` lists every file still holding the key, and says
+"none" only when a read of every byte under the paths finds no record of it."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from conftest import FakeClock
+from testkit import arrow_append, state_of
+
+from checkpoints.consumer_offsets import ConsumerOffsets, consumer_offsets_uri
+from sinks import CleanerConfig, CompactedStateSink
+from sinks.errors import HistoryExpiredError
+
+SCHEMA = "key string, value string, partition int"
+WINDOW_MS = 4_000  # the history window (wall time: delta-rs deletes by the wall clock)
+RETENTION_MS = 3_600_000  # delete.retention.ms (the sink's clock: the test moves it)
+ERASED = ["erase-me-alpha", "erase-me-bravo"]
+
+
+def erasure_config(**changes) -> CleanerConfig:
+    settings = dict(
+        min_cleanable_dirty_ratio=0.99,  # the erasure, not the ratio, makes the pass
+        delete_retention_ms=RETENTION_MS,
+        file_delete_delay_ms=WINDOW_MS,
+        log_retention_check_interval_ms=3_600_000,  # only the explicit vacuum() deletes
+    )
+    settings.update(changes)
+    return CleanerConfig(**settings)
+
+
+def wall_clock() -> FakeClock:
+    """The sink's clock: wall time, moved ahead by hand over delete.retention.ms."""
+    return FakeClock(int(time.time() * 1000))
+
+
+def feed(sink, spark, batches: int = 3, start: int = 0) -> None:
+    for b in range(start, start + batches):
+        rows = [(f"keep-{b}-{i}", f"v{b}", i % 2) for i in range(4)]
+        rows += [(ERASED[0], f"alpha-{b}", 0), (ERASED[1], f"bravo-{b}", 1)]
+        arrow_append(sink, rows, SCHEMA, b, spark)
+
+
+def bytes_naming(root: Path, key: str) -> list[str]:
+    """Every file under ``root`` whose bytes, or decoded Parquet values, hold ``key``."""
+    found = []
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        raw = path.read_bytes()
+        hit = key.encode() in raw
+        if not hit and path.suffix == ".parquet":
+            table = pq.read_table(path)
+            hit = key in json.dumps(table.to_pylist(), default=str)
+        if hit:
+            found.append(str(path.relative_to(root)))
+    return found
+
+
+def settle(sink, spark, clock, *, extra_batch: int) -> None:
+    """Drop expired tombstones, let the window pass, and trim: what the cleaner's rounds do."""
+    clock.advance(RETENTION_MS + 60_000)
+    sink.clean()  # the pass that drops the tombstones (their horizon has passed)
+    # Commits up to the next Delta checkpoint (one every 10), so the log can be trimmed.
+    for b in range(extra_batch, extra_batch + 11):
+        arrow_append(sink, [(f"later-{b}", "x", 0)], SCHEMA, b, spark)
+    time.sleep(WINDOW_MS / 1000 + 0.3)
+    clock.now = max(clock.now, int(time.time() * 1000))
+    sink.vacuum()
+
+
+def test_erase_cleans_its_partitions_and_the_status_says_none_only_when_no_byte_holds_it(
+    spark, lake
+):
+    clock = wall_clock()
+    path = lake / "log"
+    sink = CompactedStateSink(str(path), config=erasure_config(), clock=clock)
+    feed(sink, spark)
+    before = sink.log_table.snapshot().version
+    assert sink.erasure_status(ERASED[0]).keys[0].places  # live before the erasure
+
+    report = sink.erase(ERASED)
+    # Time travel inside the window still shows the key (documented).
+    assert ERASED[0] in {r["key"] for r in sink.state(as_of=before).collect()}
+
+    assert report.tombstones == 2 and set(report.marked) == {0, 1}
+    state = state_of(sink)
+    assert ERASED[0] not in state and ERASED[1] not in state
+    assert len(state) == 12
+    # The erasure made the pass (ratio 0.99 would not have): no older record is live.
+    live = sink.log().where("key like 'erase-me-%'").collect()
+    assert sorted((r["key"], r["value"]) for r in live) == [(ERASED[0], None), (ERASED[1], None)]
+    again = sink.erase(ERASED)  # exactly once: nothing more to write
+    assert again.tombstones == 0
+
+    status = sink.erasure_status(ERASED)
+    assert not status.gone
+    kinds = {p.kind for k in status.keys for p in k.places}
+    assert {"live segment", "history segment", "delta commit"} <= kinds
+    tombstone = [p for p in status.keys[0].places if p.kind == "live segment"]
+    assert tombstone and tombstone[0].goes_at_ms is not None
+    assert tombstone[0].goes_at_ms >= clock() + RETENTION_MS
+    assert status.deadline_ms is None or status.deadline_ms >= clock()
+
+    settle(sink, spark, clock, extra_batch=10)
+
+    final = sink.erasure_status(ERASED)
+    assert final.gone, [p.as_dict() for k in final.keys for p in k.places]
+    assert final.files_decoded >= 0 and final.delta_log_files_read > 0
+    for key in ERASED:
+        assert bytes_naming(path, key) == []
+    assert len(state_of(sink)) == 12 + 11
+    # Time travel to before the erasure now refuses by name.
+    with pytest.raises(HistoryExpiredError):
+        sink.state(as_of=before)
+
+
+def test_a_key_in_the_dead_letter_table_is_erased_there_too(spark, lake):
+    clock = wall_clock()
+    path, dead = lake / "log", lake / "dead-letters"
+    config = erasure_config(message_max_bytes=64)
+    sink = CompactedStateSink(str(path), config=config, clock=clock, dead_letter_table=str(dead))
+    arrow_append(sink, [("keep-0", "ok", 0), (ERASED[0], "x" * 100, 0)], SCHEMA, 0, spark)
+    arrow_append(sink, [(ERASED[0], "small", 0), ("keep-1", "y" * 100, 0)], SCHEMA, 1, spark)
+    assert any(p.kind == "dead-letter row" for p in sink.erasure_status(ERASED[0]).keys[0].places)
+
+    report = sink.erase(ERASED[0])
+
+    assert report.dead_letters_removed == 1
+    status = sink.erasure_status(ERASED[0])
+    kinds = {p.kind for p in status.keys[0].places}
+    assert "dead-letter row" not in kinds and "dead-letter history file" in kinds
+    assert "keep-1" in json.dumps(sink.appender.dead_letters.read().to_pylist())
+
+    settle(sink, spark, clock, extra_batch=10)
+    time.sleep(WINDOW_MS / 1000 + 0.3)
+    sink.vacuum()  # the dead-letter table's Delta log is trimmed a call later
+    assert sink.erasure_status(ERASED[0]).keys[0].places == () or bytes_naming(dead, ERASED[0])
+    assert bytes_naming(path, ERASED[0]) == []
+
+
+def test_a_lagging_registered_consumer_holds_the_tombstone_and_the_status_says_so(spark, lake):
+    clock = wall_clock()
+    sink = CompactedStateSink(str(lake / "log"), config=erasure_config(), clock=clock)
+    feed(sink, spark, batches=2)
+    offsets = ConsumerOffsets(consumer_offsets_uri(sink.checkpoint_path))
+    snapshot = sink.log_table.snapshot()
+    offsets.commit(
+        sink.path, "laggard", {0: 1, 1: 1}, clock=clock, table_id=snapshot.table_id,
+        table_version=snapshot.version,
+    )
+    sink.erase(ERASED[0])
+    clock.advance(RETENTION_MS + 60_000)
+    offsets.commit(
+        sink.path, "laggard", {0: 1, 1: 1}, clock=clock, table_id=snapshot.table_id,
+        table_version=snapshot.version,
+    )
+    sink.clean()
+    held = [p for p in sink.erasure_status(ERASED[0]).keys[0].places if p.kind == "live segment"]
+    assert held and held[0].goes_at_ms is None and "registered consumers" in held[0].why
+    assert sink.erasure_status(ERASED[0]).deadline_ms is None
+
+
+def test_a_key_never_written_is_none_at_once(spark, lake):
+    sink = CompactedStateSink(str(lake / "log"), config=erasure_config(), clock=wall_clock())
+    feed(sink, spark, batches=1)
+    status = sink.erasure_status("never-written")
+    assert status.gone and status.keys[0].deadline_ms is None
+    assert sink.erase("never-written").tombstones == 0
