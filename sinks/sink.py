@@ -415,6 +415,7 @@ class CompactedStateSink:
                 LogLocation(self.dead_letter_table, self.storage_options),
                 keys,
                 key_columns=self.key_columns,
+                log_path=self.log_table.uri,
             )
         try:
             spark: SparkSession | None = active_session()

@@ -26,21 +26,26 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from deltalake.exceptions import TableNotFoundError
+from deltalake.transaction import AddAction, CommitProperties, RemoveAction
 from pyspark.sql import types as T
 
 from sinks.errors import CommitConflictError, ConcurrentCommitError
-from sinks.log.log_table import ERASURE_TXN, TXN_PREFIX, LogSnapshot, LogTable
+from sinks.log.log_table import ERASURE_TXN, TXN_PREFIX, LogSnapshot, LogTable, now_ms
 from sinks.log.records import METADATA_COLUMNS, OFFSET, PARTITION, VALUE
 from sinks.log.storage import LogLocation
 from sinks.maintenance.segment_deleter import delete_expired_files
 from sinks.produce.append_batch import ArrowRecords
+from sinks.produce.dead_letter import DEAD_LETTER_SCHEMA
 from sinks.produce.log_append import LogAppender
 from sinks.reading.lookup import KeyLookup, wanted_keys
 
@@ -226,21 +231,57 @@ def wanted_dicts(keys: Any, key_columns: Sequence[str]) -> list[dict[str, Any]]:
     return out
 
 
-def erase_dead_letters(location: LogLocation, keys: Any, *, key_columns: Sequence[str]) -> int:
-    """Delete the dead letters holding one of ``keys`` (rewriting their files in one Delta
-    commit; the old files stay for the table's window); how many. Idempotent."""
+def erase_dead_letters(
+    location: LogLocation, keys: Any, *, key_columns: Sequence[str], log_path: str
+) -> int:
+    """Remove the dead letters of the log at ``log_path`` that hold one of ``keys``: each
+    file holding one is rewritten without them, in one Delta commit that names no key (no
+    predicate in its commit info, no statistics on its removes); the old files stay for
+    the window. Returns how many were removed. Idempotent."""
     try:
         table = location.delta_table()
     except TableNotFoundError:  # no dead letter yet: no table
         return 0
-    rows = pa.table(table.to_pyarrow_dataset().to_table(columns=["record"]))
     wanted = wanted_dicts(keys, key_columns)
-    doomed = sorted({r for r in rows.column("record").to_pylist() if dead_letter_matches(r, wanted)})
-    if not doomed:
-        return 0
-    listed = ", ".join("'" + r.replace("'", "''") + "'" for r in doomed)
-    metrics = table.delete(f"record IN ({listed})")
-    return int(metrics.get("num_deleted_rows", 0) or 0)
+    fs, root = location.filesystem()
+    added = pa.table(table.get_add_actions(flatten=True))
+    stamp = now_ms()
+    actions: list[Any] = []
+    removed = 0
+    for path, size in zip(
+        added.column("path").to_pylist(), added.column("size_bytes").to_pylist(), strict=True
+    ):
+        rows = pq.read_table(f"{root}/{unquote(path)}")
+        doomed = pa.array(
+            [
+                lp == log_path and dead_letter_matches(record, wanted)
+                for lp, record in zip(
+                    rows.column("log_path").to_pylist(), rows.column("record").to_pylist(),
+                    strict=True,
+                )
+            ],
+            pa.bool_(),
+        )
+        hits = pc.sum(doomed).as_py() or 0
+        if not hits:
+            continue
+        removed += hits
+        actions.append(RemoveAction(path, True, stamp, size, {}))
+        kept = rows.filter(pc.invert(doomed))
+        if kept.num_rows:
+            name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+            pq.write_table(kept, f"{root}/{name}", filesystem=fs, compression="snappy")
+            written = fs.get_file_info(f"{root}/{name}").size or 0
+            stats = json.dumps({"numRecords": kept.num_rows})
+            actions.append(AddAction(name, written, {}, stamp, True, stats))
+    if actions:
+        table.create_write_transaction(
+            actions,
+            "append",
+            DEAD_LETTER_SCHEMA,
+            commit_properties=CommitProperties(custom_metadata={"compactedSink": json.dumps({"operation": "erase"})}),
+        )
+    return removed
 
 
 def vacuum_dead_letters(location: LogLocation, *, window_ms: int) -> None:

@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
+from deltalake import DeltaTable
+
 from sinks.crash_points import SEGMENT_DELETER_AFTER_FILE_DELETED, crash_point
 from sinks.log.committer import DELTA_RS, LogCommitter
 from sinks.log.history_window import (
@@ -121,6 +123,7 @@ def delete_expired_files(
         deleted_bytes += info.size or 0
         crash_point(SEGMENT_DELETER_AFTER_FILE_DELETED)
     if trim_log:
+        checkpoint_for_trim(table, table_location, window_ms=window_ms)
         table.cleanup_metadata()
     report = DeletionReport(
         table=table_location.uri,
@@ -136,6 +139,22 @@ def delete_expired_files(
     if deleted or changed:
         logger.info("%s", report.summary())
     return report
+
+
+def checkpoint_for_trim(table: DeltaTable, location: LogLocation, *, window_ms: int) -> bool:
+    """Write a Delta checkpoint of the latest version when commits after the newest
+    checkpoint have left the window: without one they cannot be trimmed, and an idle table
+    would keep them (and the statistics they carry, design.md §54) for ever. True if it
+    wrote one. Writes no commit; idempotent."""
+    listing = list_delta_log(location)
+    newest = max(listing.checkpoints, default=-1)
+    if newest >= table.version():
+        return False
+    cutoff = time.time() * 1000 - window_ms
+    if not any(v > newest and at < cutoff for v, at in listing.commit_ms.items()):
+        return False
+    table.create_checkpoint()
+    return True
 
 
 def checkpoint_table_window(log_window_ms: int) -> int:
