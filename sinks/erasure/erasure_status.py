@@ -30,7 +30,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-from deltalake.exceptions import TableNotFoundError
 
 from sinks.config import LONG_MAX, CleanerConfig
 from sinks.erasure.tombstones import dead_letter_matches, key_list
@@ -202,13 +201,12 @@ def erasure_status(
     log.live = {f.path for f in snapshot.data_files()}
     tables = [log]
     if dead_letter_table is not None:
-        try:
+        delta = dead_letter_table.delta_table_if_any()
+        if delta is not None:  # else no dead letter yet: no table
             dead = _table(dead_letter_table, dead_letters=True)
-            adds = pa.table(dead_letter_table.delta_table().get_add_actions())
+            adds = pa.table(delta.get_add_actions())
             dead.live = {_unquote(p) for p in adds.column("path").to_pylist()}
             tables.append(dead)
-        except TableNotFoundError:
-            pass  # no dead letter yet: no table
     places: dict[int, list[Place]] = {i: [] for i in range(wanted.num_rows)}
     decoded = log_read = 0
     for table in tables:
@@ -313,9 +311,12 @@ def _scan_delta_log(
                 f"(a later checkpoint, version {later[0]}, exists)"
             )
         else:
-            goes, why = None, (
-                "statistics name the key; trimmed only after a later Delta checkpoint "
-                "(one every delta.checkpointInterval commits) and delta.logRetentionDuration"
+            goes, why = (
+                None,
+                (
+                    "statistics name the key; trimmed only after a later Delta checkpoint "
+                    "(one every delta.checkpointInterval commits) and delta.logRetentionDuration"
+                ),
             )
         relative = info.path[len(table.root) + 1 :]
         for i in hits:
@@ -435,7 +436,9 @@ def _matching_rows(
             return None
         present = parquet.schema_arrow.names
         columns = [
-            c for c in [*own, PARTITION, OFFSET, TIMESTAMP, VALUE, DELETE_HORIZON_MS] if c in present
+            c
+            for c in [*own, PARTITION, OFFSET, TIMESTAMP, VALUE, DELETE_HORIZON_MS]
+            if c in present
         ]
         if not all(k in present for k in own):
             return pa.table({})
@@ -539,7 +542,12 @@ def _latest_live(tables: list[pa.Table], own: Sequence[str]) -> dict[int, dict[i
     if not tables:
         return out
     rows = pa.concat_tables(tables, promote_options="permissive")
-    for row in rows.select(["_wanted", PARTITION]).group_by(["_wanted", PARTITION]).aggregate([]).to_pylist():
+    for row in (
+        rows.select(["_wanted", PARTITION])
+        .group_by(["_wanted", PARTITION])
+        .aggregate([])
+        .to_pylist()
+    ):
         i, p = row["_wanted"], row[PARTITION]
         mask = pc.and_(pc.equal(rows.column("_wanted"), i), pc.equal(rows.column(PARTITION), p))
         out.setdefault(i, {})[p] = rows.filter(mask)
@@ -576,7 +584,7 @@ def _live_term(
                 due = pass_due + config.delete_retention_ms + config.backoff_ms
             else:
                 due = None
-            why = "tombstone: dropped by the first pass after its delete horizon (delete.retention.ms)"
+            why = "tombstone: dropped by the first pass past its horizon (delete.retention.ms)"
         else:
             due = pass_due
             why = f"older record (offset {offset}): dropped by the first pass over the erasure"
@@ -618,7 +626,12 @@ def _held(rows: pa.Table, holds: Mapping[int, int]) -> str | None:
 
 
 def _orphan(
-    table: _Table, info: pafs.FileInfo, relative: str, n: int, config: CleanerConfig, kind: PlaceKind
+    table: _Table,
+    info: pafs.FileInfo,
+    relative: str,
+    n: int,
+    config: CleanerConfig,
+    kind: PlaceKind,
 ) -> Place:
     own = is_own_data_path(relative) or is_staged_write(relative)
     if own or table.dead_letters:
@@ -654,7 +667,10 @@ def _scan_dead_letters(
     terms: Mapping[str, int],
 ) -> int:
     """A place per (key, dead-letter file) holding it; returns the files decoded."""
-    order = [_key_of_row(wanted, i, [k for k in key_columns if k != PARTITION]) for i in range(wanted.num_rows)]
+    order = [
+        _key_of_row(wanted, i, [k for k in key_columns if k != PARTITION])
+        for i in range(wanted.num_rows)
+    ]
     decoded = 0
     for info in table.data_files:
         if not info.path.endswith(".parquet"):

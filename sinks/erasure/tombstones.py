@@ -35,11 +35,10 @@ from urllib.parse import unquote
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from deltalake.exceptions import TableNotFoundError
-from deltalake.transaction import AddAction, CommitProperties, RemoveAction
 from pyspark.sql import types as T
 
 from sinks.errors import CommitConflictError, ConcurrentCommitError
+from sinks.log.committer import commit_rewrite
 from sinks.log.log_table import ERASURE_TXN, TXN_PREFIX, LogSnapshot, LogTable, now_ms
 from sinks.log.records import METADATA_COLUMNS, OFFSET, PARTITION, VALUE
 from sinks.log.storage import LogLocation
@@ -149,7 +148,9 @@ def _mark(log: LogTable, snapshot: LogSnapshot, records: pa.Table) -> dict[int, 
     wanted = {
         p: o + 1
         for p, o in zip(
-            ends.column(PARTITION).to_pylist(), ends.column(f"{OFFSET}_max").to_pylist(), strict=True
+            ends.column(PARTITION).to_pylist(),
+            ends.column(f"{OFFSET}_max").to_pylist(),
+            strict=True,
         )
     }
     for _ in range(ERASE_ATTEMPTS):
@@ -238,15 +239,15 @@ def erase_dead_letters(
     file holding one is rewritten without them, in one Delta commit that names no key (no
     predicate in its commit info, no statistics on its removes); the old files stay for
     the window. Returns how many were removed. Idempotent."""
-    try:
-        table = location.delta_table()
-    except TableNotFoundError:  # no dead letter yet: no table
+    table = location.delta_table_if_any()
+    if table is None:  # no dead letter yet: no table
         return 0
     wanted = wanted_dicts(keys, key_columns)
     fs, root = location.filesystem()
     added = pa.table(table.get_add_actions(flatten=True))
     stamp = now_ms()
-    actions: list[Any] = []
+    removes: list[tuple[str, int]] = []
+    adds: list[tuple[str, int, str]] = []
     removed = 0
     for path, size in zip(
         added.column("path").to_pylist(), added.column("size_bytes").to_pylist(), strict=True
@@ -256,7 +257,8 @@ def erase_dead_letters(
             [
                 lp == log_path and dead_letter_matches(record, wanted)
                 for lp, record in zip(
-                    rows.column("log_path").to_pylist(), rows.column("record").to_pylist(),
+                    rows.column("log_path").to_pylist(),
+                    rows.column("record").to_pylist(),
                     strict=True,
                 )
             ],
@@ -266,20 +268,22 @@ def erase_dead_letters(
         if not hits:
             continue
         removed += hits
-        actions.append(RemoveAction(path, True, stamp, size, {}))
+        removes.append((path, size))
         kept = rows.filter(pc.invert(doomed))
         if kept.num_rows:
             name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
             pq.write_table(kept, f"{root}/{name}", filesystem=fs, compression="snappy")
             written = fs.get_file_info(f"{root}/{name}").size or 0
             stats = json.dumps({"numRecords": kept.num_rows})
-            actions.append(AddAction(name, written, {}, stamp, True, stats))
-    if actions:
-        table.create_write_transaction(
-            actions,
-            "append",
-            DEAD_LETTER_SCHEMA,
-            commit_properties=CommitProperties(custom_metadata={"compactedSink": json.dumps({"operation": "erase"})}),
+            adds.append((name, written, stats))
+    if removes:
+        commit_rewrite(
+            location,
+            removes=removes,
+            adds=adds,
+            schema=DEAD_LETTER_SCHEMA,
+            metadata={"compactedSink": json.dumps({"operation": "erase"})},
+            timestamp_ms=stamp,
         )
     return removed
 
@@ -287,8 +291,6 @@ def erase_dead_letters(
 def vacuum_dead_letters(location: LogLocation, *, window_ms: int) -> None:
     """Delete the dead-letter table's files removed more than ``window_ms`` ago (an
     erasure's rewrites) and trim its Delta log; nothing without a table. Idempotent."""
-    try:
-        location.delta_table()
-    except TableNotFoundError:
+    if location.delta_table_if_any() is None:
         return
     delete_expired_files(location, window_ms=window_ms, kind="checkpoint")

@@ -16,9 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Literal
-
-from deltalake import DeltaTable
+from typing import Any, Literal
 
 from sinks.crash_points import SEGMENT_DELETER_AFTER_FILE_DELETED, crash_point
 from sinks.log.committer import DELTA_RS, LogCommitter
@@ -123,7 +121,8 @@ def delete_expired_files(
         deleted_bytes += info.size or 0
         crash_point(SEGMENT_DELETER_AFTER_FILE_DELETED)
     if trim_log:
-        checkpoint_for_trim(table, table_location, window_ms=window_ms)
+        if len(chosen) == len(candidates):  # else a checkpoint would forget removes still due
+            checkpoint_for_trim(table, table_location, window_ms=window_ms)
         table.cleanup_metadata()
     report = DeletionReport(
         table=table_location.uri,
@@ -141,7 +140,7 @@ def delete_expired_files(
     return report
 
 
-def checkpoint_for_trim(table: DeltaTable, location: LogLocation, *, window_ms: int) -> bool:
+def checkpoint_for_trim(table: Any, location: LogLocation, *, window_ms: int) -> bool:
     """Write a Delta checkpoint of the latest version when commits after the newest
     checkpoint have left the window: without one they cannot be trimmed, and an idle table
     would keep them (and the statistics they carry, design.md §54) for ever. True if it

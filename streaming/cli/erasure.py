@@ -86,12 +86,12 @@ def _erasure_status(args: argparse.Namespace) -> int:
     if args.json:
         out(json.dumps(status.as_dict(), default=str, ensure_ascii=False))
         return 0
-    for line in render(status):
+    for line in render_status(status):
         out(line)
     return 0
 
 
-def render(status: Any) -> list[str]:
+def render_status(status: Any) -> list[str]:
     """Lines for an `ErasureStatus`: per key ``KEY: none`` or its places and deadline. Pure."""
     lines = []
     for key in status.keys:

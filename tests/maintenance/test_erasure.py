@@ -149,13 +149,21 @@ def test_a_lagging_registered_consumer_holds_the_tombstone_and_the_status_says_s
     offsets = ConsumerOffsets(consumer_offsets_uri(sink.checkpoint_path))
     snapshot = sink.log_table.snapshot()
     offsets.commit(
-        sink.path, "laggard", {0: 1, 1: 1}, clock=clock, table_id=snapshot.table_id,
+        sink.path,
+        "laggard",
+        {0: 1, 1: 1},
+        clock=clock,
+        table_id=snapshot.table_id,
         table_version=snapshot.version,
     )
     sink.erase(ERASED[0])
     clock.advance(RETENTION_MS + 60_000)
     offsets.commit(
-        sink.path, "laggard", {0: 1, 1: 1}, clock=clock, table_id=snapshot.table_id,
+        sink.path,
+        "laggard",
+        {0: 1, 1: 1},
+        clock=clock,
+        table_id=snapshot.table_id,
         table_version=snapshot.version,
     )
     sink.clean()
