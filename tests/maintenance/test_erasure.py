@@ -14,7 +14,7 @@ from conftest import FakeClock
 from testkit import arrow_append, state_of
 
 from checkpoints.consumer_offsets import ConsumerOffsets, consumer_offsets_uri
-from sinks import CleanerConfig, CompactedStateSink
+from sinks import CleanerConfig, CompactedStateSink, lookup, read_state
 from sinks.errors import HistoryExpiredError
 
 SCHEMA = "key string, value string, partition int"
@@ -83,8 +83,10 @@ def test_erase_cleans_its_partitions_and_the_status_says_none_only_when_no_byte_
     assert sink.erasure_status(ERASED[0]).keys[0].places  # live before the erasure
 
     report = sink.erase(ERASED)
-    # Time travel inside the window still shows the key (documented).
+    # Time travel inside the window still shows the key (documented), by every reader.
     assert ERASED[0] in {r["key"] for r in sink.state(as_of=before).collect()}
+    assert lookup(str(path), ERASED[0], as_of=before).num_rows == 1
+    assert ERASED[0] in read_state(str(path), as_of=before).column("key").to_pylist()
 
     assert report.tombstones == 2 and set(report.marked) == {0, 1}
     state = state_of(sink)
@@ -113,9 +115,16 @@ def test_erase_cleans_its_partitions_and_the_status_says_none_only_when_no_byte_
     for key in ERASED:
         assert bytes_naming(path, key) == []
     assert len(state_of(sink)) == 12 + 11
-    # Time travel to before the erasure now refuses by name.
-    with pytest.raises(HistoryExpiredError):
-        sink.state(as_of=before)
+    # Time travel to before the erasure now refuses by name, whoever reads.
+    for travel in (
+        lambda: sink.state(as_of=before),
+        lambda: sink.log(as_of=before),
+        lambda: lookup(str(path), ERASED[0], as_of=before),
+        lambda: read_state(str(path), as_of=before),
+        lambda: sink.restore(before),
+    ):
+        with pytest.raises(HistoryExpiredError):
+            travel()
 
 
 def test_a_key_in_the_dead_letter_table_is_erased_there_too(spark, lake):
