@@ -219,7 +219,9 @@ def erasure_status(
             decoded += 1
             if found.num_rows:
                 matches.append((info, found))
-    _place_log_records(snapshot, log, matches, wanted, own, places, config, now_ms, consumer_holds)
+    _place_log_records(
+        snapshot, log, matches, places, config, now_ms, consumer_holds, log_retention
+    )
     if len(tables) > 1:
         decoded += _scan_dead_letters(tables[1], listed, key_columns, places, wanted, window, terms)
     per_key = tuple(
@@ -311,12 +313,10 @@ def _scan_delta_log(
                 f"(a later checkpoint, version {later[0]}, exists)"
             )
         else:
-            goes, why = (
-                None,
-                (
-                    "statistics name the key; trimmed only after a later Delta checkpoint "
-                    "(one every delta.checkpointInterval commits) and delta.logRetentionDuration"
-                ),
+            goes = mtime + log_retention_ms + terms["log.retention.check.interval.ms"]
+            why = (
+                "statistics name the key; trimmed once older than delta.logRetentionDuration, "
+                "behind the checkpoint the segment deleter writes when none follows it"
             )
         relative = info.path[len(table.root) + 1 :]
         for i in hits:
@@ -492,17 +492,20 @@ def _place_log_records(
     snapshot: LogSnapshot,
     log: _Table,
     matches: list[tuple[pafs.FileInfo, pa.Table]],
-    wanted: pa.Table,
-    own: Sequence[str],
     places: dict[int, list[Place]],
     config: CleanerConfig,
     now_ms: int,
     consumer_holds: Callable[[], Mapping[int, int]],
+    log_retention_ms: int,
 ) -> None:
-    """A place per (key, file) of the log's data files, with when it goes."""
+    """A place per (key, file) of the log's data files, with when it goes. A live file goes
+    from storage a window after the pass that removes it, and the Delta log entries that
+    name it (its add action's statistics) a log retention after that pass."""
     delay = config.file_delete_delay_ms + config.log_retention_check_interval_ms
+    live_delay = max(config.file_delete_delay_ms, log_retention_ms)
+    live_delay += config.log_retention_check_interval_ms
     live_rows = [t for info, t in matches if info.path[len(log.root) + 1 :] in log.live]
-    latest = _latest_live(live_rows, own)
+    latest = _latest_live(live_rows)
     holds: Mapping[int, int] | None = None
     for info, rows in matches:
         relative = info.path[len(log.root) + 1 :]
@@ -517,7 +520,7 @@ def _place_log_records(
                     if held is not None:
                         goes, why = None, held
                 if goes is not None:
-                    goes += delay
+                    goes += live_delay
                 places[i].append(Place("live segment", log.location.uri, relative, n, goes, why))
             elif relative in log.removed:
                 stamp = log.removed[relative]
@@ -536,7 +539,7 @@ def _place_log_records(
                 places[i].append(_orphan(log, info, relative, n, config, "orphan file"))
 
 
-def _latest_live(tables: list[pa.Table], own: Sequence[str]) -> dict[int, dict[int, pa.Table]]:
+def _latest_live(tables: list[pa.Table]) -> dict[int, dict[int, pa.Table]]:
     """Per wanted key and partition, its records in the live files."""
     out: dict[int, dict[int, pa.Table]] = {}
     if not tables:
