@@ -104,7 +104,8 @@ def erase(
         tombstones = _tombstones_needed(records, key_columns)
         if tombstones.num_rows == 0:
             return written, _mark(log, snapshot, records), log.snapshot()
-        batch_id = (snapshot.txn_version(ERASE_APP_ID) or -1) + 1
+        recorded = snapshot.txn_version(ERASE_APP_ID)  # batch 0 is recorded as 0: not falsy
+        batch_id = 0 if recorded is None else recorded + 1
         info = appender.append(
             ArrowRecords(_tombstone_rows(tombstones, snapshot), _input_schema(snapshot)),
             app_id=ERASE_APP_ID,

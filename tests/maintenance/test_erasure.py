@@ -181,9 +181,15 @@ def test_a_lagging_registered_consumer_holds_the_tombstone_and_the_status_says_s
     assert sink.erasure_status(ERASED[0]).deadline_ms is None
 
 
-def test_a_key_never_written_is_none_at_once(spark, lake):
+def test_a_key_never_written_is_none_at_once_and_later_erasures_are_batches_of_their_own(
+    spark, lake
+):
     sink = CompactedStateSink(str(lake / "log"), config=erasure_config(), clock=wall_clock())
     feed(sink, spark, batches=1)
     status = sink.erasure_status("never-written")
     assert status.gone and status.keys[0].deadline_ms is None
     assert sink.erase("never-written").tombstones == 0
+    # Each later erasure is a batch of its own (numbered past the last one recorded).
+    assert sink.erase("keep-0-0").tombstones == 1
+    assert sink.erase(["keep-0-1", "keep-0-2"]).tombstones == 2
+    assert set(state_of(sink)) == {"keep-0-3", *ERASED}
