@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from deltalake import DeltaTable
 from conftest import FakeClock
 from testkit import arrow_append, state_of
 
@@ -193,3 +194,30 @@ def test_a_key_never_written_is_none_at_once_and_later_erasures_are_batches_of_t
     assert sink.erase("keep-0-0").tombstones == 1
     assert sink.erase(["keep-0-1", "keep-0-2"]).tombstones == 2
     assert set(state_of(sink)) == {"keep-0-3", *ERASED}
+
+
+def test_another_engines_optimize_between_the_erasure_and_its_pass(spark, lake):
+    clock = wall_clock()
+    path = lake / "log"
+    lag = 600_000  # the erasure's pass waits for min.compaction.lag.ms: OPTIMIZE comes first
+    sink = CompactedStateSink(
+        str(path), config=erasure_config(min_compaction_lag_ms=lag), clock=clock
+    )
+    feed(sink, spark)
+    sink.erase(ERASED)
+    assert sink.log().where("key like 'erase-me-%' and value is not null").count() == 6
+
+    DeltaTable(
+        str(path)
+    ).optimize.compact()  # delta-rs, no Spark: files rewritten, dataChange false
+
+    status = sink.erasure_status(ERASED)
+    assert all(not k.gone for k in status.keys)
+    clock.advance(lag + 1_000)
+    sink.clean()
+    assert sink.log().where("key like 'erase-me-%' and value is not null").count() == 0
+    settle(sink, spark, clock, extra_batch=10)
+    final = sink.erasure_status(ERASED)
+    assert final.gone, [p.as_dict() for k in final.keys for p in k.places]
+    for key in ERASED:
+        assert bytes_naming(path, key) == []
