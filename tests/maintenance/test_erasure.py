@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from deltalake import DeltaTable
 from conftest import FakeClock
+from deltalake import DeltaTable
 from testkit import arrow_append, state_of
 
 from checkpoints.consumer_offsets import ConsumerOffsets, consumer_offsets_uri
