@@ -221,3 +221,34 @@ def test_another_engines_optimize_between_the_erasure_and_its_pass(spark, lake):
     assert final.gone, [p.as_dict() for k in final.keys for p in k.places]
     for key in ERASED:
         assert bytes_naming(path, key) == []
+
+
+def test_an_erasure_mark_makes_its_partition_cleanable_whatever_the_ratio():
+    from sinks.cleaner.log_to_clean import LogToClean, why_not_cleanable
+
+    def partition(**changes) -> LogToClean:
+        fields = dict(
+            log_path="log",
+            partition=0,
+            first_dirty_offset=10,
+            first_uncleanable_offset=20,
+            clean_bytes=1_000,
+            cleanable_bytes=10,
+        )
+        fields.update(changes)
+        return LogToClean(**fields)
+
+    def because(log: LogToClean) -> str | None:
+        return log.cleanable_because(
+            now_ms=0, min_cleanable_dirty_ratio=0.99, max_compaction_lag_ms=2**63 - 1
+        )
+
+    assert because(partition()) is None
+    assert because(partition(erasure_offset=15)) == "erasure"
+    assert because(partition(erasure_offset=20)) == "erasure"
+    assert because(partition(erasure_offset=10)) is None  # cleaned past it already
+    waiting = partition(erasure_offset=25)  # its tombstones still inside min.compaction.lag.ms
+    assert because(waiting) is None
+    assert "erasure below offset 25 waits" in why_not_cleanable(
+        waiting, erasure_config(min_compaction_lag_ms=60_000), now_ms=0
+    )
