@@ -51,9 +51,12 @@ PlaceKind = Literal[
     "dead-letter orphan file",
     "dead-letter delta commit",
     "dead-letter delta checkpoint",
+    "delta checksum",
+    "dead-letter delta checksum",
 ]
 
 _COMMIT = re.compile(r"(\d{20})\.json")
+_CHECKSUM = re.compile(r"(\d{20})\.crc")
 _CHECKPOINT = re.compile(r"(\d{20})\.checkpoint(?:\.\d+\.\d+)?(?:\.[^.]+)?\.parquet")
 _TRUNCATED_STATS_CHARS = 32  # delta-rs and delta-spark cut string statistics to a prefix
 
@@ -282,6 +285,9 @@ def _scan_delta_log(
                 if not line.strip():
                     continue
                 action = json.loads(line)
+                if "commitInfo" in action:  # another engine's predicate may quote the key
+                    parameters = action["commitInfo"].get("operationParameters") or {}
+                    hits |= _text_hits(json.dumps(parameters), values)
                 if "remove" in action:
                     remove = action["remove"]
                     table.removed[_unquote(remove["path"])] = remove.get("deletionTimestamp") or 0
@@ -293,18 +299,27 @@ def _scan_delta_log(
                 version = int(m.group(1))
                 table.checkpoints.append(version)
             hits |= _checkpoint_hits(table, info, stats_columns, values)
-        else:
-            continue  # _last_checkpoint, .crc: no statistics
+        else:  # .crc (delta-spark's checksums may list every file with its statistics)
+            if m := _CHECKSUM.fullmatch(name):
+                version = int(m.group(1))
+            with table.fs.open_input_stream(info.path) as f:
+                text = f.read().decode("utf-8", errors="replace")
+            for stats in _nested_stats(text):
+                hits |= _stats_hits(stats, stats_columns, values, table)
         if hits:
             named.append((info, version, hits))
     for info, version, hits in named:
         later = [c for c in table.checkpoints if version is not None and c > version]
         is_checkpoint = info.path.endswith(".parquet")
-        kind: PlaceKind
+        kind: PlaceKind = (
+            "delta checkpoint"
+            if is_checkpoint
+            else "delta commit"
+            if _COMMIT.fullmatch(info.path.rsplit("/", 1)[-1])
+            else "delta checksum"
+        )
         if table.dead_letters:
-            kind = "dead-letter delta checkpoint" if is_checkpoint else "dead-letter delta commit"
-        else:
-            kind = "delta checkpoint" if is_checkpoint else "delta commit"
+            kind = f"dead-letter {kind}"  # type: ignore[assignment]
         mtime = _mtime_ms(info)
         if later:
             goes: int | None = mtime + log_retention_ms + terms["log.retention.check.interval.ms"]
@@ -399,6 +414,45 @@ def _value_hits(
         elif any(c in bounds and _names(bounds[c], key[c]) for c in columns):
             hits.add(i)
     return hits
+
+
+def _text_hits(text: str, values: list[tuple[int, Any]]) -> set[int]:
+    """Keys whose string value appears quoted in ``text`` (as JSON, as JSON inside a JSON
+    string, or as a SQL literal): a commit's operation parameters (another engine's
+    predicate), never a whole file (column names would match)."""
+    hits = set()
+    for i, key in values:
+        for value in key.values():
+            if not isinstance(value, str):
+                continue
+            quoted = json.dumps(value)
+            tokens = (quoted, json.dumps(quoted)[1:-1], "'" + value.replace("'", "''") + "'")
+            if any(t in text for t in tokens):
+                hits.add(i)
+    return hits
+
+
+def _nested_stats(text: str) -> list[str]:
+    """Every ``stats`` string inside the JSON documents of ``text`` (one a line or one)."""
+    found: list[str] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            for name, child in node.items():
+                if name == "stats" and isinstance(child, str):
+                    found.append(child)
+                else:
+                    walk(child)
+        elif isinstance(node, list):
+            for child in node:
+                walk(child)
+
+    for document in [text, *text.splitlines()]:
+        try:
+            walk(json.loads(document))
+        except ValueError:
+            continue
+    return found
 
 
 def _names(stat: Any, value: Any) -> bool:

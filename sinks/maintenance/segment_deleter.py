@@ -12,11 +12,14 @@ leaves files the next call deletes.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
+
+import pyarrow.fs as pafs
 
 from sinks.crash_points import SEGMENT_DELETER_AFTER_FILE_DELETED, crash_point
 from sinks.log.committer import DELTA_RS, LogCommitter
@@ -29,6 +32,7 @@ from sinks.log.history_window import (
 )
 from sinks.log.ownership import (
     CHECKPOINT_TABLE_NAME,
+    DELTA_LOG_DIR,
     check_compacted_log,
     is_delta_rs_data_path,
     is_own_data_path,
@@ -38,6 +42,9 @@ from sinks.log.storage import LogLocation
 logger = logging.getLogger("compacted_sink")
 
 TableKind = Literal["log", "checkpoint"]
+
+_COMMIT_FILE = re.compile(r"\d{20}\.json")
+_CHECKSUM_FILE = re.compile(r"(\d{20})\.crc")
 
 DEFAULT_MAX_FILES = 1_000
 """Files one call deletes at most: a few seconds of DELETE calls on an object store."""
@@ -124,6 +131,7 @@ def delete_expired_files(
         if len(chosen) == len(candidates):  # else a checkpoint would forget removes still due
             checkpoint_for_trim(table, table_location, window_ms=window_ms)
         table.cleanup_metadata()
+        delete_trimmed_checksums(table_location)
     report = DeletionReport(
         table=table_location.uri,
         deleted=tuple(deleted),
@@ -154,6 +162,29 @@ def checkpoint_for_trim(table: Any, location: LogLocation, *, window_ms: int) ->
         return False
     table.create_checkpoint()
     return True
+
+
+def delete_trimmed_checksums(location: LogLocation) -> int:
+    """Delete the ``<version>.crc`` files (delta-spark's checksums, which may list files with
+    their statistics, design.md §54) of versions whose commit was trimmed: delta-rs's
+    trimming leaves them. Returns how many. Idempotent."""
+    fs, root = location.filesystem()
+    selector = pafs.FileSelector(f"{root}/{DELTA_LOG_DIR}", allow_not_found=True)
+    infos = [i for i in fs.get_file_info(selector) if i.type == pafs.FileType.File]
+    commits = [int(i.base_name[:20]) for i in infos if _COMMIT_FILE.fullmatch(i.base_name)]
+    if not commits:
+        return 0
+    oldest = min(commits)
+    deleted = 0
+    for info in infos:
+        m = _CHECKSUM_FILE.fullmatch(info.base_name)
+        if m and int(m.group(1)) < oldest:
+            try:
+                fs.delete_file(info.path)
+                deleted += 1
+            except FileNotFoundError:
+                continue
+    return deleted
 
 
 def checkpoint_table_window(log_window_ms: int) -> int:
