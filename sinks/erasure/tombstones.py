@@ -100,8 +100,8 @@ def erase(
         snapshot = log.snapshot()
         if snapshot is None:
             return 0, {}, None
-        records = _records_of(snapshot, keys, key_columns)
-        tombstones = _tombstones_needed(records, key_columns)
+        records, sequence = _records_of(snapshot, keys, key_columns)
+        tombstones = _tombstones_needed(records, key_columns, sequence)
         if tombstones.num_rows == 0:
             return written, _mark(log, snapshot, records), log.snapshot()
         recorded = snapshot.txn_version(ERASE_APP_ID)  # batch 0 is recorded as 0: not falsy
@@ -119,25 +119,39 @@ def erase(
     )
 
 
-def _records_of(snapshot: LogSnapshot, keys: Any, key_columns: Sequence[str]) -> pa.Table:
-    """Every visible record of ``keys`` in the live files: key columns, partition, offset,
-    value (read with the key filters, `KeyLookup`)."""
+def _records_of(
+    snapshot: LogSnapshot, keys: Any, key_columns: Sequence[str]
+) -> tuple[pa.Table, str | None]:
+    """Every visible record of ``keys`` in the live files (key columns, partition, offset,
+    value and the sequence column, read with the key filters, `KeyLookup`), and the log's
+    sequence column when it orders records (design.md §13)."""
     lookup = KeyLookup.of(snapshot)
     wanted = wanted_keys(key_list(keys), snapshot.arrow_schema, lookup.own_keys)
     found = lookup.records_of(wanted)
-    return found.select([*lookup.own_keys, PARTITION, OFFSET, VALUE])
+    sequence = lookup.keys.sequence_column
+    if sequence in (*key_columns, PARTITION, OFFSET):
+        sequence = None
+    columns = [*lookup.own_keys, PARTITION, OFFSET, VALUE, *([sequence] if sequence else [])]
+    return found.select(columns), sequence
 
 
-def _tombstones_needed(records: pa.Table, key_columns: Sequence[str]) -> pa.Table:
-    """(key columns, partition) of each key whose latest record in a partition is live."""
+def _tombstones_needed(
+    records: pa.Table, key_columns: Sequence[str], sequence: str | None = None
+) -> pa.Table:
+    """(key columns, partition) of each key whose latest record in a partition is live, by
+    offset or by (sequence, offset); with a sequence column, the latest record's sequence,
+    which the tombstone carries so that it wins (a tie goes to the higher offset)."""
     own = [k for k in key_columns if k != PARTITION]
     group = [*own, PARTITION]
+    kept = [*group, *([sequence] if sequence else [])]
     if records.num_rows == 0:
-        return records.select(group)
-    latest = records.group_by(group, use_threads=False).aggregate([(OFFSET, "max")])
-    latest = latest.rename_columns([*group, OFFSET])
-    winners = records.join(latest, [*group, OFFSET], join_type="inner")
-    return winners.filter(pc.is_valid(winners.column(VALUE))).select(group)
+        return records.select(kept)
+    order = [*([sequence] if sequence else []), OFFSET]
+    ranked = records.sort_by([(c, "descending") for c in order])
+    numbered = ranked.append_column("_n", pa.array(range(ranked.num_rows), pa.int64()))
+    firsts = numbered.group_by(group, use_threads=False).aggregate([("_n", "min")])
+    winners = ranked.take(firsts.column("_n_min"))
+    return winners.filter(pc.is_valid(winners.column(VALUE))).select(kept)
 
 
 def _mark(log: LogTable, snapshot: LogSnapshot, records: pa.Table) -> dict[int, int]:

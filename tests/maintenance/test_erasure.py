@@ -252,3 +252,18 @@ def test_an_erasure_mark_makes_its_partition_cleanable_whatever_the_ratio():
     assert "erasure below offset 25 waits" in why_not_cleanable(
         waiting, erasure_config(min_compaction_lag_ms=60_000), now_ms=0
     )
+
+
+def test_on_a_log_ordered_by_a_sequence_column_the_tombstone_carries_the_latest_sequence(
+    spark, lake
+):
+    sink = CompactedStateSink(
+        str(lake / "log"), config=erasure_config(), sequence_column="seq", clock=wall_clock()
+    )
+    schema = "key string, value string, partition int, seq long"
+    arrow_append(sink, [("a", "newest", 0, 5), ("a", "older", 0, 3), ("b", "b", 0, 1)], schema, 0)
+    assert state_of(sink) == {"a": "newest", "b": "b"}
+    assert sink.erase("a").tombstones == 1
+    assert state_of(sink) == {"b": "b"}
+    (tombstone,) = sink.log().where("key = 'a' and value is null").collect()
+    assert tombstone["seq"] == 5
