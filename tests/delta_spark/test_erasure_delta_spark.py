@@ -18,7 +18,7 @@ from sinks import CleanerConfig, CompactedStateSink
 pytestmark = pytest.mark.delta_spark
 
 SCHEMA = "key string, value string, partition int"
-WINDOW_MS = 4_000
+WINDOW_MS = 15_000  # longer than the passes take here: no checkpoint forgets a remove still due
 LAG_MS = 600_000
 ERASED = "erase-me-delta-spark"
 
