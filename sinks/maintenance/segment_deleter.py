@@ -149,16 +149,19 @@ def delete_expired_files(
 
 
 def checkpoint_for_trim(table: Any, location: LogLocation, *, window_ms: int) -> bool:
-    """Write a Delta checkpoint of the latest version when commits after the newest
-    checkpoint have left the window: without one they cannot be trimmed, and an idle table
-    would keep them (and the statistics they carry, design.md §54) for ever. True if it
-    wrote one. Writes no commit; idempotent."""
+    """Write a Delta checkpoint of the latest version of an idle table (no commit inside
+    the window) that has none: without one its commits cannot be trimmed, and it would keep
+    them (and the statistics they carry, design.md §54) for ever. True if it wrote one.
+    Writes no commit; idempotent."""
     listing = list_delta_log(location)
     newest = max(listing.checkpoints, default=-1)
     if newest >= table.version():
         return False
     cutoff = time.time() * 1000 - window_ms
-    if not any(v > newest and at < cutoff for v, at in listing.commit_ms.items()):
+    # Only an idle table (its newest commit out of the window too): a busy one gets its
+    # checkpoints from its commits, and a checkpoint of ours beside them would be trimmed
+    # while a reader that opened from it still reads the log.
+    if not listing.commit_ms or max(listing.commit_ms.values()) >= cutoff:
         return False
     table.create_checkpoint()
     return True
