@@ -129,7 +129,8 @@ def delete_expired_files(
         crash_point(SEGMENT_DELETER_AFTER_FILE_DELETED)
     if trim_log:
         if len(chosen) == len(candidates):  # else a checkpoint would forget removes still due
-            checkpoint_for_trim(table, table_location, window_ms=window_ms)
+            own = table.version() if changed else None  # our properties' commit
+            checkpoint_for_trim(table, table_location, window_ms=window_ms, own_version=own)
         table.cleanup_metadata()
         delete_trimmed_checksums(table_location)
     report = DeletionReport(
@@ -148,11 +149,14 @@ def delete_expired_files(
     return report
 
 
-def checkpoint_for_trim(table: Any, location: LogLocation, *, window_ms: int) -> bool:
+def checkpoint_for_trim(
+    table: Any, location: LogLocation, *, window_ms: int, own_version: int | None = None
+) -> bool:
     """Write a Delta checkpoint of the latest version of an idle table (no commit inside
     the window) that has none: without one its commits cannot be trimmed, and it would keep
     them (and the statistics they carry, design.md §54) for ever. True if it wrote one.
-    Writes no commit; idempotent."""
+    ``own_version`` is the deleter's own commit of the window's properties, which does not
+    count as activity. Writes no commit; idempotent."""
     listing = list_delta_log(location)
     newest = max(listing.checkpoints, default=-1)
     if newest >= table.version():
@@ -161,7 +165,8 @@ def checkpoint_for_trim(table: Any, location: LogLocation, *, window_ms: int) ->
     # Only an idle table (its newest commit out of the window too): a busy one gets its
     # checkpoints from its commits, and a checkpoint of ours beside them would be trimmed
     # while a reader that opened from it still reads the log.
-    if not listing.commit_ms or max(listing.commit_ms.values()) >= cutoff:
+    stamps = [at for v, at in listing.commit_ms.items() if v != own_version]
+    if not stamps or max(stamps) >= cutoff:
         return False
     table.create_checkpoint()
     return True
