@@ -294,6 +294,10 @@ bench-lookup: $(STAMP)
 bench-lookup-pass: $(STAMP)
 	$(PY) -m bench.lookup_pass --out bench/lookup_pass.json
 
+.PHONY: bench-erasure
+bench-erasure: $(STAMP)
+	$(PY) -m bench.erasure_status --large --out bench/erasure_status.json
+
 # Not part of `make test`: a cleaner-state transition's write to the checkpoint table, the
 # sink's rewrite against a delta-rs MERGE, at 6 to 10,000 rows (bench/checkpoint_writes.json;
 # about 1 min).

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 from urllib.parse import urlparse
 
 import pyarrow as pa
@@ -27,6 +28,15 @@ from sinks.cleaner.cleaner_stats import CleanerStats
 from sinks.cleaner.log_cleaner import CleaningMode, LogCleaner
 from sinks.cleaner.log_to_clean import LogToClean
 from sinks.config import CleanerConfig
+from sinks.erasure import (
+    ErasureReport,
+    ErasureStatus,
+    erase_dead_letters,
+    erasure_status,
+    vacuum_dead_letters,
+)
+from sinks.erasure import erase as erase_tombstones
+from sinks.erasure.tombstones import key_list
 from sinks.errors import CompactedSinkError, ForeignChangeError, TableFeatureError
 from sinks.log.foreign import changes as foreign_changes
 from sinks.log.log_config import opened_log_config
@@ -290,7 +300,13 @@ class CompactedStateSink:
     def vacuum(self) -> DeletionReport:
         """Delete what left the log longer than ``file.delete.delay.ms`` ago. Idempotent."""
         self._existing()
-        return self.log_cleaner.segment_deleter.run(self.manager.busy_partitions)
+        report = self.log_cleaner.segment_deleter.run(self.manager.busy_partitions)
+        if self.dead_letter_table:  # an erasure's rewritten dead letters (design.md §54)
+            vacuum_dead_letters(
+                LogLocation(self.dead_letter_table, self.storage_options),
+                window_ms=self.config.file_delete_delay_ms,
+            )
+        return report
 
     def add_pass_listener(self, listener: Callable[[CleanerStats], None]) -> None:
         """Call ``listener`` with the figures of every pass this sink's cleaner commits."""
@@ -424,6 +440,75 @@ class CompactedStateSink:
             snapshot,
             self.keys,
             dedupe_buffer_size=self.config.dedupe_buffer_size,
+        )
+
+    # -- forgetting keys (design.md §54, §55) ---------------------------------------------
+
+    @finished_before_exit
+    def erase(self, keys: Any) -> ErasureReport:
+        """Forget ``keys``: one key value, a tuple for a log with several key columns, or a
+        list of them (design.md §54).
+
+        Appends a tombstone for each key in each partition where its latest record holds a
+        value (one batch under ``compacted-sink/erase``), records per partition the offset
+        below which it must be cleaned (so the next round cleans it whatever its dirty
+        ratio, once ``min.compaction.lag.ms`` has passed), deletes the key's dead letters
+        when ``dead_letter_table`` is set, then hands the log to its cleaner as an append
+        does (with a Spark session; without one the next round cleans it). Idempotent: a
+        key already erased gets no second tombstone. Raises `BadInputError` for a key that
+        does not fit the key columns, `FileNotFoundError` without a log.
+        """
+        self._existing()
+        self._ensure_recovered()
+        written, marked, snapshot = erase_tombstones(
+            self.appender, keys, key_columns=self.key_columns
+        )
+        removed = 0
+        if self.dead_letter_table:
+            removed = erase_dead_letters(
+                LogLocation(self.dead_letter_table, self.storage_options),
+                keys,
+                key_columns=self.key_columns,
+                log_path=self.log_table.uri,
+            )
+        try:
+            spark: SparkSession | None = active_session()
+        except RuntimeError:
+            spark = None
+        if spark is not None and marked and snapshot is not None:
+            background = self.cleaning == "background"
+            self.log_cleaner.hand_over(spark, snapshot, background=background, appended=True)
+        after = self.log_table.snapshot()
+        report = ErasureReport(
+            keys=len(key_list(keys)),
+            tombstones=written,
+            marked=marked,
+            dead_letters_removed=removed,
+            version=after.version if after is not None else None,
+        )
+        logger.info("%s: %s", self.path, report.summary())
+        return report
+
+    def erasure_status(self, keys: Any) -> ErasureStatus:
+        """Per key of ``keys``, every file under the log's path (and the dead-letter table's)
+        that still holds its records or names its value, each with the time it goes by the
+        log's config, and the overall deadline (design.md §55). Read from storage, not
+        trusted from the Delta log. Reads only; no Spark."""
+        snapshot = self._existing()
+        now = self.clock()
+        dead = (
+            LogLocation(self.dead_letter_table, self.storage_options)
+            if self.dead_letter_table
+            else None
+        )
+        return erasure_status(
+            snapshot,
+            keys,
+            key_columns=self.key_columns,
+            config=self.config,
+            now_ms=now,
+            dead_letter_table=dead,
+            consumer_holds=lambda: self.log_cleaner.planner.consumer_holds(snapshot, now_ms=now),
         )
 
     # -- helpers -----------------------------------------------------------------------

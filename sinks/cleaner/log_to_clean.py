@@ -86,6 +86,7 @@ class LogToClean:
     oldest_dirty_timestamp_ms: int | None = None
     earliest_delete_horizon_ms: int | None = None
     force_checkpoint: bool = False
+    erasure_offset: int | None = None  # the partition's erasure mark (design.md §54)
 
     @property
     def total_bytes(self) -> int:
@@ -101,6 +102,17 @@ class LogToClean:
         """True when a stamped tombstone's delete horizon lies before ``now_ms``."""
         horizon = self.earliest_delete_horizon_ms
         return horizon is not None and horizon < now_ms
+
+    @property
+    def erasure_due(self) -> bool:
+        """True when an erasure's tombstones lie in the cleanable section and no pass has
+        cleaned past them yet (design.md §54)."""
+        mark = self.erasure_offset
+        return (
+            mark is not None
+            and self.first_dirty_offset < mark <= self.first_uncleanable_offset
+            and self.cleanable_bytes > 0
+        )
 
     def compaction_delay_ms(self, now_ms: int) -> int:
         """How long the oldest dirty record has waited to be cleaned (0 when none)."""
@@ -139,6 +151,8 @@ class LogToClean:
         """Which clause of design.md §4 makes the partition cleanable now; None when none does."""
         if self.has_expired_tombstones(now_ms):
             return "expired tombstones"
+        if self.erasure_due:
+            return "erasure"
         if self.cleanable_bytes == 0:
             return None
         if force:
@@ -155,9 +169,12 @@ def log_to_clean(
     partition: int,
     segments: Iterable[Segment],
     offsets: OffsetsToClean,
+    *,
+    erasure_offset: int | None = None,
 ) -> LogToClean:
     """Measure a partition's clean and cleanable bytes, oldest dirty timestamp and earliest
-    delete horizon from its segments, within ``offsets``. Pure."""
+    delete horizon from its segments, within ``offsets``; ``erasure_offset`` is the
+    partition's erasure mark (design.md §54). Pure."""
     clean = cleanable = 0
     oldest_dirty: int | None = None
     horizon: int | None = None
@@ -181,6 +198,7 @@ def log_to_clean(
         oldest_dirty_timestamp_ms=oldest_dirty,
         earliest_delete_horizon_ms=horizon,
         force_checkpoint=offsets.force_checkpoint,
+        erasure_offset=erasure_offset,
     )
 
 
@@ -318,6 +336,12 @@ def why_not_cleanable(log: LogToClean, config: CleanerConfig, *, now_ms: int) ->
                 f"oldest dirty record {_duration(log.compaction_delay_ms(now_ms))} old, "
                 f"not past {MAX_COMPACTION_LAG_MS} {_duration(config.max_compaction_lag_ms)}"
             )
+    mark = log.erasure_offset
+    if mark is not None and log.first_dirty_offset < mark > log.first_uncleanable_offset:
+        reasons.append(
+            f"erasure below offset {mark} waits for {MIN_COMPACTION_LAG_MS} "
+            f"{_duration(config.min_compaction_lag_ms)}"
+        )
     horizon = log.earliest_delete_horizon_ms
     if horizon is not None:
         reasons.append(f"next tombstone due in {_duration(max(0, horizon - now_ms))}")

@@ -38,6 +38,7 @@ from sinks.cleaner.log_to_clean import (
 )
 from sinks.cleaner.offset_map import size_map
 from sinks.config import CleanerConfig
+from sinks.log.log_format import ERASURE_TXN
 from sinks.log.log_keys import LogKeys
 from sinks.log.log_table import LogSnapshot, LogTable
 from sinks.log.segment import Segment
@@ -116,7 +117,10 @@ class LogPlanner:
                 now_ms=now,
                 min_compaction_lag_ms=self.config.min_compaction_lag_ms,
             )
-            candidates.append(log_to_clean(self.log.uri, p, segments, offsets))
+            erasure = snapshot.txn_version(ERASURE_TXN.format(p))
+            candidates.append(
+                log_to_clean(self.log.uri, p, segments, offsets, erasure_offset=erasure)
+            )
         if any(c.has_expired_tombstones(now) for c in candidates):
             held = self.consumer_holds(snapshot, now_ms=now)
             candidates = [

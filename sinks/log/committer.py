@@ -244,3 +244,27 @@ def _transactions(versions: Mapping[str, int], timestamp_ms: int) -> list[Transa
 
 DELTA_RS = DeltaRsCommitter()
 """The committer every log uses unless it is given another."""
+
+
+def commit_rewrite(
+    location: LogLocation,
+    *,
+    removes: Iterable[tuple[str, int]],
+    adds: Iterable[tuple[str, int, str]],
+    schema: pa.Schema,
+    metadata: Mapping[str, Any],
+    timestamp_ms: int,
+) -> None:
+    """One commit of a table that is not a log (the dead-letter table): files ``removes``
+    ((path, size)) replaced by ``adds`` ((path, size, stats JSON)), with ``metadata`` as the
+    commit's custom metadata and no predicate, so the commit names no row. Raises
+    `ConcurrentCommitError` on a conflict."""
+    actions: list[Any] = [_RemoveAction(p, True, timestamp_ms, s, {}) for p, s in removes]
+    actions += [AddAction(p, s, {}, timestamp_ms, True, stats) for p, s, stats in adds]
+    with _conflicts_raised():
+        location.delta_table().create_write_transaction(
+            actions,
+            "append",
+            schema,
+            commit_properties=CommitProperties(custom_metadata=dict(metadata)),
+        )

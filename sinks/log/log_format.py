@@ -25,10 +25,12 @@ TXN_PREFIX = "compacted-sink/"
 LOG_END_OFFSET_TXN = TXN_PREFIX + "log-end-offset/{}"
 LOG_START_OFFSET_TXN = TXN_PREFIX + "log-start-offset/{}"
 CLEANER_OFFSET_TXN = TXN_PREFIX + "cleaner-offset/{}"
+ERASURE_TXN = TXN_PREFIX + "erasure/{}"  # clean below it: an erasure (design.md §54)
 PARTITIONS_TXN = TXN_PREFIX + "partitions"  # committed with every append (produce.log_commit)
 CHECKED_VERSION_TXN = TXN_PREFIX + "checked-version"
 ACCEPTED_VERSION_TXN = TXN_PREFIX + "accepted-version"
 RESTORE_APP_ID = TXN_PREFIX + "replay"
+ERASE_APP_ID = TXN_PREFIX + "erase"  # the tombstones of an erasure (design.md §54)
 
 DELTA_LOG_DIR = "_delta_log"
 MARKER_DIR = "_compacted_sink"

@@ -345,16 +345,19 @@ class LogSnapshot:
 
         Read once per snapshot (a cache, not a refresh): delta-rs replays the log's txn
         actions on every lookup, and a batch asks for a few per partition. That replay
-        reads the commit files the table was opened from again; when they were trimmed
-        since (a Delta checkpoint at this version or below, written after the open, made
-        them removable, design.md §46), the table is opened again at this version, from that
-        checkpoint. Raises delta-rs's error when the version itself is gone.
+        reads the commit files (and the checkpoint) the table was opened from again; when
+        they were trimmed since (a Delta checkpoint at this version or below, written
+        after the open, made them removable, design.md §46), the table is opened again at
+        this version, from that checkpoint. Raises delta-rs's error when the version itself
+        is gone.
         """
         if app_id not in self._transactions:
             try:
                 found = self.table.transaction_version(app_id)
             except DeltaError as e:
-                if "File not found" not in str(e):
+                # A commit file, or the checkpoint it was opened from ("Object at
+                # location ... not found"), trimmed since.
+                if "not found" not in str(e).lower():
                     raise
                 self.table = self.location.delta_table(self.version)
                 found = self.table.transaction_version(app_id)

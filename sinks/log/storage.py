@@ -232,6 +232,13 @@ class LogLocation:
         except TableNotFoundError:
             return None
 
+    def delta_table_if_any(self) -> DeltaTable | None:
+        """The table here at its latest version; None when there is no table. Read-only."""
+        try:
+            return self.delta_table()
+        except TableNotFoundError:
+            return None
+
     def read_arrow(self) -> pa.Table | None:
         """Every row of the table here, at its latest version; None when there is no table.
         Read-only; read on this thread, not by ``to_pyarrow_table`` (design.md §58)."""

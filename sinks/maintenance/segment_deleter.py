@@ -12,11 +12,14 @@ leaves files the next call deletes.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
+
+import pyarrow.fs as pafs
 
 from sinks.crash_points import SEGMENT_DELETER_AFTER_FILE_DELETED, crash_point
 from sinks.log.committer import DELTA_RS, LogCommitter
@@ -29,6 +32,7 @@ from sinks.log.history_window import (
 )
 from sinks.log.ownership import (
     CHECKPOINT_TABLE_NAME,
+    DELTA_LOG_DIR,
     check_compacted_log,
     is_delta_rs_data_path,
     is_own_data_path,
@@ -38,6 +42,9 @@ from sinks.log.storage import LogLocation
 logger = logging.getLogger("compacted_sink")
 
 TableKind = Literal["log", "checkpoint"]
+
+_COMMIT_FILE = re.compile(r"\d{20}\.json")
+_CHECKSUM_FILE = re.compile(r"(\d{20})\.crc")
 
 DEFAULT_MAX_FILES = 1_000
 """Files one call deletes at most: a few seconds of DELETE calls on an object store."""
@@ -121,7 +128,11 @@ def delete_expired_files(
         deleted_bytes += info.size or 0
         crash_point(SEGMENT_DELETER_AFTER_FILE_DELETED)
     if trim_log:
+        if len(chosen) == len(candidates):  # else a checkpoint would forget removes still due
+            own = table.version() if changed else None  # our properties' commit
+            checkpoint_for_trim(table, table_location, window_ms=window_ms, own_version=own)
         table.cleanup_metadata()
+        delete_trimmed_checksums(table_location)
     report = DeletionReport(
         table=table_location.uri,
         deleted=tuple(deleted),
@@ -136,6 +147,52 @@ def delete_expired_files(
     if deleted or changed:
         logger.info("%s", report.summary())
     return report
+
+
+def checkpoint_for_trim(
+    table: Any, location: LogLocation, *, window_ms: int, own_version: int | None = None
+) -> bool:
+    """Write a Delta checkpoint of the latest version of an idle table (no commit inside
+    the window) that has none: without one its commits cannot be trimmed, and it would keep
+    them (and the statistics they carry, design.md §54) for ever. True if it wrote one.
+    ``own_version`` is the deleter's own commit of the window's properties, which does not
+    count as activity. Writes no commit; idempotent."""
+    listing = list_delta_log(location)
+    newest = max(listing.checkpoints, default=-1)
+    if newest >= table.version():
+        return False
+    cutoff = time.time() * 1000 - window_ms
+    # Only an idle table (its newest commit out of the window too): a busy one gets its
+    # checkpoints from its commits, and a checkpoint of ours beside them would be trimmed
+    # while a reader that opened from it still reads the log.
+    stamps = [at for v, at in listing.commit_ms.items() if v != own_version]
+    if not stamps or max(stamps) >= cutoff:
+        return False
+    table.create_checkpoint()
+    return True
+
+
+def delete_trimmed_checksums(location: LogLocation) -> int:
+    """Delete the ``<version>.crc`` files (delta-spark's checksums, which may list files with
+    their statistics, design.md §54) of versions whose commit was trimmed: delta-rs's
+    trimming leaves them. Returns how many. Idempotent."""
+    fs, root = location.filesystem()
+    selector = pafs.FileSelector(f"{root}/{DELTA_LOG_DIR}", allow_not_found=True)
+    infos = [i for i in fs.get_file_info(selector) if i.type == pafs.FileType.File]
+    commits = [int(i.base_name[:20]) for i in infos if _COMMIT_FILE.fullmatch(i.base_name)]
+    if not commits:
+        return 0
+    oldest = min(commits)
+    deleted = 0
+    for info in infos:
+        m = _CHECKSUM_FILE.fullmatch(info.base_name)
+        if m and int(m.group(1)) < oldest:
+            try:
+                fs.delete_file(info.path)
+                deleted += 1
+            except FileNotFoundError:
+                continue
+    return deleted
 
 
 def checkpoint_table_window(log_window_ms: int) -> int:

@@ -176,6 +176,11 @@ class KeyLookup:
         rows = records.take(won.column(_ROW)).select(self.schema.names)
         return rows.filter(pc.is_valid(rows.column(VALUE)))
 
+    def records_of(self, wanted: pa.Table) -> pa.Table:
+        """Every visible record (tombstones too, older ones too) of a key of ``wanted``
+        (`wanted_keys`), with `read_schema`'s columns, in no order."""
+        return self._records_of(wanted)
+
     def _records_of(self, wanted: pa.Table) -> pa.Table:
         """Every visible record of a wanted key, with `read_schema`'s columns."""
         hashes: dict[tuple[str, str], np.ndarray | None] = {}

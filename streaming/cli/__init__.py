@@ -31,7 +31,7 @@ import traceback
 from collections.abc import Callable, Sequence
 
 from sinks.errors import CompactedSinkError, ConfigError
-from streaming.cli import cleaning, configs, log_admin, lookup, query, recovery, status
+from streaming.cli import cleaning, configs, erasure, log_admin, lookup, query, recovery, status
 from streaming.cli.common import EXIT_CONFIG, EXIT_FAILED, EXIT_INTERRUPTED, python_cause
 
 _SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
@@ -43,6 +43,8 @@ _SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     log_admin.add_consumers,
     status.add_status,
     lookup.add_lookup,
+    erasure.add_erase,
+    erasure.add_erasure_status,
     configs.add_configs,
     recovery.add_export,
     recovery.add_replay,

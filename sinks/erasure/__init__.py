@@ -1,0 +1,18 @@
+"""Forgetting keys (design.md §54, §55): `tombstones` appends an erasure's tombstones once
+and marks its partitions for cleaning; `erasure_status` reads every file under the log's
+path for what is left of a key, and when each place goes by the log's config.
+"""
+
+from sinks.erasure.erasure_status import ErasureStatus, KeyErasure, Place, erasure_status
+from sinks.erasure.tombstones import ErasureReport, erase, erase_dead_letters, vacuum_dead_letters
+
+__all__ = [
+    "ErasureReport",
+    "ErasureStatus",
+    "KeyErasure",
+    "Place",
+    "erase",
+    "erase_dead_letters",
+    "erasure_status",
+    "vacuum_dead_letters",
+]
