@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 import pyarrow.fs as pafs
 
+from checkpoints import now_ms
 from sinks.crash_points import SEGMENT_DELETER_AFTER_FILE_DELETED, crash_point
 from sinks.log.committer import DELTA_RS, LogCommitter
 from sinks.log.history_window import (
@@ -161,7 +162,7 @@ def checkpoint_for_trim(
     newest = max(listing.checkpoints, default=-1)
     if newest >= table.version():
         return False
-    cutoff = time.time() * 1000 - window_ms
+    cutoff = now_ms() - window_ms  # against commit files' modification times: the wall clock
     # Only an idle table (its newest commit out of the window too): a busy one gets its
     # checkpoints from its commits, and a checkpoint of ours beside them would be trimmed
     # while a reader that opened from it still reads the log.
