@@ -71,6 +71,7 @@ FUNCTIONS_NAMED_AS_THEIR_MODULE: dict[str, str] = {
     "sinks.cleaner.log_to_clean": "log_to_clean",
     "sinks.log.log_config": "log_config",
     "sinks.log.log_keys": "log_keys",
+    "sinks.reading.replay": "replay",  # sinks.reading loads it lazily (design.md §59)
 }
 """Functions ``streaming`` imports from their module: a package exporting one would rebind
 its module's name (``sinks.log.log_keys`` would be the function, not the module)."""

@@ -55,12 +55,14 @@ this package, whose Spark modules they must not import (design.md §59)."""
 
 
 def __getattr__(name: str) -> Any:
-    module = _MODULE_OF.get(name)
-    if module is None:
+    home = _MODULE_OF.get(name)
+    if home is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+    module = importlib.import_module(home)
+    # Every name of that module at once, after its import: importing a submodule binds its
+    # own name here (``replay``, the module) over the function of that name.
+    globals().update({n: getattr(module, n) for n, h in _MODULE_OF.items() if h == home})
+    return globals()[name]
 
 
 __all__ = [

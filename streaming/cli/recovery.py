@@ -110,8 +110,8 @@ def _replay(args: argparse.Namespace) -> int:
         check_target,
         is_faithful,
         read_manifest,
-        replay,
     )
+    from sinks.reading.replay import replay  # the package's ``replay`` may be the module
     from streaming.status import spark_progress
 
     mode = NEW_OFFSETS if args.lossy_new_offsets else EXACT
