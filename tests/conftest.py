@@ -403,6 +403,13 @@ def clock() -> FakeClock:
 
 
 @pytest.fixture
+def clock_at() -> type[FakeClock]:
+    """`FakeClock` itself, for a clock at a chosen time (``clock_at(ms)``): a test module
+    cannot import conftest by name (a subfolder's conftest may be the one found)."""
+    return FakeClock
+
+
+@pytest.fixture
 def lake(tmp_path):
     """A fresh lake directory for one test."""
     path = tmp_path / "lake"

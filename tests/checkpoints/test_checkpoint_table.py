@@ -6,7 +6,6 @@ from dataclasses import asdict
 
 import pyarrow as pa
 import pytest
-from conftest import FakeClock
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError
 from deltalake.schema import Field
@@ -171,7 +170,7 @@ def test_a_write_whose_read_version_was_trimmed_is_refused_as_a_conflict(tmp_pat
     assert sorted(p for _, p in rows) == [0, 1, 2] and rows[("lake/users", 0)] == read
 
 
-def test_rows_are_stamped_by_the_clock_the_table_is_given(tmp_path, spark):
+def test_rows_are_stamped_by_the_clock_the_table_is_given(tmp_path, spark, clock_at):
     """A sink under a simulated clock stamps its checkpoint rows with that clock, as it
     stamps its records and horizons."""
     stamps = iter([5_000, 5_000, 9_000])
@@ -183,7 +182,7 @@ def test_rows_are_stamped_by_the_clock_the_table_is_given(tmp_path, spark):
     (row,) = table.read().values()
     assert (row.first_dirty_offset, row.updated_ms) == (2, 5_001)  # past the row it replaced
 
-    clock = FakeClock(start_ms=1_000_000)
+    clock = clock_at(1_000_000)
     sink = CompactedStateSink(str(tmp_path / "log"), clock=clock)
     arrow_append(sink, [("a", "1"), ("a", "2")], "key string, value string", 0, spark=spark)
     clock.advance(60_000)

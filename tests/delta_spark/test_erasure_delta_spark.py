@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from conftest import FakeClock
 from testkit import arrow_append
 
 from sinks import CleanerConfig, CompactedStateSink
@@ -34,8 +33,8 @@ def bytes_naming(root: Path, key: str) -> list[str]:
     return found
 
 
-def test_delta_sparks_optimize_and_checkpoints_beside_an_erasure(delta_spark, lake):
-    clock = FakeClock(int(time.time() * 1000))
+def test_delta_sparks_optimize_and_checkpoints_beside_an_erasure(delta_spark, lake, clock_at):
+    clock = clock_at(int(time.time() * 1000))
     path = lake / "log"
     config = CleanerConfig(
         min_cleanable_dirty_ratio=0.99,

@@ -10,7 +10,6 @@ from __future__ import annotations
 import random
 
 import pytest
-from conftest import FakeClock
 from deltalake import DeltaTable
 from testkit import arrow_append, state_of
 
@@ -106,13 +105,15 @@ def test_a_sequence_column_decides_what_supersedes_a_late_record(spark, lake, cl
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_no_record_below_the_log_end_is_lost_without_an_error_or_a_count(spark, lake, seed):
+def test_no_record_below_the_log_end_is_lost_without_an_error_or_a_count(
+    spark, lake, seed, clock_at
+):
     """Against a model: random batches of explicit offsets (new ones with gaps, records the
     log held again, late ones into gaps and below the first offset, shuffled), with passes
     and delete_records between. Each batch either fails by name, changing nothing, or
     appends its records at or above the log end and counts every one below it."""
     rng = random.Random(seed)
-    clock = FakeClock()
+    clock = clock_at(1_700_000_000_000)
     sink = CompactedStateSink(
         str(lake / "log"),
         sink_id=f"seed-{seed}",

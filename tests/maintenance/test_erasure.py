@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from conftest import FakeClock
 from deltalake import DeltaTable
 from testkit import arrow_append, state_of
 
@@ -33,11 +32,6 @@ def erasure_config(**changes) -> CleanerConfig:
     )
     settings.update(changes)
     return CleanerConfig(**settings)
-
-
-def wall_clock() -> FakeClock:
-    """The sink's clock: wall time, moved ahead by hand over delete.retention.ms."""
-    return FakeClock(int(time.time() * 1000))
 
 
 def feed(sink, spark, batches: int = 3, start: int = 0) -> None:
@@ -72,9 +66,9 @@ def settle(sink, clock, *, window_ms: int = WINDOW_MS) -> None:
 
 
 def test_erase_cleans_its_partitions_and_the_status_says_none_only_when_no_byte_holds_it(
-    spark, lake
+    spark, lake, clock_at
 ):
-    clock = wall_clock()
+    clock = clock_at(int(time.time() * 1000))
     path = lake / "log"
     sink = CompactedStateSink(str(path), config=erasure_config(), clock=clock)
     feed(sink, spark)
@@ -126,8 +120,8 @@ def test_erase_cleans_its_partitions_and_the_status_says_none_only_when_no_byte_
             travel()
 
 
-def test_a_key_in_the_dead_letter_table_is_erased_there_too(spark, lake):
-    clock = wall_clock()
+def test_a_key_in_the_dead_letter_table_is_erased_there_too(spark, lake, clock_at):
+    clock = clock_at(int(time.time() * 1000))
     path, dead = lake / "log", lake / "dead-letters"
     config = erasure_config(message_max_bytes=64)
     sink = CompactedStateSink(str(path), config=config, clock=clock, dead_letter_table=str(dead))
@@ -150,8 +144,10 @@ def test_a_key_in_the_dead_letter_table_is_erased_there_too(spark, lake):
     assert bytes_naming(dead, ERASED[0]) == [] and bytes_naming(path, ERASED[0]) == []
 
 
-def test_a_lagging_registered_consumer_holds_the_tombstone_and_the_status_says_so(spark, lake):
-    clock = wall_clock()
+def test_a_lagging_registered_consumer_holds_the_tombstone_and_the_status_says_so(
+    spark, lake, clock_at
+):
+    clock = clock_at(int(time.time() * 1000))
     sink = CompactedStateSink(str(lake / "log"), config=erasure_config(), clock=clock)
     feed(sink, spark, batches=2)
     offsets = ConsumerOffsets(consumer_offsets_uri(sink.checkpoint_path))
@@ -181,9 +177,11 @@ def test_a_lagging_registered_consumer_holds_the_tombstone_and_the_status_says_s
 
 
 def test_a_key_never_written_is_none_at_once_and_later_erasures_are_batches_of_their_own(
-    spark, lake
+    spark, lake, clock_at
 ):
-    sink = CompactedStateSink(str(lake / "log"), config=erasure_config(), clock=wall_clock())
+    sink = CompactedStateSink(
+        str(lake / "log"), config=erasure_config(), clock=clock_at(int(time.time() * 1000))
+    )
     feed(sink, spark, batches=1)
     status = sink.erasure_status("never-written")
     assert status.gone and status.keys[0].deadline_ms is None
@@ -194,8 +192,8 @@ def test_a_key_never_written_is_none_at_once_and_later_erasures_are_batches_of_t
     assert set(state_of(sink)) == {"keep-0-3", *ERASED}
 
 
-def test_another_engines_optimize_between_the_erasure_and_its_pass(spark, lake):
-    clock = wall_clock()
+def test_another_engines_optimize_between_the_erasure_and_its_pass(spark, lake, clock_at):
+    clock = clock_at(int(time.time() * 1000))
     path = lake / "log"
     lag = 600_000  # the erasure's pass waits for min.compaction.lag.ms: OPTIMIZE comes first
     # A window longer than the passes take: a Delta checkpoint written after OPTIMIZE's
@@ -256,10 +254,13 @@ def test_an_erasure_mark_makes_its_partition_cleanable_whatever_the_ratio():
 
 
 def test_on_a_log_ordered_by_a_sequence_column_the_tombstone_carries_the_latest_sequence(
-    spark, lake
+    spark, lake, clock_at
 ):
     sink = CompactedStateSink(
-        str(lake / "log"), config=erasure_config(), sequence_column="seq", clock=wall_clock()
+        str(lake / "log"),
+        config=erasure_config(),
+        sequence_column="seq",
+        clock=clock_at(int(time.time() * 1000)),
     )
     schema = "key string, value string, partition int, seq long"
     arrow_append(sink, [("a", "newest", 0, 5), ("a", "older", 0, 3), ("b", "b", 0, 1)], schema, 0)
