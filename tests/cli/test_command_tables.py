@@ -28,7 +28,7 @@ def _command_tables(text: str) -> list[set[str]]:
             rows = set()
             tables.append(rows)
         elif rows is not None and line.startswith("|"):
-            rows.update(re.findall(r"`([a-z]+)[ `]", line.split("|")[1]))
+            rows.update(re.findall(r"`([a-z][a-z-]*)[ `]", line.split("|")[1]))
         else:
             rows = None
     return tables
