@@ -141,7 +141,7 @@ def redis_server(directory: str, port: int) -> Iterator[Any]:
         ],
         stdout=subprocess.DEVNULL,
     )
-    client = redis.Redis(port=port)
+    client = redis.Redis(port=port, socket_timeout=3600)
     try:
         deadline = time.monotonic() + 600
         while True:

@@ -127,7 +127,7 @@ def spark_state(
     *,
     broadcast_max_bytes: int = TAIL_BROADCAST_MAX_BYTES,
     dedupe_buffer_size: int | None = CleanerConfig().dedupe_buffer_size,
-    superseded_first: bool = True,
+    superseded_first: bool = False,
 ) -> DataFrame:
     """One row per live key of ``snapshot`` (``log_keys``' columns) + ``value``, tombstones
     dropped.
@@ -143,10 +143,12 @@ def spark_state(
     Records below a log start offset are not read (`LogTable.read`). Reads only;
     ``snapshot`` may be an older version.
 
-    Before those, with ``superseded_first`` (the default): the superseded records are
-    found from the narrow columns and every live file is scanned once by Spark, less them
-    (`_state_by_superseded`, design.md §50), whenever their contenders fit
-    ``dedupe_buffer_size`` and their (partition, offset) pairs the broadcast.
+    Before those, with ``superseded_first`` (off by default: measured slower than the
+    pass's tasks, docs/benchmarks.md, "The state read against a MERGE-compacted table"):
+    the superseded records are found from the narrow columns and every live file is
+    scanned once by Spark, less them (`_state_by_superseded`, design.md §50), whenever
+    their contenders fit ``dedupe_buffer_size`` and their (partition, offset) pairs the
+    broadcast.
     """
     keys, sequence_column = [*log_keys.key_columns], log_keys.sequence_column
     sections = log_sections(snapshot)

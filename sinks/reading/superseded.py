@@ -98,29 +98,54 @@ def superseded(
     if tail is None:
         return Superseded({}, 0)
     group = [n for n in tail.column_names if n not in (_SEQUENCE, OFFSET)]
-    tail_keys = tail.select(group).group_by(group, use_threads=False).aggregate([])
+    order = _SEQUENCE if sequence else None
+    tail_winners = _newest(tail, group, order)
+    lost = [_losers(tail, tail_winners)]
 
     def rivals(segment: DataFile) -> list[pa.Table]:
-        return [t.join(tail_keys, group, join_type="left semi") for t in contenders(segment)]
+        keys_of = tail_winners.select(group)
+        return [t.join(keys_of, group, join_type="left semi") for t in contenders(segment)]
 
-    found = [t for ts in ordered_map(rivals, clean, threads) for t in ts if t.num_rows]
-    weighed = _concat([tail, *found])
-    assert weighed is not None
-    winners, newest = latest_offsets(
-        weighed.select(group),
-        weighed.column(OFFSET),
-        weighed.column(_SEQUENCE) if sequence else None,
+    found = _concat([t for ts in ordered_map(rivals, clean, threads) for t in ts if t.num_rows])
+    weighed = tail.num_rows
+    if found is not None:
+        weighed += found.num_rows
+        if sequence is None and not snapshot.foreign_files:
+            # A tail record's offset is above every clean offset of its partition: every
+            # rival loses. (Another engine's file may hold any offsets.)
+            lost.append(found.select([PARTITION, OFFSET]))
+        else:  # a clean record with a higher sequence may beat the tail's newest
+            everyone = pa.concat_tables([tail, found])
+            lost = [_losers(everyone, _newest(everyone, group, order))]
+    return Superseded(_by_partition(pa.concat_tables(lost)), weighed)
+
+
+def _newest(records: pa.Table, group: list[str], order: str | None) -> pa.Table:
+    """Each (partition, key)'s newest record of ``records``: its group columns and offset."""
+    distinct, newest = latest_offsets(
+        records.select(group), records.column(OFFSET), records.column(order) if order else None
     )
-    won = pa.table({PARTITION: winners.column(PARTITION), OFFSET: pa.array(newest, pa.int64())})
-    lost = weighed.select([PARTITION, OFFSET]).join(
-        won, [PARTITION, OFFSET], join_type="left anti", use_threads=False
+    return distinct.append_column(OFFSET, pa.array(newest, pa.int64()))
+
+
+def _losers(records: pa.Table, winners: pa.Table) -> pa.Table:
+    """(partition, offset) of the ``records`` that are not among ``winners``."""
+    return records.select([PARTITION, OFFSET]).join(
+        winners.select([PARTITION, OFFSET]),
+        [PARTITION, OFFSET],
+        join_type="left anti",
+        use_threads=False,
     )
+
+
+def _by_partition(lost: pa.Table) -> dict[int, np.ndarray]:
     partitions = lost.column(PARTITION).to_numpy(zero_copy_only=False)
     offsets = lost.column(OFFSET).to_numpy(zero_copy_only=False)
-    return Superseded(
-        {int(p): np.unique(offsets[partitions == p]) for p in np.unique(partitions)},
-        weighed.num_rows,
-    )
+    distinct = np.unique(partitions) if len(partitions) else []
+    if len(distinct) == 1:
+        return {int(distinct[0]): np.sort(offsets)}
+    # A record loses once: offsets are distinct within a partition (no repeats here).
+    return {int(p): np.sort(offsets[partitions == p]) for p in distinct}
 
 
 def _encoded(table: pa.Table, keys: LogKeys, sequence: str | None) -> pa.Table:

@@ -71,10 +71,10 @@ def read(spark, sink, as_of=None, **options):
 
 
 def assert_same_state(spark, sink, as_of=None, **options):
-    """Every way of reading a dirty tail agrees with the reference: the scan less the
-    superseded records (the default), a pass's tasks per partition (`partition_state`)
-    and joins against the tail's winners."""
-    ways = [{}, {"superseded_first": False}]
+    """Every way of reading a dirty tail agrees with the reference: a pass's tasks per
+    partition (`partition_state`, the default), the scan less the superseded records
+    (``superseded_first``) and joins against the tail's winners."""
+    ways = [{}, {"superseded_first": True}]
     ways += [] if "dedupe_buffer_size" in options else [{"dedupe_buffer_size": None}]
     for way in ways:
         assert_df_equality(
@@ -319,7 +319,7 @@ def test_a_dirty_tail_is_read_by_a_pass_s_tasks_without_a_shuffle(spark, lake, c
     tail = [("k1", "w", 1), ("k4", None, 1), ("k2", "x", 2), ("new", "n", 2), ("k2", "y", 2)]
     fed(spark, sink, tail, 1, schema)  # partition 0 stays clean
     for buffer in (CleanerConfig().dedupe_buffer_size, 700):  # 700 B: two records at once
-        state = read(spark, sink, dedupe_buffer_size=buffer, superseded_first=False)
+        state = read(spark, sink, dedupe_buffer_size=buffer)
         plan = state._jdf.queryExecution().executedPlan().toString()
         assert "MapInArrow" in plan and "Exchange" not in plan, plan
         assert_same_state(spark, sink, dedupe_buffer_size=buffer)
@@ -330,15 +330,15 @@ def test_a_dirty_tail_is_read_by_a_pass_s_tasks_without_a_shuffle(spark, lake, c
 
 
 def test_a_dirty_tail_is_read_by_one_scan_less_its_superseded_records(spark, lake, clock):
-    """By default the superseded records' (partition, offset) are found from the narrow
-    columns and broadcast: every live file is scanned once (a one-partition log on every
+    """With ``superseded_first`` the superseded records' (partition, offset) are found from
+    the narrow columns and broadcast: every live file is scanned once (a one-partition log on every
     task), no shuffle, a key filter and a column pruning reach the scan; a dirty record a
     later one overrides, and a clean record a tail record overrides, are dropped."""
     sink = CompactedStateSink(str(lake / "log"), config=NO_CLEAN, clock=clock)
     fed(spark, sink, [(f"k{i}", f"v{i}") for i in range(20)], 0)
     sink.clean(force=True)
     fed(spark, sink, [("k1", "a"), ("k1", "b"), ("k2", None), ("k3", "c"), ("new", "n")], 1)
-    state = read(spark, sink)
+    state = read(spark, sink, superseded_first=True)
     plan = state._jdf.queryExecution().executedPlan().toString()
     nodes = [re.sub(r"^\*\(\d+\) ", "", line.strip(" :+-|")) for line in plan.splitlines()]
     assert sum(n.startswith("FileScan") for n in nodes) == 1, plan
@@ -348,7 +348,7 @@ def test_a_dirty_tail_is_read_by_one_scan_less_its_superseded_records(spark, lak
     assert got["k1"] == "b" and got["k3"] == "c" and got["new"] == "n" and "k2" not in got
     assert len(got) == 20 and got["k5"] == "v5"
     assert_same_state(spark, sink)
-    one = read(spark, sink).filter("key = 'k1'").select("value")
+    one = read(spark, sink, superseded_first=True).filter("key = 'k1'").select("value")
     scan = [line for line in one._jdf.queryExecution().executedPlan().toString().splitlines()]
     scan = next(line for line in scan if "FileScan" in line)
     assert "EqualTo(key,k1)" in scan and "ReadSchema: struct<key:string,value:string," in scan
