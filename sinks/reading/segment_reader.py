@@ -106,8 +106,8 @@ class SegmentReader:
                 if keep is not None and not keep.any():
                     continue
                 if not rest:
-                    kept = where if keep is None else where.filter(pa.array(keep))
-                    yield conform(kept, wanted)
+                    kept = conform(where, wanted)  # the log's types first: a kernel for each
+                    yield kept if keep is None else kept.filter(pa.array(keep))
                     continue
                 start = 0
                 for batch in parquet.iter_batches(
@@ -118,11 +118,14 @@ class SegmentReader:
                     for name in position:
                         column = where.column(name).slice(start, end - start)
                         table = table.append_column(name, column)
+                    # The log's types before filtering: another engine's file may hold types
+                    # (string_view) Arrow's take has no kernel for.
+                    table = conform(table, wanted)
                     if keep is not None:
                         table = table.filter(pa.array(keep[start:end]))
                     start = end
                     if table.num_rows:
-                        yield conform(table, wanted)
+                        yield table
 
     def _kept(self, where: pa.Table, dropped: Mapping[int, np.ndarray] | None) -> np.ndarray | None:
         """Per record: at or above its floor and not ``dropped``; None when all are kept."""
