@@ -352,7 +352,7 @@ PAIMON_JARS := $(JARS)/paimon-$(PEERS_SPARK)/.fetched
 HUDI_JARS := $(JARS)/hudi-$(PEERS_SPARK)/.fetched
 PEERS_DELTA_JARS := $(JARS)/delta-$(PEERS_SPARK)/.fetched
 
-.PHONY: jars-peers bench-peers bench-peers-quick
+.PHONY: jars-peers bench-peers bench-peers-quick bench-replay
 
 $(PEERS_STAMP):
 	python3 -m venv $(PEERS_VENV)
@@ -397,3 +397,14 @@ bench-peers-quick: $(PEERS_STAMP) jars-peers
 	$(PEERS_PY) -m bench.peers --quick --out bench/peers-quick
 	$(PEERS_PY) -m bench.peers --quick --out bench/peers-quick --systems compacted_sink,merge_per_batch,delta_spark_merge --tag sink-side
 	$(PEERS_PY) -m bench.peers --report --out bench/peers-quick
+
+# Not part of `make test`: the recovery drill (bench/replay.py): 1e6 live keys x 512 B (add
+# REPLAY_ARGS=--keys=10000000 for 1e7), after a pass and with a dirty section just below the
+# trigger, read_state / state() against Arrow's and Spark's scan of the same files, a Redis
+# restore and a PostgreSQL 15 COPY out (about 15 min on 2 cores at 1e6). Installs redis-server
+# (Debian) and the bench-only clients (redis, psycopg) when missing.
+REPLAY_ARGS ?=
+bench-replay: $(STAMP)
+	command -v redis-server >/dev/null || (apt-get update && apt-get install -y redis-server)
+	$(PY) -c "import redis, psycopg" 2>/dev/null || $(PY) -m pip install redis "psycopg[binary]"
+	$(PY) -m bench.replay --out bench/replay.json $(REPLAY_ARGS)

@@ -8,16 +8,15 @@ log's state with delta-rs and pyarrow alone, no JVM, resolved exactly as
 
 Which segments are clean is `log_sections`' answer for the snapshot (files another
 engine wrote are always dirty),
-the same function `state()` asks. Only the dirty tail's narrow columns
-(partition, key columns, the sequence column, offset) are held in memory, as the
-*winners*: each (partition, key)'s latest offset there (with a ``sequence_column``,
-the highest (sequence, offset), clean records of the tail's keys competing too).
-Then every segment is read once, batch by batch: a clean record is kept unless a
-tail key beats it, a dirty record only at its key's winning offset, and
-tombstones are dropped. Records below a partition's log start offset
+the same function `state()` asks. First the *superseded* records are found from the
+narrow columns alone (partition, key columns, the sequence column, offset) of the dirty
+tail and of the clean records of the tail's keys (`sinks.reading.superseded`, design.md
+§50); then every segment is read once, on every core, dropping the superseded records
+and the tombstones. Records below a partition's log start offset
 (``compacted-sink/log-start-offset/<p>``) are invisible, as in ``log()``.
-Memory is bounded by the tail's distinct keys, never by the clean section, so
-`read_state_batches` serves states larger than memory.
+Memory is bounded by the tail's narrow columns and by the segments read ahead (one a
+thread), never by the clean section, so `read_state_batches` serves states larger than
+memory.
 
 Rows carry the key columns, ``value`` and the payload columns (every other input
 column the log keeps, such as Kafka's ``topic`` or ``headers``), in the log's
@@ -38,30 +37,20 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sinks.cleaner.rules import arrow_latest_offsets
-from sinks.log.file_reader import ParquetReaderTask
 from sinks.log.log_keys import LogKeys, log_keys
 from sinks.log.log_table import AsOf, LogSnapshot, LogTable
 from sinks.log.ownership import check_new_log_location
-from sinks.log.records import (
-    DELETE_HORIZON_MS,
-    METADATA_COLUMNS,
-    OFFSET,
-    PARTITION,
-    VALUE,
-    at_or_above,
-)
+from sinks.log.records import DELETE_HORIZON_MS, METADATA_COLUMNS, OFFSET, PARTITION, VALUE
 from sinks.log.segment import DataFile
-from sinks.log.storage import LogLocation, normalize_uri
+from sinks.log.storage import normalize_uri
+from sinks.reading.segment_reader import SegmentReader, ordered_map, reader_threads
 from sinks.reading.state_reader import LogSections, log_sections
+from sinks.reading.superseded import Superseded, superseded
 
 DEFAULT_BATCH_ROWS = 65_536
-_PATH = "path"
-_ROW = "_row"
 
 
 def read_state(
@@ -113,71 +102,33 @@ def state_schema(log_schema: pa.Schema, keys: LogKeys) -> pa.Schema:
 
 
 @dataclass(frozen=True)
-class SegmentReader:
-    """Reads a snapshot's segments on this process, a batch at a time, through pyarrow.
-
-    Columns a file lacks are null and types are the log's (`ParquetReaderTask`);
-    records below their partition's log start offset (``floors``) are dropped.
-    """
-
-    location: LogLocation
-    floors: Mapping[int, int]
-
-    def read(self, segment: DataFile, schema: pa.Schema) -> Iterator[pa.Table]:
-        reader = ParquetReaderTask(table=self.location, schema=schema)
-        for batch in reader(iter([pa.record_batch({_PATH: [segment.path]})])):
-            records = pa.Table.from_batches([batch])
-            if self.floors:
-                records = at_or_above(records, self.floors)
-            if records.num_rows:
-                yield records
-
-    def read_all(self, segments: Sequence[DataFile], schema: pa.Schema) -> pa.Table:
-        tables = [t for s in segments for t in self.read(s, schema)]
-        return pa.concat_tables(tables) if tables else schema.empty_table()
-
-
-@dataclass(frozen=True)
 class StatePlan:
-    """What reading one snapshot's state needs: its sections and the tail's winners.
+    """What reading one snapshot's state needs: its sections and the superseded records.
 
-    ``winners`` holds (partition, offset) of each tail key's latest record;
-    ``tail_keys`` the (partition, key columns) those winners belong to.
+    ``superseded`` holds each partition's offsets of the records a newer record of their
+    key supersedes (`sinks.reading.superseded`), found from the narrow columns before any
+    payload is read.
     """
 
     snapshot: LogSnapshot
     keys: LogKeys
     sections: LogSections
     reader: SegmentReader
-    winners: pa.Table
-    tail_keys: pa.Table
+    superseded: Superseded
+    threads: int
 
     @classmethod
-    def of(cls, snapshot: LogSnapshot) -> StatePlan:
-        """Split ``snapshot`` into sections and find the tail's winners (reads narrow columns)."""
+    def of(cls, snapshot: LogSnapshot, threads: int | None = None) -> StatePlan:
+        """Split ``snapshot`` into sections and find the superseded records (reads narrow
+        columns, on ``threads`` threads: default one a core)."""
         keys = log_keys(snapshot, read_only=True)
         sections = log_sections(snapshot)
         snapshot.check_files([*sections.clean, *sections.dirty])
         starts = {p: snapshot.log_start_offset(p) for p in snapshot.partitions}
         reader = SegmentReader(snapshot.location, {p: s for p, s in starts.items() if s > 0})
-        group = [PARTITION, *_own_keys(keys)]
-        narrow = _subschema(snapshot.arrow_schema, [*group, *_order_columns(keys)])
-        tail = reader.read_all(sections.dirty, narrow)
-        if keys.sequence_column is not None and sections.clean and tail.num_rows:
-            # A clean record may carry a higher sequence than the tail's: it competes too.
-            tail_keys = tail.select(group).group_by(group).aggregate([])
-            clean = reader.read_all(sections.clean, narrow)
-            rivals = clean.take(_matching_rows(clean, tail_keys, group, "left semi"))
-            tail = pa.concat_tables([tail, rivals])
-        winners = arrow_latest_offsets(tail, keys.partitioned())
-        return cls(
-            snapshot,
-            keys,
-            sections,
-            reader,
-            winners.select([PARTITION, OFFSET]),
-            winners.select(group),
-        )
+        threads = threads or reader_threads()
+        found = superseded(snapshot, keys, sections.clean, sections.dirty, reader, threads)
+        return cls(snapshot, keys, sections, reader, found, threads)
 
     @property
     def schema(self) -> pa.Schema:
@@ -186,57 +137,25 @@ class StatePlan:
     def batches(self, batch_rows: int) -> Iterator[pa.RecordBatch]:
         """Every live key's row once: the clean section filtered, then the tail's winners."""
         columns = _subschema(self.snapshot.arrow_schema, [*self.schema.names, PARTITION, OFFSET])
+        names, schema = self.schema.names, self.schema
         for records in self.latest(columns):
             live = records.filter(pc.is_valid(records.column(VALUE)))
-            yield from live.select(self.schema.names).cast(self.schema).to_batches(batch_rows)
+            yield from live.select(names).cast(schema).to_batches(batch_rows)
 
     def latest(self, columns: pa.Schema) -> Iterator[pa.Table]:
         """Each (partition, key)'s latest record once, tombstones included, with ``columns``
         (which must hold ``partition``, ``offset`` and the key columns): what an export
-        carries (`sinks.reading.arrow_export`)."""
-        group = [PARTITION, *_own_keys(self.keys)]
-        beaten = self.tail_keys.num_rows > 0
-        with_sequence = self.keys.sequence_column is not None
-        for segment in self.sections.clean:
-            for records in self.reader.read(segment, columns):
-                if beaten:
-                    kept = _matching_rows(records, self.tail_keys, group, "left anti")
-                    if with_sequence:
-                        won = _matching_rows(
-                            records, self.winners, [PARTITION, OFFSET], "left semi"
-                        )
-                        kept = np.union1d(kept, won)
-                    records = records.take(kept)
-                yield records
-        for segment in self.sections.dirty:
-            for records in self.reader.read(segment, columns):
-                won = _matching_rows(records, self.winners, [PARTITION, OFFSET], "left semi")
-                yield records.take(won)
+        carries (`sinks.reading.arrow_export`). Segments are read on ``threads`` threads, at
+        most that many ahead of the consumer; a superseded record's other columns are never
+        decoded when its whole row group is superseded."""
+        gone = self.superseded.offsets
 
+        def kept(segment: DataFile) -> list[pa.Table]:
+            return list(self.reader.read_kept(segment, columns, gone))
 
-def _matching_rows(
-    records: pa.Table, other: pa.Table, on: Sequence[str], join_type: str
-) -> np.ndarray:
-    """Indices (ascending) of ``records``' rows that ``join_type`` keeps against ``other``.
-
-    The join sees only the ``on`` columns: Arrow's hash join carries no nested
-    non-key columns, and a value is often a struct.
-    """
-    narrow = records.select(list(on)).append_column(_ROW, pa.array(np.arange(records.num_rows)))
-    kept = narrow.join(other.select(list(on)), list(on), join_type=join_type)
-    return np.sort(kept.column(_ROW).to_numpy())
-
-
-def _own_keys(keys: LogKeys) -> list[str]:
-    return [k for k in keys.key_columns if k != PARTITION]
-
-
-def _order_columns(keys: LogKeys) -> list[str]:
-    sequence = keys.sequence_column
-    extra = (
-        [sequence] if sequence and sequence not in (*keys.key_columns, PARTITION, OFFSET) else []
-    )
-    return [*extra, OFFSET]
+        segments = [*self.sections.clean, *self.sections.dirty]
+        for tables in ordered_map(kept, segments, self.threads):
+            yield from tables
 
 
 def _subschema(schema: pa.Schema, names: Sequence[str]) -> pa.Schema:

@@ -38,6 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from sinks.cleaner.offset_map import max_map_records
 from sinks.cleaner.rules import spark_latest_offsets
 from sinks.config import CleanerConfig
 from sinks.log.log_keys import LogKeys
@@ -48,6 +49,8 @@ from sinks.log.segment import DataFile, ForeignFile, Segment, split_clean
 if TYPE_CHECKING:  # `read_state` imports this module without pyspark (design.md §59)
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql import types as T
+from sinks.reading.segment_reader import SegmentReader
+from sinks.reading.superseded import superseded
 
 # The largest lookup table (estimated, see `broadcast_bytes`) this reader asks Spark
 # to broadcast: an eighth of the 1 GiB Spark gives a driver by default, and of
@@ -126,6 +129,7 @@ def spark_state(
     *,
     broadcast_max_bytes: int = TAIL_BROADCAST_MAX_BYTES,
     dedupe_buffer_size: int | None = CleanerConfig().dedupe_buffer_size,
+    superseded_first: bool = False,
 ) -> DataFrame:
     """One row per live key of ``snapshot`` (``log_keys``' columns) + ``value``, tombstones
     dropped.
@@ -140,6 +144,13 @@ def spark_state(
     their lookup tables stay under ``broadcast_max_bytes`` and shuffled above it.
     Records below a log start offset are not read (`LogTable.read`). Reads only;
     ``snapshot`` may be an older version.
+
+    Before those, with ``superseded_first`` (off by default: measured slower than the
+    pass's tasks, docs/benchmarks.md, "The state read against a MERGE-compacted table"):
+    the superseded records are found from the narrow columns and every live file is
+    scanned once by Spark, less them (`_state_by_superseded`, design.md §50), whenever
+    their contenders fit ``dedupe_buffer_size`` and their (partition, offset) pairs the
+    broadcast.
     """
     from sinks.reading.partition_state import partition_state
 
@@ -147,6 +158,18 @@ def spark_state(
     sections = log_sections(snapshot)
     if not sections.dirty:
         return _live(log_table.read(spark, snapshot, sections.clean), log_keys)
+    if superseded_first and dedupe_buffer_size is not None and not snapshot.foreign_files:
+        state = _state_by_superseded(
+            spark,
+            log_table,
+            snapshot,
+            log_keys,
+            sections,
+            broadcast_max_bytes=broadcast_max_bytes,
+            dedupe_buffer_size=dedupe_buffer_size,
+        )
+        if state is not None:
+            return state
     if dedupe_buffer_size is not None and not snapshot.foreign_files:
         dirty_partitions = sorted({s.partition for s in sections.dirty})  # type: ignore[union-attr]
         tail = partition_state(
@@ -193,6 +216,44 @@ def spark_state(
         # same record (same partition and offset): the winner is kept once.
         kept = kept.dropDuplicates([PARTITION, *keys])
     return _live(kept, log_keys)
+
+
+def _state_by_superseded(
+    spark: SparkSession,
+    log_table: LogTable,
+    snapshot: LogSnapshot,
+    log_keys: LogKeys,
+    sections: LogSections,
+    *,
+    broadcast_max_bytes: int,
+    dedupe_buffer_size: int,
+) -> DataFrame | None:
+    """Every live file scanned once by Spark, less the superseded records (design.md §50).
+
+    The superseded records' (partition, offset) are found on the driver from the narrow
+    columns (`sinks.reading.superseded`, on every core) and broadcast; Spark's scan then
+    splits every partition's files over all its tasks, and an anti-join on two longs drops
+    them. None (another rule reads the state) when the contenders would not fit
+    ``dedupe_buffer_size`` (`max_map_records`) or the broadcast ``broadcast_max_bytes``.
+    """
+    from pyspark.sql import functions as F
+
+    contenders = sections.dirty_records + min(
+        sections.dirty_records, sum(s.num_records for s in sections.clean)
+    )
+    if contenders > max_map_records(dedupe_buffer_size):
+        return None
+    starts = {p: snapshot.log_start_offset(p) for p in snapshot.partitions}
+    reader = SegmentReader(snapshot.location, {p: s for p, s in starts.items() if s > 0})
+    found = superseded(snapshot, log_keys, sections.clean, sections.dirty, reader)
+    types = {f.name: f.dataType for f in snapshot.spark_schema.fields}
+    if broadcast_bytes(found.count, [types[PARTITION], types[OFFSET]]) > broadcast_max_bytes:
+        return None
+    records = log_table.read(spark, snapshot, [*sections.clean, *sections.dirty])
+    if found.count:
+        gone = spark.createDataFrame(found.table(snapshot.arrow_schema))
+        records = records.join(F.broadcast(gone), [PARTITION, OFFSET], "left_anti")
+    return _live(records, log_keys)
 
 
 def _keep_winners(

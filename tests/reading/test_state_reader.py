@@ -71,9 +71,11 @@ def read(spark, sink, as_of=None, **options):
 
 
 def assert_same_state(spark, sink, as_of=None, **options):
-    """Both ways of reading a dirty tail agree with the reference: a pass's tasks per
-    partition (`partition_state`, the default) and joins against the tail's winners."""
-    ways = [{}] if "dedupe_buffer_size" in options else [{}, {"dedupe_buffer_size": None}]
+    """Every way of reading a dirty tail agrees with the reference: a pass's tasks per
+    partition (`partition_state`, the default), the scan less the superseded records
+    (``superseded_first``) and joins against the tail's winners."""
+    ways = [{}, {"superseded_first": True}]
+    ways += [] if "dedupe_buffer_size" in options else [{"dedupe_buffer_size": None}]
     for way in ways:
         assert_df_equality(
             read(spark, sink, as_of, **options, **way),
@@ -325,6 +327,32 @@ def test_a_dirty_tail_is_read_by_a_pass_s_tasks_without_a_shuffle(spark, lake, c
     joins = read(spark, sink, dedupe_buffer_size=1)  # no map fits: the joins read it
     assert "MapInArrow" not in joins._jdf.queryExecution().executedPlan().toString()
     assert_same_state(spark, sink, dedupe_buffer_size=1)
+
+
+def test_a_dirty_tail_is_read_by_one_scan_less_its_superseded_records(spark, lake, clock):
+    """With ``superseded_first`` the superseded records' (partition, offset) are found from
+    the narrow columns and broadcast: every live file is scanned once (a one-partition log on every
+    task), no shuffle, a key filter and a column pruning reach the scan; a dirty record a
+    later one overrides, and a clean record a tail record overrides, are dropped."""
+    sink = CompactedStateSink(str(lake / "log"), config=NO_CLEAN, clock=clock)
+    fed(spark, sink, [(f"k{i}", f"v{i}") for i in range(20)], 0)
+    sink.clean(force=True)
+    fed(spark, sink, [("k1", "a"), ("k1", "b"), ("k2", None), ("k3", "c"), ("new", "n")], 1)
+    state = read(spark, sink, superseded_first=True)
+    plan = state._jdf.queryExecution().executedPlan().toString()
+    nodes = [re.sub(r"^\*\(\d+\) ", "", line.strip(" :+-|")) for line in plan.splitlines()]
+    assert sum(n.startswith("FileScan") for n in nodes) == 1, plan
+    assert any(n.startswith("BroadcastHashJoin") and "LeftAnti" in n for n in nodes), plan
+    assert not any(n.startswith(("Exchange", "MapInArrow")) for n in nodes), plan
+    got = state_dict(state)
+    assert got["k1"] == "b" and got["k3"] == "c" and got["new"] == "n" and "k2" not in got
+    assert len(got) == 20 and got["k5"] == "v5"
+    assert_same_state(spark, sink)
+    one = read(spark, sink, superseded_first=True).filter("key = 'k1'").select("value")
+    scan = [line for line in one._jdf.queryExecution().executedPlan().toString().splitlines()]
+    scan = next(line for line in scan if "FileScan" in line)
+    assert "EqualTo(key,k1)" in scan and "ReadSchema: struct<key:string,value:string," in scan
+    assert [r["value"] for r in one.collect()] == ["b"]
 
 
 # -- random histories ----------------------------------------------------------------------

@@ -1,0 +1,296 @@
+"""The recovery drill: from "the state is gone" to "the state is in memory and the consumer
+knows where to resume", against the stores a compacted log replaces.
+
+``python -m bench.replay [--keys N] [--out FILE]`` (``make bench-replay``; default 1e6 live
+keys x 512 B, ``--keys 10000000`` for 1e7) builds a one-partition log through the sink's
+``foreachBatch`` hook: every key inserted, one pass (*after a pass*: nothing dirty), then
+batches of 100,000 uniform updates until the dirty ratio is just below
+``min.cleanable.dirty.ratio`` (*dirty*: the most a log holds before a pass). At each point,
+each best of ``--runs`` (default 2), the wall time of:
+
+- ``read_state`` into Arrow and into pandas, ``sink.state()`` into Spark (every column
+  read: a count and an XOR of ``xxhash64(key, value)``), each with the resume offsets
+  (the snapshot's log end offsets), checked against the records appended;
+- the floor: pyarrow's and Spark's scan of the same live files (no dedupe);
+
+and, once, for the same live keys and values: a Redis 7 restore (SCAN with pipelined MGET
+into a dict, and the RDB file loaded at server start) and PostgreSQL 15 ``COPY state TO
+STDOUT`` parsed into Arrow (a throwaway cluster, ``runuser -u postgres``). Needs
+``redis-server`` on the PATH, PostgreSQL 15's binaries, and ``redis`` and ``psycopg`` from
+PyPI (the Makefile target installs them). Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from bench.measure import load_average
+from bench.session import bench_session
+from sinks import CleanerConfig, CompactedStateSink, read_state
+from sinks.log.log_table import LogTable
+
+BATCH = 100_000
+VALUE_BYTES = 512
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+
+
+def values(rng: np.random.Generator, n: int) -> pa.Array:
+    raw = rng.integers(0, 256, (n, VALUE_BYTES // 2), dtype=np.uint8)
+    return pa.array([r.tobytes().hex() for r in raw], pa.string())
+
+
+def keys(ids: np.ndarray) -> pa.Array:
+    return pa.array([f"key-{i:010d}" for i in ids])
+
+
+def digest(df: DataFrame) -> tuple[int, int]:
+    row = df.agg(F.count(F.lit(1)).alias("n"), F.bit_xor(F.xxhash64("key", "value")).alias("x"))
+    first = row.collect()[0]
+    return int(first["n"]), int(first["x"] or 0)
+
+
+def best(runs: int, read: Callable[[], Any]) -> tuple[float, Any]:
+    times, result = [], None
+    for _ in range(runs):
+        started = time.perf_counter()
+        result = read()
+        times.append(time.perf_counter() - started)
+    return round(min(times), 3), result
+
+
+def resume_offsets(uri: str) -> dict[int, int]:
+    """Where a consumer that holds the state resumes: each partition's log end offset."""
+    snapshot = LogTable(uri).snapshot()
+    assert snapshot is not None
+    return {p: snapshot.log_end_offset(p) for p in snapshot.partitions}
+
+
+def reads(spark: SparkSession, sink: CompactedStateSink, appended: int, runs: int) -> dict:
+    uri = sink.path
+    files = [os.path.join(uri, f.path) for f in sink.log_table.snapshot().data_files()]
+    out: dict[str, Any] = {"dirty_ratio": round(sink.dirty_ratio(), 3), "files": len(files)}
+
+    def arrow() -> tuple[pa.Table, dict[int, int]]:
+        return read_state(uri), resume_offsets(uri)
+
+    out["read_state_arrow_s"], (table, offsets) = best(runs, arrow)
+    assert offsets == {0: appended}, (offsets, appended)
+    out["resume_offsets"] = offsets
+    out["live_keys"] = table.num_rows
+    out["read_state_pandas_s"], frame = best(
+        runs, lambda: (read_state(uri).to_pandas(), resume_offsets(uri))
+    )
+    assert len(frame[0]) == table.num_rows
+    out["state_spark_s"], (rows, _) = best(
+        runs, lambda: (digest(sink.state()), resume_offsets(uri))[0]
+    )
+    assert rows == table.num_rows
+    out["arrow_scan_s"], scanned = best(
+        runs, lambda: pq.read_table(files, columns=["key", "value"])
+    )
+    out["spark_scan_s"], _ = best(runs, lambda: digest(spark.read.parquet(*files)))
+    out["scanned_records"] = scanned.num_rows
+    out["live_bytes_arrow"] = table.select(["key", "value"]).nbytes
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def redis_server(directory: str, port: int) -> Iterator[Any]:
+    import redis
+
+    server = subprocess.Popen(
+        [
+            "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            directory,
+            "--dbfilename",
+            "dump.rdb",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+    client = redis.Redis(port=port, socket_timeout=3600)
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            try:
+                if client.info("persistence")["loading"] == 0:
+                    break
+            except (redis.ConnectionError, redis.BusyLoadingError):
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError("redis-server did not start")
+            time.sleep(0.005)
+        yield client
+    finally:
+        server.terminate()
+        server.wait()
+
+
+def redis_restore(state: pa.Table, directory: str) -> dict[str, Any]:
+    os.makedirs(directory, exist_ok=True)
+    port = free_port()
+    names = state.column("key").to_pylist()
+    data = state.column("value").to_pylist()
+    with redis_server(directory, port) as client:
+        pipe = client.pipeline(transaction=False)
+        for i in range(0, len(names), 10_000):
+            pipe.mset(dict(zip(names[i : i + 10_000], data[i : i + 10_000], strict=True)))
+        pipe.execute()
+        client.save()
+        started = time.perf_counter()
+        restored: dict[bytes, bytes] = {}
+        cursor = 0
+        while True:
+            cursor, batch = client.scan(cursor, count=10_000)
+            if batch:
+                restored.update(zip(batch, client.mget(batch), strict=True))
+            if cursor == 0:
+                break
+        scan_s = time.perf_counter() - started
+        assert len(restored) == len(names)
+    started = time.perf_counter()
+    with redis_server(directory, port) as client:
+        rdb_s = time.perf_counter() - started
+        assert client.dbsize() == len(names)
+    return {"redis_scan_mget_s": round(scan_s, 3), "redis_rdb_load_s": round(rdb_s, 3)}
+
+
+def postgres_restore(state: pa.Table, root: str) -> dict[str, Any]:
+    import psycopg
+
+    data, sockets = os.path.join(root, "pg"), os.path.join(root, "pgsock")
+    os.makedirs(sockets)
+    shutil.chown(root, "postgres")
+    shutil.chown(sockets, "postgres")
+    as_pg = ["runuser", "-u", "postgres", "--"]
+    subprocess.run(
+        [*as_pg, str(PG_BIN / "initdb"), "-A", "trust", "-D", data],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    port = free_port()
+    options = f"-c listen_addresses=127.0.0.1 -p {port} -k {sockets} -c shared_buffers=1GB"
+    ctl = [*as_pg, str(PG_BIN / "pg_ctl"), "-D", data, "-w", "-l", os.path.join(root, "pg.log")]
+    subprocess.run([*ctl, "-o", options, "start"], check=True, stdout=subprocess.DEVNULL)
+    try:
+        dsn = f"host=127.0.0.1 port={port} user=postgres dbname=postgres"
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("CREATE TABLE state (key text PRIMARY KEY, value text)")
+            buffer = io.BytesIO()
+            pacsv.write_csv(
+                state.select(["key", "value"]), buffer, pacsv.WriteOptions(include_header=False)
+            )
+            with conn.cursor().copy("COPY state FROM STDIN (FORMAT csv)") as copy:
+                copy.write(buffer.getvalue())
+            conn.execute("VACUUM ANALYZE state")
+            started = time.perf_counter()
+            chunks = []
+            with conn.cursor().copy("COPY state TO STDOUT (FORMAT csv)") as copy:
+                for chunk in copy:
+                    chunks.append(bytes(chunk))
+            table = pacsv.read_csv(
+                io.BytesIO(b"".join(chunks)),
+                read_options=pacsv.ReadOptions(column_names=["key", "value"]),
+                convert_options=pacsv.ConvertOptions(
+                    column_types={"key": pa.string(), "value": pa.string()}
+                ),
+            )
+            copy_s = time.perf_counter() - started
+            assert table.num_rows == state.num_rows
+    finally:
+        subprocess.run([*ctl, "stop", "-m", "fast"], check=False, stdout=subprocess.DEVNULL)
+    return {"postgres_copy_out_s": round(copy_s, 3)}
+
+
+def run(n_keys: int, runs: int) -> dict[str, Any]:
+    spark = bench_session()
+    root = tempfile.mkdtemp(prefix="replay-drill-")
+    os.chmod(root, 0o755)
+    try:
+        uri = os.path.join(root, "log")
+        sink = CompactedStateSink(uri, key_columns=("key",), cleaning="inline")
+        rng = np.random.default_rng(5)
+        appended, batch_id = 0, 0
+        started = time.perf_counter()
+        for first in range(0, n_keys, BATCH):
+            ids = np.arange(first, min(first + BATCH, n_keys))
+            batch = pa.table({"key": keys(ids), "value": values(rng, len(ids))})
+            sink(spark.createDataFrame(batch), batch_id)
+            appended, batch_id = appended + len(ids), batch_id + 1
+        sink.clean(force=True)
+        result: dict[str, Any] = {
+            "keys": n_keys,
+            "value_bytes": VALUE_BYTES,
+            "load_before": load_average(),
+            "build_s": round(time.perf_counter() - started, 1),
+        }
+        result["after_pass"] = reads(spark, sink, appended, runs)
+        ratio = CleanerConfig().min_cleanable_dirty_ratio
+        while True:  # stop before the batch that would take the ratio past the trigger
+            share = (sink.dirty_ratio() * appended + BATCH) / (appended + BATCH)
+            if share >= ratio - 0.02:
+                break
+            ids = rng.integers(0, n_keys, BATCH)
+            batch = pa.table({"key": keys(ids), "value": values(rng, BATCH)})
+            sink(spark.createDataFrame(batch), batch_id)
+            appended, batch_id = appended + BATCH, batch_id + 1
+        result["dirty"] = reads(spark, sink, appended, runs)
+        state = read_state(uri).select(["key", "value"])
+        result["redis"] = redis_restore(state, os.path.join(root, "redis"))
+        result["postgres"] = postgres_restore(state, os.path.join(root, "pgroot"))
+        result["load_after"] = load_average()
+        return result
+    finally:
+        spark.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--keys", type=int, default=1_000_000)
+    parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    result = run(args.keys, args.runs)
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as out:
+            out.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

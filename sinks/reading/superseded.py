@@ -1,0 +1,163 @@
+"""The records a state does not show, decided from narrow columns before any payload is read.
+
+    state = live files ▷ superseded, tombstones dropped
+
+A record is *superseded* when another record of its (partition, key) is newer
+(`sinks.log.latest`: the highest offset, or with a ``sequence_column`` the highest
+(sequence, offset)). Only keys with a record in the dirty tail can have one: the clean
+section holds at most one record per key (design.md §6). So the contenders are the tail's
+records and the clean records of the tail's keys (the *rivals*), and the winners among
+them are found from their partition, key, sequence and offset columns alone; everything
+else a contender holds (the value and payload, most of a record's bytes) is read later,
+and only for the records that are not superseded (design.md §50).
+
+Keys are compared by value, in their canonical encoding (`sinks.cleaner.offset_map.
+canonical_keys`: as Spark groups them), never by a hash: no key is lost to a collision.
+The result is each partition's superseded offsets, sorted, and the same as an Arrow
+table (``partition``, ``offset``) for a broadcast anti-join in Spark. Its memory is the
+tail's narrow columns and the rivals'; the clean section's keys are streamed, file by
+file, on every core (`sinks.reading.segment_reader.ordered_map`). Reads only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from sinks.cleaner.offset_map import canonical_keys
+from sinks.log.latest import latest_offsets
+from sinks.log.log_keys import LogKeys
+from sinks.log.log_table import LogSnapshot
+from sinks.log.records import OFFSET, PARTITION
+from sinks.log.segment import DataFile
+from sinks.reading.segment_reader import SegmentReader, ordered_map
+
+_SEQUENCE = "_sequence"
+
+
+@dataclass(frozen=True)
+class Superseded:
+    """Each partition's superseded offsets (sorted, distinct), and how many contenders
+    were weighed to find them."""
+
+    offsets: dict[int, np.ndarray]
+    contenders: int
+
+    @property
+    def count(self) -> int:
+        return sum(len(o) for o in self.offsets.values())
+
+    def table(self, schema: pa.Schema) -> pa.Table:
+        """(``partition``, ``offset``) of every superseded record, with ``schema``'s types."""
+        partitions = [np.full(len(o), p) for p, o in self.offsets.items()]
+        offsets = list(self.offsets.values())
+        return pa.table(
+            {
+                PARTITION: pa.array(
+                    np.concatenate(partitions) if partitions else np.zeros(0, np.int64)
+                ).cast(schema.field(PARTITION).type),
+                OFFSET: pa.array(
+                    np.concatenate(offsets) if offsets else np.zeros(0, np.int64)
+                ).cast(schema.field(OFFSET).type),
+            }
+        )
+
+
+def own_keys(keys: LogKeys) -> list[str]:
+    """The key columns without ``partition``."""
+    return [k for k in keys.key_columns if k != PARTITION]
+
+
+def sequence_of(keys: LogKeys) -> str | None:
+    """The column that orders a key's records before the offset, if any."""
+    sequence = keys.sequence_column
+    return sequence if sequence and sequence not in (*keys.key_columns, PARTITION, OFFSET) else None
+
+
+def superseded(
+    snapshot: LogSnapshot,
+    keys: LogKeys,
+    clean: Sequence[DataFile],
+    dirty: Sequence[DataFile],
+    reader: SegmentReader,
+    threads: int | None = None,
+) -> Superseded:
+    """The superseded records of ``snapshot`` whose live files are ``clean`` (at most one
+    record per (partition, key) each) and ``dirty``. Reads the narrow columns only."""
+    sequence = sequence_of(keys)
+    names = [PARTITION, *own_keys(keys), *([sequence] if sequence else []), OFFSET]
+    narrow = pa.schema([snapshot.arrow_schema.field(n) for n in dict.fromkeys(names)])
+
+    def contenders(segment: DataFile) -> list[pa.Table]:
+        return [_encoded(t, keys, sequence) for t in reader.read(segment, narrow)]
+
+    tail = _concat([t for ts in ordered_map(contenders, dirty, threads) for t in ts])
+    if tail is None:
+        return Superseded({}, 0)
+    group = [n for n in tail.column_names if n not in (_SEQUENCE, OFFSET)]
+    order = _SEQUENCE if sequence else None
+    tail_winners = _newest(tail, group, order)
+    lost = [_losers(tail, tail_winners)]
+
+    def rivals(segment: DataFile) -> list[pa.Table]:
+        keys_of = tail_winners.select(group)
+        return [t.join(keys_of, group, join_type="left semi") for t in contenders(segment)]
+
+    found = _concat([t for ts in ordered_map(rivals, clean, threads) for t in ts if t.num_rows])
+    weighed = tail.num_rows
+    if found is not None:
+        weighed += found.num_rows
+        if sequence is None and not snapshot.foreign_files:
+            # A tail record's offset is above every clean offset of its partition: every
+            # rival loses. (Another engine's file may hold any offsets.)
+            lost.append(found.select([PARTITION, OFFSET]))
+        else:  # a clean record with a higher sequence may beat the tail's newest
+            everyone = pa.concat_tables([tail, found])
+            lost = [_losers(everyone, _newest(everyone, group, order))]
+    return Superseded(_by_partition(pa.concat_tables(lost)), weighed)
+
+
+def _newest(records: pa.Table, group: list[str], order: str | None) -> pa.Table:
+    """Each (partition, key)'s newest record of ``records``: its group columns and offset."""
+    distinct, newest = latest_offsets(
+        records.select(group), records.column(OFFSET), records.column(order) if order else None
+    )
+    return distinct.append_column(OFFSET, pa.array(newest, pa.int64()))
+
+
+def _losers(records: pa.Table, winners: pa.Table) -> pa.Table:
+    """(partition, offset) of the ``records`` that are not among ``winners``."""
+    return records.select([PARTITION, OFFSET]).join(
+        winners.select([PARTITION, OFFSET]),
+        [PARTITION, OFFSET],
+        join_type="left anti",
+        use_threads=False,
+    )
+
+
+def _by_partition(lost: pa.Table) -> dict[int, np.ndarray]:
+    partitions = lost.column(PARTITION).to_numpy(zero_copy_only=False)
+    offsets = lost.column(OFFSET).to_numpy(zero_copy_only=False)
+    distinct = np.unique(partitions) if len(partitions) else []
+    if len(distinct) == 1:
+        return {int(distinct[0]): np.sort(offsets)}
+    # A record loses once: offsets are distinct within a partition (no repeats here).
+    return {int(p): np.sort(offsets[partitions == p]) for p in distinct}
+
+
+def _encoded(table: pa.Table, keys: LogKeys, sequence: str | None) -> pa.Table:
+    """(partition, canonical key columns, [sequence], offset) of ``table``'s records."""
+    canonical = canonical_keys(table, own_keys(keys), every_validity=True)
+    columns = {PARTITION: table.column(PARTITION).cast(pa.int64())}
+    columns.update({name: canonical.column(name) for name in canonical.column_names})
+    if sequence:
+        columns[_SEQUENCE] = table.column(sequence)
+    columns[OFFSET] = table.column(OFFSET).cast(pa.int64())
+    return pa.table(columns)
+
+
+def _concat(tables: list[pa.Table]) -> pa.Table | None:
+    return pa.concat_tables(tables) if tables else None
