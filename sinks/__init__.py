@@ -10,7 +10,7 @@ module that use raises `SparkVersionError` naming the supported range.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 # First: a pyspark older than 3.5 stops the import here, naming the range (no pyspark is
 # fine until a Spark name is used).
@@ -41,6 +41,7 @@ from sinks.errors import (  # noqa: E402
     TableFeatureError,
     TimeTravelError,
 )
+from sinks.lazy_names import lazy_names  # noqa: E402
 from sinks.reading.arrow_state import read_state, read_state_batches  # noqa: E402
 from sinks.reading.lookup import lookup  # noqa: E402
 
@@ -57,14 +58,13 @@ _SPARK_NAMES = {
 """The names whose modules import pyspark, and those modules: imported on first use."""
 
 
-def __getattr__(name: str) -> Any:
-    module = _SPARK_NAMES.get(name)
-    if module is None:
-        raise AttributeError(f"module 'sinks' has no attribute {name!r}")
-    importlib.import_module("sinks.spark_compat")  # no pyspark: SparkVersionError, by name
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(
+    "sinks",
+    globals(),
+    _SPARK_NAMES,
+    # no pyspark: SparkVersionError, by name
+    before=lambda: importlib.import_module("sinks.spark_compat"),
+)
 
 
 __all__ = [

@@ -1,7 +1,7 @@
 """The library's layers: no module imports one from a layer above its own.
 
 From the bottom: ``checkpoints``, ``sinks.errors``, ``sinks.crash_points``,
-``sinks.shutdown``, ``sinks.spark_compat``, ``sinks.spark_version`` and
+``sinks.shutdown``, ``sinks.spark_compat``, ``sinks.spark_version``, ``sinks.lazy_names`` and
 ``sinks.python_tasks``; ``sinks.config``;
 ``sinks.log`` (with ``sinks.log.foreign``) and ``sinks.spark_session``; ``sinks.produce``;
 ``sinks.maintenance``; ``sinks.cleaner``;
@@ -32,6 +32,7 @@ LAYERS: list[tuple[str, ...]] = [
         "sinks.spark_compat",
         "sinks.spark_version",
         "sinks.python_tasks",
+        "sinks.lazy_names",
     ),
     ("sinks.config",),
     ("sinks.log", "sinks.spark_session", "sinks.python_workers"),

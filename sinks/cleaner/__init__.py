@@ -24,8 +24,9 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from sinks.lazy_names import lazy_names
 
 if TYPE_CHECKING:
     from sinks.cleaner.cleaner import Cleaner
@@ -61,15 +62,7 @@ _MODULE_OF = {
 this package, whose Spark modules they must not import (design.md §59)."""
 
 
-def __getattr__(name: str) -> Any:
-    home = _MODULE_OF.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module = importlib.import_module(home)
-    # Every name of that module at once, after its import: importing a submodule binds its
-    # own name here (``replay``, the module) over the function of that name.
-    globals().update({n: getattr(module, n) for n, h in _MODULE_OF.items() if h == home})
-    return globals()[name]
+__getattr__ = lazy_names(__name__, globals(), _MODULE_OF)
 
 
 __all__ = [
