@@ -36,10 +36,10 @@ import threading
 from pathlib import Path
 
 
-def spark_run(log: Path, close: bool) -> None:
+def small_session():
+    """A local Spark session for a script that uses the sink once (imported here only: the
+    reader modes must not import pyspark)."""
     from pyspark.sql import SparkSession
-
-    from sinks import CleanerConfig, CompactedStateSink
 
     spark = (
         SparkSession.builder.master("local[2]")
@@ -49,6 +49,13 @@ def spark_run(log: Path, close: bool) -> None:
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def spark_run(log: Path, close: bool) -> None:
+    from sinks import CleanerConfig, CompactedStateSink
+
+    spark = small_session()
     source, checkpoint = log.parent / "in", log.parent / "_chk"
     source.mkdir(parents=True, exist_ok=True)
     for i in range(4):
@@ -145,18 +152,9 @@ def control_run(log: str) -> None:
 
 
 def user_run(log: Path) -> None:
-    from pyspark.sql import SparkSession
-
     from sinks import CleanerConfig, CompactedStateSink, lookup, read_state
 
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = small_session()
     sink = CompactedStateSink(str(log), config=CleanerConfig(min_cleanable_dirty_ratio=0.01))
     for batch_id in range(3):
         rows = [(f"k{i}", f"v{batch_id}-{i}") for i in range(50)]
