@@ -119,7 +119,7 @@ def prove_redeliveries(
     live = live.append_column(_ROW, pa.array(np.arange(live.num_rows, dtype=np.int64)))
     newer_in_batch = rows.filter(pa.array(~under))
     records = pa.concat_tables(
-        [_log_records(snapshot, live, keys), conform(newer_in_batch, _schema(rows, keys))]
+        [_log_records(snapshot, live, keys, starts), conform(newer_in_batch, _schema(rows, keys))]
     )
     held, superseded = _proofs(live, records, keys)
     unproven = live.filter(pa.array(~(held | superseded)))
@@ -217,9 +217,12 @@ def _schema(rows: pa.Table, keys: LogKeys) -> pa.Schema:
 # -- the log's records of the candidates' keys -------------------------------------------------
 
 
-def _log_records(snapshot: LogSnapshot, candidates: pa.Table, keys: LogKeys) -> pa.Table:
+def _log_records(
+    snapshot: LogSnapshot, candidates: pa.Table, keys: LogKeys, starts: Mapping[int, int]
+) -> pa.Table:
     """Every visible record of the log whose key is one of ``candidates``', with
-    `record_columns` (in the candidates' types); row groups pruned by the keys."""
+    `record_columns` (in the candidates' types); row groups pruned by the keys. Records
+    below their partition's log start offset (``starts``) are not visible."""
     schema = _schema(candidates, keys)
     if candidates.num_rows == 0:
         return schema.empty_table()
@@ -240,7 +243,6 @@ def _log_records(snapshot: LogSnapshot, candidates: pa.Table, keys: LogKeys) -> 
     with ThreadPoolExecutor(max_workers=_READERS) as pool:
         found = list(pool.map(read, paths))
     records = pa.concat_tables([schema.empty_table(), *found])
-    starts = {p: snapshot.log_start_offset(p) for p in partitions}
     return at_or_above(records, {p: s for p, s in starts.items() if s > 0})
 
 
