@@ -248,12 +248,17 @@ def at_or_above(records: RecordsT, floors: Mapping[int, int]) -> RecordsT:
     `spark_at_or_above` is the same rule on Spark, and the redelivery filter
     (`drop_below_log_end`) uses it with the log end offsets as floors.
     """
+    return records.filter(pa.array(~below(records, floors)))
+
+
+def below(records: RecordsT, floors: Mapping[int, int]) -> np.ndarray:
+    """Per row, whether its offset lies below its partition's floor (0 where none is given):
+    `at_or_above`'s complement, as a mask. Pure."""
     partitions = records.column(PARTITION).to_numpy(zero_copy_only=False)
     floor = np.zeros(records.num_rows, dtype=np.int64)
     for p, start in floors.items():
         floor[partitions == p] = start
-    offsets = records.column(OFFSET).to_numpy(zero_copy_only=False)
-    return records.filter(pa.array(offsets >= floor))
+    return records.column(OFFSET).to_numpy(zero_copy_only=False) < floor
 
 
 def spark_at_or_above(df: DataFrame, floors: Mapping[int, int]) -> DataFrame:

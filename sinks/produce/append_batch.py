@@ -34,6 +34,7 @@ from sinks.log.records import (
     TIMESTAMP,
     VALUE,
     PreparedBatch,
+    below,
     log_columns,
     prepare_batch,
     sql_map,
@@ -41,7 +42,6 @@ from sinks.log.records import (
 )
 from sinks.produce.append_task import APPEND_TASK_DDL, AppendTask, TaskOutput
 from sinks.produce.dead_letter import SplitBatch, split_arrow_batch, split_batch
-from sinks.produce.redelivery import below
 from sinks.produce.spark_append import PYTHON_WRITER, run_in_jvm
 from sinks.spark_compat import to_arrow
 

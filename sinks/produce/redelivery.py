@@ -40,7 +40,7 @@ from sinks.errors import BadInputError
 from sinks.log.file_reader import conform
 from sinks.log.log_keys import LogKeys
 from sinks.log.log_table import LogSnapshot
-from sinks.log.records import OFFSET, PARTITION, at_or_above
+from sinks.log.records import OFFSET, PARTITION, at_or_above, below
 
 _ROW = "_redelivered_row"
 _READERS = 8
@@ -131,16 +131,6 @@ def prove_redeliveries(
 
 
 # -- the proof, pure ---------------------------------------------------------------------------
-
-
-def below(rows: pa.Table, floors: Mapping[int, int]) -> np.ndarray:
-    """Per row, whether its offset lies below its partition's floor (0 where none is given):
-    `sinks.log.records.at_or_above`'s complement, as a mask. Pure."""
-    partitions = rows.column(PARTITION).to_numpy(zero_copy_only=False)
-    floor = np.zeros(rows.num_rows, dtype=np.int64)
-    for p, f in floors.items():
-        floor[partitions == p] = f
-    return rows.column(OFFSET).to_numpy(zero_copy_only=False) < floor
 
 
 def _proofs(
