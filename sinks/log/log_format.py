@@ -23,11 +23,18 @@ from typing import Any
 TXN_PREFIX = "compacted-sink/"
 """What every ``txn`` app id of the sink's own starts with (a batch's excepted)."""
 LOG_END_OFFSET_TXN = TXN_PREFIX + "log-end-offset/{}"
+"""Partition p's next offset: offsets keep counting after a restart or after retention
+deleted every file."""
 LOG_START_OFFSET_TXN = TXN_PREFIX + "log-start-offset/{}"
+"""Partition p's first visible offset, set by retention and ``delete_records``."""
 CLEANER_OFFSET_TXN = TXN_PREFIX + "cleaner-offset/{}"
+"""Where the last committed pass over partition p ended: a crash between a pass's commit and
+its checkpoint row is repaired from the log."""
 ERASURE_TXN = TXN_PREFIX + "erasure/{}"  # clean below it: an erasure (design.md §54)
 PARTITIONS_TXN = TXN_PREFIX + "partitions"  # committed with every append (produce.log_commit)
 CHECKED_VERSION_TXN = TXN_PREFIX + "checked-version"
+"""The version a commit was planned from: every commit before it was checked for other
+engines' data changes (`sinks.log.foreign.commits`)."""
 ACCEPTED_VERSION_TXN = TXN_PREFIX + "accepted-version"
 RESTORE_APP_ID = TXN_PREFIX + "replay"
 ERASE_APP_ID = TXN_PREFIX + "erase"  # the tombstones of an erasure (design.md §54)

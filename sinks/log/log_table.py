@@ -2,16 +2,10 @@
 
 Ports the parts of Kafka's `UnifiedLog` the cleaner needs: its segments, the log
 start and end offsets, and the atomic swap of cleaned segments. The log keeps its
-own offsets in Delta ``txn`` actions, committed in the same commit as the data:
-
-- ``compacted-sink/log-end-offset/<p>``: the next offset of partition p, so
-  offsets keep counting after a restart or after retention deleted every file;
-- ``compacted-sink/log-start-offset/<p>``: set by retention and ``delete_records``;
-- ``compacted-sink/cleaner-offset/<p>``: where the last committed pass ended, so a
-  crash between a pass's commit and its checkpoint row is repaired from the log;
-- ``compacted-sink/partitions``: one more than the highest partition ever written;
-- ``compacted-sink/checked-version``: the version a commit was planned from, every
-  commit before it checked for other engines' data changes (`sinks.log.foreign.commits`).
+own offsets (log end, log start, cleaner offset per partition; the partitions ever
+written; the version checked for other engines' changes) in Delta ``txn`` actions,
+committed in the same commit as the data: their ids and meanings are in
+`sinks.log.log_format`.
 
 Files another engine wrote (an OPTIMIZE's) are `ForeignFile`s beside the segments:
 read like any file, never taken for a segment (`sinks.log.segment.classify`). Another
