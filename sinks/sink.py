@@ -299,7 +299,7 @@ class CompactedStateSink:
 
     def vacuum(self) -> DeletionReport:
         """Delete what left the log longer than ``file.delete.delay.ms`` ago. Idempotent."""
-        self._existing()
+        self._existing(repair=True)  # a restored file of a stale rewrite must not go first
         report = self.log_cleaner.segment_deleter.run(self.manager.busy_partitions)
         if self.dead_letter_table:  # an erasure's rewritten dead letters (design.md §54)
             vacuum_dead_letters(
@@ -417,6 +417,14 @@ class CompactedStateSink:
                 pass  # not readable yet (deletion vectors): recovered on first use after
         return accepted.version
 
+    def repair(self) -> int:
+        """Undo another engine's stale rewrites of the log in one commit of the sink's own
+        (`LogTable.repair`, design.md §66); the log's version after. Readers see through
+        such a rewrite without committing; a writer of the sink undoes it by itself.
+        Raises `ForeignChangeError` when the undo would not be exact. Idempotent."""
+        self.log_table.repair()  # logs what it undid
+        return self._existing().version
+
     def restore(self, version: int) -> int:
         """Bring the log back to Delta ``version``, cleaning paused meanwhile; the new version."""
         snapshot = self._existing(verify=False)
@@ -513,8 +521,10 @@ class CompactedStateSink:
 
     # -- helpers -----------------------------------------------------------------------
 
-    def _existing(self, as_of: AsOf | None = None, *, verify: bool = True) -> LogSnapshot:
-        snapshot = self.log_table.snapshot(as_of, verify=verify)
+    def _existing(
+        self, as_of: AsOf | None = None, *, verify: bool = True, repair: bool = False
+    ) -> LogSnapshot:
+        snapshot = self.log_table.snapshot(as_of, verify=verify, repair=repair)
         if snapshot is None:
             raise FileNotFoundError(
                 f"no compacted log at {self.path} (no batch appended there yet, or another path)"

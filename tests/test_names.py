@@ -10,6 +10,8 @@
 - No library function or class is there for the tests alone: what only ``tests/`` uses
   lives in ``tests/`` (``testkit.py`` or the test module), unless the documentation offers
   it to users (``docs/``, the README).
+- A read never asks for a repair: the reading packages call ``snapshot`` without
+  ``repair=True`` and never ``repair()`` (design.md §66), but where they write a log.
 """
 
 from __future__ import annotations
@@ -216,3 +218,38 @@ def wall_clock_readers() -> list[str]:
 
 def test_one_clock_for_every_timestamp_the_library_writes():
     assert wall_clock_readers() == []
+
+
+READERS = ("sinks/reading", "streaming/status", "streaming/consumers")
+READERS_THAT_WRITE = {
+    "sinks/reading/replay.py": "replays an export or a log's version into a log: a writer of "
+    "that log",
+}
+
+
+def reads_that_repair() -> list[str]:
+    """Calls in the reading packages that ask ``snapshot`` for a repair, which commits an
+    undo of another engine's stale rewrite: a read never commits (design.md §28, §66)."""
+    found = []
+    for top in READERS:
+        for path in sorted((ROOT / top).rglob("*.py")):
+            relative = path.relative_to(ROOT).as_posix()
+            if relative in READERS_THAT_WRITE:
+                continue
+            for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+                if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+                    continue
+                asks = any(
+                    k.arg == "repair"
+                    and not (isinstance(k.value, ast.Constant) and k.value.value is False)
+                    for k in node.keywords
+                )
+                if node.func.attr in ("snapshot", "repair") and (
+                    asks or node.func.attr == "repair"
+                ):
+                    found.append(f"{relative}:{node.lineno}")
+    return found
+
+
+def test_a_read_never_asks_for_a_repair():
+    assert reads_that_repair() == []

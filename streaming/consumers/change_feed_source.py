@@ -125,7 +125,7 @@ class _FeedReading:
         """The state at ``version`` as inserts: each partition's records there as one append
         over an empty state (Delta's CDF stream starts with its snapshot so)."""
         self.commits.check_reachable(version)
-        snapshot = self.log.snapshot(version, verify=False, repair=False)
+        snapshot = self.log.snapshot(version, verify=False)
         assert snapshot is not None
         stamp = _commit_ms(self.commits, version)
         planned = []

@@ -213,13 +213,15 @@ class CommitGuard:
             if rewrite is not None:
                 logger.warning(
                     "log %s: Delta version %d (%s by %s, planned from version %s) rewrote "
-                    "%d file(s) an earlier commit had already rewritten",
+                    "%d file(s) an earlier commit had already rewritten: reads see through it "
+                    "until the sink's next write, or `compacted-sink repair %s`, undoes it",
                     self.uri,
                     version,
                     rewrite.operation,
                     rewrite.engine,
                     rewrite.read_version,
                     len(rewrite.superseded),
+                    self.uri,
                 )
                 pending[version] = rewrite
             else:
