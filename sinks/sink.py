@@ -71,14 +71,13 @@ from sinks.reading.state_reader import spark_state
 from sinks.shutdown import finished_before_exit
 from sinks.spark_session import active_session, hadoop_settings, warn_unsafe_beside_delta_spark
 from sinks.transactional_id import TransactionalId
+from sinks.warn_once import warn_once
 
 __all__ = ["AppendReport", "CompactedStateSink"]
 
 logger = logging.getLogger("compacted_sink")
 
 CHECKPOINT_TABLE_DIR = "_cleaner-offset-checkpoint"
-
-_CLOSED_OVER_FOREIGN_CHANGES: set[tuple[str, int]] = set()  # (log, version) said by close()
 
 
 class CompactedStateSink:
@@ -353,10 +352,12 @@ class CompactedStateSink:
             if snapshot is not None:
                 snapshot.data_files()  # raises for a log the sink refuses to own
         except ForeignChangeError as e:
-            said = (e.log_path, e.version)
-            if said not in _CLOSED_OVER_FOREIGN_CHANGES:
-                _CLOSED_OVER_FOREIGN_CHANGES.add(said)
-                logger.warning("closed %s without a clean-shutdown marker: %s", self.path, e)
+            warn_once(
+                ("closed over a foreign change", e.log_path, e.version),
+                "closed %s without a clean-shutdown marker: %s",
+                self.path,
+                e,
+            )
             return
         except CompactedSinkError as refused:
             logger.info("%s: no clean-shutdown marker on a log the sink refuses: %s", self, refused)

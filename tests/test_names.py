@@ -10,6 +10,7 @@
 - No library function or class is there for the tests alone: what only ``tests/`` uses
   lives in ``tests/`` (``testkit.py`` or the test module), unless the documentation offers
   it to users (``docs/``, the README).
+- One warn-once helper: only `sinks.warn_once` remembers at module level what was said.
 - A read never asks for a repair: the reading packages call ``snapshot`` without
   ``repair=True`` and never ``repair()`` (design.md §66), but where they write a log.
 """
@@ -253,3 +254,24 @@ def reads_that_repair() -> list[str]:
 
 def test_a_read_never_asks_for_a_repair():
     assert reads_that_repair() == []
+
+
+WARN_ONCE = "sinks/warn_once.py"
+MEMORY_OF_WARNINGS = re.compile(r"^_?\w*(?:said|warned)\w*\s*[:=]", re.IGNORECASE | re.MULTILINE)
+
+
+def warnings_remembered_elsewhere() -> list[str]:
+    """Library modules outside `sinks.warn_once` that keep, at their top level, what they
+    have said or warned about: "said once" has one home (design.md §67)."""
+    return [
+        f"{path.relative_to(ROOT).as_posix()}: {match.group(0)}"
+        for path in library_modules()
+        if path.relative_to(ROOT).as_posix() != WARN_ONCE
+        for match in MEMORY_OF_WARNINGS.finditer(path.read_text())
+    ]
+
+
+def test_one_warn_once_helper():
+    assert warnings_remembered_elsewhere() == []
+    assert MEMORY_OF_WARNINGS.search("_warned_unsafe: set[str] = set()")
+    assert MEMORY_OF_WARNINGS.search("_SAID = set()")
