@@ -10,6 +10,7 @@
 - No library function or class is there for the tests alone: what only ``tests/`` uses
   lives in ``tests/`` (``testkit.py`` or the test module), unless the documentation offers
   it to users (``docs/``, the README).
+- An exception class is named ``...Error``.
 - One warn-once helper: only `sinks.warn_once` remembers at module level what was said.
 - A read never asks for a repair: the reading packages call ``snapshot`` without
   ``repair=True`` and never ``repair()`` (design.md §66), but where they write a log.
@@ -275,3 +276,19 @@ def test_one_warn_once_helper():
     assert warnings_remembered_elsewhere() == []
     assert MEMORY_OF_WARNINGS.search("_warned_unsafe: set[str] = set()")
     assert MEMORY_OF_WARNINGS.search("_SAID = set()")
+
+
+def errors_not_named_errors() -> list[str]:
+    """Exception classes of the library whose name does not end in ``Error``."""
+    found = []
+    for path in library_modules():
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ClassDef) and not node.name.endswith("Error"):
+                bases = {ast.unparse(b).rsplit(".", 1)[-1] for b in node.bases}
+                if any(b.endswith(("Error", "Exception")) for b in bases):
+                    found.append(f"{path.relative_to(ROOT).as_posix()}:{node.name}")
+    return found
+
+
+def test_an_error_is_named_an_error():
+    assert errors_not_named_errors() == []
