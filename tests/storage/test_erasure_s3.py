@@ -118,6 +118,7 @@ def test_a_failed_delete_keeps_the_file_named_with_its_deadline_until_a_later_ru
     assert set(history) <= set(still)  # none of the key's files was deleted
     for path, place in history.items():  # each still named with the deadline it had
         assert still[path].goes_at_ms == place.goes_at_ms < clock.now
+    assert {p.path for p in after_failure.overdue()} >= set(history)  # ... now passed
 
     deleter.vacuum()  # a later run: deletes the files and trims the Delta log
 
