@@ -297,6 +297,7 @@ bench-lookup-pass: $(STAMP)
 .PHONY: bench-erasure
 bench-erasure: $(STAMP)
 	$(PY) -m bench.erasure_status --large --out bench/erasure_status.json
+	$(PY) -m bench.erasure_query --out bench/erasure_query.json
 
 # Not part of `make test`: a cleaner-state transition's write to the checkpoint table, the
 # sink's rewrite against a delta-rs MERGE, at 6 to 10,000 rows (bench/checkpoint_writes.json;

@@ -133,6 +133,11 @@ class RestoreTargetError(ReplayError, ConfigError):
     """Raised when a restore's target already holds records, or another log than the source's."""
 
 
+class ErasureRestoreError(CompactedSinkError):
+    """Raised when a restore would bring back keys that an erasure committed after the
+    version erased, and the caller did not ask for them to be erased again."""
+
+
 class DataLossError(CompactedSinkError):
     """Raised when a reader's position lies below a partition's log start offset."""
 

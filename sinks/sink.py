@@ -33,11 +33,17 @@ from sinks.erasure import (
     ErasureStatus,
     erase_dead_letters,
     erasure_status,
+    erasures_after,
     vacuum_dead_letters,
 )
 from sinks.erasure import erase as erase_tombstones
 from sinks.erasure.tombstones import key_list
-from sinks.errors import CompactedSinkError, ForeignChangeError, TableFeatureError
+from sinks.errors import (
+    CompactedSinkError,
+    ErasureRestoreError,
+    ForeignChangeError,
+    TableFeatureError,
+)
 from sinks.log.foreign import changes as foreign_changes
 from sinks.log.log_config import opened_log_config
 from sinks.log.log_format import PARTITIONS_TXN
@@ -426,12 +432,30 @@ class CompactedStateSink:
         self.log_table.repair()  # logs what it undid
         return self._existing().version
 
-    def restore(self, version: int) -> int:
-        """Bring the log back to Delta ``version``, cleaning paused meanwhile; the new version."""
+    def restore(self, version: int, *, reerase: bool = False) -> int:
+        """Bring the log back to Delta ``version``, cleaning paused meanwhile; the new version.
+
+        Across an erasure (design.md §64): raises `ErasureRestoreError`, naming the erasures
+        committed after ``version`` and how many keys they erased, unless ``reerase``; then
+        restores and erases those keys again in the next commits (their keys read from the
+        erasures' tombstone batches). `HistoryExpiredError` for a version before the window.
+        """
         snapshot = self._existing(verify=False)
+        self._existing(version, verify=False)  # a version outside the window: refused first
+        erased = erasures_after(snapshot, version, key_columns=self.key_columns)
+        if erased and not reerase:
+            raise ErasureRestoreError(
+                f"log {self.path}: restoring version {version} would bring back erased keys: "
+                f"{erased.describe()}; restore(..., reerase=True) (`compacted-sink restore "
+                f"--reerase`) restores and erases them again in the next commit"
+            )
         with self.manager.paused(snapshot.partitions):
             restored = foreign_changes.restore_version(self.log_table, version)
         self.recover()
+        if erased:
+            self.erase(erased.keys)
+            after = self.log_table.snapshot()
+            return after.version if after is not None else restored
         return restored
 
     # -- reading -----------------------------------------------------------------------

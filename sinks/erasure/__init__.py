@@ -4,15 +4,24 @@ path for what is left of a key, and when each place goes by the log's config.
 """
 
 from sinks.erasure.erasure_status import ErasureStatus, KeyErasure, Place, erasure_status
-from sinks.erasure.tombstones import ErasureReport, erase, erase_dead_letters, vacuum_dead_letters
+from sinks.erasure.tombstones import (
+    ErasureReport,
+    ErasuresAfter,
+    erase,
+    erase_dead_letters,
+    erasures_after,
+    vacuum_dead_letters,
+)
 
 __all__ = [
     "ErasureReport",
     "ErasureStatus",
+    "ErasuresAfter",
     "KeyErasure",
     "Place",
     "erase",
     "erase_dead_letters",
     "erasure_status",
+    "erasures_after",
     "vacuum_dead_letters",
 ]

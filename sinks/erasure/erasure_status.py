@@ -138,11 +138,22 @@ class ErasureStatus:
             return None
         return max((k.deadline_ms for k in self.keys if k.deadline_ms is not None), default=None)
 
+    def overdue(self) -> list[Place]:
+        """The places whose time has passed (before ``now_ms``) and are still there: the
+        cleaner or the segment deleter has not run, or failed (design.md §63). Pure."""
+        return [
+            p
+            for k in self.keys
+            for p in k.places
+            if p.goes_at_ms is not None and p.goes_at_ms < self.now_ms
+        ]
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "now_ms": self.now_ms,
             "gone": self.gone,
             "deadline_ms": self.deadline_ms,
+            "overdue": len(self.overdue()),
             "files_listed": self.files_listed,
             "files_decoded": self.files_decoded,
             "delta_log_files_read": self.delta_log_files_read,

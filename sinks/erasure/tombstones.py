@@ -15,11 +15,15 @@ key only by reading the delete), and removed files keep the history window (time
 and other engines' readers are promised it).
 
 Exactly once, by the log's state rather than by a batch id: a tombstone is written only
-where the key's latest record in a partition is not already one, so a retried or repeated
-request writes nothing more, and two erasers at once each either commit their own batch
-(under `ERASE_APP_ID`, numbered past the last recorded) or find theirs written by the
-other. Nothing derived from a key (a digest, a request id) is stored: the log would then
-name the key forever. Idempotent.
+where the key's latest record in a partition holds a value, or is a plain delete that no
+erasure mark covers yet (so the erasure's batch names every key it erases, which a
+`restore` across it needs, design.md §64); a retried or repeated request finds the key's
+latest record an erasure's tombstone below the mark and writes nothing more, and two
+erasers at once each either commit their own batch (under `ERASE_APP_ID`, numbered past
+the last recorded) or find theirs written by the other. (A crash between the batch and
+its mark, or another eraser's batch seen before its mark, costs one more tombstone for the
+key, no more.) Nothing derived from a key (a digest, a request id) is stored: the log would
+then name the key forever. Idempotent.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
@@ -37,8 +41,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyspark.sql import types as T
 
-from sinks.errors import CommitConflictError, ConcurrentCommitError
+from sinks.errors import CommitConflictError, CompactedSinkError, ConcurrentCommitError
 from sinks.log.committer import commit_rewrite
+from sinks.log.foreign.commits import read_commit
 from sinks.log.log_format import ERASE_APP_ID, ERASURE_TXN
 from sinks.log.log_table import LogSnapshot, LogTable, now_ms
 from sinks.log.records import METADATA_COLUMNS, OFFSET, PARTITION, VALUE
@@ -88,22 +93,22 @@ def key_list(keys: Any) -> list[Any]:
 def erase(
     appender: LogAppender, keys: Any, *, key_columns: Sequence[str]
 ) -> tuple[int, dict[int, int], LogSnapshot | None]:
-    """Append tombstones for ``keys`` where their latest record is live, then mark their
-    partitions (`ERASURE_TXN`); returns (tombstones written, marks, the log after).
+    """Append tombstones for ``keys`` where their latest record is live or a delete no
+    erasure mark covers, then mark their partitions (`ERASURE_TXN`); returns (tombstones
+    written, marks, the log after).
 
     Raises `BadInputError` for a key that does not fit the key columns, and
     `CommitConflictError` when other writers kept winning. Idempotent (module docstring).
     """
     log = appender.log
-    written = 0
     for _ in range(ERASE_ATTEMPTS):
         snapshot = log.snapshot(repair=True)
         if snapshot is None:
             return 0, {}, None
         records, sequence = _records_of(snapshot, keys, key_columns)
-        tombstones = _tombstones_needed(records, key_columns, sequence)
+        tombstones = _tombstones_needed(records, key_columns, sequence, _marks(snapshot, records))
         if tombstones.num_rows == 0:
-            return written, _mark(log, snapshot, records), log.snapshot()
+            return 0, _mark(log, snapshot, records), log.snapshot()
         recorded = snapshot.txn_version(ERASE_APP_ID)  # batch 0 is recorded as 0: not falsy
         batch_id = 0 if recorded is None else recorded + 1
         info = appender.append(
@@ -112,7 +117,12 @@ def erase(
             batch_id=batch_id,
         )
         if not info.already_committed:
-            written += tombstones.num_rows
+            # Marked at once: until its mark covers them, this batch's own tombstones would
+            # count as deletes no erasure covers.
+            fresh = log.snapshot()
+            assert fresh is not None
+            found, _ = _records_of(fresh, keys, key_columns)
+            return tombstones.num_rows, _mark(log, fresh, found), log.snapshot()
     raise CommitConflictError(
         f"{log.uri}: erasing {len(key_list(keys))} key(s) kept meeting other erasures after "
         f"{ERASE_ATTEMPTS} attempts"
@@ -135,12 +145,24 @@ def _records_of(
     return found.select(columns), sequence
 
 
+def _marks(snapshot: LogSnapshot, records: pa.Table) -> dict[int, int]:
+    """The erasure mark recorded for each partition ``records`` lie in (0: none)."""
+    partitions = set(records.column(PARTITION).to_pylist()) if records.num_rows else set()
+    return {p: snapshot.txn_version(ERASURE_TXN.format(p)) or 0 for p in partitions}
+
+
 def _tombstones_needed(
-    records: pa.Table, key_columns: Sequence[str], sequence: str | None = None
+    records: pa.Table,
+    key_columns: Sequence[str],
+    sequence: str | None = None,
+    marks: Mapping[int, int] | None = None,
 ) -> pa.Table:
-    """(key columns, partition) of each key whose latest record in a partition is live, by
-    offset or by (sequence, offset); with a sequence column, the latest record's sequence,
-    which the tombstone carries so that it wins (a tie goes to the higher offset)."""
+    """(key columns, partition) of each key whose latest record in a partition, by offset or
+    by (sequence, offset), is live, or is a tombstone at or above the partition's erasure
+    mark in ``marks`` (a plain delete no erasure covers yet: the erasure's batch names the
+    key, so a restore across it can erase it again, design.md §64); with a sequence column,
+    the latest record's sequence, which the tombstone carries so that it wins (a tie goes
+    to the higher offset)."""
     own = [k for k in key_columns if k != PARTITION]
     group = [*own, PARTITION]
     kept = [*group, *([sequence] if sequence else [])]
@@ -151,7 +173,12 @@ def _tombstones_needed(
     numbered = ranked.append_column("_n", pa.array(range(ranked.num_rows), pa.int64()))
     firsts = numbered.group_by(group, use_threads=False).aggregate([("_n", "min")])
     winners = ranked.take(firsts.column("_n_min"))
-    return winners.filter(pc.is_valid(winners.column(VALUE))).select(kept)
+    marked = pa.array(
+        [(marks or {}).get(p, 0) for p in winners.column(PARTITION).to_pylist()], pa.int64()
+    )
+    uncovered = pc.greater_equal(winners.column(OFFSET), marked)
+    needed = pc.or_(pc.is_valid(winners.column(VALUE)), uncovered)
+    return winners.filter(needed).select(kept)
 
 
 def _mark(log: LogTable, snapshot: LogSnapshot, records: pa.Table) -> dict[int, int]:
@@ -210,6 +237,69 @@ def _tombstone_rows(tombstones: pa.Table, snapshot: LogSnapshot) -> pa.Table:
         else:
             columns[field.name] = pa.nulls(n, arrow_type)
     return pa.table(columns)
+
+
+# -- erasures a restore would undo (design.md §64) -------------------------------------------
+
+
+@dataclass(frozen=True)
+class ErasuresAfter:
+    """The erasures committed after a version: their batches' versions, how many tombstones
+    they wrote, and the distinct keys those tombstones erase (one value per key, a tuple for
+    several key columns: what `erase` takes)."""
+
+    versions: tuple[int, ...]
+    tombstones: int
+    keys: list[Any]
+
+    def __bool__(self) -> bool:
+        return bool(self.versions)
+
+    def describe(self) -> str:
+        """Which erasures, and how many keys, without naming a key; pure."""
+        at = ", ".join(map(str, self.versions))
+        return (
+            f"{len(self.versions)} erasure(s) committed after it (version(s) {at}) erased "
+            f"{len(self.keys)} key(s) ({self.tombstones} tombstone(s))"
+        )
+
+
+def erasures_after(
+    snapshot: LogSnapshot, version: int, *, key_columns: Sequence[str]
+) -> ErasuresAfter:
+    """The erasures the log of ``snapshot`` committed after ``version``: every commit above it
+    carrying an `ERASE_APP_ID` transaction, and the keys of the tombstones it added, read
+    from its files (removed by a later pass, they are still on storage whenever ``version``
+    is inside the history window). Raises `CompactedSinkError` naming a file that cannot be
+    read. Reads only: one Delta commit file per version above ``version``."""
+    location = snapshot.location
+    own = [k for k in key_columns if k != PARTITION]
+    versions: list[int] = []
+    paths: list[str] = []
+    for v in range(version + 1, snapshot.version + 1):
+        actions = read_commit(location, v) or []  # trimmed: not reachable by a restore anyway
+        if any((a.get("txn") or {}).get("appId") == ERASE_APP_ID for a in actions):
+            versions.append(v)
+            paths += [unquote(a["add"]["path"]) for a in actions if "add" in a]
+    if not versions:
+        return ErasuresAfter((), 0, [])
+    fs, root = location.filesystem()
+    parts = []
+    for path in paths:
+        try:
+            parts.append(pq.read_table(f"{root}/{path}", columns=own, filesystem=fs))
+        except (FileNotFoundError, OSError) as e:
+            raise CompactedSinkError(
+                f"{location.uri}: cannot read the tombstones of an erasure after version "
+                f"{version} ({path}: {e}); it must still be on storage (inside the history "
+                "window)"
+            ) from e
+    rows = pa.concat_tables(parts, promote_options="permissive") if parts else pa.table({})
+    tombstones = rows.num_rows
+    distinct = rows.group_by(own, use_threads=False).aggregate([]) if tombstones else rows
+    listed = distinct.select(own).to_pylist() if tombstones else []
+    keys = [r[own[0]] if len(own) == 1 else tuple(r[k] for k in own) for r in listed]
+    return ErasuresAfter(tuple(versions), tombstones, keys)
 
 
 # -- the dead-letter table ------------------------------------------------------------------

@@ -101,15 +101,21 @@ def render_status(status: Any) -> list[str]:
         lines.append(f"{key.key}: {len(key.places)} place(s), deadline {_utc(key.deadline_ms)}")
         for place in key.places:
             held = f" ({place.records} record(s))" if place.records else ""
+            late = place.goes_at_ms is not None and place.goes_at_ms < status.now_ms
             lines.append(
                 f"  {place.kind}: {place.table}/{place.path}{held}, goes "
-                f"{_utc(place.goes_at_ms)}: {place.why}"
+                f"{_utc(place.goes_at_ms)}{' (overdue)' if late else ''}: {place.why}"
             )
     read = (
         f"read: {status.files_listed} file(s) listed, {status.files_decoded} data file(s) "
         f"decoded, {status.delta_log_files_read} Delta log file(s) read"
     )
     lines.append(read)
+    if overdue := status.overdue():
+        lines.append(
+            f"overdue: {len(overdue)} place(s) past their time: the cleaner or the segment "
+            "deleter has not run there, or failed (its log says why)"
+        )
     return lines
 
 

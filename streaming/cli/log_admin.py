@@ -42,6 +42,11 @@ def add_restore(commands: argparse._SubParsersAction) -> None:
     )
     restore.add_argument("log", help="the log's path")
     restore.add_argument("--to-version", type=int, required=True, help="the version to restore")
+    restore.add_argument(
+        "--reerase",
+        action="store_true",
+        help="across an erasure: restore, then erase its keys again (else refused by name)",
+    )
     restore.set_defaults(handler=_restore)
 
 
@@ -87,7 +92,7 @@ def _restore(args: argparse.Namespace) -> int:
     """Bring the log back to ``--to-version`` (`CompactedStateSink.restore`)."""
     from sinks import CompactedStateSink
 
-    version = CompactedStateSink(args.log).restore(args.to_version)
+    version = CompactedStateSink(args.log).restore(args.to_version, reerase=args.reerase)
     out(f"restore: {args.log}: back at version {args.to_version}'s records (now version {version})")
     return 0
 

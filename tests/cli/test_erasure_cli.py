@@ -1,6 +1,7 @@
 """``compacted-sink erase`` and ``erasure-status`` without Spark (design.md §54, §55): the
 erase appends its tombstones and marks the partitions, the status lists every file still
-holding the key, and the next round cleans the marked partitions whatever their ratio."""
+holding the key, and the next round cleans the marked partitions whatever their ratio; a
+``restore`` across the erasure is refused by name unless ``--reerase`` (design.md §64)."""
 
 from __future__ import annotations
 
@@ -17,12 +18,15 @@ def test_erase_and_erasure_status_from_the_command_line(spark, no_spark_cli, tmp
     sink(spark.createDataFrame([(f"u{i}", f"v{i}", i % 2) for i in range(10)], SCHEMA), 0)
     sink(spark.createDataFrame([("u1", "w1", 1), ("u2", "w2", 0)], SCHEMA), 1)
     (tmp_path / "keys.txt").write_text("u2\n\n")
+    before = str(sink.log_table.snapshot().version)
 
-    erase, as_json, as_text, again = no_spark_cli(
+    erase, as_json, as_text, again, refused, restored = no_spark_cli(
         ("erase", "lake/users", "u1", "--keys-file", "keys.txt"),
         ("erasure-status", "lake/users", "u1", "u2", "nobody", "--json"),
         ("erasure-status", "lake/users", "u1"),
         ("erase", "lake/users", "u1"),
+        ("restore", "lake/users", "--to-version", before),
+        ("restore", "lake/users", "--to-version", before, "--reerase"),
         cwd=tmp_path,
     )
 
@@ -37,6 +41,10 @@ def test_erase_and_erasure_status_from_the_command_line(spark, no_spark_cli, tmp
     assert status["terms"]["delete.retention.ms"] == 86_400_000
     assert as_text.stdout.startswith("u1: ") and "live segment" in as_text.stdout
     assert "0 tombstone(s)" in again.stdout  # exactly once
+    assert refused.returncode == 1
+    assert "would bring back erased keys" in refused.stderr and "2 key(s)" in refused.stderr
+    assert restored.returncode == 0, restored.stderr
+    assert {r["key"] for r in sink.state().collect()} == {f"u{i}" for i in range(10)} - {"u1", "u2"}
 
     stats = CompactedStateSink(str(path)).clean()  # the erasure mark, not the ratio (1.0)
     assert stats is not None

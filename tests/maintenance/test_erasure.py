@@ -269,3 +269,27 @@ def test_on_a_log_ordered_by_a_sequence_column_the_tombstone_carries_the_latest_
     assert state_of(sink) == {"b": "b"}
     (tombstone,) = sink.log().where("key = 'a' and value is null").collect()
     assert tombstone["seq"] == 5
+
+
+def test_a_tombstone_is_needed_where_the_latest_record_holds_a_value_or_is_an_uncovered_delete():
+    import pyarrow as pa
+
+    from sinks.erasure.tombstones import _tombstones_needed
+
+    records = pa.table(
+        {
+            "key": ["live", "live", "erased", "deleted", "deleted"],
+            "partition": pa.array([0, 0, 0, 1, 1], pa.int32()),
+            "offset": pa.array([0, 1, 2, 0, 3], pa.int64()),
+            "value": ["a", "b", None, "c", None],
+        }
+    )
+    marks = {0: 3, 1: 2}  # p0's erasure covers "erased" (offset 2); p1's covers offset 0 only
+    needed = _tombstones_needed(records, ["key"], None, marks)
+    assert sorted((r["key"], r["partition"]) for r in needed.to_pylist()) == [
+        ("deleted", 1),  # a plain delete at offset 3, above the mark: the batch names it
+        ("live", 0),
+    ]
+    assert _tombstones_needed(records, ["key"], None, {0: 3, 1: 4}).column("key").to_pylist() == [
+        "live"
+    ]

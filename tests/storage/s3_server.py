@@ -1,5 +1,6 @@
 """moto's S3 server on loopback with one bucket, for the object-store tests (also one that
-checks credentials, `authenticated_s3_server`).
+checks credentials, `authenticated_s3_server`, and one in a process of its own,
+`s3_server_process`).
 
 Credentials travel in storage options, never through the environment: local Spark's
 Python workers were forked before any test could set one.
@@ -10,6 +11,9 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -47,6 +51,51 @@ def s3_server() -> Iterator[dict[str, str]]:
         yield options
     finally:
         server.stop()
+        os.environ.update(saved)
+
+
+@contextmanager
+def s3_server_process() -> Iterator[dict[str, str]]:
+    """`s3_server` in a process of its own. An in-process server answers from Python threads,
+    which wait for the GIL while a delta-rs call that keeps it blocks on its answer:
+    ``alter.set_table_properties`` (deltalake 1.6.6) then waits out every retry of its
+    listing (about a minute with the default retries), as the segment deleter's alignment
+    of the window's properties does. A server in its own process answers at once."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("AWS_")}
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"moto's S3 server did not start on port {port}") from None
+                time.sleep(0.05)
+        pafs.S3FileSystem(
+            access_key="test-key",
+            secret_key="test-secret",
+            endpoint_override=f"127.0.0.1:{port}",
+            scheme="http",
+            allow_bucket_creation=True,
+        ).create_dir(BUCKET)
+        yield {
+            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+            "AWS_ACCESS_KEY_ID": "test-key",
+            "AWS_SECRET_ACCESS_KEY": "test-secret",
+            "AWS_REGION": "us-east-1",
+        }
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
         os.environ.update(saved)
 
 
