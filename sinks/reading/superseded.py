@@ -21,7 +21,7 @@ file, on every core (`sinks.reading.segment_reader.ordered_map`). Reads only.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,6 +36,8 @@ from sinks.log.segment import DataFile
 from sinks.reading.segment_reader import SegmentReader, ordered_map
 
 _SEQUENCE = "_sequence"
+# The fewest clean records joined against the tail's keys at once (`_rivals`).
+MIN_JOIN_ROWS = 65_536
 
 
 @dataclass(frozen=True)
@@ -102,11 +104,9 @@ def superseded(
     tail_winners = _newest(tail, group, order)
     lost = [_losers(tail, tail_winners)]
 
-    def rivals(segment: DataFile) -> list[pa.Table]:
-        keys_of = tail_winners.select(group)
-        return [t.join(keys_of, group, join_type="left semi") for t in contenders(segment)]
-
-    found = _concat([t for ts in ordered_map(rivals, clean, threads) for t in ts if t.num_rows])
+    clean_keys = (t for ts in ordered_map(contenders, clean, threads) for t in ts)
+    tail_keys = tail_winners.select(group)
+    found = _concat([t for t in _rivals(clean_keys, tail_keys, group) if t.num_rows])
     weighed = tail.num_rows
     if found is not None:
         weighed += found.num_rows
@@ -118,6 +118,25 @@ def superseded(
             everyone = pa.concat_tables([tail, found])
             lost = [_losers(everyone, _newest(everyone, group, order))]
     return Superseded(_by_partition(pa.concat_tables(lost)), weighed)
+
+
+def _rivals(clean: Iterator[pa.Table], tail_keys: pa.Table, group: list[str]) -> Iterator[pa.Table]:
+    """The records of ``clean`` whose (partition, key) is among ``tail_keys``'.
+
+    The clean records are joined in chunks of at least ``tail_keys``' rows: a join builds
+    its hash table of the tail's keys once a chunk, so the builds cost no more than one
+    probe of the clean section, and a chunk's memory no more than the tail's.
+    """
+    chunk: list[pa.Table] = []
+    rows = 0
+    for table in clean:
+        chunk.append(table)
+        rows += table.num_rows
+        if rows >= max(tail_keys.num_rows, MIN_JOIN_ROWS):
+            yield pa.concat_tables(chunk).join(tail_keys, group, join_type="left semi")
+            chunk, rows = [], 0
+    if chunk:
+        yield pa.concat_tables(chunk).join(tail_keys, group, join_type="left semi")
 
 
 def _newest(records: pa.Table, group: list[str], order: str | None) -> pa.Table:
