@@ -38,7 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from sinks.cleaner.offset_map import max_map_records
+from sinks.cleaner.offset_map import map_buckets, max_map_records
 from sinks.cleaner.rules import spark_latest_offsets
 from sinks.config import CleanerConfig
 from sinks.log.log_keys import LogKeys
@@ -227,9 +227,10 @@ def _state_by_superseded(
 
     The superseded records are found on the driver from the narrow columns
     (`sinks.reading.superseded`, on every core); then every row group of those partitions'
-    files is read once, on every core (`sinks.reading.kept_row_groups`). None (another rule
-    reads the state) when the contenders would not fit ``dedupe_buffer_size``
-    (`max_map_records`).
+    files is read once, on every core (`sinks.reading.kept_row_groups`). The contenders are
+    weighed in buckets of keys when they would not fit ``dedupe_buffer_size`` at once
+    (`map_buckets`, as a pass's map); None (another rule reads the state) when more buckets
+    than a pass takes would be needed.
     """
     from pyspark.sql import types as T
 
@@ -242,13 +243,18 @@ def _state_by_superseded(
     contenders = sections.dirty_records + min(
         sections.dirty_records, sum(s.num_records for s in near)
     )
-    if contenders > max_map_records(dedupe_buffer_size):
+    buckets = (
+        1
+        if contenders <= max_map_records(dedupe_buffer_size)
+        else map_buckets(contenders, dedupe_buffer_size)
+    )
+    if buckets is None:
         return None
     segments = [*near, *sections.dirty]
     snapshot.check_files(segments)
     starts = {p: snapshot.log_start_offset(p) for p in snapshot.partitions}
     reader = SegmentReader(snapshot.location, {p: s for p, s in starts.items() if s > 0})
-    found = superseded(snapshot, log_keys, near, sections.dirty, reader)
+    found = superseded(snapshot, log_keys, near, sections.dirty, reader, buckets=buckets)
     fields = {f.name: f for f in snapshot.spark_schema.fields}
     columns = [*log_keys.key_columns, VALUE]
     out = T.StructType([T.StructField(c, fields[c].dataType, True) for c in columns])

@@ -21,13 +21,13 @@ file, on every core (`sinks.reading.segment_reader.ordered_map`). Reads only.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
-from sinks.cleaner.offset_map import canonical_keys
+from sinks.cleaner.offset_map import canonical_keys, key_buckets
 from sinks.log.latest import latest_offsets
 from sinks.log.log_keys import LogKeys
 from sinks.log.log_table import LogSnapshot
@@ -36,6 +36,7 @@ from sinks.log.segment import DataFile
 from sinks.reading.segment_reader import SegmentReader, ordered_map
 
 _SEQUENCE = "_sequence"
+_NOT_KEYS = (PARTITION, _SEQUENCE, OFFSET)
 # The fewest clean records joined against the tail's keys at once (`_rivals`).
 MIN_JOIN_ROWS = 65_536
 
@@ -86,19 +87,45 @@ def superseded(
     dirty: Sequence[DataFile],
     reader: SegmentReader,
     threads: int | None = None,
+    buckets: int = 1,
 ) -> Superseded:
     """The superseded records of ``snapshot`` whose live files are ``clean`` (at most one
-    record per (partition, key) each) and ``dirty``. Reads the narrow columns only."""
+    record per (partition, key) each) and ``dirty``. Reads the narrow columns only, once
+    for each of ``buckets`` buckets of keys (`key_buckets`): the contenders held at a time
+    are a bucket's, about a ``buckets``-th of them."""
     sequence = sequence_of(keys)
     names = [PARTITION, *own_keys(keys), *([sequence] if sequence else []), OFFSET]
     narrow = pa.schema([snapshot.arrow_schema.field(n) for n in dict.fromkeys(names)])
+    lost: list[pa.Table] = []
+    weighed = 0
+    for bucket in range(buckets):
 
-    def contenders(segment: DataFile) -> list[pa.Table]:
-        return [_encoded(t, keys, sequence) for t in reader.read(segment, narrow)]
+        def contenders(segment: DataFile, bucket: int = bucket) -> list[pa.Table]:
+            tables = [_encoded(t, keys, sequence) for t in reader.read(segment, narrow)]
+            return tables if buckets == 1 else [_in_bucket(t, bucket, buckets) for t in tables]
 
+        found = _bucket_losers(snapshot, clean, dirty, contenders, sequence, threads)
+        if found is not None:
+            lost.append(found[0])
+            weighed += found[1]
+    if not lost:
+        return Superseded({}, 0)
+    return Superseded(_by_partition(pa.concat_tables(lost)), weighed)
+
+
+def _bucket_losers(
+    snapshot: LogSnapshot,
+    clean: Sequence[DataFile],
+    dirty: Sequence[DataFile],
+    contenders: Callable[[DataFile], list[pa.Table]],
+    sequence: str | None,
+    threads: int | None,
+) -> tuple[pa.Table, int] | None:
+    """(partition, offset) of the losing ``contenders`` of ``clean`` and ``dirty``, and how
+    many were weighed; None when the tail has none."""
     tail = _concat([t for ts in ordered_map(contenders, dirty, threads) for t in ts])
     if tail is None:
-        return Superseded({}, 0)
+        return None
     group = [n for n in tail.column_names if n not in (_SEQUENCE, OFFSET)]
     order = _SEQUENCE if sequence else None
     tail_winners = _newest(tail, group, order)
@@ -117,7 +144,13 @@ def superseded(
         else:  # a clean record with a higher sequence may beat the tail's newest
             everyone = pa.concat_tables([tail, found])
             lost = [_losers(everyone, _newest(everyone, group, order))]
-    return Superseded(_by_partition(pa.concat_tables(lost)), weighed)
+    return pa.concat_tables(lost), weighed
+
+
+def _in_bucket(encoded: pa.Table, bucket: int, buckets: int) -> pa.Table:
+    """The rows of ``encoded`` (`_encoded`) whose key falls in ``bucket``."""
+    canonical = encoded.select([n for n in encoded.column_names if n not in _NOT_KEYS])
+    return encoded.filter(pa.array(key_buckets(canonical, buckets) == bucket))
 
 
 def _rivals(clean: Iterator[pa.Table], tail_keys: pa.Table, group: list[str]) -> Iterator[pa.Table]:

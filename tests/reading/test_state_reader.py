@@ -361,6 +361,10 @@ def test_a_dirty_partition_is_read_a_row_group_a_task_less_its_superseded_record
     scan = next(line for line in scan if "FileScan" in line)
     assert "EqualTo(key,k2)" in scan and "ReadSchema: struct<key:string,value:string" in scan
     assert [r["value"] for r in one.collect()] == ["v2"]
+    # 10 contenders (5 tail records, 5 rivals at most) against 1,000 B: weighed in 3 buckets.
+    bucketed = read(spark, sink, dedupe_buffer_size=1000)
+    assert "KeptRecordsTask" in bucketed._jdf.queryExecution().executedPlan().toString()
+    assert_same_state(spark, sink, dedupe_buffer_size=1000)
 
 
 # -- random histories ----------------------------------------------------------------------
