@@ -29,22 +29,13 @@ import pyarrow.compute as pc
 from sinks.log.records import OFFSET, PARTITION, VALUE
 from sinks.log.segment import DataFile
 from sinks.python_tasks import freeze_imports
-from sinks.reading.segment_reader import SegmentReader, ordered_map
+from sinks.reading.segment_reader import RowGroup, SegmentReader, row_groups
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql import types as T
 
 _BIN = "bin"
-
-
-@dataclass(frozen=True)
-class RowGroup:
-    """One row group of one live file: the unit a task reads."""
-
-    segment: DataFile
-    index: int
-    records: int
 
 
 @dataclass(frozen=True)
@@ -73,18 +64,6 @@ class KeptRecordsTask:
         for table in tables:
             live = table.filter(pc.is_valid(table.column(VALUE))).select(self.columns)
             yield from live.to_batches()
-
-
-def row_groups(
-    reader: SegmentReader, segments: Sequence[DataFile], threads: int | None = None
-) -> list[RowGroup]:
-    """Every row group of ``segments``, from their footers (read on ``threads`` threads)."""
-    counts = ordered_map(reader.row_group_rows, segments, threads)
-    return [
-        RowGroup(segment, index, records)
-        for segment, rows in zip(segments, counts, strict=True)
-        for index, records in enumerate(rows)
-    ]
 
 
 def balanced_bins(units: Sequence[RowGroup], slots: int) -> list[tuple[RowGroup, ...]]:

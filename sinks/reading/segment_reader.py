@@ -166,6 +166,27 @@ class SegmentReader:
         return pa.concat_tables(tables) if tables else schema.empty_table()
 
 
+@dataclass(frozen=True)
+class RowGroup:
+    """One row group of one live file: the unit a task reads."""
+
+    segment: DataFile
+    index: int
+    records: int
+
+
+def row_groups(
+    reader: SegmentReader, segments: Sequence[DataFile], threads: int | None = None
+) -> list[RowGroup]:
+    """Every row group of ``segments``, from their footers (read on ``threads`` threads)."""
+    counts = ordered_map(reader.row_group_rows, segments, threads)
+    return [
+        RowGroup(segment, index, records)
+        for segment, rows in zip(segments, counts, strict=True)
+        for index, records in enumerate(rows)
+    ]
+
+
 def _among(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
     """Per value: whether ``sorted_set`` (ascending) holds it. Pure."""
     at = np.searchsorted(sorted_set, values)
