@@ -168,7 +168,7 @@ class StandaloneCluster:
         )
 
     def _launch(self, name: str, cmd: list[str], env: dict[str, str], cwd: Path) -> None:
-        log = open(self.base / f"{name}.out", "wb")  # noqa: SIM115 (kept open for the process)
+        log = open(self.base / f"{name}.out", "wb")  # kept open for the process
         # A new session makes the process a group leader: the worker's executors join its
         # group, so one killpg ends them.
         proc = subprocess.Popen(

@@ -22,6 +22,7 @@ from typing import Any, ClassVar, Literal
 
 from checkpoints.cleaner_states import BACKOFF_BASE_MS
 from sinks.errors import ConfigError
+from sinks.warn_once import first_time, warn_once
 
 logger = logging.getLogger("compacted_sink")
 
@@ -329,9 +330,12 @@ class CleanerConfig:
                 raise ConfigError(f"{e} ({key} is {meaning})" if meaning else str(e)) from None
         _say_not_applying(not_applying)
         if kwargs.get("segment_bytes") == KAFKA_DEFAULT_SEGMENT_BYTES:
-            _say_once(
-                f"{SEGMENT_BYTES}={KAFKA_DEFAULT_SEGMENT_BYTES} (Kafka's default) is "
-                f"{MEANINGS_HERE[SEGMENT_BYTES]}: leave it out for 128 MiB files"
+            warn_once(
+                (SEGMENT_BYTES, KAFKA_DEFAULT_SEGMENT_BYTES),
+                "%s=%d (Kafka's default) is %s: leave it out for 128 MiB files",
+                SEGMENT_BYTES,
+                KAFKA_DEFAULT_SEGMENT_BYTES,
+                MEANINGS_HERE[SEGMENT_BYTES],
             )
         return cls(**kwargs)
 
@@ -371,16 +375,6 @@ PROPERTY_NAMES = frozenset([*_FIELD_OF, *_ALIASES])
 """Every dotted name `CleanerConfig.from_properties` accepts."""
 
 
-_NAMED_NOT_APPLYING: set[str] = set()  # keys already said in this process
-_SAID: set[str] = set()
-
-
-def _say_once(line: str) -> None:
-    if line not in _SAID:
-        _SAID.add(line)
-        logger.warning("%s", line)
-
-
 def topic_key(key: str) -> str:
     """The name this package stores a topic config under: Kafka's topic-level
     ``max.message.bytes`` is ``message.max.bytes``; every other name is itself."""
@@ -389,10 +383,9 @@ def topic_key(key: str) -> str:
 
 def _say_not_applying(keys: list[str]) -> None:
     """One warning naming the Kafka topic configs in ``keys`` not already named in this process."""
-    new = sorted(set(keys) - _NAMED_NOT_APPLYING)
+    new = [key for key in sorted(set(keys)) if first_time(("kafka config not applying", key))]
     if not new:
         return
-    _NAMED_NOT_APPLYING.update(new)
     logger.warning(
         "Kafka topic config%s %s do%s not apply to a log on Delta (segments, flushing, "
         "compression, replication, tiered storage are Delta's or Spark's here): ignored",

@@ -42,6 +42,13 @@ class NotACompactedLogError(CompactedSinkError, ValueError):
         self.path = path
 
 
+# Another writer got there first, at three levels: one commit (`ConcurrentCommitError`, the
+# committer's, caught by whoever plans again), one cleaning pass (`LogCleaningAbortedError`,
+# what a pass's commit race becomes; its round plans again), and an append, retention or
+# erasure (or a checkpoint row's update) that lost every retry (`CommitConflictError`, the
+# one a caller of the sink sees).
+
+
 class ConcurrentCommitError(CompactedSinkError):
     """Raised when a log's commit finds that another writer committed first and it cannot be
     rebased over that; nothing of it landed, and the caller refreshes and plans again."""
@@ -54,7 +61,8 @@ class LogCleaningAbortedError(CompactedSinkError):
 
 
 class CommitConflictError(CompactedSinkError):
-    """Raised when a Delta commit kept conflicting with concurrent writers after all retries."""
+    """Raised when an append, retention, an erasure or a cleaner state's update lost the race
+    to concurrent writers on every retry; nothing of it landed."""
 
 
 class KeyColumnsMismatchError(ConfigError):
@@ -133,7 +141,7 @@ class SchemaNotFoundError(CompactedSinkError):
     """Raised when a reader schema or a schema registry cannot be read."""
 
 
-class BatchRefused(CompactedSinkError):
+class BatchRefusedError(CompactedSinkError):
     """Raised when a micro-batch reaches a job's hook after it was told to refuse new batches
     (the job is stopping); nothing of the batch was written."""
 

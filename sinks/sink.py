@@ -71,14 +71,13 @@ from sinks.reading.state_reader import spark_state
 from sinks.shutdown import finished_before_exit
 from sinks.spark_session import active_session, hadoop_settings, warn_unsafe_beside_delta_spark
 from sinks.transactional_id import TransactionalId
+from sinks.warn_once import warn_once
 
 __all__ = ["AppendReport", "CompactedStateSink"]
 
 logger = logging.getLogger("compacted_sink")
 
 CHECKPOINT_TABLE_DIR = "_cleaner-offset-checkpoint"
-
-_CLOSED_OVER_FOREIGN_CHANGES: set[tuple[str, int]] = set()  # (log, version) said by close()
 
 
 class CompactedStateSink:
@@ -299,7 +298,7 @@ class CompactedStateSink:
 
     def vacuum(self) -> DeletionReport:
         """Delete what left the log longer than ``file.delete.delay.ms`` ago. Idempotent."""
-        self._existing()
+        self._existing(repair=True)  # a restored file of a stale rewrite must not go first
         report = self.log_cleaner.segment_deleter.run(self.manager.busy_partitions)
         if self.dead_letter_table:  # an erasure's rewritten dead letters (design.md §54)
             vacuum_dead_letters(
@@ -353,10 +352,12 @@ class CompactedStateSink:
             if snapshot is not None:
                 snapshot.data_files()  # raises for a log the sink refuses to own
         except ForeignChangeError as e:
-            said = (e.log_path, e.version)
-            if said not in _CLOSED_OVER_FOREIGN_CHANGES:
-                _CLOSED_OVER_FOREIGN_CHANGES.add(said)
-                logger.warning("closed %s without a clean-shutdown marker: %s", self.path, e)
+            warn_once(
+                ("closed over a foreign change", e.log_path, e.version),
+                "closed %s without a clean-shutdown marker: %s",
+                self.path,
+                e,
+            )
             return
         except CompactedSinkError as refused:
             logger.info("%s: no clean-shutdown marker on a log the sink refuses: %s", self, refused)
@@ -416,6 +417,14 @@ class CompactedStateSink:
             except TableFeatureError:
                 pass  # not readable yet (deletion vectors): recovered on first use after
         return accepted.version
+
+    def repair(self) -> int:
+        """Undo another engine's stale rewrites of the log in one commit of the sink's own
+        (`LogTable.repair`, design.md §66); the log's version after. Readers see through
+        such a rewrite without committing; a writer of the sink undoes it by itself.
+        Raises `ForeignChangeError` when the undo would not be exact. Idempotent."""
+        self.log_table.repair()  # logs what it undid
+        return self._existing().version
 
     def restore(self, version: int) -> int:
         """Bring the log back to Delta ``version``, cleaning paused meanwhile; the new version."""
@@ -513,8 +522,10 @@ class CompactedStateSink:
 
     # -- helpers -----------------------------------------------------------------------
 
-    def _existing(self, as_of: AsOf | None = None, *, verify: bool = True) -> LogSnapshot:
-        snapshot = self.log_table.snapshot(as_of, verify=verify)
+    def _existing(
+        self, as_of: AsOf | None = None, *, verify: bool = True, repair: bool = False
+    ) -> LogSnapshot:
+        snapshot = self.log_table.snapshot(as_of, verify=verify, repair=repair)
         if snapshot is None:
             raise FileNotFoundError(
                 f"no compacted log at {self.path} (no batch appended there yet, or another path)"

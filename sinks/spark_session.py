@@ -40,6 +40,7 @@ from sinks.log.storage import (
     normalize_uri,
     unsafe_beside_delta_spark,
 )
+from sinks.warn_once import first_time
 
 logger = logging.getLogger("compacted_sink")
 
@@ -47,8 +48,6 @@ QUERY_ID_PROPERTY = "sql.streaming.queryId"
 # Rows of the probe job: enough that every slice of the range holds one.
 _PROBE_ROWS = 1 << 16
 
-_warned_unsafe: set[str] = set()  # logs already warned about in this process
-_said_race_paragraph: list[str] = []  # the log the race's paragraph was said for, once
 _parallelism: dict[str, int] = {}
 _parallelism_lock = threading.Lock()
 
@@ -63,17 +62,15 @@ def warn_unsafe_beside_delta_spark(spark: SparkSession, uri: str) -> str | None:
     A warning rather than a refusal: delta-spark reading the log, or writing it while no
     sink commits, is safe, and the session cannot tell which it will do.
     """
-    if uri in _warned_unsafe:
+    if not first_time(("delta-spark log store", uri)):
         return None
     conf = {key: spark.conf.get(key, None) for key in delta_spark_conf_keys(uri)}
     warning = unsafe_beside_delta_spark(uri, conf)
-    _warned_unsafe.add(uri)
     if warning is None:
         return None
-    if _said_race_paragraph:
+    if not first_time("delta-spark log store race"):
         race, _, _ = warning.partition(". A delta-spark commit")
         warning = f"{race}: the same race as the warning above says (said once per process)"
-    _said_race_paragraph.append(uri)
     logger.warning("%s", warning)
     return warning
 

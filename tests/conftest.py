@@ -40,10 +40,10 @@ from streaming.jobs.session import local_session
 # Spark Connect server's Python worker that unpickles a test's function imports this module
 # by itself, without that setting.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cpu_per_test import ENV as CPU_PER_TEST  # noqa: E402
-from cpu_per_test import CpuPerTest  # noqa: E402
-from jvm_archive import BASE_OPTIONS, jvm_options  # noqa: E402
-from testkit import Oracle  # noqa: E402
+from cpu_per_test import ENV as CPU_PER_TEST
+from cpu_per_test import CpuPerTest
+from jvm_archive import BASE_OPTIONS, jvm_options
+from testkit import Oracle
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -282,9 +282,9 @@ WORKER_TIMED_OUT = "Python worker failed to connect back"
 QUERY_START_ATTEMPTS = 4
 
 
-def _start_again_when_the_worker_timed_out(start):  # noqa: ANN001, ANN202
+def _start_again_when_the_worker_timed_out(start):
     @functools.wraps(start)
-    def start_query(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+    def start_query(self, *args, **kwargs):
         for attempt in range(1, QUERY_START_ATTEMPTS):
             try:
                 return start(self, *args, **kwargs)

@@ -51,7 +51,7 @@ def dump(archive: Path = ARCHIVE) -> None:
     partial = archive.with_suffix(".partial")
     partial.unlink(missing_ok=True)
     os.environ["SPARK_SUBMIT_OPTS"] = f"{BASE_OPTIONS} -XX:ArchiveClassesAtExit={partial} {QUIET}"
-    import pyspark.sql.functions as F  # noqa: N812
+    import pyspark.sql.functions as F
     from conftest import build_session
 
     spark = build_session()
@@ -60,7 +60,7 @@ def dump(archive: Path = ARCHIVE) -> None:
         df.groupBy("k").agg(F.count("*"), F.max("id")).collect()
 
         @F.pandas_udf("long")
-        def plus_one(v):  # noqa: ANN001, ANN202
+        def plus_one(v):
             return v + 1
 
         df.select(plus_one("id")).toPandas()

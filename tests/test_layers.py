@@ -1,8 +1,8 @@
 """The library's layers: no module imports one from a layer above its own.
 
 From the bottom: ``checkpoints``, ``sinks.errors``, ``sinks.crash_points``,
-``sinks.shutdown``, ``sinks.spark_compat``, ``sinks.spark_version``, ``sinks.lazy_names`` and
-``sinks.python_tasks``; ``sinks.config``;
+``sinks.shutdown``, ``sinks.spark_compat``, ``sinks.spark_version``, ``sinks.lazy_names``,
+``sinks.warn_once`` and ``sinks.python_tasks``; ``sinks.config``;
 ``sinks.log`` (with ``sinks.log.foreign``) and ``sinks.spark_session``; ``sinks.produce``;
 ``sinks.maintenance``; ``sinks.cleaner``;
 ``sinks.reading``; ``sinks.sink``; then ``streaming`` by concern: ``streaming.consumers``,
@@ -33,6 +33,7 @@ LAYERS: list[tuple[str, ...]] = [
         "sinks.spark_version",
         "sinks.python_tasks",
         "sinks.lazy_names",
+        "sinks.warn_once",
     ),
     ("sinks.config",),
     ("sinks.log", "sinks.spark_session", "sinks.python_workers"),

@@ -10,6 +10,10 @@
 - No library function or class is there for the tests alone: what only ``tests/`` uses
   lives in ``tests/`` (``testkit.py`` or the test module), unless the documentation offers
   it to users (``docs/``, the README).
+- An exception class is named ``...Error``.
+- One warn-once helper: only `sinks.warn_once` remembers at module level what was said.
+- A read never asks for a repair: the reading packages call ``snapshot`` without
+  ``repair=True`` and never ``repair()`` (design.md §66), but where they write a log.
 """
 
 from __future__ import annotations
@@ -216,3 +220,75 @@ def wall_clock_readers() -> list[str]:
 
 def test_one_clock_for_every_timestamp_the_library_writes():
     assert wall_clock_readers() == []
+
+
+READERS = ("sinks/reading", "streaming/status", "streaming/consumers")
+READERS_THAT_WRITE = {
+    "sinks/reading/replay.py": "replays an export or a log's version into a log: a writer of "
+    "that log",
+}
+
+
+def reads_that_repair() -> list[str]:
+    """Calls in the reading packages that ask ``snapshot`` for a repair, which commits an
+    undo of another engine's stale rewrite: a read never commits (design.md §28, §66)."""
+    found = []
+    for top in READERS:
+        for path in sorted((ROOT / top).rglob("*.py")):
+            relative = path.relative_to(ROOT).as_posix()
+            if relative in READERS_THAT_WRITE:
+                continue
+            for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+                if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+                    continue
+                asks = any(
+                    k.arg == "repair"
+                    and not (isinstance(k.value, ast.Constant) and k.value.value is False)
+                    for k in node.keywords
+                )
+                if node.func.attr in ("snapshot", "repair") and (
+                    asks or node.func.attr == "repair"
+                ):
+                    found.append(f"{relative}:{node.lineno}")
+    return found
+
+
+def test_a_read_never_asks_for_a_repair():
+    assert reads_that_repair() == []
+
+
+WARN_ONCE = "sinks/warn_once.py"
+MEMORY_OF_WARNINGS = re.compile(r"^_?\w*(?:said|warned)\w*\s*[:=]", re.IGNORECASE | re.MULTILINE)
+
+
+def warnings_remembered_elsewhere() -> list[str]:
+    """Library modules outside `sinks.warn_once` that keep, at their top level, what they
+    have said or warned about: "said once" has one home (design.md §67)."""
+    return [
+        f"{path.relative_to(ROOT).as_posix()}: {match.group(0)}"
+        for path in library_modules()
+        if path.relative_to(ROOT).as_posix() != WARN_ONCE
+        for match in MEMORY_OF_WARNINGS.finditer(path.read_text())
+    ]
+
+
+def test_one_warn_once_helper():
+    assert warnings_remembered_elsewhere() == []
+    assert MEMORY_OF_WARNINGS.search("_warned_unsafe: set[str] = set()")
+    assert MEMORY_OF_WARNINGS.search("_SAID = set()")
+
+
+def errors_not_named_errors() -> list[str]:
+    """Exception classes of the library whose name does not end in ``Error``."""
+    found = []
+    for path in library_modules():
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ClassDef) and not node.name.endswith("Error"):
+                bases = {ast.unparse(b).rsplit(".", 1)[-1] for b in node.bases}
+                if any(b.endswith(("Error", "Exception")) for b in bases):
+                    found.append(f"{path.relative_to(ROOT).as_posix()}:{node.name}")
+    return found
+
+
+def test_an_error_is_named_an_error():
+    assert errors_not_named_errors() == []

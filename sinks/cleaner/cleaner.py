@@ -166,7 +166,7 @@ class Cleaner:
         """
         stats = None
         for attempt in range(PASS_ATTEMPTS):
-            snapshot = self.log.snapshot()
+            snapshot = self.log.snapshot(repair=True)
             if snapshot is None:
                 return None
             try:
@@ -215,7 +215,7 @@ class Cleaner:
             return None
         try:
             with self.manager.heartbeating(claimed):
-                fresh = self.log.snapshot() or snapshot
+                fresh = self.log.snapshot(repair=True) or snapshot
                 report = absorb(
                     spark,
                     self.log,
@@ -234,7 +234,7 @@ class Cleaner:
             self.manager.abort_cleaning(claimed)
         if report is not None:
             logger.info("cleaner: %s: %s", self.log.uri, report.summary())
-        return self.log.snapshot()
+        return self.log.snapshot(repair=True)
 
     def grab_filthiest_compacted_log(
         self,
@@ -275,7 +275,7 @@ class Cleaner:
             return None  # paused, cleaned by a live cleaner elsewhere, or backing off
         if claimed != {p.partition for p in chosen}:
             logger.info("cleaning only %s of %s: the others are busy", claimed, self.log.uri)
-        fresh = self.log.snapshot()
+        fresh = self.log.snapshot(repair=True)
         assert fresh is not None
         if fresh.foreign_files:  # another engine rewrote files since: absorb them first
             self.manager.abort_cleaning(claimed)

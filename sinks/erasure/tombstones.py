@@ -97,7 +97,7 @@ def erase(
     log = appender.log
     written = 0
     for _ in range(ERASE_ATTEMPTS):
-        snapshot = log.snapshot()
+        snapshot = log.snapshot(repair=True)
         if snapshot is None:
             return 0, {}, None
         records, sequence = _records_of(snapshot, keys, key_columns)
@@ -180,7 +180,7 @@ def _mark(log: LogTable, snapshot: LogSnapshot, records: pa.Table) -> dict[int, 
             snapshot.commit(data_change=False, transactions=raise_to, info={"operation": "erase"})
             return wanted
         except ConcurrentCommitError:
-            fresh = log.snapshot()
+            fresh = log.snapshot(repair=True)
             assert fresh is not None
             snapshot = fresh
     raise CommitConflictError(f"{log.uri}: could not record the erasure's marks")

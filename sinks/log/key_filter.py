@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from sinks.log import thrift_compact as thrift
+from sinks.log.parquet_thrift import UNION_FIRST, BloomFilterHeader
 
 # False-positive rate of each filter: about 10 bits a distinct key, which the writers
 # round up to a power of two (2 bytes a key in a full row group of 131,072): at most one
@@ -294,8 +295,10 @@ def parse_filter_header(head: bytes) -> tuple[int, int] | None:
         fields = {k: value for k, (_, value) in reader.struct().items()}
     except (IndexError, ValueError):
         return None
-    num_bytes = fields.get(1)
-    known = all(fields.get(f) == {1: (thrift.STRUCT, {})} for f in (2, 3, 4))
+    num_bytes = fields.get(BloomFilterHeader.NUM_BYTES)
+    first_member = {UNION_FIRST: (thrift.STRUCT, {})}  # split-block, xxHash, uncompressed
+    unions = (BloomFilterHeader.ALGORITHM, BloomFilterHeader.HASH, BloomFilterHeader.COMPRESSION)
+    known = all(fields.get(f) == first_member for f in unions)
     if not isinstance(num_bytes, int) or not known or num_bytes <= 0 or num_bytes % _BLOCK_BYTES:
         return None
     return reader.pos, num_bytes

@@ -10,7 +10,9 @@ committed in the same commit as the data: their ids and meanings are in
 Files another engine wrote (an OPTIMIZE's) are `ForeignFile`s beside the segments:
 read like any file, never taken for a segment (`sinks.log.segment.classify`). Another
 engine's stale rewrite (planned before a commit that already rewrote its files,
-`sinks.log.foreign.stale_rewrites`) is undone by `LogTable.snapshot` before it returns.
+`sinks.log.foreign.stale_rewrites`) is seen through by a read and undone only by a
+writer's snapshot (``repair=True``) or by `LogTable.repair`: a read never commits
+(design.md §28, §66).
 
 Every snapshot is read once and then used as a value: a pass commits against the
 snapshot it planned from, never a refreshed one (delta-rs does not check that a
@@ -100,19 +102,21 @@ class LogTable:
         return self.location.storage_options
 
     def snapshot(
-        self, as_of: AsOf | None = None, *, verify: bool = True, repair: bool = True
+        self, as_of: AsOf | None = None, *, verify: bool = True, repair: bool = False
     ) -> LogSnapshot | None:
         """The log as of now (or a Delta version / timestamp); None when no table exists yet.
 
         Raises `ForeignChangeError` when a commit up to that version, not checked
         before, is another engine's data change (`sinks.log.foreign.commits`);
         ``verify=False`` skips that check (for the ways out of it). Another engine's
-        stale rewrite (`sinks.log.foreign.stale_rewrites`) is undone by a commit of the sink's
-        own before the snapshot is returned (`sinks.log.foreign.stale_revert`), or
-        `ForeignChangeError` raised when that cannot be exact; with ``repair=False`` (a
-        reader that must not write) or ``as_of``, the snapshot is seen through the undo
-        instead, and cannot be committed against. The latest snapshot is read once and given
-        out again until the next commit (`SnapshotCache`).
+        stale rewrite (`sinks.log.foreign.stale_rewrites`) is seen through: the snapshot
+        holds the files its undo would leave live (`sinks.log.foreign.stale_revert`) and
+        cannot be committed against. Commits nothing unless ``repair``: a writer about to
+        commit asks for it, and the undo is then committed (one commit of the sink's own)
+        before the snapshot is returned (design.md §66). `ForeignChangeError` is raised
+        when the undo would not be exact, for a read as for a writer. ``as_of`` is never
+        repaired. The latest snapshot is read once and given out again until the next
+        commit (`SnapshotCache`).
         """
         if as_of is None:
             kept = self.latest.get(self.location, verified=verify)
@@ -160,6 +164,22 @@ class LogTable:
         raise ConcurrentCommitError(
             f"{self.uri}: could not undo a stale rewrite in {REBASE_ATTEMPTS} attempts"
         )
+
+    def repair(self) -> Undo | None:
+        """Undo every stale rewrite of another engine on the log (design.md §66): the undo
+        the log needed (committed here, or by a writer that came first), None when it
+        needed none and nothing was committed.
+
+        Raises `FileNotFoundError` without a log, `ForeignChangeError` when the undo would
+        not be exact or another engine's data change is not accepted yet. Idempotent.
+        """
+        seen = self.snapshot()
+        if seen is None:
+            raise FileNotFoundError(f"no compacted log at {self.uri}")
+        if seen.seen_through is None:
+            return None
+        self.snapshot(repair=True)
+        return seen.seen_through
 
     def file_paths(self, version: int) -> set[str] | None:
         """The paths (unquoted, relative to the table) of the data files live at ``version``;
@@ -401,7 +421,8 @@ class LogSnapshot:
         if self.seen_through is not None:
             raise CompactedSinkError(
                 f"log {self.uri}: version {self.version} is seen through an undo of stale "
-                "rewrites for reading; commit against a snapshot taken with repair=True"
+                "rewrites for reading; a writer commits against a snapshot taken with "
+                "repair=True"
             )
         check_writable(self.location, self.table)
         stamp = now_ms()

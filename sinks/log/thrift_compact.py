@@ -13,6 +13,23 @@ TRUE, FALSE, BYTE, I16, I32, I64, DOUBLE, BINARY, LIST, SET, MAP, STRUCT = range
 Struct = dict[int, tuple[int, Any]]  # field id -> (thrift type, value)
 
 
+def field(struct: Struct, field_id: int) -> Any:
+    """The value of ``struct``'s field ``field_id``; raises `KeyError` when it is absent."""
+    return struct[field_id][1]
+
+
+def optional(struct: Struct, field_id: int, default: Any = None) -> Any:
+    """The value of ``struct``'s field ``field_id``, or ``default`` when it is absent."""
+    entry = struct.get(field_id)
+    return default if entry is None else entry[1]
+
+
+def elements(struct: Struct, field_id: int) -> list[Any]:
+    """The elements of ``struct``'s list (or set) field ``field_id``; raises `KeyError`
+    when it is absent."""
+    return struct[field_id][1][1]
+
+
 class Reader:
     """Thrift's compact protocol, generic: a struct is a `Struct`, a list or set
     (element type, [values]), a map (key type, value type, [(key, value)]), a binary

@@ -162,7 +162,7 @@ def recover_log(
     orphans are deleted by then, nothing else. Idempotent, safe to retry.
     """
     started = time.monotonic()
-    snapshot = log.snapshot()
+    snapshot = log.snapshot(repair=True)  # a writer's first step (design.md §66)
     if snapshot is None:
         return RecoveryReport(version=None)
     now = wall_clock_ms() if now_ms is None else now_ms

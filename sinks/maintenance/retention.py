@@ -209,7 +209,7 @@ def _commit_with_retries(
     log: LogTable, plan_for: Callable[[LogSnapshot], RetentionPlan], *, operation: str
 ) -> RetentionPlan:
     for _attempt in range(_COMMIT_ATTEMPTS):
-        snapshot = log.snapshot()
+        snapshot = log.snapshot(repair=True)
         if snapshot is None:
             return RetentionPlan()
         plan = plan_for(snapshot)

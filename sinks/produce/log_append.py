@@ -189,7 +189,7 @@ class LogAppender:
         (`append_as_leader`). Raises `BadInputError` (nothing written),
         `SchemaMismatchError` or `CommitConflictError`.
         """
-        snapshot = self.log.snapshot()
+        snapshot = self.log.snapshot(repair=True)
         if snapshot is not None:
             done = next(
                 (a for a in (app_id, *older_app_ids) if committed(snapshot, a, batch_id)), None
@@ -324,8 +324,9 @@ class LogAppender:
         )
 
     def fresh_snapshot(self) -> LogSnapshot:
-        """The log as it is now; it exists (an append reads it only once it made or saw it)."""
-        snapshot = self.log.snapshot()
+        """The log as it is now, a stale rewrite undone; it exists (an append reads it only
+        once it made or saw it)."""
+        snapshot = self.log.snapshot(repair=True)
         assert snapshot is not None
         return snapshot
 

@@ -148,7 +148,7 @@ def export_state_arrow(
 
 
 def _snapshot(log: LogTable, as_of: AsOf | None) -> LogSnapshot:
-    snapshot = log.snapshot(as_of, repair=False)
+    snapshot = log.snapshot(as_of)
     if snapshot is None:
         raise ReplayError(f"no compacted log at {log.uri}")
     return snapshot
@@ -226,7 +226,7 @@ def verify_restore_arrow(
     ``mode`` is the restore's: new-offsets compares only what that mode keeps, and says so.
     """
     source_log = LogTable(normalize_uri(source), target.storage_options)
-    is_log = source_log.snapshot(repair=False) is not None
+    is_log = source_log.snapshot() is not None
     if is_log:
         image = log_image(source_log, as_of)
     else:

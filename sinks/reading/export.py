@@ -133,7 +133,7 @@ def export_state(
     say = progress or (lambda _line: None)
     started = time.monotonic()
     check_codec(codec)
-    snapshot = sink.log_table.snapshot(as_of, repair=False)
+    snapshot = sink.log_table.snapshot(as_of)
     if snapshot is None:
         raise ReplayError(f"no compacted log at {sink.path}")
     target = _new_export_directory(directory)

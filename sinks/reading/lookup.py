@@ -97,7 +97,7 @@ def lookup(
     idempotent.
     """
     log = LogTable(normalize_uri(path), storage_options)
-    snapshot = log.snapshot(as_of, repair=False)
+    snapshot = log.snapshot(as_of)
     if snapshot is None:
         check_new_log_location(log.location, read_only=True)  # someone else's files
         raise FileNotFoundError(f"no compacted log at {path}")

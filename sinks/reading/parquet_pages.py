@@ -27,12 +27,37 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from sinks.log import thrift_compact as thrift
+from sinks.log.parquet_thrift import (
+    ColumnChunk,
+    ColumnMetaData,
+    FieldRepetitionType,
+    FileMetaData,
+    OffsetIndex,
+    PageLocation,
+    RowGroup,
+    SchemaElement,
+)
 
 _MAGIC = b"PAR1"
 # Ranges of pages closer than this are read at once.
 _COALESCE_GAP = 64 * 1024
-# A PageLocation's field headers (offset i64, size i32, first row i64) and its stop byte.
-_HEADERS = np.array([0x16, 0x15, 0x16, 0x00], dtype=np.uint8)
+# A PageLocation's field headers (offset i64, size i32, first row i64: each field id one
+# past the last) and its stop byte.
+_HEADERS = np.array(
+    [(1 << 4) | thrift.I64, (1 << 4) | thrift.I32, (1 << 4) | thrift.I64, 0x00], dtype=np.uint8
+)
+# What a column chunk's metadata says of the whole chunk beyond its size and pages: a
+# chunk rewritten to some of its pages leaves it out.
+_WHOLE_CHUNK_ONLY = (
+    ColumnMetaData.KEY_VALUE_METADATA,
+    ColumnMetaData.INDEX_PAGE_OFFSET,
+    ColumnMetaData.STATISTICS,
+    ColumnMetaData.ENCODING_STATS,
+    ColumnMetaData.BLOOM_FILTER_OFFSET,
+    ColumnMetaData.BLOOM_FILTER_LENGTH,
+    ColumnMetaData.SIZE_STATISTICS,
+    ColumnMetaData.GEOSPATIAL_STATISTICS,
+)
 
 
 @dataclass(frozen=True)
@@ -73,7 +98,10 @@ class PageReader:
             footer = thrift.read_struct(source.read_at(length, size - 8 - length))
         except ValueError:
             return None
-        if 8 in footer or 9 in footer:
+        if (
+            FileMetaData.ENCRYPTION_ALGORITHM in footer
+            or FileMetaData.FOOTER_SIGNING_KEY_METADATA in footer
+        ):
             return None  # encryption with a plaintext footer
         return cls(footer)
 
@@ -86,8 +114,14 @@ class PageReader:
             if chunk is None or self._leaf.get(c) is None:
                 self._chunks[(g, c)] = None
                 continue
-            offset, length = chunk.get(4, (0, None))[1], chunk.get(5, (0, None))[1]
-            if offset is None or length is None or 1 in chunk or 8 in chunk or 9 in chunk:
+            offset = thrift.optional(chunk, ColumnChunk.OFFSET_INDEX_OFFSET)
+            length = thrift.optional(chunk, ColumnChunk.OFFSET_INDEX_LENGTH)
+            elsewhere = (
+                ColumnChunk.FILE_PATH in chunk
+                or ColumnChunk.CRYPTO_METADATA in chunk
+                or ColumnChunk.ENCRYPTED_COLUMN_METADATA in chunk
+            )
+            if offset is None or length is None or elsewhere:
                 self._chunks[(g, c)] = None  # no offset index, another file, encrypted
                 continue
             places[(g, c)] = (offset, length)
@@ -105,10 +139,12 @@ class PageReader:
                 g, c, data[offset - low : offset - low + length]
             )
 
+    def _row_group(self, group: int) -> thrift.Struct:
+        return thrift.elements(self.footer, FileMetaData.ROW_GROUPS)[group]
+
     def _column_chunk(self, group: int, column: int) -> thrift.Struct | None:
         try:
-            row_group = self.footer[4][1][1][group]
-            return row_group[1][1][1][column]
+            return thrift.elements(self._row_group(group), RowGroup.COLUMNS)[column]
         except (KeyError, IndexError):
             return None
 
@@ -116,16 +152,16 @@ class PageReader:
         """The chunk's pages, or None unless its offset index tiles it exactly: pages
         back to back from the first data page to the chunk's end, rows ascending from 0."""
         chunk = self._column_chunk(group, column)
-        if chunk is None or 3 not in chunk:
+        if chunk is None or ColumnChunk.META_DATA not in chunk:
             return None
-        meta = chunk[3][1]
+        meta = thrift.field(chunk, ColumnChunk.META_DATA)
         pages = page_locations(index)
         if pages is None:
             return None
-        rows = self.footer[4][1][1][group][3][1]
-        data_start = meta.get(9, (0, None))[1]
-        dictionary = meta.get(11, (0, None))[1]
-        size = meta.get(7, (0, None))[1]
+        rows = thrift.field(self._row_group(group), RowGroup.NUM_ROWS)
+        data_start = thrift.optional(meta, ColumnMetaData.DATA_PAGE_OFFSET)
+        dictionary = thrift.optional(meta, ColumnMetaData.DICTIONARY_PAGE_OFFSET)
+        size = thrift.optional(meta, ColumnMetaData.TOTAL_COMPRESSED_SIZE)
         if len(pages) == 0 or data_start is None or size is None:
             return None
         start = data_start if dictionary is None else dictionary
@@ -140,7 +176,7 @@ class PageReader:
             and pages[0, 2] == 0
             and bool(np.all(np.diff(pages[:, 2]) > 0))
             and pages[-1, 2] < rows
-            and meta.get(5, (0, None))[1] == rows  # flat: a value per row
+            and thrift.optional(meta, ColumnMetaData.NUM_VALUES) == rows  # flat: a value a row
         )
         return _Chunk(meta, start, pages) if tiled else None
 
@@ -168,7 +204,7 @@ class PageReader:
         for g in groups:
             chunk = chunks[g]
             assert chunk is not None
-            total += int(chunk.meta[7][1])  # the whole chunk, its dictionary page too
+            total += int(thrift.field(chunk.meta, ColumnMetaData.TOTAL_COMPRESSED_SIZE))
             first_rows = chunk.pages[:, 2]
             page_of_row = np.searchsorted(first_rows, rows[g], side="right") - 1
             chosen = np.unique(page_of_row)
@@ -187,7 +223,7 @@ class PageReader:
             chunk = chunks[g]
             assert chunk is not None
             chosen = wanted[g]
-            rows_in_group = self.footer[4][1][1][g][3][1]
+            rows_in_group = thrift.field(self._row_group(g), RowGroup.NUM_ROWS)
             first = chunk.pages[:, 2]
             lasts = np.append(first[1:], rows_in_group)
             counts = lasts[chosen] - first[chosen]
@@ -198,45 +234,48 @@ class PageReader:
             num_rows = int(counts.sum())
             base += num_rows
             chunk_start = len(body)
-            meta = dict(chunk.meta)
-            for f in (8, 10, 12, 13, 14, 15, 16, 17):
-                meta.pop(f, None)
+            meta = {f: v for f, v in chunk.meta.items() if f not in _WHOLE_CHUNK_ONLY}
             if chunk.pages[0, 0] > chunk.start:
                 body += data(chunk.start, int(chunk.pages[0, 0]))
-                meta[11] = (thrift.I64, chunk_start)
+                meta[ColumnMetaData.DICTIONARY_PAGE_OFFSET] = (thrift.I64, chunk_start)
             first_page = len(body)
             for o, n in chunk.pages[chosen, :2]:
                 body += data(int(o), int(o + n))
             size = len(body) - chunk_start
-            whole = int(chunk.meta[7][1]) or 1
-            meta[9] = (thrift.I64, first_page)
-            meta[5] = (thrift.I64, num_rows)
-            meta[7] = (thrift.I64, size)
-            meta[6] = (thrift.I64, max(int(chunk.meta[6][1]) * size // whole, size))
+            whole = int(thrift.field(chunk.meta, ColumnMetaData.TOTAL_COMPRESSED_SIZE)) or 1
+            uncompressed = int(thrift.field(chunk.meta, ColumnMetaData.TOTAL_UNCOMPRESSED_SIZE))
+            uncompressed = max(uncompressed * size // whole, size)
+            meta[ColumnMetaData.DATA_PAGE_OFFSET] = (thrift.I64, first_page)
+            meta[ColumnMetaData.NUM_VALUES] = (thrift.I64, num_rows)
+            meta[ColumnMetaData.TOTAL_COMPRESSED_SIZE] = (thrift.I64, size)
+            meta[ColumnMetaData.TOTAL_UNCOMPRESSED_SIZE] = (thrift.I64, uncompressed)
+            column_chunk: thrift.Struct = {
+                ColumnChunk.FILE_OFFSET: (thrift.I64, chunk_start),
+                ColumnChunk.META_DATA: (thrift.STRUCT, meta),
+            }
             row_groups.append(
                 {
-                    1: (
-                        thrift.LIST,
-                        (thrift.STRUCT, [{2: (thrift.I64, chunk_start), 3: (thrift.STRUCT, meta)}]),
-                    ),
-                    2: (thrift.I64, meta[6][1]),
-                    3: (thrift.I64, num_rows),
+                    RowGroup.COLUMNS: (thrift.LIST, (thrift.STRUCT, [column_chunk])),
+                    RowGroup.TOTAL_BYTE_SIZE: (thrift.I64, uncompressed),
+                    RowGroup.NUM_ROWS: (thrift.I64, num_rows),
                 }
             )
-        element = self.footer[2][1][1][self._leaf[column]]
-        root = dict(self.footer[2][1][1][0])
-        root[5] = (thrift.I32, 1)
+        schema = thrift.elements(self.footer, FileMetaData.SCHEMA)
+        element = schema[self._leaf[column]]
+        root = dict(schema[0])
+        root[SchemaElement.NUM_CHILDREN] = (thrift.I32, 1)
         footer: thrift.Struct = {
-            1: self.footer[1],
-            2: (thrift.LIST, (thrift.STRUCT, [root, element])),
-            3: (thrift.I64, base),
-            4: (thrift.LIST, (thrift.STRUCT, row_groups)),
+            FileMetaData.VERSION: self.footer[FileMetaData.VERSION],
+            FileMetaData.SCHEMA: (thrift.LIST, (thrift.STRUCT, [root, element])),
+            FileMetaData.NUM_ROWS: (thrift.I64, base),
+            FileMetaData.ROW_GROUPS: (thrift.LIST, (thrift.STRUCT, row_groups)),
         }
-        if 6 in self.footer:
-            footer[6] = self.footer[6]  # created_by: pyarrow's workarounds follow the writer
-        if 7 in self.footer:
-            orders = self.footer[7][1][1]
-            footer[7] = (thrift.LIST, (thrift.STRUCT, [orders[column]]))
+        if FileMetaData.CREATED_BY in self.footer:
+            # pyarrow's workarounds for a writer's known bugs follow the writer's name
+            footer[FileMetaData.CREATED_BY] = self.footer[FileMetaData.CREATED_BY]
+        if FileMetaData.COLUMN_ORDERS in self.footer:
+            orders = thrift.elements(self.footer, FileMetaData.COLUMN_ORDERS)
+            footer[FileMetaData.COLUMN_ORDERS] = (thrift.LIST, (thrift.STRUCT, [orders[column]]))
         tail = bytearray()
         thrift.write_struct(tail, footer)
         body += tail
@@ -277,10 +316,16 @@ def page_locations(index: bytes | memoryview) -> np.ndarray | None:
     if fast is not None:
         return fast
     try:
-        locations = thrift.read_struct(index)[1][1][1]
-        return np.array([[p[1][1], p[2][1], p[3][1]] for p in locations], dtype=np.int64).reshape(
-            -1, 3
-        )
+        locations = thrift.elements(thrift.read_struct(index), OffsetIndex.PAGE_LOCATIONS)
+        rows = [
+            [
+                thrift.field(p, PageLocation.OFFSET),
+                thrift.field(p, PageLocation.COMPRESSED_PAGE_SIZE),
+                thrift.field(p, PageLocation.FIRST_ROW_INDEX),
+            ]
+            for p in locations
+        ]
+        return np.array(rows, dtype=np.int64).reshape(-1, 3)
     except (ValueError, KeyError, IndexError, TypeError):
         return None
 
@@ -290,7 +335,7 @@ def _page_locations_fast(index: bytes | memoryview) -> np.ndarray | None:
     fields in order, short field headers), or None for any other layout."""
     reader = thrift.Reader(index)
     try:
-        if reader.byte() != 0x19:  # field 1, a list
+        if reader.byte() != (OffsetIndex.PAGE_LOCATIONS << 4) | thrift.LIST:
             return None
         head = reader.byte()
         if head & 0x0F != thrift.STRUCT:
@@ -328,24 +373,25 @@ def _top_level_leaves(footer: thrift.Struct) -> dict[int, int | None]:
     """Leaf column index -> its schema element's index when the leaf is a top-level,
     non-repeated primitive column (what the page path reads), else None."""
     try:
-        elements = footer[2][1][1]
+        elements = thrift.elements(footer, FileMetaData.SCHEMA)
     except (KeyError, IndexError):
         return {}
     leaves: dict[int, int | None] = {}
     leaf = 0
     stack: list[int] = []  # children still to come at each open level
     i = 1
-    root_children = elements[0].get(5, (0, 0))[1] if elements else 0
+    root_children = thrift.optional(elements[0], SchemaElement.NUM_CHILDREN, 0) if elements else 0
     stack.append(root_children)
     while i < len(elements) and stack:
         element = elements[i]
-        children = element.get(5, (0, 0))[1] or 0
+        children = thrift.optional(element, SchemaElement.NUM_CHILDREN, 0) or 0
         stack[-1] -= 1
         if children > 0:
             stack.append(children)
         else:
             top = len(stack) == 1
-            repeated = element.get(3, (0, 0))[1] == 2
+            repetition = thrift.optional(element, SchemaElement.REPETITION_TYPE)
+            repeated = repetition == FieldRepetitionType.REPEATED
             leaves[leaf] = i if top and not repeated else None
             leaf += 1
         while stack and stack[-1] == 0:

@@ -117,7 +117,7 @@ class RestoreSource:
     ) -> RestoreSource:
         """Another log at ``as_of`` (default now): its latest records, config and offsets."""
         log = LogTable(normalize_uri(path), storage_options)
-        snapshot = log.snapshot(as_of, repair=False)
+        snapshot = log.snapshot(as_of)
         if snapshot is None:
             raise ReplayError(f"no compacted log at {path}")
         config = CarriedConfig.of(snapshot)
@@ -198,7 +198,7 @@ def replay(
             "value of live keys, not their partitions and offsets: it cannot be restored "
             f"exactly; restore it with mode={NEW_OFFSETS!r} (--lossy-new-offsets)"
         )
-    snapshot = log.snapshot()
+    snapshot = log.snapshot(repair=True)
     if snapshot is not None and committed(snapshot, RESTORE_APP_ID, batch_id):
         say(f"replay: batch {batch_id} already committed to {path}")
         return RestoreReport(source.name, path, mode, batch_id, 0, True, 0)
@@ -212,7 +212,7 @@ def replay(
     if snapshot is None and source.faithful:
         snapshot = log.create(source.schema, _creation_properties(source.config))
     elif snapshot is not None and not append and set_carried_properties(log, source.config):
-        snapshot = log.snapshot()
+        snapshot = log.snapshot(repair=True)
     say(f"replay ({mode}): {source.name} -> {path} as batch {batch_id}")
     if mode == EXACT:
         assert snapshot is not None
@@ -368,7 +368,7 @@ def _append_new_offsets(log: LogTable, source: RestoreSource, batch_id: int) -> 
 
 def set_carried_properties(log: LogTable, config: CarriedConfig) -> bool:
     """Set the carried properties on an existing log where they differ; True when committed."""
-    snapshot = log.snapshot()
+    snapshot = log.snapshot(repair=True)
     if snapshot is None:
         return False
     current = snapshot.table.metadata().configuration

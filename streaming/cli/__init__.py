@@ -16,7 +16,7 @@ delta-rs and pyarrow (`sinks.read_state`).
 
 Each sub-command lives in a module of this package that adds its parser and
 handles it: ``run`` and ``demo`` in `query`, ``clean`` and ``vacuum`` in
-`cleaning`, ``accept``, ``restore`` and ``consumers`` in `log_admin`, ``status`` in
+`cleaning`, ``accept``, ``repair``, ``restore`` and ``consumers`` in `log_admin`, ``status`` in
 `status`, ``lookup`` in `lookup` (binary keys and values as text: `binary_text`),
 ``configs`` in `configs`, ``export`` and ``replay`` in
 `recovery`; what they share is in `common`.
@@ -39,6 +39,7 @@ _SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     cleaning.add_clean,
     cleaning.add_vacuum,
     log_admin.add_accept,
+    log_admin.add_repair,
     log_admin.add_restore,
     log_admin.add_consumers,
     status.add_status,

@@ -1,9 +1,12 @@
-"""``accept``, ``restore`` and ``consumers``: a log's administration, one log at a time.
+"""``accept``, ``repair``, ``restore`` and ``consumers``: a log's administration, one log
+at a time.
 
 ``accept`` takes another engine's change to the log's records as it is
-(`CompactedStateSink.accept_foreign_changes`); ``restore`` brings the log back to a
-Delta version (`CompactedStateSink.restore`); ``consumers`` lists, resets or deletes
-the log's registered consumers, as Kafka's ``kafka-consumer-groups.sh`` does.
+(`CompactedStateSink.accept_foreign_changes`); ``repair`` undoes another engine's stale
+rewrite, which readers only see through (`CompactedStateSink.repair`, design.md §66);
+``restore`` brings the log back to a Delta version (`CompactedStateSink.restore`);
+``consumers`` lists, resets or deletes the log's registered consumers, as Kafka's
+``kafka-consumer-groups.sh`` does.
 """
 
 from __future__ import annotations
@@ -23,6 +26,14 @@ def add_accept(commands: argparse._SubParsersAction) -> None:
         "--through-version", type=int, help="the last version to accept (default: the current)"
     )
     accept.set_defaults(handler=_accept)
+
+
+def add_repair(commands: argparse._SubParsersAction) -> None:
+    repair = commands.add_parser(
+        "repair", help="undo another engine's stale rewrite of a log, which reads see through"
+    )
+    repair.add_argument("log", help="the log's path")
+    repair.set_defaults(handler=_repair)
 
 
 def add_restore(commands: argparse._SubParsersAction) -> None:
@@ -53,6 +64,22 @@ def _accept(args: argparse.Namespace) -> int:
 
     version = CompactedStateSink(args.log).accept_foreign_changes(args.through_version)
     out(f"accept: {args.log}: commits through version {version} accepted as they are")
+    return 0
+
+
+def _repair(args: argparse.Namespace) -> int:
+    """Commit the undo of the log's stale rewrites, if it has any (`LogTable.repair`)."""
+    from sinks import CompactedStateSink
+
+    log = CompactedStateSink(args.log).log_table  # refuses what is not a compacted log
+    undo = log.repair()
+    after = log.snapshot()
+    assert after is not None
+    version = after.version
+    if undo is None:
+        out(f"repair: {args.log}: nothing to repair (version {version})")
+    else:
+        out(f"repair: {args.log}: {undo.summary()} (now version {version})")
     return 0
 
 

@@ -125,7 +125,7 @@ def _replay(args: argparse.Namespace) -> int:
     target_path = normalize_uri(args.to)
     version = as_of(args.as_of)
     # Everything that can refuse the replay is checked before Spark starts.
-    source_snapshot = LogTable(source_path).snapshot(version, repair=False)
+    source_snapshot = LogTable(source_path).snapshot(version)
     if source_snapshot is not None:
         keys = log_keys(source_snapshot, read_only=True).key_columns
         schema: T.StructType = source_snapshot.spark_schema

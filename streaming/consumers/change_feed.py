@@ -95,7 +95,7 @@ class ChangeFeedTask:
         log = LogTable(self.table_uri)
         reader = RangeReader(self.table_uri, self.record_schema)
         appended = [(a, self._records(reader, task.partition, a)) for a in task.appends]
-        keys = log_keys(log.snapshot(verify=False, repair=False))
+        keys = log_keys(log.snapshot(verify=False))
         own = [k for k in keys.key_columns if k != PARTITION]
         state = self._before(log, task, own, [r for _, r in appended])
         rows: list[dict[str, Any]] = []
@@ -122,7 +122,7 @@ class ChangeFeedTask:
         wanted = list(dict.fromkeys(tuple(r[k] for k in own) for rows in appended for r in rows))
         if task.before_version < 0 or not wanted:
             return {}
-        snapshot = log.snapshot(task.before_version, verify=False, repair=False)
+        snapshot = log.snapshot(task.before_version, verify=False)
         assert snapshot is not None
         lookup = KeyLookup.of(snapshot)
         files = tuple(

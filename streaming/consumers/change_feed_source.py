@@ -125,7 +125,7 @@ class _FeedReading:
         """The state at ``version`` as inserts: each partition's records there as one append
         over an empty state (Delta's CDF stream starts with its snapshot so)."""
         self.commits.check_reachable(version)
-        snapshot = self.log.snapshot(version, verify=False, repair=False)
+        snapshot = self.log.snapshot(version, verify=False)
         assert snapshot is not None
         stamp = _commit_ms(self.commits, version)
         planned = []
@@ -154,10 +154,10 @@ class ChangeFeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self._committed: tuple[int, float] | None = None
         self._initial: dict | None = None  # Spark may ask twice; the first answer holds
 
-    def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802
+    def prepareForTriggerAvailableNow(self) -> None:
         self._available_now = self.reading.snapshot().version
 
-    def initialOffset(self) -> dict:  # noqa: N802
+    def initialOffset(self) -> dict:
         """Where the feed starts: a registered consumer's committed offsets first, then
         ``startingVersion``, then ``startingOffsets``."""
         if self._initial is not None:
@@ -181,10 +181,10 @@ class ChangeFeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self._initial = {VERSION: version}
         return self._initial
 
-    def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802
+    def getDefaultReadLimit(self) -> ReadLimit:
         return ReadAllAvailable()
 
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:  # noqa: N802
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         if self.options.consumer_id is not None:
             self._commit(int(start[VERSION]), only_if_stale=True)
         latest = self.reading.snapshot().version

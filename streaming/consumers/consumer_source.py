@@ -149,7 +149,7 @@ class ConsumerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._committed: tuple[Positions, float] | None = None  # last commit, monotonic time
         self._available_now: Positions | None = None  # Trigger.AvailableNow's target
 
-    def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802
+    def prepareForTriggerAvailableNow(self) -> None:
         """``Trigger.AvailableNow``: read up to the log end offsets of now, and no further.
 
         Spark then plans every batch through `latestOffset`, the last time from the end
@@ -160,7 +160,7 @@ class ConsumerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """
         self._available_now = self.reading.snapshot().log_end_offsets()
 
-    def initialOffset(self) -> dict:  # noqa: N802
+    def initialOffset(self) -> dict:
         """The starting positions; a registered consumer's committed offsets come first."""
         snapshot = self.reading.snapshot()
         positions = self.reading.starting_positions(snapshot)
@@ -171,12 +171,12 @@ class ConsumerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._commit(positions)  # registered from now on: passes hold its deletes
         return to_offset(positions)
 
-    def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802
+    def getDefaultReadLimit(self) -> ReadLimit:
         if self.options.max_offsets_per_trigger is None:
             return ReadAllAvailable()
         return ReadMaxRows(self.options.max_offsets_per_trigger)
 
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:  # noqa: N802
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         """The end of the next micro-batch.
 
         Spark asks from the end of its last committed batch, so a registered consumer
@@ -201,7 +201,7 @@ class ConsumerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._planned = {_key(end): snapshot}
         return end
 
-    def reportLatestOffset(self) -> dict | None:  # noqa: N802
+    def reportLatestOffset(self) -> dict | None:
         snapshot = self.log_snapshot_or_none()
         return None if snapshot is None else to_offset(snapshot.log_end_offsets())
 

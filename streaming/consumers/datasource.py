@@ -125,7 +125,7 @@ class CompactedStateDataSource(DataSource):
             return change_feed_source.change_feed_schema(options.path)
         return consumer_source.source_schema(options.path)
 
-    def streamReader(self, schema: T.StructType) -> DataSourceStreamReader:  # noqa: N802
+    def streamReader(self, schema: T.StructType) -> DataSourceStreamReader:
         require(
             STREAM_READER,
             "Read the log with spark.read.format('compacted-state') (a batch read), "
@@ -142,7 +142,7 @@ class CompactedStateDataSource(DataSource):
             return change_feed_source.ChangeFeedBatchReader(options, schema)
         return consumer_source.ConsumerBatchReader(options, schema)
 
-    def streamWriter(self, schema: T.StructType, overwrite: bool) -> CompactedStateStreamWriter:  # noqa: N802
+    def streamWriter(self, schema: T.StructType, overwrite: bool) -> CompactedStateStreamWriter:
         require(STREAM_WRITER, "Write with writeStream.foreachBatch(CompactedStateSink(...)).")
         options = SinkOptions.parse(self.options)
         check_log_location(
@@ -253,14 +253,14 @@ class CompactedStateStreamWriter(DataSourceStreamArrowWriter):
 
     # -- driver ----------------------------------------------------------------------------
 
-    def commit(self, messages: list[StagedFile | None], batchId: int) -> None:  # noqa: N803
+    def commit(self, messages: list[StagedFile | None], batchId: int) -> None:
         staged = [m for m in messages if m is not None]
         try:
             append_staged(self.options, self.input_schema, staged, batchId)
         finally:
             _delete_staged(self.options.path, staged)
 
-    def abort(self, messages: list[StagedFile | None], batchId: int) -> None:  # noqa: N803
+    def abort(self, messages: list[StagedFile | None], batchId: int) -> None:
         _delete_staged(self.options.path, [m for m in messages if m is not None])
 
 

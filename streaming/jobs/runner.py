@@ -21,7 +21,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from sinks import CompactedStateSink
-from sinks.errors import BatchRefused, JobConfigError
+from sinks.errors import BatchRefusedError, JobConfigError
 from sinks.log import arrow_filesystem, join, normalize_uri, sibling
 from streaming.inputs import TopicRouter, file_columns, kafka_shaped_files, kafka_stream
 from streaming.inputs.kafka import TOPIC
@@ -204,7 +204,7 @@ class InFlightHook:
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         with self._lock:
             if self._refusing.is_set():
-                raise BatchRefused(f"batch {batch_id} not started: the query is stopping")
+                raise BatchRefusedError(f"batch {batch_id} not started: the query is stopping")
             self._inside += 1
         try:
             self.hook(batch_df, batch_id)

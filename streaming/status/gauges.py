@@ -173,7 +173,7 @@ def log_status(
     sink: CompactedStateSink, *, now: int | None = None, settings_inferred: bool = False
 ) -> LogStatus | None:
     """The gauges of ``sink``'s log now; None when the log does not exist yet. Read-only."""
-    snapshot = sink.log_table.snapshot(repair=False)  # status only reads (design.md §28)
+    snapshot = sink.log_table.snapshot()  # status only reads (design.md §28)
     if snapshot is None:
         return None
     now = now_ms() if now is None else now

@@ -93,16 +93,16 @@ class ProgressListener(StreamingQueryListener):
     def __init__(self, out: Out = stderr_line) -> None:
         self.out = out
 
-    def onQueryStarted(self, event) -> None:  # noqa: N802 (Spark's name)
+    def onQueryStarted(self, event) -> None:
         self.out(f"query {event.name or event.id} started (run {event.runId})")
 
-    def onQueryProgress(self, event) -> None:  # noqa: N802
+    def onQueryProgress(self, event) -> None:
         self.out(progress_line(event.progress))
 
-    def onQueryIdle(self, event) -> None:  # noqa: N802
+    def onQueryIdle(self, event) -> None:
         pass
 
-    def onQueryTerminated(self, event) -> None:  # noqa: N802
+    def onQueryTerminated(self, event) -> None:
         tail = f" with error: {event.exception.splitlines()[0]}" if event.exception else ""
         self.out(f"query {event.id} terminated{tail}")
 

@@ -23,7 +23,7 @@ from sinks import CleanerConfig, CompactedStateSink
 from sinks.log.s3a_options import CredentialsRefusedError
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "storage"))
-from s3_server import BUCKET, S3Account, authenticated_s3_server  # noqa: E402
+from s3_server import BUCKET, S3Account, authenticated_s3_server
 
 pytestmark = pytest.mark.delta_spark
 

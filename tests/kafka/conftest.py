@@ -25,8 +25,8 @@ from pyspark.sql import SparkSession
 from streaming.inputs.local_kafka import LocalKafka
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from jvm_archive import BASE_OPTIONS  # noqa: E402
-from kafka_kit import SUMMARY, KafkaKit  # noqa: E402
+from jvm_archive import BASE_OPTIONS
+from kafka_kit import SUMMARY, KafkaKit
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]

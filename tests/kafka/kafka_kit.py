@@ -222,7 +222,7 @@ class RegistryOver:
             return None
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 body = answer(self.path)
                 self.send_response(200 if body else 404)
                 self.end_headers()

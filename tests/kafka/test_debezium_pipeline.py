@@ -26,7 +26,7 @@ from sinks.produce.debezium_json import UNAVAILABLE_VALUE
 from streaming.inputs.local_debezium import PG_BIN, ConnectWorker, LocalPostgres, wait_until
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kafka_kit import SUMMARY, KafkaKit, kafka_options, run_available  # noqa: E402
+from kafka_kit import SUMMARY, KafkaKit, kafka_options, run_available
 
 pytestmark = pytest.mark.kafka
 

@@ -4,8 +4,9 @@ delta-rs lets two OPTIMIZEs planned at the same version both commit: the second 
 files the first removed already and adds their records again. That is the same stale
 rewrite as an OPTIMIZE planned before one of the sink's passes (the Spark tests are in
 tests/reliability/test_foreign_engines.py), on a plain delta-rs table: the guard finds
-it from the commit's ``readVersion``, `LogTable.snapshot` undoes it in one commit, and a
-reader that must not write sees through it.
+it from the commit's ``readVersion``, a reader sees through it and writes nothing, and a
+writer's snapshot (``repair=True``) or `LogTable.repair` undoes it in one commit
+(design.md §66).
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ def open_log(path) -> LogTable:
 
 def own_commit(log: LogTable) -> None:
     """A commit of the sink's own that changes nothing (it records the checked version)."""
-    snapshot = log.snapshot()
+    snapshot = log.snapshot(repair=True)
     assert snapshot is not None and snapshot.verified
     snapshot.commit(data_change=False, transactions={}, info={"operation": "test"})
 
@@ -126,15 +127,16 @@ def test_two_optimizes_planned_at_one_version_the_second_is_undone_once(tmp_path
     assert commit_info(path, stale)["readVersion"] == first - 1  # what delta-rs records
     assert rows(path) == expected + expected  # delta-rs let every record in twice
 
-    # A reader that must not write sees through it, and writes nothing.
-    seen = LogTable(path).snapshot(repair=False)
-    assert seen is not None and seen.seen_through is not None
-    assert DeltaTable(path).version() == stale
-    assert sum(f.num_records for f in seen.data_files()) == sum(expected.values())
-    with pytest.raises(Exception, match="seen through"):
-        seen.commit(data_change=False, transactions={}, info={})
+    # A reader sees through it, and writes nothing.
+    for reader in (log, LogTable(path)):
+        seen = reader.snapshot()
+        assert seen is not None and seen.seen_through is not None
+        assert DeltaTable(path).version() == stale
+        assert sum(f.num_records for f in seen.data_files()) == sum(expected.values())
+        with pytest.raises(Exception, match="seen through"):
+            seen.commit(data_change=False, transactions={}, info={})
 
-    snapshot = log.snapshot()
+    snapshot = log.snapshot(repair=True)  # a writer's
     assert snapshot is not None and snapshot.verified
     assert snapshot.version == stale + 1
     undo = commit_info(path, stale + 1)["compactedSink"]
@@ -167,7 +169,7 @@ def test_without_a_short_window_the_guard_compares_with_the_files_live_before(
     [rewrite] = guard.stale(DeltaTable(path).version(), checked=None, accepted=None)
     assert len(rewrite.superseded) == 3 and rewrite.restored == ()
     assert rewrite.overtaken_by is None  # the snapshot does not say which commit removed them
-    log.snapshot()
+    log.snapshot(repair=True)
     assert rows(path) == expected
 
 
@@ -203,11 +205,15 @@ def test_a_stale_rewrite_is_undone_with_the_rearrangement_that_rewrote_its_file(
     _, stale = two_optimizes_from_one_version(path)
     DeltaTable(path).optimize.compact()  # the next OPTIMIZE merges its file with the first
     assert rows(path) == expected + expected
-    assert log.snapshot().version == stale + 2
+    assert log.snapshot().version == stale + 1  # read through, not undone
+    undone = log.repair()
+    assert undone is not None and [r.version for r in undone.rewrites] == [stale]
     undo = commit_info(path, stale + 2)["compactedSink"]
     assert undo["staleVersions"] == [stale] and undo["followedBy"] == [[stale + 1]]
     assert rows(path) == expected
     assert LogTable(path).snapshot().version == stale + 2
+    assert LogTable(path).repair() is None  # nothing left to undo: nothing committed
+    assert DeltaTable(path).version() == stale + 2
 
 
 def test_a_stale_rewrite_whose_files_are_gone_stops_with_its_version(tmp_path):
@@ -235,8 +241,10 @@ def test_a_stale_rewrite_whose_files_are_gone_stops_with_its_version(tmp_path):
         message = str(stopped.value)
         assert f"Delta version {version} " in message and "OPTIMIZE" in message
         assert "gone from storage" in message and f"restore({version - 1})" in message
-    with pytest.raises(ForeignChangeError):
-        LogTable(path).snapshot(repair=False)
+        assert f"`compacted-sink repair {path}`" in message  # and why it cannot help
+    for writer in (lambda: LogTable(path).snapshot(repair=True), LogTable(path).repair):
+        with pytest.raises(ForeignChangeError):
+            writer()
     assert DeltaTable(path).version() == version  # nothing was written
 
 

@@ -172,6 +172,15 @@ def paths(commit: list[dict], kind: str) -> list[str]:
     return sorted(a[kind]["path"] for a in commit if kind in a)
 
 
+def undo_commit(commits: list[list[dict]]) -> list[dict]:
+    """The last of ``commits`` that undid stale rewrites (the sink's own)."""
+    return next(
+        c
+        for c in reversed(commits)
+        if commit_info(c).get("compactedSink", {}).get("operation") == "revert-stale-rewrite"
+    )
+
+
 def data_changes(commit: list[dict]) -> set[bool]:
     return {a[k]["dataChange"] for a in commit for k in ("add", "remove") if k in a}
 
@@ -209,11 +218,12 @@ def test_an_optimize_planned_before_a_pass_and_committed_after_it_changes_nothin
     assert commit_info(optimize)["readVersion"] == read_version < stale_version - 1
     assert set(paths(optimize, "remove")) & pass_removed
 
-    # A reader that must not write answers exactly without writing ...
+    # Readers answer exactly without writing (design.md §66) ...
     assert arrow_state(path) == feed.oracle.state
-    assert DeltaTable(path).version() == stale_version
-    # ... and the sink undoes the OPTIMIZE in one commit of its own.
     assert state_of(sink) == feed.oracle.state
+    assert DeltaTable(path).version() == stale_version
+    # ... and the sink's repair undoes the OPTIMIZE in one commit of its own.
+    assert sink.repair() == stale_version + 1
     undo = delta_commits(path)[-1]
     assert commit_info(undo)["compactedSink"]["operation"] == "revert-stale-rewrite"
     assert commit_info(undo)["compactedSink"]["staleVersions"] == [stale_version]
@@ -267,6 +277,8 @@ def test_a_stale_optimize_cannot_bring_back_a_key_whose_expired_tombstone_a_pass
 
     expected = spark.createDataFrame(sorted(oracle.state.items()), "key string, value string")
     assert_df_equality(sink.state(), expected, ignore_row_order=True, ignore_nullable=True)
+    assert DeltaTable(path).version() == stale_version  # state() read through, wrote nothing
+    sink.recover()  # a writer's first step undoes it
     undo = delta_commits(path)[-1]
     assert commit_info(undo)["compactedSink"]["staleVersions"] == [stale_version]
     assert paths(undo, "remove") == paths(optimize, "add")
@@ -308,7 +320,9 @@ def test_a_stale_optimize_rewritten_again_by_the_next_optimize_is_undone_with_it
     optimize(path)  # reads at the stale version, so not stale itself: it merges both files
     assert arrow_state(path) == feed.oracle.state  # seen through, nothing written
     assert state_of(sink) == feed.oracle.state
-    undo = delta_commits(path)[-1]
+    assert DeltaTable(path).version() == stale_version + 1
+    feed.append()  # an append undoes both before its own commit
+    undo = undo_commit(delta_commits(path))
     assert commit_info(undo)["compactedSink"]["staleVersions"] == [stale_version]
     assert commit_info(undo)["compactedSink"]["followedBy"] == [[stale_version + 1]]
     assert paths(undo, "remove") == paths(delta_commits(path)[stale_version + 1], "add")

@@ -10,7 +10,7 @@ import logging
 import pytest
 from deltalake import DeltaTable
 
-from sinks import config as config_module
+from sinks import warn_once as warn_once_module
 from sinks.config import (
     DEFAULT_SEGMENT_BYTES,
     KAFKA_TOPIC_CONFIGS_NOT_APPLYING,
@@ -50,8 +50,7 @@ All configs for topic users are:
 @pytest.fixture(autouse=True)
 def said_afresh(monkeypatch):
     """Each test sees the once-per-process warnings as a new process would."""
-    monkeypatch.setattr(config_module, "_NAMED_NOT_APPLYING", set())
-    monkeypatch.setattr(config_module, "_SAID", set())
+    monkeypatch.setattr(warn_once_module, "_SAID", set())
 
 
 def warnings(caplog) -> list[str]:

@@ -10,7 +10,7 @@ import pytest
 from deltalake import DeltaTable
 
 from sinks import CleanerConfig, CompactedStateSink, ForeignChangeError
-from sinks import spark_session as spark_session_module
+from sinks import warn_once as warn_once_module
 from sinks.reading.replay import RestoreSource, replay
 from sinks.spark_session import warn_unsafe_beside_delta_spark
 
@@ -43,8 +43,7 @@ DELTA_SPARK = _SessionSettings(
 
 
 def test_the_log_store_race_is_said_once_per_process(monkeypatch, caplog):
-    monkeypatch.setattr(spark_session_module, "_warned_unsafe", set())
-    monkeypatch.setattr(spark_session_module, "_said_race_paragraph", [])
+    monkeypatch.setattr(warn_once_module, "_SAID", set())  # as a new process would
     with caplog.at_level(logging.WARNING, logger="compacted_sink"):
         first = warn_unsafe_beside_delta_spark(DELTA_SPARK, "s3://bucket/users")
         again = warn_unsafe_beside_delta_spark(DELTA_SPARK, "s3://bucket/users")

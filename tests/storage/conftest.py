@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from s3_server import s3_server  # noqa: E402
+from s3_server import s3_server
 
 
 @pytest.fixture(scope="module")

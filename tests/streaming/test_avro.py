@@ -114,7 +114,7 @@ def test_undecodable_values_fail_the_batch_saying_how_many_and_why(spark, schema
 
 
 class _Registry(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         answers = {
             "/schemas/ids/7": {"schema": json.dumps(USER_V1)},
             "/subjects/users-value/versions/latest": {"id": 8, "schema": json.dumps(USER_V2)},

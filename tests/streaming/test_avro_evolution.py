@@ -168,7 +168,7 @@ class _RegistryOver:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 body = outer.answer(self.path)
                 self.send_response(200 if body else 404)
                 self.end_headers()

@@ -154,7 +154,7 @@ def test_a_read_past_the_retention_is_refused_by_name(spark, tmp_path):
         )
         try:
             query.awaitTermination(120)
-        except Exception as failed:  # noqa: BLE001 - the query's failure is the answer
+        except Exception as failed:  # the query's failure is the answer
             return failed
         return query.exception()
 

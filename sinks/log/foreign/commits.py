@@ -59,6 +59,7 @@ from sinks.log.foreign.stale_rewrites import (
 from sinks.log.log_format import COMMIT_INFO_KEY, DELTA_LOG_DIR
 from sinks.log.segment import add_action_paths
 from sinks.log.storage import LogLocation
+from sinks.warn_once import warn_once
 
 logger = logging.getLogger("compacted_sink")
 
@@ -211,15 +212,18 @@ class CommitGuard:
         if not commit.changes_data and commit.removed:
             rewrite = self._stale(commit)
             if rewrite is not None:
-                logger.warning(
+                warn_once(
+                    ("stale rewrite", self.uri, version),
                     "log %s: Delta version %d (%s by %s, planned from version %s) rewrote "
-                    "%d file(s) an earlier commit had already rewritten",
+                    "%d file(s) an earlier commit had already rewritten: reads see through it "
+                    "until the sink's next write, or `compacted-sink repair %s`, undoes it",
                     self.uri,
                     version,
                     rewrite.operation,
                     rewrite.engine,
                     rewrite.read_version,
                     len(rewrite.superseded),
+                    self.uri,
                 )
                 pending[version] = rewrite
             else:

@@ -168,10 +168,10 @@ def inside_segments(snapshot: LogSnapshot) -> Column:
     commit resurrected it: delta-rs's OPTIMIZE does not see a concurrent
     ``dataChange=false`` swap (this sink's absorb or pass) that removed one of the files
     it compacts, so it commits after it and brings that file's records back beside the
-    swap's copies (same partition and offset). The sink undoes such a commit as soon as
-    it reads the log (`sinks.log.foreign.stale_revert`), so what is left for here is a log whose
-    stale rewrite an operator accepted. Such records are dropped here, and repeats of one
-    (partition, offset) are written once.
+    swap's copies (same partition and offset). A writer undoes such a commit before it
+    writes (`sinks.log.foreign.stale_revert`, design.md §66), an absorb too, so what is left
+    for here is a log whose stale rewrite an operator accepted. Such records are dropped
+    here, and repeats of one (partition, offset) are written once.
     """
     ranges = {
         p: [(s.base_offset, s.last_offset) for s in segments]

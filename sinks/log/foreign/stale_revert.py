@@ -19,11 +19,12 @@ restored file is still on storage at its recorded size (inside the history windo
 nothing deletes it). Otherwise `plan_undo` raises `ForeignChangeError`, which names the
 version, the operation and the engine and says how to go on.
 
-`sinks.log.log_table.LogTable.snapshot` commits the undo against the snapshot it
-checked (`LogSnapshot.commit`: a compare-and-set on the version, rebased only over
-commits that removed none of A, a lost answer recognised by the commit's token) and
-reads the log again. A reader that must not write (`read_state`) and a time-travel read
-see the snapshot through the undo instead: the files the undo would leave live.
+A writer's snapshot (`sinks.log.log_table.LogTable.snapshot` with ``repair=True``) and
+`LogTable.repair` commit the undo against the snapshot checked (`LogSnapshot.commit`: a
+compare-and-set on the version, rebased only over commits that removed none of A, a lost
+answer recognised by the commit's token) and read the log again. Every other read, time
+travel included, sees the snapshot through the undo instead: the files the undo would
+leave live (design.md §66).
 """
 
 from __future__ import annotations
