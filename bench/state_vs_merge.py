@@ -3,7 +3,8 @@
 ``python -m bench.state_vs_merge [--keys N] [--batches B] [--partitions P] [--out FILE]``
 feeds the sink ``B`` batches of 100,000 updates of ~500 B values over ``N`` keys
 (default 500,000 keys, 10 batches; ``P`` partitions by key hash, default 1) through its
-``foreachBatch`` hook with its defaults (``--compression C``: the log's ``compression.type``), and MERGEs the same batches into a delta-rs
+``foreachBatch`` hook with its defaults (``--compression C``: the log's
+``compression.type``), and MERGEs the same batches into a delta-rs
 table (delete where the value is null, update, insert). Then, each best of three:
 
 - ``sink.state()`` and Spark's scan of the MERGE table's live files, every column read
