@@ -30,6 +30,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -47,6 +48,8 @@ from bench.measure import load_average
 from bench.session import bench_session
 from sinks import CleanerConfig, CompactedStateSink, read_state
 from sinks.log.log_table import LogTable
+from sinks.reading.replay import RestoreSource, replay
+from sinks.reading.state_reader import spark_state
 
 BATCH = 100_000
 VALUE_BYTES = 512
@@ -104,6 +107,19 @@ def reads(spark: SparkSession, sink: CompactedStateSink, appended: int, runs: in
         runs, lambda: (digest(sink.state()), resume_offsets(uri))[0]
     )
     assert rows == table.num_rows
+    out["state_spark_pass_tasks_s"], (rows, _) = best(
+        runs, lambda: digest(pass_tasks_state(spark, sink))
+    )
+    assert rows == table.num_rows
+    out["read_state_peak"] = peak_memory(uri, streamed=False)
+    out["read_state_batches_peak"] = peak_memory(uri, streamed=True)
+    out["consumer_bootstrap_s"], (records, ends) = best(
+        runs, lambda: consumer_bootstrap(spark, uri)
+    )
+    assert ends == {str(p): o for p, o in offsets.items()}, (ends, offsets)
+    out["consumer_bootstrap_records"] = records
+    out["replay_s"], replayed = best(runs, lambda: replay_into_new_log(spark, uri))
+    assert replayed == table.num_rows, (replayed, table.num_rows)
     out["arrow_scan_s"], scanned = best(
         runs, lambda: pq.read_table(files, columns=["key", "value"])
     )
@@ -111,6 +127,88 @@ def reads(spark: SparkSession, sink: CompactedStateSink, appended: int, runs: in
     out["scanned_records"] = scanned.num_rows
     out["live_bytes_arrow"] = table.select(["key", "value"]).nbytes
     return out
+
+
+def pass_tasks_state(spark: SparkSession, sink: CompactedStateSink) -> DataFrame:
+    """``state()`` read as a pass reads it, one task a partition (`partition_state`)."""
+    snapshot = sink.log_table.snapshot()
+    return spark_state(spark, sink.log_table, snapshot, sink.keys, superseded_first=False)
+
+
+_PEAK = """
+import sys, pyarrow as pa
+from sinks import read_state, read_state_batches
+
+def status(name):
+    for line in open("/proc/self/status"):
+        if line.startswith(name):
+            return int(line.split()[1]) * 1024
+
+base = status("VmRSS:")
+if sys.argv[2] == "batches":
+    rows, size = sum(b.num_rows for b in read_state_batches(sys.argv[1])), 0
+else:
+    table = read_state(sys.argv[1])
+    rows, size = table.num_rows, table.nbytes
+print(rows, size, status("VmHWM:") - base, pa.default_memory_pool().max_memory())
+"""
+
+
+def peak_memory(uri: str, *, streamed: bool) -> dict[str, Any]:
+    """``read_state`` (or ``read_state_batches`` consumed and dropped) in a process of its own:
+    its peak resident memory above the resident memory after the imports (Linux's VmHWM
+    less VmRSS), and Arrow's peak allocation, against the Arrow size of the state."""
+    mode = "batches" if streamed else "table"
+    line = subprocess.run(
+        [sys.executable, "-c", _PEAK, uri, mode], check=True, capture_output=True, text=True
+    ).stdout.split()
+    rows, size, rss, arrow = (int(x) for x in line[-4:])
+    return {"rows": rows, "state_bytes": size, "peak_rss_bytes": rss, "arrow_peak_bytes": arrow}
+
+
+def consumer_bootstrap(spark: SparkSession, uri: str) -> tuple[int, dict[str, int]]:
+    """A streaming job bootstrapped from the consumers' source from ``earliest``: every record
+    read (an XOR of ``xxhash64(key, value)`` a batch), until the query stops at the log end
+    (``availableNow``). Returns the records read and the last offsets the query processed."""
+    from streaming.consumers.datasource import register
+
+    register(spark)
+    seen: list[int] = []
+
+    def fold(batch: DataFrame, _batch_id: int) -> None:
+        seen.append(digest(batch)[0])
+
+    checkpoint = tempfile.mkdtemp(prefix="bootstrap-")
+    try:
+        records = (
+            spark.readStream.format("compacted-state")
+            .option("startingOffsets", "earliest")
+            .load(uri)
+        )
+        query = (
+            records.writeStream.foreachBatch(fold)
+            .option("checkpointLocation", checkpoint)
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+        ends = (
+            json.loads(query.lastProgress["sources"][0]["endOffset"]) if query.lastProgress else {}
+        )
+        return sum(seen), {str(p): int(o) for p, o in ends.items()}
+    finally:
+        shutil.rmtree(checkpoint, ignore_errors=True)
+
+
+def replay_into_new_log(spark: SparkSession, uri: str) -> int:
+    """``replay`` of the log into a new log (exact: same partitions and offsets); the new
+    log's live keys."""
+    target = tempfile.mkdtemp(prefix="replayed-")
+    try:
+        replay(RestoreSource.of_log(spark, uri), os.path.join(target, "log"))
+        return read_state(os.path.join(target, "log")).num_rows
+    finally:
+        shutil.rmtree(target, ignore_errors=True)
 
 
 def free_port() -> int:

@@ -3,11 +3,13 @@
 ``python -m bench.state_vs_merge [--keys N] [--batches B] [--partitions P] [--out FILE]``
 feeds the sink ``B`` batches of 100,000 updates of ~500 B values over ``N`` keys
 (default 500,000 keys, 10 batches; ``P`` partitions by key hash, default 1) through its
-``foreachBatch`` hook with its defaults, and MERGEs the same batches into a delta-rs
+``foreachBatch`` hook with its defaults (``--compression C``: the log's
+``compression.type``), and MERGEs the same batches into a delta-rs
 table (delete where the value is null, update, insert). Then, each best of three:
 
 - ``sink.state()`` and Spark's scan of the MERGE table's live files, every column read
-  (a count and an XOR of ``xxhash64(key, value)``: no footer answers it);
+  (a count and an XOR of ``xxhash64(key, value)``: no footer answers it), and Spark's scan
+  of the log's own live files (the floor for its bytes, superseded records included);
 - ``read_state`` and delta-rs's ``to_pyarrow_table`` of the MERGE table (both materialize
   every column in memory).
 
@@ -34,7 +36,7 @@ from pyspark.sql import functions as F
 
 from bench.measure import load_average
 from bench.session import bench_session
-from sinks import CompactedStateSink, read_state
+from sinks import CleanerConfig, CompactedStateSink, read_state
 
 RECORDS_PER_BATCH = 100_000
 VALUE_CHARS = 500
@@ -94,12 +96,13 @@ def arrow_digest(table: pa.Table) -> tuple[int, str]:
     return live.num_rows, str(hash(tuple(live.column("value").slice(0, 50).to_pylist())))
 
 
-def run(keys: int, batches: int, partitions: int) -> dict[str, Any]:
+def run(keys: int, batches: int, partitions: int, compression: str = "zstd") -> dict[str, Any]:
     spark = bench_session()
     root = tempfile.mkdtemp(prefix="state-vs-merge-")
     try:
         sink_uri, merge_uri = os.path.join(root, "log"), os.path.join(root, "merge")
-        sink = CompactedStateSink(sink_uri, key_columns=("key",))
+        config = CleanerConfig(compression_type=compression)
+        sink = CompactedStateSink(sink_uri, key_columns=("key",), config=config)
         rng = np.random.default_rng(11)
         for b in range(batches):
             updates = batch(rng, keys, partitions)
@@ -111,10 +114,15 @@ def run(keys: int, batches: int, partitions: int) -> dict[str, Any]:
             "keys": keys,
             "batches": batches,
             "partitions": partitions,
+            "compression_type": compression,
             "dirty_ratio": round(sink.dirty_ratio(), 3),
             "load_before": load_average(),
         }
+        log_files = [os.path.join(sink_uri, f.path) for f in sink.log_table.snapshot().data_files()]
         result["state_s"], got = best(lambda: digest(sink.state()))
+        result["spark_scan_of_log_files_s"], _ = best(
+            lambda: digest(spark.read.parquet(*log_files))
+        )
         result["spark_scan_s"], want = best(lambda: digest(spark.read.parquet(*merged_files)))
         assert got == want, (got, want)
         result["live_keys"] = got[0]
@@ -135,9 +143,10 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=500_000)
     parser.add_argument("--batches", type=int, default=10)
     parser.add_argument("--partitions", type=int, default=1)
+    parser.add_argument("--compression", default="zstd", help="the log's compression.type")
     parser.add_argument("--out")
     args = parser.parse_args()
-    result = run(args.keys, args.batches, args.partitions)
+    result = run(args.keys, args.batches, args.partitions, args.compression)
     text = json.dumps(result, indent=1)
     print(text)
     if args.out:

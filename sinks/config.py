@@ -47,6 +47,7 @@ LOG_CLEANER_NICE = "log.cleaner.nice"
 LOG_CLEANER_BACKOFF_MS = "log.cleaner.backoff.ms"
 LOG_CLEANER_DEDUPE_BUFFER_SIZE = "log.cleaner.dedupe.buffer.size"
 COMBINE_BEFORE_APPEND = "combine.before.append"
+COMPRESSION_TYPE = "compression.type"
 
 MAX_MESSAGE_BYTES = "max.message.bytes"
 """Kafka's topic-level name for ``message.max.bytes`` (the broker's): the same setting here."""
@@ -59,6 +60,11 @@ DEFAULT_SEGMENT_BYTES = 128 * 1024 * 1024
 KAFKA_DEFAULT_SEGMENT_BYTES = 1024 * 1024 * 1024
 
 _POLICIES = ("compact", "delete", "compact,delete")
+
+COMPRESSION_TYPES = ("zstd", "lz4", "snappy", "gzip", "uncompressed", "producer")
+"""Kafka's ``compression.type`` values: the codec of the Parquet pages the sink writes.
+``producer`` (Kafka's default: keep what the producer sent) has no producer codec to keep
+here and means the sink's default, ``zstd``."""
 
 _UNITS_MS = {
     "week": 7 * 86_400_000,
@@ -86,6 +92,7 @@ TOPIC_PROPERTIES = (
     MESSAGE_MAX_BYTES,
     FILE_DELETE_DELAY_MS,
     COMBINE_BEFORE_APPEND,
+    COMPRESSION_TYPE,
 )
 """Kafka's topic-level settings (and ``combine.before.append``, not Kafka's): stored on the
 log, obeyed by every process that opens it.
@@ -96,7 +103,6 @@ KAFKA_TOPIC_CONFIGS_NOT_APPLYING = frozenset(
     {
         "compression.gzip.level",
         "compression.lz4.level",
-        "compression.type",
         "compression.zstd.level",
         "flush.messages",
         "flush.ms",
@@ -159,6 +165,12 @@ class CleanerConfig:
       not Kafka's 60 s: Delta readers (time travel, other engines, lagging streams) read
       removed files long after the commit that removed them, and other engines' VACUUM uses
       the same table property. See `sinks.log.history_window`.
+    - ``compression_type``: the codec of the data files the sink writes (appends, passes,
+      replays): ``zstd`` (the default: the smallest files), ``lz4`` (about twice the bytes of
+      ``zstd`` for values that compress poorly, and about half the CPU to decode: the fastest
+      state read, docs/benchmarks.md), ``snappy``, ``gzip``, ``uncompressed``; ``producer``
+      means ``zstd``. Kafka's topic config of the same name. Files already written keep
+      their codec; readers read any.
     - ``combine_before_append``: an append stores only the last record of each (partition,
       key) of its micro-batch; the records it supersedes keep their offsets as gaps, as a
       pass leaves them (default False: Kafka stores every record; not a Kafka setting).
@@ -201,6 +213,7 @@ class CleanerConfig:
     message_max_bytes: int = 1_048_588
     file_delete_delay_ms: int = 604_800_000
     combine_before_append: bool = False
+    compression_type: str = "zstd"
     log_retention_check_interval_ms: int = 300_000
     log_cleaner_io_max_bytes_per_second: float = float("inf")
     log_cleaner_max_bytes_per_pass: int = LONG_MAX
@@ -254,6 +267,11 @@ class CleanerConfig:
                 f"{MAX_COMPACTION_LAG_MS} ({self.max_compaction_lag_ms}) must not be below "
                 f"{MIN_COMPACTION_LAG_MS} ({self.min_compaction_lag_ms})"
             )
+        if self.compression_type not in COMPRESSION_TYPES:
+            raise ConfigError(
+                f"{COMPRESSION_TYPE} must be one of {', '.join(COMPRESSION_TYPES)}, "
+                f"got {self.compression_type!r}"
+            )
         if not isinstance(self.combine_before_append, bool):
             raise ConfigError(
                 f"{COMBINE_BEFORE_APPEND} must be true or false, got {self.combine_before_append!r}"
@@ -266,6 +284,11 @@ class CleanerConfig:
                 f"uncompacted at least that long): set {MIN_COMPACTION_LAG_MS}=0 or "
                 f"{COMBINE_BEFORE_APPEND}=false"
             )
+
+    @property
+    def parquet_codec(self) -> str:
+        """``compression_type`` as pyarrow's Parquet writer names it."""
+        return PARQUET_CODECS[self.compression_type]
 
     @property
     def compact(self) -> bool:
@@ -344,6 +367,16 @@ class CleanerConfig:
         return {key: _text(getattr(self, field)) for key, field in _FIELD_OF.items()}
 
 
+PARQUET_CODECS = {
+    "zstd": "zstd",
+    "producer": "zstd",
+    "lz4": "lz4",  # pyarrow writes Parquet's LZ4_RAW
+    "snappy": "snappy",
+    "gzip": "gzip",
+    "uncompressed": "none",
+}
+"""pyarrow's name of each ``compression.type``'s Parquet codec."""
+
 _FIELD_OF = {
     CLEANUP_POLICY: "cleanup_policy",
     MIN_CLEANABLE_DIRTY_RATIO: "min_cleanable_dirty_ratio",
@@ -356,6 +389,7 @@ _FIELD_OF = {
     MESSAGE_MAX_BYTES: "message_max_bytes",
     FILE_DELETE_DELAY_MS: "file_delete_delay_ms",
     COMBINE_BEFORE_APPEND: "combine_before_append",
+    COMPRESSION_TYPE: "compression_type",
     LOG_RETENTION_CHECK_INTERVAL_MS: "log_retention_check_interval_ms",
     LOG_CLEANER_IO_MAX_BYTES_PER_SECOND: "log_cleaner_io_max_bytes_per_second",
     LOG_CLEANER_MAX_BYTES_PER_PASS: "log_cleaner_max_bytes_per_pass",

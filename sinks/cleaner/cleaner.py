@@ -142,6 +142,7 @@ class Cleaner:
         self.keys = keys
         self.delete_retention_ms = config.delete_retention_ms
         self.segment_bytes = config.segment_bytes
+        self.compression = config.parquet_codec
         self.dedupe_buffer_size = config.dedupe_buffer_size
         self.throttler = Throttler(config.log_cleaner_io_max_bytes_per_second)
 
@@ -450,6 +451,7 @@ class Cleaner:
             delete_retention_ms=self.delete_retention_ms,
             stats_columns=tuple(self.stats_columns(snapshot)),
             max_file_bytes=self.segment_bytes,
+            compression=self.compression,
             niceness=cleaning.budget.niceness,
             held_below=dict(cleaning.held_below),
         )

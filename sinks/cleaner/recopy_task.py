@@ -114,6 +114,7 @@ class RecopyTask:
     max_file_bytes: int
     niceness: int = 0
     held_below: dict[int, int] = field(default_factory=dict)
+    compression: str = "zstd"
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """Clean the partitions of the bins in ``batches``; yields the written files."""
@@ -126,6 +127,7 @@ class RecopyTask:
             group_column=None,
             storage_options=self.storage_options,
             key_columns=self.key_columns,
+            compression=self.compression,
         )
         indexes = self.indexes(batches)
 

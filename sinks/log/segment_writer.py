@@ -108,6 +108,7 @@ def write_segments(
     stats_columns: Sequence[str],
     max_file_bytes: int,
     group_column: str | None = None,
+    compression: str = "zstd",
 ) -> list[WrittenSegment]:
     """Write ``df`` (already partitioned so each task holds whole partitions) as segments
     of ``log``.
@@ -125,6 +126,7 @@ def write_segments(
         max_file_bytes=max_file_bytes,
         group_column=group_column,
         storage_options=dict(log.storage_options),
+        compression=compression,
     )
     rows = df.sortWithinPartitions(*order).mapInArrow(task, WRITTEN_SEGMENT_DDL).collect()
     return [WrittenSegment(**row.asDict()) for row in rows]
@@ -142,6 +144,8 @@ class SegmentWriterTask:
     storage_options: dict[str, str]
     key_columns: tuple[str, ...] = ()
     """The columns each row group carries a key filter on (`sinks.log.key_filter`)."""
+    compression: str = "zstd"
+    """The Parquet codec, as pyarrow names it (`CleanerConfig.parquet_codec`)."""
 
     @cached_property
     def file_schema(self) -> pa.Schema:
@@ -239,7 +243,8 @@ class _OpenSegment:
         options = page_index_options()
         if filters and pyarrow_writes_key_filters():  # pyarrow < 24 writes none
             options["bloom_filter_options"] = filters
-        return pq.ParquetWriter(self._stream, task.file_schema, compression="zstd", **options)
+        codec = task.compression
+        return pq.ParquetWriter(self._stream, task.file_schema, compression=codec, **options)
 
     def close(self) -> dict[str, Any]:
         self._flush()

@@ -314,6 +314,7 @@ class LogAppender:
                 group_column=None,
                 storage_options=self.log.storage_options,
                 key_columns=self.keys.key_columns,
+                compression=self.config.parquet_codec,
             ),
             log_end_offsets=dict(end_offsets),
             keys=self.keys,

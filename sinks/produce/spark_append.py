@@ -91,6 +91,16 @@ from sinks.log.storage import arrow_filesystem, is_local
 from sinks.produce.append_task import AppendTask, TaskOutput
 from sinks.produce.validity import spark_row_problems_sql
 
+# Spark's name of each Parquet codec pyarrow names (`CleanerConfig.parquet_codec`): Spark's
+# "lz4" is Hadoop's framed LZ4, "lz4_raw" the LZ4_RAW pyarrow writes.
+SPARK_CODECS = {
+    "zstd": "zstd",
+    "lz4": "lz4_raw",
+    "snappy": "snappy",
+    "gzip": "gzip",
+    "none": "none",
+}
+
 logger = logging.getLogger("compacted_sink")
 
 APPEND_WRITER_ENV = "COMPACTED_SINK_APPEND_WRITER"
@@ -476,7 +486,7 @@ class _StagedWrite:
         )
         writer = (
             rows.write.mode("overwrite")
-            .option("compression", "zstd")
+            .option("compression", SPARK_CODECS[self.task.writer.compression])
             .option("mapreduce.fileoutputcommitter.marksuccessfuljobs", "false")
             .options(**key_filter)
         )

@@ -44,9 +44,14 @@ from sinks.log.log_keys import LogKeys, log_keys
 from sinks.log.log_table import AsOf, LogSnapshot, LogTable
 from sinks.log.ownership import check_new_log_location
 from sinks.log.records import DELETE_HORIZON_MS, METADATA_COLUMNS, OFFSET, PARTITION, VALUE
-from sinks.log.segment import DataFile
 from sinks.log.storage import normalize_uri
-from sinks.reading.segment_reader import SegmentReader, ordered_map, reader_threads
+from sinks.reading.segment_reader import (
+    RowGroup,
+    SegmentReader,
+    ordered_map,
+    reader_threads,
+    row_groups,
+)
 from sinks.reading.state_reader import LogSections, log_sections
 from sinks.reading.superseded import Superseded, superseded
 
@@ -145,16 +150,18 @@ class StatePlan:
     def latest(self, columns: pa.Schema) -> Iterator[pa.Table]:
         """Each (partition, key)'s latest record once, tombstones included, with ``columns``
         (which must hold ``partition``, ``offset`` and the key columns): what an export
-        carries (`sinks.reading.arrow_export`). Segments are read on ``threads`` threads, at
-        most that many ahead of the consumer; a superseded record's other columns are never
-        decoded when its whole row group is superseded."""
+        carries (`sinks.reading.arrow_export`). Row groups are read on ``threads`` threads,
+        at most that many ahead of the consumer (memory: that many row groups, whatever the
+        segments' size); a superseded record's other columns are never decoded when its
+        whole row group is superseded."""
         gone = self.superseded.offsets
 
-        def kept(segment: DataFile) -> list[pa.Table]:
-            return list(self.reader.read_kept(segment, columns, gone))
+        def kept(unit: RowGroup) -> list[pa.Table]:
+            return list(self.reader.read_kept(unit.segment, columns, gone, row_groups=[unit.index]))
 
         segments = [*self.sections.clean, *self.sections.dirty]
-        for tables in ordered_map(kept, segments, self.threads):
+        units = row_groups(self.reader, segments, self.threads)
+        for tables in ordered_map(kept, units, self.threads):
             yield from tables
 
 

@@ -88,11 +88,13 @@ class SegmentReader:
         schema: pa.Schema,
         dropped: Mapping[int, np.ndarray] | None,
         batch_rows: int = BATCH_ROWS,
+        row_groups: Sequence[int] | None = None,
     ) -> Iterator[pa.Table]:
         """`read`, without the records whose offset ``dropped`` lists for their partition
-        (sorted offsets). The partition and offset columns of a row group are read first:
-        a row group none of whose records is kept is never decoded further, and the other
-        columns are decoded only for a row group that keeps some, ``batch_rows`` at a time."""
+        (sorted offsets), of ``row_groups`` (default: all). The partition and offset
+        columns of a row group are read first: a row group none of whose records is kept
+        is never decoded further, and the other columns are decoded only for a row group
+        that keeps some, ``batch_rows`` at a time."""
         fs, root = self.location.filesystem()
         wanted = nullable_schema(schema)
         with fs.open_input_file(f"{root}/{segment.path}") as source:
@@ -100,7 +102,8 @@ class SegmentReader:
             present = set(parquet.schema_arrow.names)
             position = [n for n in (PARTITION, OFFSET) if n in present]
             rest = [n for n in schema.names if n in present and n not in position]
-            for index in range(parquet.num_row_groups):
+            indexes = range(parquet.num_row_groups) if row_groups is None else row_groups
+            for index in indexes:
                 where = parquet.read_row_group(index, columns=position, use_threads=False)
                 keep = self._kept(where, dropped)
                 if keep is not None and not keep.any():
@@ -126,6 +129,13 @@ class SegmentReader:
                     start = end
                     if table.num_rows:
                         yield table
+
+    def row_group_rows(self, segment: DataFile) -> list[int]:
+        """The records of each of ``segment``'s row groups, from its footer. Read-only."""
+        fs, root = self.location.filesystem()
+        with fs.open_input_file(f"{root}/{segment.path}") as source:
+            metadata = pq.ParquetFile(source).metadata
+            return [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
 
     def _kept(self, where: pa.Table, dropped: Mapping[int, np.ndarray] | None) -> np.ndarray | None:
         """Per record: at or above its floor and not ``dropped``; None when all are kept."""
@@ -154,6 +164,27 @@ class SegmentReader:
             for t in chunk
         ]
         return pa.concat_tables(tables) if tables else schema.empty_table()
+
+
+@dataclass(frozen=True)
+class RowGroup:
+    """One row group of one live file: the unit a task reads."""
+
+    segment: DataFile
+    index: int
+    records: int
+
+
+def row_groups(
+    reader: SegmentReader, segments: Sequence[DataFile], threads: int | None = None
+) -> list[RowGroup]:
+    """Every row group of ``segments``, from their footers (read on ``threads`` threads)."""
+    counts = ordered_map(reader.row_group_rows, segments, threads)
+    return [
+        RowGroup(segment, index, records)
+        for segment, rows in zip(segments, counts, strict=True)
+        for index, records in enumerate(rows)
+    ]
 
 
 def _among(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:

@@ -38,7 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from sinks.cleaner.offset_map import max_map_records
+from sinks.cleaner.offset_map import map_buckets, max_map_records
 from sinks.cleaner.rules import spark_latest_offsets
 from sinks.config import CleanerConfig
 from sinks.log.log_keys import LogKeys
@@ -129,28 +129,29 @@ def spark_state(
     *,
     broadcast_max_bytes: int = TAIL_BROADCAST_MAX_BYTES,
     dedupe_buffer_size: int | None = CleanerConfig().dedupe_buffer_size,
-    superseded_first: bool = False,
+    superseded_first: bool = True,
 ) -> DataFrame:
     """One row per live key of ``snapshot`` (``log_keys``' columns) + ``value``, tombstones
     dropped.
 
     Same rows, types and nullability as `latest_records` over the whole log followed
     by dropping tombstones, whenever each key stays in one partition (see the module
-    docstring for keys that do not). The clean section is scanned once and never
-    shuffled. The partitions with a dirty section are read as a pass reads them, one
-    task a partition with its offset map (`sinks.reading.partition_state`), when each
-    map fits ``dedupe_buffer_size`` whole and no other engine's file is live; else (or
-    with ``dedupe_buffer_size`` None) by joins against the tail's winners, broadcast while
-    their lookup tables stay under ``broadcast_max_bytes`` and shuffled above it.
+    docstring for keys that do not). Partitions without a dirty section are Spark's scan
+    (filters and column pruning reach it). Those with one are read, in this order of
+    preference, when no other engine's file is live:
+
+    - ``superseded_first`` (the default): the superseded records are found from the
+      narrow columns, then every row group is read by a task of its own, less them
+      (`_state_by_superseded`, design.md §50), when the contenders fit
+      ``dedupe_buffer_size``: a partition's read runs on every core;
+    - as a pass reads them, one task a partition with its offset map
+      (`sinks.reading.partition_state`), when each map fits ``dedupe_buffer_size`` whole;
+    - else (or with ``dedupe_buffer_size`` None, or beside another engine's files) by joins
+      against the tail's winners, broadcast while their lookup tables stay under
+      ``broadcast_max_bytes`` and shuffled above it.
+
     Records below a log start offset are not read (`LogTable.read`). Reads only;
     ``snapshot`` may be an older version.
-
-    Before those, with ``superseded_first`` (off by default: measured slower than the
-    pass's tasks, docs/benchmarks.md, "The state read against a MERGE-compacted table"):
-    the superseded records are found from the narrow columns and every live file is
-    scanned once by Spark, less them (`_state_by_superseded`, design.md §50), whenever
-    their contenders fit ``dedupe_buffer_size`` and their (partition, offset) pairs the
-    broadcast.
     """
     from sinks.reading.partition_state import partition_state
 
@@ -160,13 +161,7 @@ def spark_state(
         return _live(log_table.read(spark, snapshot, sections.clean), log_keys)
     if superseded_first and dedupe_buffer_size is not None and not snapshot.foreign_files:
         state = _state_by_superseded(
-            spark,
-            log_table,
-            snapshot,
-            log_keys,
-            sections,
-            broadcast_max_bytes=broadcast_max_bytes,
-            dedupe_buffer_size=dedupe_buffer_size,
+            spark, log_table, snapshot, log_keys, sections, dedupe_buffer_size=dedupe_buffer_size
         )
         if state is not None:
             return state
@@ -225,35 +220,49 @@ def _state_by_superseded(
     log_keys: LogKeys,
     sections: LogSections,
     *,
-    broadcast_max_bytes: int,
     dedupe_buffer_size: int,
 ) -> DataFrame | None:
-    """Every live file scanned once by Spark, less the superseded records (design.md §50).
+    """The partitions with a dirty section read by tasks a row group at a time, less the
+    superseded records (design.md §50); the others scanned by Spark.
 
-    The superseded records' (partition, offset) are found on the driver from the narrow
-    columns (`sinks.reading.superseded`, on every core) and broadcast; Spark's scan then
-    splits every partition's files over all its tasks, and an anti-join on two longs drops
-    them. None (another rule reads the state) when the contenders would not fit
-    ``dedupe_buffer_size`` (`max_map_records`) or the broadcast ``broadcast_max_bytes``.
+    The superseded records are found on the driver from the narrow columns
+    (`sinks.reading.superseded`, on every core); then every row group of those partitions'
+    files is read once, on every core (`sinks.reading.kept_row_groups`). The contenders are
+    weighed in buckets of keys when they would not fit ``dedupe_buffer_size`` at once
+    (`map_buckets`, as a pass's map); None (another rule reads the state) when more buckets
+    than a pass takes would be needed.
     """
-    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
 
+    from sinks.reading.kept_row_groups import kept_records
+    from sinks.spark_session import default_parallelism
+
+    dirty_partitions = {s.partition for s in sections.dirty}  # type: ignore[union-attr]
+    near = [s for s in sections.clean if s.partition in dirty_partitions]
+    rest = [s for s in sections.clean if s.partition not in dirty_partitions]
     contenders = sections.dirty_records + min(
-        sections.dirty_records, sum(s.num_records for s in sections.clean)
+        sections.dirty_records, sum(s.num_records for s in near)
     )
-    if contenders > max_map_records(dedupe_buffer_size):
+    buckets = (
+        1
+        if contenders <= max_map_records(dedupe_buffer_size)
+        else map_buckets(contenders, dedupe_buffer_size)
+    )
+    if buckets is None:
         return None
+    segments = [*near, *sections.dirty]
+    snapshot.check_files(segments)
     starts = {p: snapshot.log_start_offset(p) for p in snapshot.partitions}
     reader = SegmentReader(snapshot.location, {p: s for p, s in starts.items() if s > 0})
-    found = superseded(snapshot, log_keys, sections.clean, sections.dirty, reader)
-    types = {f.name: f.dataType for f in snapshot.spark_schema.fields}
-    if broadcast_bytes(found.count, [types[PARTITION], types[OFFSET]]) > broadcast_max_bytes:
-        return None
-    records = log_table.read(spark, snapshot, [*sections.clean, *sections.dirty])
-    if found.count:
-        gone = spark.createDataFrame(found.table(snapshot.arrow_schema))
-        records = records.join(F.broadcast(gone), [PARTITION, OFFSET], "left_anti")
-    return _live(records, log_keys)
+    found = superseded(snapshot, log_keys, near, sections.dirty, reader, buckets=buckets)
+    fields = {f.name: f for f in snapshot.spark_schema.fields}
+    columns = [*log_keys.key_columns, VALUE]
+    out = T.StructType([T.StructField(c, fields[c].dataType, True) for c in columns])
+    slots = default_parallelism(spark)
+    tail = kept_records(spark, reader, snapshot.arrow_schema, out, segments, found.offsets, slots)
+    if not rest:
+        return tail
+    return _live(log_table.read(spark, snapshot, rest), log_keys).unionByName(tail)
 
 
 def _keep_winners(

@@ -21,13 +21,13 @@ file, on every core (`sinks.reading.segment_reader.ordered_map`). Reads only.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
-from sinks.cleaner.offset_map import canonical_keys
+from sinks.cleaner.offset_map import canonical_keys, key_buckets
 from sinks.log.latest import latest_offsets
 from sinks.log.log_keys import LogKeys
 from sinks.log.log_table import LogSnapshot
@@ -36,6 +36,9 @@ from sinks.log.segment import DataFile
 from sinks.reading.segment_reader import SegmentReader, ordered_map
 
 _SEQUENCE = "_sequence"
+_NOT_KEYS = (PARTITION, _SEQUENCE, OFFSET)
+# The fewest clean records joined against the tail's keys at once (`_rivals`).
+MIN_JOIN_ROWS = 65_536
 
 
 @dataclass(frozen=True)
@@ -84,29 +87,53 @@ def superseded(
     dirty: Sequence[DataFile],
     reader: SegmentReader,
     threads: int | None = None,
+    buckets: int = 1,
 ) -> Superseded:
     """The superseded records of ``snapshot`` whose live files are ``clean`` (at most one
-    record per (partition, key) each) and ``dirty``. Reads the narrow columns only."""
+    record per (partition, key) each) and ``dirty``. Reads the narrow columns only, once
+    for each of ``buckets`` buckets of keys (`key_buckets`): the contenders held at a time
+    are a bucket's, about a ``buckets``-th of them."""
     sequence = sequence_of(keys)
     names = [PARTITION, *own_keys(keys), *([sequence] if sequence else []), OFFSET]
     narrow = pa.schema([snapshot.arrow_schema.field(n) for n in dict.fromkeys(names)])
+    lost: list[pa.Table] = []
+    weighed = 0
+    for bucket in range(buckets):
 
-    def contenders(segment: DataFile) -> list[pa.Table]:
-        return [_encoded(t, keys, sequence) for t in reader.read(segment, narrow)]
+        def contenders(segment: DataFile, bucket: int = bucket) -> list[pa.Table]:
+            tables = [_encoded(t, keys, sequence) for t in reader.read(segment, narrow)]
+            return tables if buckets == 1 else [_in_bucket(t, bucket, buckets) for t in tables]
 
+        found = _bucket_losers(snapshot, clean, dirty, contenders, sequence, threads)
+        if found is not None:
+            lost.append(found[0])
+            weighed += found[1]
+    if not lost:
+        return Superseded({}, 0)
+    return Superseded(_by_partition(pa.concat_tables(lost)), weighed)
+
+
+def _bucket_losers(
+    snapshot: LogSnapshot,
+    clean: Sequence[DataFile],
+    dirty: Sequence[DataFile],
+    contenders: Callable[[DataFile], list[pa.Table]],
+    sequence: str | None,
+    threads: int | None,
+) -> tuple[pa.Table, int] | None:
+    """(partition, offset) of the losing ``contenders`` of ``clean`` and ``dirty``, and how
+    many were weighed; None when the tail has none."""
     tail = _concat([t for ts in ordered_map(contenders, dirty, threads) for t in ts])
     if tail is None:
-        return Superseded({}, 0)
+        return None
     group = [n for n in tail.column_names if n not in (_SEQUENCE, OFFSET)]
     order = _SEQUENCE if sequence else None
     tail_winners = _newest(tail, group, order)
     lost = [_losers(tail, tail_winners)]
 
-    def rivals(segment: DataFile) -> list[pa.Table]:
-        keys_of = tail_winners.select(group)
-        return [t.join(keys_of, group, join_type="left semi") for t in contenders(segment)]
-
-    found = _concat([t for ts in ordered_map(rivals, clean, threads) for t in ts if t.num_rows])
+    clean_keys = (t for ts in ordered_map(contenders, clean, threads) for t in ts)
+    tail_keys = tail_winners.select(group)
+    found = _concat([t for t in _rivals(clean_keys, tail_keys, group) if t.num_rows])
     weighed = tail.num_rows
     if found is not None:
         weighed += found.num_rows
@@ -117,7 +144,32 @@ def superseded(
         else:  # a clean record with a higher sequence may beat the tail's newest
             everyone = pa.concat_tables([tail, found])
             lost = [_losers(everyone, _newest(everyone, group, order))]
-    return Superseded(_by_partition(pa.concat_tables(lost)), weighed)
+    return pa.concat_tables(lost), weighed
+
+
+def _in_bucket(encoded: pa.Table, bucket: int, buckets: int) -> pa.Table:
+    """The rows of ``encoded`` (`_encoded`) whose key falls in ``bucket``."""
+    canonical = encoded.select([n for n in encoded.column_names if n not in _NOT_KEYS])
+    return encoded.filter(pa.array(key_buckets(canonical, buckets) == bucket))
+
+
+def _rivals(clean: Iterator[pa.Table], tail_keys: pa.Table, group: list[str]) -> Iterator[pa.Table]:
+    """The records of ``clean`` whose (partition, key) is among ``tail_keys``'.
+
+    The clean records are joined in chunks of at least ``tail_keys``' rows: a join builds
+    its hash table of the tail's keys once a chunk, so the builds cost no more than one
+    probe of the clean section, and a chunk's memory no more than the tail's.
+    """
+    chunk: list[pa.Table] = []
+    rows = 0
+    for table in clean:
+        chunk.append(table)
+        rows += table.num_rows
+        if rows >= max(tail_keys.num_rows, MIN_JOIN_ROWS):
+            yield pa.concat_tables(chunk).join(tail_keys, group, join_type="left semi")
+            chunk, rows = [], 0
+    if chunk:
+        yield pa.concat_tables(chunk).join(tail_keys, group, join_type="left semi")
 
 
 def _newest(records: pa.Table, group: list[str], order: str | None) -> pa.Table:

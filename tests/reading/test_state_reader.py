@@ -71,10 +71,10 @@ def read(spark, sink, as_of=None, **options):
 
 
 def assert_same_state(spark, sink, as_of=None, **options):
-    """Every way of reading a dirty tail agrees with the reference: a pass's tasks per
-    partition (`partition_state`, the default), the scan less the superseded records
-    (``superseded_first``) and joins against the tail's winners."""
-    ways = [{}, {"superseded_first": True}]
+    """Every way of reading a dirty tail agrees with the reference: row groups read less the
+    superseded records (the default), a pass's tasks per partition (`partition_state`,
+    without ``superseded_first``) and joins against the tail's winners."""
+    ways = [{}, {"superseded_first": False}]
     ways += [] if "dedupe_buffer_size" in options else [{"dedupe_buffer_size": None}]
     for way in ways:
         assert_df_equality(
@@ -309,9 +309,10 @@ def test_clean_section_is_scanned_without_a_shuffle_when_the_tail_is_small(spark
 
 
 def test_a_dirty_tail_is_read_by_a_pass_s_tasks_without_a_shuffle(spark, lake, clock):
-    """Partitions with a dirty section are read one task a partition, their maps built
-    where they run (in key buckets when the buffer is small); a clean-only partition is
-    scanned by Spark; a map too large for the buffer falls back to the joins."""
+    """Without ``superseded_first``, partitions with a dirty section are read one task a
+    partition, their maps built where they run (in key buckets when the buffer is small); a
+    clean-only partition is scanned by Spark; a map too large for the buffer falls back to
+    the joins."""
     schema = "key string, value string, partition int"
     sink = CompactedStateSink(str(lake / "log"), config=NO_CLEAN, clock=clock)
     fed(spark, sink, [(f"k{i}", f"v{i}", i % 3) for i in range(30)], 0, schema)
@@ -319,9 +320,9 @@ def test_a_dirty_tail_is_read_by_a_pass_s_tasks_without_a_shuffle(spark, lake, c
     tail = [("k1", "w", 1), ("k4", None, 1), ("k2", "x", 2), ("new", "n", 2), ("k2", "y", 2)]
     fed(spark, sink, tail, 1, schema)  # partition 0 stays clean
     for buffer in (CleanerConfig().dedupe_buffer_size, 700):  # 700 B: two records at once
-        state = read(spark, sink, dedupe_buffer_size=buffer)
+        state = read(spark, sink, dedupe_buffer_size=buffer, superseded_first=False)
         plan = state._jdf.queryExecution().executedPlan().toString()
-        assert "MapInArrow" in plan and "Exchange" not in plan, plan
+        assert "LiveRecordsTask" in plan and "Exchange" not in plan, plan
         assert_same_state(spark, sink, dedupe_buffer_size=buffer)
     assert state_dict(read(spark, sink))["k2"] == "y" and "k4" not in state_dict(read(spark, sink))
     joins = read(spark, sink, dedupe_buffer_size=1)  # no map fits: the joins read it
@@ -329,30 +330,41 @@ def test_a_dirty_tail_is_read_by_a_pass_s_tasks_without_a_shuffle(spark, lake, c
     assert_same_state(spark, sink, dedupe_buffer_size=1)
 
 
-def test_a_dirty_tail_is_read_by_one_scan_less_its_superseded_records(spark, lake, clock):
-    """With ``superseded_first`` the superseded records' (partition, offset) are found from
-    the narrow columns and broadcast: every live file is scanned once (a one-partition log on every
-    task), no shuffle, a key filter and a column pruning reach the scan; a dirty record a
-    later one overrides, and a clean record a tail record overrides, are dropped."""
+def test_a_dirty_partition_is_read_a_row_group_a_task_less_its_superseded_records(
+    spark, lake, clock
+):
+    """By default the superseded records are found from the narrow columns, then every row
+    group of a partition with a dirty section is read by its own task (a one-partition log
+    on every core), no shuffle, no join; a partition without one stays Spark's scan, which
+    a key filter and a column pruning reach. A dirty record a later one overrides, and a
+    clean record a tail record overrides, are dropped."""
     sink = CompactedStateSink(str(lake / "log"), config=NO_CLEAN, clock=clock)
-    fed(spark, sink, [(f"k{i}", f"v{i}") for i in range(20)], 0)
+    rows = [(f"k{i}", f"v{i}", i % 2) for i in range(40)]
+    for start in range(0, 40, 10):  # four segments a partition: row groups for two tasks
+        fed(spark, sink, rows[start : start + 10], start // 10, KVP)
     sink.clean(force=True)
-    fed(spark, sink, [("k1", "a"), ("k1", "b"), ("k2", None), ("k3", "c"), ("new", "n")], 1)
-    state = read(spark, sink, superseded_first=True)
+    tail = [("k1", "a", 1), ("k1", "b", 1), ("k3", None, 1), ("k5", "c", 1), ("new", "n", 1)]
+    fed(spark, sink, tail, 4, KVP)
+    state = read(spark, sink)
     plan = state._jdf.queryExecution().executedPlan().toString()
     nodes = [re.sub(r"^\*\(\d+\) ", "", line.strip(" :+-|")) for line in plan.splitlines()]
-    assert sum(n.startswith("FileScan") for n in nodes) == 1, plan
-    assert any(n.startswith("BroadcastHashJoin") and "LeftAnti" in n for n in nodes), plan
-    assert not any(n.startswith(("Exchange", "MapInArrow")) for n in nodes), plan
+    assert any(n.startswith("MapInArrow KeptRecordsTask") for n in nodes), plan
+    assert sum(n.startswith("FileScan") for n in nodes) == 1, plan  # partition 0's files
+    assert not any(n.startswith(("Exchange", "BroadcastHashJoin", "SortMergeJoin")) for n in nodes)
+    assert state.rdd.getNumPartitions() >= 2
     got = state_dict(state)
-    assert got["k1"] == "b" and got["k3"] == "c" and got["new"] == "n" and "k2" not in got
-    assert len(got) == 20 and got["k5"] == "v5"
+    assert got["k1"] == "b" and got["k5"] == "c" and got["new"] == "n" and "k3" not in got
+    assert len(got) == 40 and got["k4"] == "v4"
     assert_same_state(spark, sink)
-    one = read(spark, sink, superseded_first=True).filter("key = 'k1'").select("value")
+    one = read(spark, sink).filter("key = 'k2'").select("value")
     scan = [line for line in one._jdf.queryExecution().executedPlan().toString().splitlines()]
     scan = next(line for line in scan if "FileScan" in line)
-    assert "EqualTo(key,k1)" in scan and "ReadSchema: struct<key:string,value:string," in scan
-    assert [r["value"] for r in one.collect()] == ["b"]
+    assert "EqualTo(key,k2)" in scan and "ReadSchema: struct<key:string,value:string" in scan
+    assert [r["value"] for r in one.collect()] == ["v2"]
+    # 10 contenders (5 tail records, 5 rivals at most) against 1,000 B: weighed in 3 buckets.
+    bucketed = read(spark, sink, dedupe_buffer_size=1000)
+    assert "KeptRecordsTask" in bucketed._jdf.queryExecution().executedPlan().toString()
+    assert_same_state(spark, sink, dedupe_buffer_size=1000)
 
 
 # -- random histories ----------------------------------------------------------------------
