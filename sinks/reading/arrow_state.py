@@ -46,8 +46,8 @@ from sinks.log.ownership import check_new_log_location
 from sinks.log.records import DELETE_HORIZON_MS, METADATA_COLUMNS, OFFSET, PARTITION, VALUE
 from sinks.log.storage import normalize_uri
 from sinks.reading.segment_reader import (
-    RowGroup,
     SegmentReader,
+    SegmentRowGroup,
     ordered_map,
     reader_threads,
     row_groups,
@@ -156,7 +156,7 @@ class StatePlan:
         whole row group is superseded."""
         gone = self.superseded.offsets
 
-        def kept(unit: RowGroup) -> list[pa.Table]:
+        def kept(unit: SegmentRowGroup) -> list[pa.Table]:
             return list(self.reader.read_kept(unit.segment, columns, gone, row_groups=[unit.index]))
 
         segments = [*self.sections.clean, *self.sections.dirty]

@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 from sinks.log.records import OFFSET, PARTITION, VALUE
 from sinks.log.segment import DataFile
 from sinks.python_tasks import freeze_imports
-from sinks.reading.segment_reader import RowGroup, SegmentReader, row_groups
+from sinks.reading.segment_reader import SegmentReader, SegmentRowGroup, row_groups
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -47,7 +47,7 @@ class KeptRecordsTask:
     schema: pa.Schema  # what is read: ``columns``, ``partition`` and ``offset``
     columns: tuple[str, ...]
     superseded: Mapping[int, np.ndarray]
-    bins: tuple[tuple[RowGroup, ...], ...]
+    bins: tuple[tuple[SegmentRowGroup, ...], ...]
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         freeze_imports()
@@ -56,7 +56,7 @@ class KeptRecordsTask:
                 for unit in self.bins[int(b)]:
                     yield from self.read(unit)
 
-    def read(self, unit: RowGroup) -> Iterator[pa.RecordBatch]:
+    def read(self, unit: SegmentRowGroup) -> Iterator[pa.RecordBatch]:
         """``unit``'s records that are neither superseded nor tombstones."""
         tables = self.reader.read_kept(
             unit.segment, self.schema, self.superseded, row_groups=[unit.index]
@@ -66,10 +66,12 @@ class KeptRecordsTask:
             yield from live.to_batches()
 
 
-def balanced_bins(units: Sequence[RowGroup], slots: int) -> list[tuple[RowGroup, ...]]:
+def balanced_bins(
+    units: Sequence[SegmentRowGroup], slots: int
+) -> list[tuple[SegmentRowGroup, ...]]:
     """``units`` in at most ``slots`` bins (at least one) of about equal records, largest
     first. Pure."""
-    bins: list[list[RowGroup]] = [[] for _ in range(max(1, min(slots, len(units))))]
+    bins: list[list[SegmentRowGroup]] = [[] for _ in range(max(1, min(slots, len(units))))]
     loads = [0] * len(bins)
     for unit in sorted(units, key=lambda u: -u.records):
         lightest = loads.index(min(loads))

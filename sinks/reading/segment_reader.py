@@ -167,7 +167,7 @@ class SegmentReader:
 
 
 @dataclass(frozen=True)
-class RowGroup:
+class SegmentRowGroup:
     """One row group of one live file: the unit a task reads."""
 
     segment: DataFile
@@ -177,11 +177,11 @@ class RowGroup:
 
 def row_groups(
     reader: SegmentReader, segments: Sequence[DataFile], threads: int | None = None
-) -> list[RowGroup]:
+) -> list[SegmentRowGroup]:
     """Every row group of ``segments``, from their footers (read on ``threads`` threads)."""
     counts = ordered_map(reader.row_group_rows, segments, threads)
     return [
-        RowGroup(segment, index, records)
+        SegmentRowGroup(segment, index, records)
         for segment, rows in zip(segments, counts, strict=True)
         for index, records in enumerate(rows)
     ]
