@@ -27,6 +27,7 @@ a callable the sink gives (`PreviousState`), so this module needs no reader.
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -37,7 +38,7 @@ from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
-from pyspark.sql.window import Window
+from pyspark.sql.window import Window, WindowSpec
 
 from sinks.errors import BadInputError, ConfigError
 from sinks.log.records import DECODE_ERROR, OFFSET, PARTITION, TIMESTAMP, VALUE
@@ -194,14 +195,11 @@ def unwrap(
     parsed = _parsed(batch).persist(StorageLevel.MEMORY_AND_DISK)
     out = DebeziumBatch(records=parsed, cached=[parsed])
     try:
-        key_type, key_fields, after_type, after_fields = _types(parsed)
+        types = _types(parsed)
         out.records = _records(
             parsed,
             key_columns=key_columns,
-            key_type=key_type,
-            key_fields=key_fields,
-            after_type=after_type,
-            after_fields=after_fields,
+            types=types,
             previous_state=previous_state,
             log_value=log_value,
             cache=out.cached,
@@ -274,18 +272,32 @@ def _parsed(batch: DataFrame) -> DataFrame:
         envelope.op.alias("_op"),
         envelope.after.alias("_after"),
         position.alias(SOURCE_POSITION),
+        (source.lsn.isNotNull() | source.file.isNotNull()).alias("_log_position_kind"),
     )
 
 
-def _types(
-    parsed: DataFrame,
-) -> tuple[T.StructType, list[dict[str, Any]], T.StructType, list[dict[str, Any]]]:
+@dataclass(frozen=True)
+class _BatchTypes:
+    """What one small job over a batch finds: the key's and ``after``'s types and fields, and
+    whether a primary-key change left TOAST values unchanged (``rekeyed``)."""
+
+    key_type: T.StructType
+    key_fields: list[dict[str, Any]]
+    after_type: T.StructType
+    after_fields: list[dict[str, Any]]
+    rekeyed: bool
+
+
+def _types(parsed: DataFrame) -> _BatchTypes:
     """The key's and ``after``'s Spark types: from the batch's Connect schemas (every
     version it holds, merged), else inferred by Spark's JSON reader over the batch."""
     rows = (
         parsed.where(~F.col("_tombstone") | F.col("_key_schema").isNotNull())
         .groupBy("_key_schema", "_value_schema")
-        .agg(F.min(F.col("_tombstone").cast("int")).alias("only_tombstones"))
+        .agg(
+            F.min(F.col("_tombstone").cast("int")).alias("only_tombstones"),
+            F.max(_unchanged_on_create().cast("int")).alias("rekeyed"),
+        )
         .collect()
     )
     key_schemas = sorted({r["_key_schema"] for r in rows if r["_key_schema"] is not None})
@@ -307,7 +319,16 @@ def _types(
         upserts = parsed.where(F.col("_op").isin(*_UPSERTS) & F.col("_after").isNotNull())
         after_type = _inferred(spark, upserts.select(F.col("_after").alias("j")))
         after_fields = [{"field": f.name} for f in after_type.fields]
-    return key_type, key_fields, after_type, after_fields
+    rekeyed = any(r["rekeyed"] for r in rows)
+    return _BatchTypes(key_type, key_fields, after_type, after_fields, rekeyed)
+
+
+def _unchanged_on_create() -> Column:
+    """True for a ``c`` event holding an unchanged TOAST value: only a primary-key change's
+    ``c`` can (an insert gives every value), its text placeholder or bytes' base64."""
+    encoded = base64.b64encode(UNAVAILABLE_VALUE.encode()).decode()
+    after = F.coalesce(F.col("_after"), F.lit(""))
+    return (F.col("_op") == "c") & (after.contains(UNAVAILABLE_VALUE) | after.contains(encoded))
 
 
 def _inferred(spark: Any, texts: DataFrame) -> T.StructType:
@@ -332,14 +353,12 @@ def _records(
     parsed: DataFrame,
     *,
     key_columns: Sequence[str],
-    key_type: T.StructType,
-    key_fields: list[dict[str, Any]],
-    after_type: T.StructType,
-    after_fields: list[dict[str, Any]],
+    types: _BatchTypes,
     previous_state: PreviousState,
     log_value: T.DataType | None,
     cache: list[DataFrame],
 ) -> DataFrame:
+    key_type, after_type, after_fields = types.key_type, types.after_type, types.after_fields
     names = [f.name for f in key_type.fields]
     if key_type.fields and sorted(names) != sorted(key_columns):
         raise BadInputError(
@@ -362,25 +381,35 @@ def _records(
     tombstone = F.col("_tombstone")
     upsert = ~tombstone & F.col("_op").isin(*_UPSERTS)
     df = df.withColumn("_prior_position", F.lag(SOURCE_POSITION).over(before))
-    toast: list[str] = []
+    delete = ~tombstone & (F.col("_op") == "d")
+    own_key = F.struct(F.col(PARTITION).alias(PARTITION), *[F.col(k) for k in key_columns])
+    toast: dict[str, T.DataType] = {}
     for f in after_type.fields:
         is_placeholder = _placeholder(f.dataType, F.col(f"_a_{f.name}"))
         if is_placeholder is None:
             continue
-        toast.append(f.name)
-        real = F.when(
-            upsert & ~F.coalesce(is_placeholder, F.lit(False)),
-            F.struct(F.col(f"_a_{f.name}").alias("v")),
-        )
+        toast[f.name] = f.dataType
+        # The key's last value before the event; a delete in between leaves none ("live" false).
         df = df.withColumns(
             {
                 f"_p_{f.name}": upsert & F.coalesce(is_placeholder, F.lit(False)),
-                f"_e_{f.name}": F.last(real, ignorenulls=True).over(earlier),
+                f"_e_{f.name}": F.last(
+                    _anchor(upsert, delete, is_placeholder, f.name, f.dataType, own_key),
+                    ignorenulls=True,
+                ).over(earlier),
             }
         )
+    if toast and types.rekeyed:
+        df = _with_old_key(df, toast, upsert, delete, own_key, earlier)
+    else:
+        df = df.withColumns({f"_s_{name}": F.col(f"_e_{name}") for name in toast})
+    look = F.coalesce(*[F.when(F.col(f"_p_{n}"), F.col(f"_s_{n}").old) for n in toast], own_key)
+    df = df.withColumn("_look", look).withColumns(
+        {f"_look_{c}": F.col("_look")[c] for c in [PARTITION, *key_columns]}
+    )
     needs_log = tombstone & F.col("_prior_position").isNull()
     for name in toast:
-        needs_log = needs_log | (F.col(f"_p_{name}") & F.col(f"_e_{name}").isNull())
+        needs_log = needs_log | (F.col(f"_p_{name}") & F.col(f"_s_{name}").live.isNull())
     # Cached: the keys the log must give are collected from it, and the records read it again
     # (refused rows, the append) without computing the windows a second time.
     df = df.withColumn("_needs_log", needs_log).persist(StorageLevel.MEMORY_AND_DISK)
@@ -399,10 +428,11 @@ def _records(
         column = F.col(f"_a_{f.name}")
         if f.name in toast:
             from_log = F.col("_log_value")[f.name] if f.name in _log_fields(df) else F.lit(None)
-            resolved = F.when(F.col(f"_e_{f.name}").isNotNull(), F.col(f"_e_{f.name}").v).when(
-                F.col("_log_live"), from_log.cast(f.dataType)
+            earlier_value = F.col(f"_s_{f.name}")
+            resolved = F.when(earlier_value.live, earlier_value.v).when(
+                earlier_value.live.isNull() & F.col("_log_live"), from_log.cast(f.dataType)
             )
-            missing = F.col(f"_p_{f.name}") & F.col(f"_e_{f.name}").isNull() & ~F.col("_log_live")
+            missing = F.col(f"_p_{f.name}") & ~F.coalesce(earlier_value.live, F.col("_log_live"))
             unresolved.append(F.when(missing, F.lit(f.name)))
             column = F.when(F.col(f"_p_{f.name}"), resolved).otherwise(column)
         schema = next((s for s in after_fields if s["field"] == f.name), {})
@@ -475,6 +505,78 @@ def _records(
     return records
 
 
+def _anchor(
+    upsert: Column,
+    delete: Column,
+    is_placeholder: Column,
+    name: str,
+    data_type: T.DataType,
+    own_key: Column,
+) -> Column:
+    """What an event says of field ``name`` to the key's later events: its value (``live``),
+    that the key was deleted (``live`` false), or nothing (null: a placeholder, a tombstone).
+    ``old`` (null here) is the key whose log record holds the value (`_with_old_key`)."""
+    no_key = F.when(F.lit(False), own_key)
+    return F.when(
+        upsert & ~F.coalesce(is_placeholder, F.lit(False)),
+        F.struct(F.lit(True).alias("live"), F.col(f"_a_{name}").alias("v"), no_key.alias("old")),
+    ).when(
+        delete,
+        F.struct(
+            F.lit(False).alias("live"), F.lit(None).cast(data_type).alias("v"), no_key.alias("old")
+        ),
+    )
+
+
+def _with_old_key(
+    df: DataFrame,
+    toast: dict[str, T.DataType],
+    upsert: Column,
+    delete: Column,
+    own_key: Column,
+    earlier: WindowSpec,
+) -> DataFrame:
+    """``df`` with where each unchanged TOAST value comes from (``_s_<field>``), when a
+    primary-key change left some unchanged.
+
+    A primary-key change is a ``d`` of the old key and a ``c`` of the new one at the same
+    source position (one row change in the source's log). The ``c``'s unchanged values are
+    the old key's: its last value before its ``d`` in the batch, else (``old``: the old key)
+    its live record in the log. The new key's later events then take them from the ``c``.
+    Only a position of the source's log (``lsn``, binlog file and position) pairs two
+    events, never a time; a key changed twice in one batch resolves from the first change's
+    old key only (a second level is refused by name, as an unknown value).
+    """
+    by_position = Window.partitionBy(SOURCE_POSITION)
+    deleted = delete & F.col("_log_position_kind")
+    old_key = F.first(F.when(deleted, own_key), ignorenulls=True).over(by_position)
+    df = df.withColumn("_old_key", F.when(upsert & F.col("_log_position_kind"), old_key))
+    rekeyed: dict[str, Column] = {}
+    for name, data_type in toast.items():
+        before_delete = F.first(F.when(deleted, F.col(f"_e_{name}")), ignorenulls=True).over(
+            by_position
+        )
+        from_log = F.struct(
+            F.lit(None).cast("boolean").alias("live"),
+            F.lit(None).cast(data_type).alias("v"),
+            F.col("_old_key").alias("old"),
+        )
+        rekeyed[f"_r_{name}"] = F.when(
+            F.col("_old_key").isNotNull() & F.col(f"_p_{name}"),
+            F.coalesce(before_delete, from_log),
+        )
+    df = df.withColumns(rekeyed)
+    resolved: dict[str, Column] = {}
+    for name, data_type in toast.items():
+        # The first pass's anchors again, a rekeyed c's resolution among them.
+        anchor = F.when(F.col(f"_r_{name}").isNotNull(), F.col(f"_r_{name}")).otherwise(
+            _anchor(upsert, delete, F.col(f"_p_{name}"), name, data_type, own_key)
+        )
+        later = F.last(anchor, ignorenulls=True).over(earlier)
+        resolved[f"_s_{name}"] = F.coalesce(F.col(f"_r_{name}"), later)
+    return df.withColumns(resolved)
+
+
 def _log_fields(df: DataFrame) -> set[str]:
     data_type = df.schema["_log_value"].dataType
     return {f.name for f in data_type.fields} if isinstance(data_type, T.StructType) else set()
@@ -486,14 +588,16 @@ def _with_log_state(
     after_type: T.StructType,
     previous_state: PreviousState,
 ) -> DataFrame:
-    """``df`` with the log's live record of each key that needs it (``_needs_log``):
-    ``_log_live``, ``_log_value``, ``_log_position``. One Spark job collects the keys; the
-    log is read by ``previous_state`` on the driver."""
-    wanted = df.where("_needs_log").select(PARTITION, *key_columns).distinct().collect()
+    """``df`` with the log's live record of the look-up key (``_look_partition`` and
+    ``_look_<key>``: the row's own, or a primary-key change's old key) of each row that
+    needs it (``_needs_log``): ``_log_live``, ``_log_value``, ``_log_position``. One Spark
+    job collects the keys; the log is read by ``previous_state`` on the driver."""
+    look = [f"_look_{k}" for k in key_columns]
+    wanted = df.where("_needs_log").select(*look).distinct().collect()
     keys = [
-        {k: row[k] for k in key_columns}
+        {k: row[f"_look_{k}"] for k in key_columns}
         for row in wanted
-        if None not in [row[k] for k in key_columns]
+        if None not in [row[f"_look_{k}"] for k in key_columns]
     ]
     table = previous_state(keys) if keys else None
     if table is None or table.num_rows == 0:
@@ -519,8 +623,8 @@ def _with_log_state(
         "_log_position",
         F.lit(True).alias("_log_live"),
     )
-    condition = [F.col(PARTITION) == F.col("_lk_partition")] + [
-        F.col(k) == F.col(f"_lk_{k}") for k in key_columns
+    condition = [F.col(f"_look_{PARTITION}") == F.col("_lk_partition")] + [
+        F.col(f"_look_{k}") == F.col(f"_lk_{k}") for k in key_columns
     ]
     joined = df.join(F.broadcast(log_df), on=condition, how="left")
     joined = joined.drop(*[f"_lk_{k}" for k in key_columns], "_lk_partition")
