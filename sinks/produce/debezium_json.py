@@ -160,6 +160,8 @@ class DebeziumBatch:
 
     records: DataFrame
     cached: list[DataFrame] = field(default_factory=list)
+    empty: bool = False
+    """True for a batch of no records (Spark's first micro-batch of an empty topic)."""
 
     def release(self) -> None:
         """Drop what the unwrap cached (the parsed batch); idempotent."""
@@ -196,6 +198,14 @@ def unwrap(
     out = DebeziumBatch(records=parsed, cached=[parsed])
     try:
         types = _types(parsed)
+        if not types.key_type.fields:
+            if parsed.isEmpty():
+                out.empty = True
+                return out
+            raise BadInputError(
+                f"value_format={DEBEZIUM_JSON!r}: the message keys hold no fields; Debezium's "
+                "key is a struct of the table's primary key (a table without one has null keys)"
+            )
         out.records = _records(
             parsed,
             key_columns=key_columns,

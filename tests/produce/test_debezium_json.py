@@ -234,6 +234,23 @@ def test_a_primary_key_change_keeps_the_old_keys_unchanged_toast_values(
     sink.close()
 
 
+def test_an_empty_batch_is_one_and_keys_without_fields_are_refused(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    # Spark's first micro-batch of a topic Debezium has not written to yet holds no record.
+    sink = CompactedStateSink(tmp_path / "log", ("id",), value_format="debezium-json")
+    sink(spark.createDataFrame([], KAFKA), 0)
+    assert sink.log_table.snapshot() is None  # nothing to create the log with
+    topic = Topic(schemas=False)
+    sink(topic.event("c", 1, 10, row(1, "one")).batch(spark), 1)
+    sink(spark.createDataFrame([], KAFKA), 2)
+    assert [r["name"] for r in _state(sink).collect()] == ["one"]
+    keyless = [(None, b'{"op": "c", "after": {"id": 2}, "source": {"lsn": 11}}', "t", 0, 9, None)]
+    with pytest.raises(BadInputError, match="the message keys hold no fields"):
+        sink(spark.createDataFrame(keyless, KAFKA), 3)
+    sink.close()
+
+
 def test_truncate_and_other_ops_are_refused_by_name(spark: SparkSession, tmp_path: Path) -> None:
     topic = Topic(schemas=False)
     topic.event("c", 1, 10, row(1, "a")).event("t", 1, 11)
