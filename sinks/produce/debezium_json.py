@@ -56,6 +56,10 @@ UNAVAILABLE_VALUE = "__debezium_unavailable_value"
 TOMBSTONE_MARK = "~"
 """Appended to the position a tombstone takes: it sorts after it and before every later one."""
 
+REKEY_LEVELS = 3
+"""Primary-key changes of one row within one batch whose unchanged TOAST values are resolved
+(A to B to C to D); a longer chain is refused by name (design.md §60)."""
+
 _WIDTH = 20  # digits of a long: fixed width makes text order numeric order
 _ROW_WIDTH = 10
 _UPSERTS = ("c", "u", "r")
@@ -547,44 +551,47 @@ def _with_old_key(
     earlier: WindowSpec,
 ) -> DataFrame:
     """``df`` with where each unchanged TOAST value comes from (``_s_<field>``), when a
-    primary-key change left some unchanged.
+    primary-key change left some unchanged (design.md §60).
 
     A primary-key change is a ``d`` of the old key and a ``c`` of the new one at the same
     source position (one row change in the source's log). The ``c``'s unchanged values are
     the old key's: its last value before its ``d`` in the batch, else (``old``: the old key)
     its live record in the log. The new key's later events then take them from the ``c``.
     Only a position of the source's log (``lsn``, binlog file and position) pairs two
-    events, never a time; a key changed twice in one batch resolves from the first change's
-    old key only (a second level is refused by name, as an unknown value).
+    events, never a time. Each of `REKEY_LEVELS` rounds (two windows) resolves one more
+    change of a chain in the batch (A to B, then B to C); a longer chain finds no value
+    and is refused by name.
     """
     by_position = Window.partitionBy(SOURCE_POSITION)
     deleted = delete & F.col("_log_position_kind")
     old_key = F.first(F.when(deleted, own_key), ignorenulls=True).over(by_position)
     df = df.withColumn("_old_key", F.when(upsert & F.col("_log_position_kind"), old_key))
-    rekeyed: dict[str, Column] = {}
-    for name, data_type in toast.items():
-        before_delete = F.first(F.when(deleted, F.col(f"_e_{name}")), ignorenulls=True).over(
-            by_position
-        )
-        from_log = F.struct(
-            F.lit(None).cast("boolean").alias("live"),
-            F.lit(None).cast(data_type).alias("v"),
-            F.col("_old_key").alias("old"),
-        )
-        rekeyed[f"_r_{name}"] = F.when(
-            F.col("_old_key").isNotNull() & F.col(f"_p_{name}"),
-            F.coalesce(before_delete, from_log),
-        )
-    df = df.withColumns(rekeyed)
-    resolved: dict[str, Column] = {}
-    for name, data_type in toast.items():
-        # The first pass's anchors again, a rekeyed c's resolution among them.
-        anchor = F.when(F.col(f"_r_{name}").isNotNull(), F.col(f"_r_{name}")).otherwise(
-            _anchor(upsert, delete, F.col(f"_p_{name}"), name, data_type, own_key)
-        )
-        later = F.last(anchor, ignorenulls=True).over(earlier)
-        resolved[f"_s_{name}"] = F.coalesce(F.col(f"_r_{name}"), later)
-    return df.withColumns(resolved)
+    known = {name: f"_e_{name}" for name in toast}  # each event's anchor, so far
+    for level in range(REKEY_LEVELS):
+        rekeyed: dict[str, Column] = {}
+        for name, data_type in toast.items():
+            before_delete = F.first(F.when(deleted, F.col(known[name])), ignorenulls=True)
+            from_log = F.struct(
+                F.lit(None).cast("boolean").alias("live"),
+                F.lit(None).cast(data_type).alias("v"),
+                F.col("_old_key").alias("old"),
+            )
+            rekeyed[f"_r{level}_{name}"] = F.when(
+                F.col("_old_key").isNotNull() & F.col(f"_p_{name}"),
+                F.coalesce(before_delete.over(by_position), from_log),
+            )
+        df = df.withColumns(rekeyed)
+        resolved: dict[str, Column] = {}
+        for name, data_type in toast.items():
+            own = F.col(f"_r{level}_{name}")
+            anchor = F.when(own.isNotNull(), own).otherwise(
+                _anchor(upsert, delete, F.col(f"_p_{name}"), name, data_type, own_key)
+            )
+            later = F.last(anchor, ignorenulls=True).over(earlier)
+            resolved[f"_s{level}_{name}"] = F.coalesce(own, later)
+        df = df.withColumns(resolved)
+        known = {name: f"_s{level}_{name}" for name in toast}
+    return df.withColumns({f"_s_{name}": F.col(known[name]) for name in toast})
 
 
 def _log_fields(df: DataFrame) -> set[str]:

@@ -231,6 +231,22 @@ def test_a_primary_key_change_keeps_the_old_keys_unchanged_toast_values(
     assert_df_equality(
         _state(sink), _table(spark, expected), ignore_row_order=True, ignore_nullable=True
     )
+
+    # Chains within one batch: 10 -> 11 -> 12 from the batch, 3 -> 13 -> 14 -> 15 from the log.
+    topic.event("c", 10, 30, row(10, "ten"))
+    for old, new, lsn in ((10, 11, 31), (11, 12, 32), (3, 13, 33), (13, 14, 34), (14, 15, 35)):
+        topic.event("d", old, lsn).tombstone(old)
+        topic.event("c", new, lsn, row(new, UNAVAILABLE_VALUE, new))
+    sink(topic.batch(spark), 2)
+    expected = [
+        (4, "long two, changed", dt.date(1970, 1, 3)),
+        (5, "long eight", dt.date(1970, 1, 5)),
+        (12, "ten", dt.date(1970, 1, 13)),
+        (15, "long one", dt.date(1970, 1, 16)),
+    ]
+    assert_df_equality(
+        _state(sink), _table(spark, expected), ignore_row_order=True, ignore_nullable=True
+    )
     sink.close()
 
 
