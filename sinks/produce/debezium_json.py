@@ -217,9 +217,8 @@ def unwrap(
             previous_state=previous_state,
             log_value=log_value,
             cache=out.cached,
+            refuse=refuse,
         )
-        if refuse:
-            _refuse(out.records)
     except BaseException:
         out.release()
         raise
@@ -371,6 +370,7 @@ def _records(
     previous_state: PreviousState,
     log_value: T.DataType | None,
     cache: list[DataFrame],
+    refuse: bool,
 ) -> DataFrame:
     key_type, after_type, after_fields = types.key_type, types.after_type, types.after_fields
     names = [f.name for f in key_type.fields]
@@ -426,9 +426,20 @@ def _records(
         needs_log = needs_log | (F.col(f"_p_{name}") & F.col(f"_s_{name}").live.isNull())
     # Cached: the keys the log must give are collected from it, and the records read it again
     # (refused rows, the append) without computing the windows a second time.
-    df = df.withColumn("_needs_log", needs_log).persist(StorageLevel.MEMORY_AND_DISK)
+    df = df.withColumns(
+        {
+            "_needs_log": needs_log,
+            "_early_reason": _early_reason(tombstone, upsert),
+            # Unchanged TOAST values with no value whatever the log holds (a delete before),
+            # and those the log's record gives, by field name.
+            "_toast_dead": _names(toast, lambda n: F.col(f"_p_{n}") & ~F.col(f"_s_{n}").live),
+            "_toast_log": _names(
+                toast, lambda n: F.col(f"_p_{n}") & F.col(f"_s_{n}").live.isNull()
+            ),
+        }
+    ).persist(StorageLevel.MEMORY_AND_DISK)
     cache.append(df)
-    df = _with_log_state(df, key_columns, after_type, previous_state)
+    df = _with_log_state(df, key_columns, previous_state, refuse=refuse)
 
     position = F.when(
         tombstone,
@@ -468,8 +479,37 @@ def _records(
         fields = [by_name[name] for name in order]
     value = F.when(upsert, F.struct(*fields))
     unresolved_names = F.concat_ws(", ", *unresolved) if unresolved else F.lit("")
-    reason = (
-        F.when(tombstone, F.lit(None))
+    reason = F.coalesce(
+        F.col("_early_reason"),
+        F.when(
+            upsert & (unresolved_names != ""),
+            F.concat(F.lit(_TOAST_REASON[0]), unresolved_names, F.lit(_TOAST_REASON[1])),
+        ),
+    )
+    has_timestamp = TIMESTAMP in parsed.columns
+    records = df.where(~tombstone | position.isNotNull()).select(
+        *key_columns,
+        value.alias(VALUE),
+        position.alias(SOURCE_POSITION),
+        PARTITION,
+        OFFSET,
+        *([TIMESTAMP] if has_timestamp else []),
+        reason.alias(DECODE_ERROR),
+    )
+    return records
+
+
+_TOAST_REASON = (
+    f"unchanged TOAST value ({UNAVAILABLE_VALUE}) of ",
+    " and no earlier value of the key in the batch or the log: the sink must see the row's "
+    "value first (start the connector with a snapshot)",
+)
+
+
+def _early_reason(tombstone: Column, upsert: Column) -> Column:
+    """Why an event is refused, for the reasons the log cannot change (null: none)."""
+    return (
+        F.when(tombstone, F.lit(None).cast("string"))
         .when(F.col("_not_event"), F.lit(f"not a Debezium change event ({DEBEZIUM_JSON})"))
         .when(
             F.col("_op") == "t",
@@ -494,29 +534,12 @@ def _records(
                 "a change event without a source position (source.lsn, source.file/pos or ts_ms)"
             ),
         )
-        .when(
-            upsert & (unresolved_names != ""),
-            F.concat(
-                F.lit(f"unchanged TOAST value ({UNAVAILABLE_VALUE}) of "),
-                unresolved_names,
-                F.lit(
-                    " and no earlier value of the key in the batch or the log: the sink must "
-                    "see the row's value first (start the connector with a snapshot)"
-                ),
-            ),
-        )
     )
-    has_timestamp = TIMESTAMP in parsed.columns
-    records = df.where(~tombstone | position.isNotNull()).select(
-        *key_columns,
-        value.alias(VALUE),
-        position.alias(SOURCE_POSITION),
-        PARTITION,
-        OFFSET,
-        *([TIMESTAMP] if has_timestamp else []),
-        reason.alias(DECODE_ERROR),
-    )
-    return records
+
+
+def _names(fields: Sequence[str], where: Callable[[str], Column]) -> Column:
+    """The names of ``fields`` (in order, comma-separated) for which ``where`` holds."""
+    return F.concat_ws(", ", *[F.when(where(n), F.lit(n)) for n in fields]) if fields else F.lit("")
 
 
 def _anchor(
@@ -602,28 +625,52 @@ def _log_fields(df: DataFrame) -> set[str]:
 def _with_log_state(
     df: DataFrame,
     key_columns: Sequence[str],
-    after_type: T.StructType,
     previous_state: PreviousState,
+    *,
+    refuse: bool,
 ) -> DataFrame:
     """``df`` with the log's live record of the look-up key (``_look_partition`` and
     ``_look_<key>``: the row's own, or a primary-key change's old key) of each row that
-    needs it (``_needs_log``): ``_log_live``, ``_log_value``, ``_log_position``. One Spark
-    job collects the keys; the log is read by ``previous_state`` on the driver."""
-    look = [f"_look_{k}" for k in key_columns]
-    wanted = df.where("_needs_log").select(*look).distinct().collect()
+    needs it (``_needs_log``): ``_log_live``, ``_log_value``, ``_log_position``.
+
+    One Spark job (an aggregate, small) gives both the keys to look up and, with
+    ``refuse``, the refused rows: the reasons the log cannot change, and the unchanged TOAST
+    values that only a live record of the look-up key would give. The log is read by
+    ``previous_state`` on the driver; then `BadInputError` names the refused rows, before
+    anything is written."""
+    look = F.struct(*[F.col(f"_look_{c}").alias(c) for c in [PARTITION, *key_columns]])
+    wanted = (
+        df.where(
+            F.col("_needs_log") | F.col("_early_reason").isNotNull() | (F.col("_toast_dead") != "")
+        )
+        .select(
+            F.when(F.col("_needs_log"), look).alias("look"),
+            F.col("_early_reason").alias("reason"),
+            F.col("_toast_dead").alias("dead"),
+            F.col("_toast_log").alias("log"),
+        )
+        .groupBy("look", "reason", "dead", "log")
+        .count()
+        .collect()
+    )
     keys = [
-        {k: row[f"_look_{k}"] for k in key_columns}
-        for row in wanted
-        if None not in [row[f"_look_{k}"] for k in key_columns]
+        {k: look[k] for k in key_columns}
+        for look in {r["look"] for r in wanted if r["look"] is not None}
+        if None not in [look[k] for k in key_columns]
     ]
     table = previous_state(keys) if keys else None
     if table is None or table.num_rows == 0:
+        if refuse:
+            _refuse(wanted, set())
         return df.select(
             "*",
             F.lit(False).alias("_log_live"),
             F.lit(None).alias("_log_value"),
             F.lit(None).cast("string").alias("_log_position"),
         )
+    if refuse:
+        live = zip(*[table.column(c).to_pylist() for c in [PARTITION, *key_columns]], strict=True)
+        _refuse(wanted, set(live))
     spark = df.sparkSession
     columns = [*key_columns, PARTITION, VALUE]
     log_rows = table.select(columns)
@@ -648,15 +695,20 @@ def _with_log_state(
     return joined.withColumn("_log_live", F.coalesce(F.col("_log_live"), F.lit(False)))
 
 
-def _refuse(records: DataFrame) -> None:
-    """`BadInputError` naming why rows are refused, before anything is written."""
-    reasons = (
-        records.where(F.col(DECODE_ERROR).isNotNull())
-        .groupBy(DECODE_ERROR)
-        .count()
-        .limit(5)
-        .collect()
-    )
-    if reasons:
-        said = "; ".join(f"{r['count']} rows: {r[DECODE_ERROR]}" for r in reasons)
+def _refuse(wanted: list[Any], live: set[tuple[Any, ...]]) -> None:
+    """`BadInputError` naming why rows are refused (``wanted``: `_with_log_state`'s
+    aggregate; ``live``: the look-up keys the log holds, as (partition, *key) tuples)."""
+    counts: dict[str, int] = {}
+    for row in wanted:
+        reason = row["reason"]
+        if reason is None:
+            found = row["look"] is not None and tuple(row["look"]) in live
+            names = [n for n in (row["dead"], "" if found else row["log"]) if n]
+            if not names:
+                continue
+            ordered = ", ".join(names)
+            reason = f"{_TOAST_REASON[0]}{ordered}{_TOAST_REASON[1]}"
+        counts[reason] = counts.get(reason, 0) + row["count"]
+    if counts:
+        said = "; ".join(f"{n} rows: {reason}" for reason, n in list(counts.items())[:5])
         raise BadInputError(f"value_format={DEBEZIUM_JSON!r} refused change events: {said}")
