@@ -16,7 +16,8 @@ binary or text, with or without the JSON converter's ``schema``/``payload`` wrap
   after that record and before any later event (design.md §53); a tombstone with neither
   deletes nothing and is dropped;
 - PostgreSQL's unchanged TOAST values (`UNAVAILABLE_VALUE`) take the column's previous
-  value: the key's nearest earlier event in the batch, else its live record in the log.
+  value: the key's nearest earlier event in the batch, else its live record in the log;
+- a primary-key change's unchanged TOAST values are the old key's (design.md §60).
 
 What cannot be done right is a row refused by name in ``_decode_error`` (dead letters
 when the sink has a dead-letter table, else `BadInputError` naming the reasons): ``op=t``
@@ -165,7 +166,8 @@ class DebeziumBatch:
     records: DataFrame
     cached: list[DataFrame] = field(default_factory=list)
     empty: bool = False
-    """True for a batch of no records (Spark's first micro-batch of an empty topic)."""
+    """True for a batch of no records (Spark's first micro-batch of an empty topic): the
+    sink appends nothing, and creates no log (design.md §61)."""
 
     def release(self) -> None:
         """Drop what the unwrap cached (the parsed batch); idempotent."""
@@ -184,10 +186,11 @@ def unwrap(
 ) -> DebeziumBatch:
     """The sink's records of ``batch``'s Debezium change events (the module's contract).
 
-    Runs small Spark jobs of its own: the batch's schemas (or, without them, JSON's types
-    inferred over the batch), the keys whose previous state the log must give, and with
-    ``refuse`` the refused rows, raising `BadInputError` with their reasons before anything
-    is written (without ``refuse`` they stay in ``_decode_error`` for the dead letters).
+    Runs two small Spark jobs of its own: the batch's schemas (or, without them, JSON's
+    types inferred over the batch), then one aggregate giving the keys whose previous state
+    the log must give and the refused rows; with ``refuse`` it raises `BadInputError` with
+    their reasons before anything is written (without ``refuse`` they stay in
+    ``_decode_error`` for the dead letters).
     ``log_value`` is the log's ``value`` type: a field it has that the batch's events lack
     (events from before a column was added, redelivered) is kept, null, as the log keeps
     every field it has had.
@@ -637,7 +640,7 @@ def _with_log_state(
     ``refuse``, the refused rows: the reasons the log cannot change, and the unchanged TOAST
     values that only a live record of the look-up key would give. The log is read by
     ``previous_state`` on the driver; then `BadInputError` names the refused rows, before
-    anything is written."""
+    anything is written (design.md §62)."""
     look = F.struct(*[F.col(f"_look_{c}").alias(c) for c in [PARTITION, *key_columns]])
     wanted = (
         df.where(
