@@ -89,6 +89,13 @@ def test_the_state_equals_the_table_across_a_broker_restart(
         connector = postgres_connector(postgres, name="restarted", tables=rf"public\.{TABLE}")
         worker = ConnectWorker(DEBEZIUM_JARS, tmp_path / "connect", own_broker.bootstrap, connector)
         worker.start()
+        rows = len(workload.ids)  # the snapshot's: its events come before any change's
+        wait_until(
+            lambda: len(kafka.consume_all(TOPIC)) >= rows,
+            timeout_s=180,
+            what="the snapshot",
+            alive=worker.check_alive,
+        )
 
         def settled(what: str) -> None:
             marker = workload.settle()
@@ -116,7 +123,7 @@ def test_the_state_equals_the_table_across_a_broker_restart(
             .start()
         )
         workload.round(CHANGES)
-        settled("the snapshot and a round")
+        settled("a round")
 
         workload.round(CHANGES // 2)
         stopped = time.monotonic()
