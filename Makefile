@@ -68,7 +68,7 @@ TEST_SMOKE_SPARKS ?= $(SMOKE_SPARKS)
 # the newest 3.5 plugin on the Maven Central this project's machines reach.
 CONNECT_PLUGIN_3.5 ?= 3.5.7
 
-.PHONY: demo demo-kafka demo-cdc wheel jars test test-setup test-lane-main test-lane-others test-main-suite test-kafka-venv-suite test-main test-install test-kafka test-delta-spark race smoke lint bench bench-quick bench-append bench-consumer bench-lookup bench-lookup-pass bench-checkpoint bench-scale bench-cluster soak soak-quick soak-exit soak-faults clean
+.PHONY: demo demo-kafka demo-cdc wheel jars test test-setup test-lane-main test-lane-others test-main-suite test-kafka-venv-suite test-main test-install test-kafka test-cdc test-delta-spark race smoke lint bench bench-quick bench-append bench-consumer bench-lookup bench-lookup-pass bench-checkpoint bench-scale bench-cluster soak soak-quick soak-exit soak-faults clean
 
 $(UV):
 	python3 -m venv $(UV_VENV)
@@ -229,6 +229,14 @@ test-install: $(STAMP)
 
 test-kafka: $(KAFKA_STAMP) jars
 	COMPACTED_SINK_KAFKA_TESTS=required $(KAFKA_PY) -m pytest -q --durations=10 -m kafka tests
+
+# The Debezium pipeline at length (tests/kafka/test_debezium_*.py): the seeded workloads for
+# CDC_SEEDS seeds (`make test` runs one) and the broker restarted while the events flow.
+CDC_SEEDS ?= 5
+test-cdc: $(KAFKA_STAMP) jars
+	COMPACTED_SINK_KAFKA_TESTS=required COMPACTED_SINK_CDC_TESTS=required \
+	  COMPACTED_SINK_CDC_SEEDS=$(CDC_SEEDS) $(KAFKA_PY) -m pytest -q --durations=10 -m kafka \
+	  tests/kafka/test_debezium_*.py
 
 # `make test` races the two engines for RACE_ROUNDS rounds; `make race` for 50 (the issue's
 # count: about 1 min a round on a loaded 2-core machine).

@@ -30,6 +30,7 @@ from streaming.inputs.local_debezium import (  # noqa: E402
     PG_BIN,
     ConnectWorker,
     LocalPostgres,
+    postgres_connector,
     wait_until,
 )
 from streaming.inputs.local_kafka import LocalKafka, spark_jars  # noqa: E402
@@ -78,7 +79,8 @@ def main() -> int:
         for i in range(args.keys // 2):
             db.execute("INSERT INTO users VALUES (%s, %s, 0)", (i, f"user-{i}"))
         _create_topic(broker.bootstrap)
-        worker = ConnectWorker(debezium, work / "connect", broker.bootstrap, _connector(postgres))
+        connector = postgres_connector(postgres, name="users", tables="public.users")
+        worker = ConnectWorker(debezium, work / "connect", broker.bootstrap, connector)
         worker.start()
         print("Connect worker with Debezium's PostgreSQL connector started (snapshot first)")
         return run(args, db, broker.bootstrap, jars, worker)
@@ -187,24 +189,6 @@ def _create_topic(bootstrap: str) -> None:
     admin.create_topics([NewTopic(TOPIC, num_partitions=1, replication_factor=1)])[TOPIC].result(
         timeout=60
     )
-
-
-def _connector(postgres: LocalPostgres) -> dict[str, str]:
-    return {
-        "name": "users",
-        "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
-        "tasks.max": "1",
-        "plugin.name": "pgoutput",
-        "database.hostname": "127.0.0.1",
-        "database.port": str(postgres.port),
-        "database.user": "postgres",
-        "database.password": "postgres",
-        "database.dbname": "postgres",
-        "topic.prefix": "dbz",
-        "table.include.list": "public.users",
-        "slot.name": "users",
-        "publication.autocreate.mode": "filtered",
-    }
 
 
 if __name__ == "__main__":

@@ -183,7 +183,11 @@ class CompactedStateSink:
         unwrapped = self._unwrapped(batch_df)
         if unwrapped is not None:
             batch_df = unwrapped.records
-        records = SparkRecords(batch_df, before_prepare=lambda: check_python_workers(spark))
+        records = SparkRecords(
+            batch_df,
+            before_prepare=lambda: check_python_workers(spark),
+            empty=unwrapped is not None and unwrapped.empty,
+        )
         background = self.cleaning == "background" or (
             self.cleaning == "auto" and query_id is not None
         )
@@ -239,7 +243,8 @@ class CompactedStateSink:
         (a pass it runs needs ``spark``) and set ``last_append``; ``started`` is the call's
         `time.monotonic`. What a call does once it has its records."""
         info = self.appender.append(records, app_id=app_id, batch_id=batch_id)
-        assert info.snapshot is not None
+        if info.snapshot is None:  # an empty batch of change events, and no log to hold it
+            return
         duration_ms = int((time.monotonic() - started) * 1000)
         stats, snapshot, ratio = self.log_cleaner.hand_over(
             spark, info.snapshot, background=background, appended=not info.already_committed

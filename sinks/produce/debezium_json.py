@@ -16,7 +16,8 @@ binary or text, with or without the JSON converter's ``schema``/``payload`` wrap
   after that record and before any later event (design.md §53); a tombstone with neither
   deletes nothing and is dropped;
 - PostgreSQL's unchanged TOAST values (`UNAVAILABLE_VALUE`) take the column's previous
-  value: the key's nearest earlier event in the batch, else its live record in the log.
+  value: the key's nearest earlier event in the batch, else its live record in the log;
+- a primary-key change's unchanged TOAST values are the old key's (design.md §60).
 
 What cannot be done right is a row refused by name in ``_decode_error`` (dead letters
 when the sink has a dead-letter table, else `BadInputError` naming the reasons): ``op=t``
@@ -27,6 +28,7 @@ a callable the sink gives (`PreviousState`), so this module needs no reader.
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -37,7 +39,7 @@ from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
-from pyspark.sql.window import Window
+from pyspark.sql.window import Window, WindowSpec
 
 from sinks.errors import BadInputError, ConfigError
 from sinks.log.records import DECODE_ERROR, OFFSET, PARTITION, TIMESTAMP, VALUE
@@ -54,6 +56,10 @@ UNAVAILABLE_VALUE = "__debezium_unavailable_value"
 
 TOMBSTONE_MARK = "~"
 """Appended to the position a tombstone takes: it sorts after it and before every later one."""
+
+REKEY_LEVELS = 3
+"""Primary-key changes of one row within one batch whose unchanged TOAST values are resolved
+(A to B to C to D); a longer chain is refused by name (design.md §60)."""
 
 _WIDTH = 20  # digits of a long: fixed width makes text order numeric order
 _ROW_WIDTH = 10
@@ -159,6 +165,9 @@ class DebeziumBatch:
 
     records: DataFrame
     cached: list[DataFrame] = field(default_factory=list)
+    empty: bool = False
+    """True for a batch of no records (Spark's first micro-batch of an empty topic): the
+    sink appends nothing, and creates no log (design.md §61)."""
 
     def release(self) -> None:
         """Drop what the unwrap cached (the parsed batch); idempotent."""
@@ -177,10 +186,11 @@ def unwrap(
 ) -> DebeziumBatch:
     """The sink's records of ``batch``'s Debezium change events (the module's contract).
 
-    Runs small Spark jobs of its own: the batch's schemas (or, without them, JSON's types
-    inferred over the batch), the keys whose previous state the log must give, and with
-    ``refuse`` the refused rows, raising `BadInputError` with their reasons before anything
-    is written (without ``refuse`` they stay in ``_decode_error`` for the dead letters).
+    Runs two small Spark jobs of its own: the batch's schemas (or, without them, JSON's
+    types inferred over the batch), then one aggregate giving the keys whose previous state
+    the log must give and the refused rows; with ``refuse`` it raises `BadInputError` with
+    their reasons before anything is written (without ``refuse`` they stay in
+    ``_decode_error`` for the dead letters).
     ``log_value`` is the log's ``value`` type: a field it has that the batch's events lack
     (events from before a column was added, redelivered) is kept, null, as the log keeps
     every field it has had.
@@ -194,20 +204,24 @@ def unwrap(
     parsed = _parsed(batch).persist(StorageLevel.MEMORY_AND_DISK)
     out = DebeziumBatch(records=parsed, cached=[parsed])
     try:
-        key_type, key_fields, after_type, after_fields = _types(parsed)
+        types = _types(parsed)
+        if not types.key_type.fields:
+            if parsed.isEmpty():
+                out.empty = True
+                return out
+            raise BadInputError(
+                f"value_format={DEBEZIUM_JSON!r}: the message keys hold no fields; Debezium's "
+                "key is a struct of the table's primary key (a table without one has null keys)"
+            )
         out.records = _records(
             parsed,
             key_columns=key_columns,
-            key_type=key_type,
-            key_fields=key_fields,
-            after_type=after_type,
-            after_fields=after_fields,
+            types=types,
             previous_state=previous_state,
             log_value=log_value,
             cache=out.cached,
+            refuse=refuse,
         )
-        if refuse:
-            _refuse(out.records)
     except BaseException:
         out.release()
         raise
@@ -274,18 +288,32 @@ def _parsed(batch: DataFrame) -> DataFrame:
         envelope.op.alias("_op"),
         envelope.after.alias("_after"),
         position.alias(SOURCE_POSITION),
+        (source.lsn.isNotNull() | source.file.isNotNull()).alias("_log_position_kind"),
     )
 
 
-def _types(
-    parsed: DataFrame,
-) -> tuple[T.StructType, list[dict[str, Any]], T.StructType, list[dict[str, Any]]]:
+@dataclass(frozen=True)
+class _BatchTypes:
+    """What one small job over a batch finds: the key's and ``after``'s types and fields, and
+    whether a primary-key change left TOAST values unchanged (``rekeyed``)."""
+
+    key_type: T.StructType
+    key_fields: list[dict[str, Any]]
+    after_type: T.StructType
+    after_fields: list[dict[str, Any]]
+    rekeyed: bool
+
+
+def _types(parsed: DataFrame) -> _BatchTypes:
     """The key's and ``after``'s Spark types: from the batch's Connect schemas (every
     version it holds, merged), else inferred by Spark's JSON reader over the batch."""
     rows = (
         parsed.where(~F.col("_tombstone") | F.col("_key_schema").isNotNull())
         .groupBy("_key_schema", "_value_schema")
-        .agg(F.min(F.col("_tombstone").cast("int")).alias("only_tombstones"))
+        .agg(
+            F.min(F.col("_tombstone").cast("int")).alias("only_tombstones"),
+            F.max(_unchanged_on_create().cast("int")).alias("rekeyed"),
+        )
         .collect()
     )
     key_schemas = sorted({r["_key_schema"] for r in rows if r["_key_schema"] is not None})
@@ -307,7 +335,16 @@ def _types(
         upserts = parsed.where(F.col("_op").isin(*_UPSERTS) & F.col("_after").isNotNull())
         after_type = _inferred(spark, upserts.select(F.col("_after").alias("j")))
         after_fields = [{"field": f.name} for f in after_type.fields]
-    return key_type, key_fields, after_type, after_fields
+    rekeyed = any(r["rekeyed"] for r in rows)
+    return _BatchTypes(key_type, key_fields, after_type, after_fields, rekeyed)
+
+
+def _unchanged_on_create() -> Column:
+    """True for a ``c`` event holding an unchanged TOAST value: only a primary-key change's
+    ``c`` can (an insert gives every value), its text placeholder or bytes' base64."""
+    encoded = base64.b64encode(UNAVAILABLE_VALUE.encode()).decode()
+    after = F.coalesce(F.col("_after"), F.lit(""))
+    return (F.col("_op") == "c") & (after.contains(UNAVAILABLE_VALUE) | after.contains(encoded))
 
 
 def _inferred(spark: Any, texts: DataFrame) -> T.StructType:
@@ -332,14 +369,13 @@ def _records(
     parsed: DataFrame,
     *,
     key_columns: Sequence[str],
-    key_type: T.StructType,
-    key_fields: list[dict[str, Any]],
-    after_type: T.StructType,
-    after_fields: list[dict[str, Any]],
+    types: _BatchTypes,
     previous_state: PreviousState,
     log_value: T.DataType | None,
     cache: list[DataFrame],
+    refuse: bool,
 ) -> DataFrame:
+    key_type, after_type, after_fields = types.key_type, types.after_type, types.after_fields
     names = [f.name for f in key_type.fields]
     if key_type.fields and sorted(names) != sorted(key_columns):
         raise BadInputError(
@@ -362,30 +398,51 @@ def _records(
     tombstone = F.col("_tombstone")
     upsert = ~tombstone & F.col("_op").isin(*_UPSERTS)
     df = df.withColumn("_prior_position", F.lag(SOURCE_POSITION).over(before))
-    toast: list[str] = []
+    delete = ~tombstone & (F.col("_op") == "d")
+    own_key = F.struct(F.col(PARTITION).alias(PARTITION), *[F.col(k) for k in key_columns])
+    toast: dict[str, T.DataType] = {}
     for f in after_type.fields:
         is_placeholder = _placeholder(f.dataType, F.col(f"_a_{f.name}"))
         if is_placeholder is None:
             continue
-        toast.append(f.name)
-        real = F.when(
-            upsert & ~F.coalesce(is_placeholder, F.lit(False)),
-            F.struct(F.col(f"_a_{f.name}").alias("v")),
-        )
+        toast[f.name] = f.dataType
+        # The key's last value before the event; a delete in between leaves none ("live" false).
         df = df.withColumns(
             {
                 f"_p_{f.name}": upsert & F.coalesce(is_placeholder, F.lit(False)),
-                f"_e_{f.name}": F.last(real, ignorenulls=True).over(earlier),
+                f"_e_{f.name}": F.last(
+                    _anchor(upsert, delete, is_placeholder, f.name, f.dataType, own_key),
+                    ignorenulls=True,
+                ).over(earlier),
             }
         )
+    if toast and types.rekeyed:
+        df = _with_old_key(df, toast, upsert, delete, own_key, earlier)
+    else:
+        df = df.withColumns({f"_s_{name}": F.col(f"_e_{name}") for name in toast})
+    look = F.coalesce(*[F.when(F.col(f"_p_{n}"), F.col(f"_s_{n}").old) for n in toast], own_key)
+    df = df.withColumn("_look", look).withColumns(
+        {f"_look_{c}": F.col("_look")[c] for c in [PARTITION, *key_columns]}
+    )
     needs_log = tombstone & F.col("_prior_position").isNull()
     for name in toast:
-        needs_log = needs_log | (F.col(f"_p_{name}") & F.col(f"_e_{name}").isNull())
+        needs_log = needs_log | (F.col(f"_p_{name}") & F.col(f"_s_{name}").live.isNull())
     # Cached: the keys the log must give are collected from it, and the records read it again
     # (refused rows, the append) without computing the windows a second time.
-    df = df.withColumn("_needs_log", needs_log).persist(StorageLevel.MEMORY_AND_DISK)
+    df = df.withColumns(
+        {
+            "_needs_log": needs_log,
+            "_early_reason": _early_reason(tombstone, upsert),
+            # Unchanged TOAST values with no value whatever the log holds (a delete before),
+            # and those the log's record gives, by field name.
+            "_toast_dead": _names(toast, lambda n: F.col(f"_p_{n}") & ~F.col(f"_s_{n}").live),
+            "_toast_log": _names(
+                toast, lambda n: F.col(f"_p_{n}") & F.col(f"_s_{n}").live.isNull()
+            ),
+        }
+    ).persist(StorageLevel.MEMORY_AND_DISK)
     cache.append(df)
-    df = _with_log_state(df, key_columns, after_type, previous_state)
+    df = _with_log_state(df, key_columns, previous_state, refuse=refuse)
 
     position = F.when(
         tombstone,
@@ -399,10 +456,11 @@ def _records(
         column = F.col(f"_a_{f.name}")
         if f.name in toast:
             from_log = F.col("_log_value")[f.name] if f.name in _log_fields(df) else F.lit(None)
-            resolved = F.when(F.col(f"_e_{f.name}").isNotNull(), F.col(f"_e_{f.name}").v).when(
-                F.col("_log_live"), from_log.cast(f.dataType)
+            earlier_value = F.col(f"_s_{f.name}")
+            resolved = F.when(earlier_value.live, earlier_value.v).when(
+                earlier_value.live.isNull() & F.col("_log_live"), from_log.cast(f.dataType)
             )
-            missing = F.col(f"_p_{f.name}") & F.col(f"_e_{f.name}").isNull() & ~F.col("_log_live")
+            missing = F.col(f"_p_{f.name}") & ~F.coalesce(earlier_value.live, F.col("_log_live"))
             unresolved.append(F.when(missing, F.lit(f.name)))
             column = F.when(F.col(f"_p_{f.name}"), resolved).otherwise(column)
         schema = next((s for s in after_fields if s["field"] == f.name), {})
@@ -424,8 +482,37 @@ def _records(
         fields = [by_name[name] for name in order]
     value = F.when(upsert, F.struct(*fields))
     unresolved_names = F.concat_ws(", ", *unresolved) if unresolved else F.lit("")
-    reason = (
-        F.when(tombstone, F.lit(None))
+    reason = F.coalesce(
+        F.col("_early_reason"),
+        F.when(
+            upsert & (unresolved_names != ""),
+            F.concat(F.lit(_TOAST_REASON[0]), unresolved_names, F.lit(_TOAST_REASON[1])),
+        ),
+    )
+    has_timestamp = TIMESTAMP in parsed.columns
+    records = df.where(~tombstone | position.isNotNull()).select(
+        *key_columns,
+        value.alias(VALUE),
+        position.alias(SOURCE_POSITION),
+        PARTITION,
+        OFFSET,
+        *([TIMESTAMP] if has_timestamp else []),
+        reason.alias(DECODE_ERROR),
+    )
+    return records
+
+
+_TOAST_REASON = (
+    f"unchanged TOAST value ({UNAVAILABLE_VALUE}) of ",
+    " and no earlier value of the key in the batch or the log: the sink must see the row's "
+    "value first (start the connector with a snapshot)",
+)
+
+
+def _early_reason(tombstone: Column, upsert: Column) -> Column:
+    """Why an event is refused, for the reasons the log cannot change (null: none)."""
+    return (
+        F.when(tombstone, F.lit(None).cast("string"))
         .when(F.col("_not_event"), F.lit(f"not a Debezium change event ({DEBEZIUM_JSON})"))
         .when(
             F.col("_op") == "t",
@@ -450,29 +537,87 @@ def _records(
                 "a change event without a source position (source.lsn, source.file/pos or ts_ms)"
             ),
         )
-        .when(
-            upsert & (unresolved_names != ""),
-            F.concat(
-                F.lit(f"unchanged TOAST value ({UNAVAILABLE_VALUE}) of "),
-                unresolved_names,
-                F.lit(
-                    " and no earlier value of the key in the batch or the log: the sink must "
-                    "see the row's value first (start the connector with a snapshot)"
-                ),
-            ),
-        )
     )
-    has_timestamp = TIMESTAMP in parsed.columns
-    records = df.where(~tombstone | position.isNotNull()).select(
-        *key_columns,
-        value.alias(VALUE),
-        position.alias(SOURCE_POSITION),
-        PARTITION,
-        OFFSET,
-        *([TIMESTAMP] if has_timestamp else []),
-        reason.alias(DECODE_ERROR),
+
+
+def _names(fields: Sequence[str], where: Callable[[str], Column]) -> Column:
+    """The names of ``fields`` (in order, comma-separated) for which ``where`` holds."""
+    return F.concat_ws(", ", *[F.when(where(n), F.lit(n)) for n in fields]) if fields else F.lit("")
+
+
+def _anchor(
+    upsert: Column,
+    delete: Column,
+    is_placeholder: Column,
+    name: str,
+    data_type: T.DataType,
+    own_key: Column,
+) -> Column:
+    """What an event says of field ``name`` to the key's later events: its value (``live``),
+    that the key was deleted (``live`` false), or nothing (null: a placeholder, a tombstone).
+    ``old`` (null here) is the key whose log record holds the value (`_with_old_key`)."""
+    no_key = F.when(F.lit(False), own_key)
+    return F.when(
+        upsert & ~F.coalesce(is_placeholder, F.lit(False)),
+        F.struct(F.lit(True).alias("live"), F.col(f"_a_{name}").alias("v"), no_key.alias("old")),
+    ).when(
+        delete,
+        F.struct(
+            F.lit(False).alias("live"), F.lit(None).cast(data_type).alias("v"), no_key.alias("old")
+        ),
     )
-    return records
+
+
+def _with_old_key(
+    df: DataFrame,
+    toast: dict[str, T.DataType],
+    upsert: Column,
+    delete: Column,
+    own_key: Column,
+    earlier: WindowSpec,
+) -> DataFrame:
+    """``df`` with where each unchanged TOAST value comes from (``_s_<field>``), when a
+    primary-key change left some unchanged (design.md §60).
+
+    A primary-key change is a ``d`` of the old key and a ``c`` of the new one at the same
+    source position (one row change in the source's log). The ``c``'s unchanged values are
+    the old key's: its last value before its ``d`` in the batch, else (``old``: the old key)
+    its live record in the log. The new key's later events then take them from the ``c``.
+    Only a position of the source's log (``lsn``, binlog file and position) pairs two
+    events, never a time. Each of `REKEY_LEVELS` rounds (two windows) resolves one more
+    change of a chain in the batch (A to B, then B to C); a longer chain finds no value
+    and is refused by name.
+    """
+    by_position = Window.partitionBy(SOURCE_POSITION)
+    deleted = delete & F.col("_log_position_kind")
+    old_key = F.first(F.when(deleted, own_key), ignorenulls=True).over(by_position)
+    df = df.withColumn("_old_key", F.when(upsert & F.col("_log_position_kind"), old_key))
+    known = {name: f"_e_{name}" for name in toast}  # each event's anchor, so far
+    for level in range(REKEY_LEVELS):
+        rekeyed: dict[str, Column] = {}
+        for name, data_type in toast.items():
+            before_delete = F.first(F.when(deleted, F.col(known[name])), ignorenulls=True)
+            from_log = F.struct(
+                F.lit(None).cast("boolean").alias("live"),
+                F.lit(None).cast(data_type).alias("v"),
+                F.col("_old_key").alias("old"),
+            )
+            rekeyed[f"_r{level}_{name}"] = F.when(
+                F.col("_old_key").isNotNull() & F.col(f"_p_{name}"),
+                F.coalesce(before_delete.over(by_position), from_log),
+            )
+        df = df.withColumns(rekeyed)
+        resolved: dict[str, Column] = {}
+        for name, data_type in toast.items():
+            own = F.col(f"_r{level}_{name}")
+            anchor = F.when(own.isNotNull(), own).otherwise(
+                _anchor(upsert, delete, F.col(f"_p_{name}"), name, data_type, own_key)
+            )
+            later = F.last(anchor, ignorenulls=True).over(earlier)
+            resolved[f"_s{level}_{name}"] = F.coalesce(own, later)
+        df = df.withColumns(resolved)
+        known = {name: f"_s{level}_{name}" for name in toast}
+    return df.withColumns({f"_s_{name}": F.col(known[name]) for name in toast})
 
 
 def _log_fields(df: DataFrame) -> set[str]:
@@ -483,26 +628,52 @@ def _log_fields(df: DataFrame) -> set[str]:
 def _with_log_state(
     df: DataFrame,
     key_columns: Sequence[str],
-    after_type: T.StructType,
     previous_state: PreviousState,
+    *,
+    refuse: bool,
 ) -> DataFrame:
-    """``df`` with the log's live record of each key that needs it (``_needs_log``):
-    ``_log_live``, ``_log_value``, ``_log_position``. One Spark job collects the keys; the
-    log is read by ``previous_state`` on the driver."""
-    wanted = df.where("_needs_log").select(PARTITION, *key_columns).distinct().collect()
+    """``df`` with the log's live record of the look-up key (``_look_partition`` and
+    ``_look_<key>``: the row's own, or a primary-key change's old key) of each row that
+    needs it (``_needs_log``): ``_log_live``, ``_log_value``, ``_log_position``.
+
+    One Spark job (an aggregate, small) gives both the keys to look up and, with
+    ``refuse``, the refused rows: the reasons the log cannot change, and the unchanged TOAST
+    values that only a live record of the look-up key would give. The log is read by
+    ``previous_state`` on the driver; then `BadInputError` names the refused rows, before
+    anything is written (design.md §62)."""
+    look = F.struct(*[F.col(f"_look_{c}").alias(c) for c in [PARTITION, *key_columns]])
+    wanted = (
+        df.where(
+            F.col("_needs_log") | F.col("_early_reason").isNotNull() | (F.col("_toast_dead") != "")
+        )
+        .select(
+            F.when(F.col("_needs_log"), look).alias("look"),
+            F.col("_early_reason").alias("reason"),
+            F.col("_toast_dead").alias("dead"),
+            F.col("_toast_log").alias("log"),
+        )
+        .groupBy("look", "reason", "dead", "log")
+        .count()
+        .collect()
+    )
     keys = [
-        {k: row[k] for k in key_columns}
-        for row in wanted
-        if None not in [row[k] for k in key_columns]
+        {k: look[k] for k in key_columns}
+        for look in {r["look"] for r in wanted if r["look"] is not None}
+        if None not in [look[k] for k in key_columns]
     ]
     table = previous_state(keys) if keys else None
     if table is None or table.num_rows == 0:
+        if refuse:
+            _refuse(wanted, set())
         return df.select(
             "*",
             F.lit(False).alias("_log_live"),
             F.lit(None).alias("_log_value"),
             F.lit(None).cast("string").alias("_log_position"),
         )
+    if refuse:
+        live = zip(*[table.column(c).to_pylist() for c in [PARTITION, *key_columns]], strict=True)
+        _refuse(wanted, set(live))
     spark = df.sparkSession
     columns = [*key_columns, PARTITION, VALUE]
     log_rows = table.select(columns)
@@ -519,23 +690,28 @@ def _with_log_state(
         "_log_position",
         F.lit(True).alias("_log_live"),
     )
-    condition = [F.col(PARTITION) == F.col("_lk_partition")] + [
-        F.col(k) == F.col(f"_lk_{k}") for k in key_columns
+    condition = [F.col(f"_look_{PARTITION}") == F.col("_lk_partition")] + [
+        F.col(f"_look_{k}") == F.col(f"_lk_{k}") for k in key_columns
     ]
     joined = df.join(F.broadcast(log_df), on=condition, how="left")
     joined = joined.drop(*[f"_lk_{k}" for k in key_columns], "_lk_partition")
     return joined.withColumn("_log_live", F.coalesce(F.col("_log_live"), F.lit(False)))
 
 
-def _refuse(records: DataFrame) -> None:
-    """`BadInputError` naming why rows are refused, before anything is written."""
-    reasons = (
-        records.where(F.col(DECODE_ERROR).isNotNull())
-        .groupBy(DECODE_ERROR)
-        .count()
-        .limit(5)
-        .collect()
-    )
-    if reasons:
-        said = "; ".join(f"{r['count']} rows: {r[DECODE_ERROR]}" for r in reasons)
+def _refuse(wanted: list[Any], live: set[tuple[Any, ...]]) -> None:
+    """`BadInputError` naming why rows are refused (``wanted``: `_with_log_state`'s
+    aggregate; ``live``: the look-up keys the log holds, as (partition, *key) tuples)."""
+    counts: dict[str, int] = {}
+    for row in wanted:
+        reason = row["reason"]
+        if reason is None:
+            found = row["look"] is not None and tuple(row["look"]) in live
+            names = [n for n in (row["dead"], "" if found else row["log"]) if n]
+            if not names:
+                continue
+            ordered = ", ".join(names)
+            reason = f"{_TOAST_REASON[0]}{ordered}{_TOAST_REASON[1]}"
+        counts[reason] = counts.get(reason, 0) + row["count"]
+    if counts:
+        said = "; ".join(f"{n} rows: {reason}" for reason, n in list(counts.items())[:5])
         raise BadInputError(f"value_format={DEBEZIUM_JSON!r} refused change events: {said}")

@@ -1,10 +1,10 @@
 """``run`` and ``demo``: the sub-commands that start a streaming query and wait for it.
 
-``run`` starts the query a job file describes (`streaming.jobs.runner.start`) and, when it
-ends, closes each sink so its background cleaner finishes the pass in flight. Ctrl-C
-(SIGINT) stops the query in order and exits 130 (128 + SIGINT, the shell's convention)
-with one line; a second Ctrl-C exits at once. ``demo``
-streams keyed updates into a local lake on an embedded session; it refuses
+``run`` starts the query a job file describes (`streaming.jobs.runner.start`;
+``--value-format`` sets every log's ``value_format``) and, when it ends, closes each sink so
+its background cleaner finishes the pass in flight. Ctrl-C (SIGINT) stops the query in order
+and exits 130 (128 + SIGINT, the shell's convention) with one line; a second Ctrl-C exits
+at once. ``demo`` streams keyed updates into a local lake on an embedded session; it refuses
 ``--remote``.
 """
 
@@ -35,6 +35,12 @@ from streaming.cli.common import (
 def add_run(commands: argparse._SubParsersAction) -> None:
     run = commands.add_parser("run", help="run the streaming job a TOML file describes")
     run.add_argument("job", help="job file (TOML)")
+    run.add_argument(
+        "--value-format",
+        metavar="FORMAT",
+        help="what the topic's values hold, for every log of the job: debezium-json "
+        "(Debezium's change events); default: each log's [sink] value_format",
+    )
     add_remote(run)
     run.set_defaults(handler=_run)
 
@@ -59,6 +65,8 @@ def _run(args: argparse.Namespace) -> int:
     from streaming.jobs import InFlightHook, load_job, start
 
     job = load_job(args.job)
+    if args.value_format is not None:
+        job = with_value_format(job, args.value_format)
     spark = session(f"compacted-sink-run-{job.file.stem}", args)
     for key, value in job.spark.items():
         spark.conf.set(key, value)
@@ -98,6 +106,21 @@ def _run(args: argparse.Namespace) -> int:
         err(f"run: interrupted (Ctrl-C); query {query.name} stopped between batches, sinks closed")
         return EXIT_INTERRUPTED
     return 0
+
+
+def with_value_format(job, value_format: str):
+    """``job`` with every log's ``value_format`` set to ``value_format`` (``run
+    --value-format``, which wins over the job file's ``[sink] value_format``); a name not
+    known is `ConfigError` naming the option. Pure."""
+    from dataclasses import replace
+
+    from sinks.produce import check_value_format
+
+    try:
+        check_value_format(value_format)
+    except ConfigError as e:
+        raise ConfigError(f"--value-format: {e}") from e
+    return replace(job, logs=tuple(replace(log, value_format=value_format) for log in job.logs))
 
 
 _BATCH_GRACE_S = 60.0  # how long a stop waits for the micro-batch in flight to end

@@ -22,6 +22,7 @@ from pathlib import Path
 from streaming.inputs.local_kafka import free_port
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
+BACKSLASH = "\\"
 
 
 def _as_postgres(command: list[str]) -> list[str]:
@@ -165,8 +166,43 @@ class ConnectWorker:
         self.process = None
 
 
+def postgres_connector(
+    postgres: LocalPostgres,
+    *,
+    name: str,
+    tables: str,
+    publication: str = "filtered",
+    prefix: str = "dbz",
+) -> dict[str, str]:
+    """Debezium's PostgreSQL connector (``pgoutput``, a snapshot first) over ``tables``
+    (``table.include.list``: regular expressions, comma-separated), its slot named ``name``.
+
+    ``publication`` is ``publication.autocreate.mode``: ``"filtered"`` publishes the tables
+    that match when the connector starts; ``"all_tables"`` every table, so a table created
+    later is streamed too (its changes only: the snapshot saw no rows of it).
+    """
+    return {
+        "name": name,
+        "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
+        "tasks.max": "1",
+        "plugin.name": "pgoutput",
+        "database.hostname": "127.0.0.1",
+        "database.port": str(postgres.port),
+        "database.user": "postgres",
+        "database.password": "postgres",
+        "database.dbname": "postgres",
+        "topic.prefix": prefix,
+        "table.include.list": tables,
+        "slot.name": name,
+        "publication.name": f"{name}_publication",
+        "publication.autocreate.mode": publication,
+        "snapshot.mode": "initial",
+    }
+
+
 def _properties(settings: dict[str, str]) -> str:
-    return "".join(f"{k}={v}\n" for k, v in settings.items())
+    """A Java properties file's text; a backslash (a regular expression's) kept as one."""
+    return "".join(f"{k}={v.replace(BACKSLASH, BACKSLASH * 2)}\n" for k, v in settings.items())
 
 
 def wait_until(check, *, timeout_s: float, what: str, alive=None) -> None:

@@ -181,7 +181,17 @@ class LocalKafka:
                 f"formatting the broker's storage failed ({fmt.returncode}):\n"
                 f"{fmt.stdout[-3000:]}{fmt.stderr[-3000:]}"
             )
-        with open(self.log, "wb") as log:
+        self._launch(began)
+
+    def restart(self) -> None:
+        """Stop the broker (a controlled shutdown) and start it again on the same ports, data
+        and cluster id, as an operator's restart: its clients reconnect, its topics and
+        records are kept. ``start_seconds`` is then the restart's."""
+        self.stop()
+        self._launch(time.monotonic())
+
+    def _launch(self, began: float) -> None:
+        with open(self.log, "ab") as log:
             self.process = subprocess.Popen(
                 self._java(MAIN_CLASS, str(self.config)),
                 cwd=self.work,

@@ -266,19 +266,24 @@ def check_input_columns(
 ) -> None:
     """Raise `JobConfigError` when the input's ``columns`` lack a column a log of ``job``
     needs: its key columns (the job's, or the log's recorded ones), ``value``, its sequence
-    column. The message names the job file, the key to change, the missing column and the
-    input's columns. A routed job's ``topic`` column is not the logs' (the router drops it).
-    Pure; run before the query starts, so a wrong name leaves no query checkpoint behind."""
+    column; with a ``value_format``, Kafka's ``key``, ``value`` and ``offset``. The message
+    names the job file, the key to change, the missing column and the input's columns. A
+    routed job's ``topic`` column is not the logs' (the router drops it). Pure; run before
+    the query starts, so a wrong name leaves no query checkpoint behind."""
     for log, sink in zip(job.logs, sinks, strict=True):
         available = [c for c in columns if not (job.routed and c == TOPIC)]
         section = f"topics.{log.topic}" if log.topic is not None else "sink"
         needed = [(k, "key_columns") for k in sink.key_columns] + [("value", "key_columns")]
         if sink.sequence_column:
             needed.append((sink.sequence_column, "sequence_column"))
+        if sink.value_format is not None:  # the key columns and the sequence come from them
+            needed = [(c, "value_format") for c in ("key", "value", "offset")]
         for name, key in needed:
             if name in available:
                 continue
-            if name == "value":
+            if key == "value_format":
+                what = f"value_format = {sink.value_format!r} reads Kafka's key, value and offset"
+            elif name == "value":
                 what = "a compacted log's records need a 'value' column (null: a tombstone)"
             elif key == "key_columns":
                 what = f"key_columns = {list(sink.key_columns)}"

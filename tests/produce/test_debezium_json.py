@@ -7,6 +7,7 @@ judge is the table the events describe, compared with chispa.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from pathlib import Path
 from typing import Any
@@ -199,6 +200,70 @@ def test_unchanged_toast_values_keep_the_previous_value(
     with pytest.raises(BadInputError, match=r"unchanged TOAST value .* of name"):
         sink(topic.batch(spark), 2)
     assert sink.log_table.snapshot().version == version  # nothing written
+    sink.close()
+
+
+def test_a_primary_key_change_keeps_the_old_keys_unchanged_toast_values(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    # UPDATE t SET id = new WHERE id = old on a row whose TOASTed text is unchanged: Debezium
+    # sends a d of the old key and a c of the new one at one LSN, the c with the placeholder.
+    topic = Topic(schemas=True)
+    topic.event("c", 1, 10, row(1, "long one")).event("c", 2, 11, row(2, "long two"))
+    topic.event("c", 7, 12, row(7, "gone")).event("d", 7, 13).tombstone(7)
+    sink = CompactedStateSink(tmp_path / "log", ("id",), value_format="debezium-json")
+    sink(topic.batch(spark), 0)
+    # 1 -> 3 from the log; 2 -> 4 from the batch (after an update of it); 3 updated again.
+    topic.event("d", 1, 20).tombstone(1).event("c", 3, 20, row(3, UNAVAILABLE_VALUE, 1))
+    topic.event("u", 2, 21, row(2, "long two, changed"))
+    topic.event("d", 2, 22).tombstone(2).event("c", 4, 22, row(4, UNAVAILABLE_VALUE, 2))
+    topic.event("u", 3, 23, row(3, UNAVAILABLE_VALUE, 3))
+    # A key deleted in the batch, then taken by a primary-key change: the old key's value.
+    topic.event("c", 5, 24, row(5, "five")).event("c", 8, 25, row(8, "long eight"))
+    topic.event("d", 5, 26).tombstone(5)
+    topic.event("d", 8, 27).tombstone(8).event("c", 5, 27, row(5, UNAVAILABLE_VALUE, 4))
+    sink(topic.batch(spark), 1)
+    expected = [
+        (3, "long one", dt.date(1970, 1, 4)),
+        (4, "long two, changed", dt.date(1970, 1, 3)),
+        (5, "long eight", dt.date(1970, 1, 5)),
+    ]
+    assert_df_equality(
+        _state(sink), _table(spark, expected), ignore_row_order=True, ignore_nullable=True
+    )
+
+    # Chains within one batch: 10 -> 11 -> 12 from the batch, 3 -> 13 -> 14 -> 15 from the log.
+    topic.event("c", 10, 30, row(10, "ten"))
+    for old, new, lsn in ((10, 11, 31), (11, 12, 32), (3, 13, 33), (13, 14, 34), (14, 15, 35)):
+        topic.event("d", old, lsn).tombstone(old)
+        topic.event("c", new, lsn, row(new, UNAVAILABLE_VALUE, new))
+    sink(topic.batch(spark), 2)
+    expected = [
+        (4, "long two, changed", dt.date(1970, 1, 3)),
+        (5, "long eight", dt.date(1970, 1, 5)),
+        (12, "ten", dt.date(1970, 1, 13)),
+        (15, "long one", dt.date(1970, 1, 16)),
+    ]
+    assert_df_equality(
+        _state(sink), _table(spark, expected), ignore_row_order=True, ignore_nullable=True
+    )
+    sink.close()
+
+
+def test_an_empty_batch_is_one_and_keys_without_fields_are_refused(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    # Spark's first micro-batch of a topic Debezium has not written to yet holds no record.
+    sink = CompactedStateSink(tmp_path / "log", ("id",), value_format="debezium-json")
+    sink(spark.createDataFrame([], KAFKA), 0)
+    assert sink.log_table.snapshot() is None  # nothing to create the log with
+    topic = Topic(schemas=False)
+    sink(topic.event("c", 1, 10, row(1, "one")).batch(spark), 1)
+    sink(spark.createDataFrame([], KAFKA), 2)
+    assert [r["name"] for r in _state(sink).collect()] == ["one"]
+    keyless = [(None, b'{"op": "c", "after": {"id": 2}, "source": {"lsn": 11}}', "t", 0, 9, None)]
+    with pytest.raises(BadInputError, match="the message keys hold no fields"):
+        sink(spark.createDataFrame(keyless, KAFKA), 3)
     sink.close()
 
 
