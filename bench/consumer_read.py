@@ -40,7 +40,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
 from sinks import CleanerConfig, CompactedStateSink
-from sinks.log.storage import join
+from sinks.log.uris import join
 from streaming.consumers.datasource import register
 from streaming.jobs.session import local_session
 

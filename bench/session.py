@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from sinks.log.storage import DELTA_SPARK_CONF, has_delta_spark
+from sinks.log.delta_spark_policy import DELTA_SPARK_CONF, has_delta_spark
 from streaming.inputs.local_kafka import fetched_jars
 from streaming.jobs.session import local_session
 

@@ -31,7 +31,8 @@ from pyspark.sql import DataFrame, SparkSession
 
 from sinks import CleanerConfig, CompactedStateSink
 from sinks.log.history_window import list_delta_log
-from sinks.log.storage import LogLocation, normalize_uri
+from sinks.log.location import LogLocation
+from sinks.log.uris import normalize_uri
 from sinks.maintenance.file_inventory import list_data_files, take_inventory
 from streaming.jobs.demo import DemoSettings, expected_state, keyed_updates
 

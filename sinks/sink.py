@@ -45,6 +45,7 @@ from sinks.errors import (
     TableFeatureError,
 )
 from sinks.log.foreign import changes as foreign_changes
+from sinks.log.location import LogLocation
 from sinks.log.log_config import opened_log_config
 from sinks.log.log_format import PARTITIONS_TXN
 from sinks.log.log_keys import opened_log_keys
@@ -56,7 +57,7 @@ from sinks.log.s3a_options import (
     credentials_checked,
     resolve_storage_options,
 )
-from sinks.log.storage import LogLocation, normalize_uri, sibling
+from sinks.log.uris import normalize_uri, sibling
 from sinks.maintenance import retention
 from sinks.maintenance.recovery import RecoveryReport, recover_log, write_clean_shutdown_marker
 from sinks.maintenance.retention import RetentionPlan

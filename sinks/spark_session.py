@@ -9,7 +9,7 @@ of the code never touches ``sparkContext``:
 - `default_parallelism`: how many tasks run at once (a probe job under Connect);
 - `warn_unsafe_beside_delta_spark`: says once (a paragraph per process, a line per further
   log) when the session's delta-spark could
-  overwrite the sink's commits (`sinks.log.storage.unsafe_beside_delta_spark`);
+  overwrite the sink's commits (`sinks.log.delta_spark_policy.unsafe_beside_delta_spark`);
 - `hadoop_settings`: the session's Hadoop settings under a prefix (``fs.s3a.``), read
   once when a sink opens its log, so a lake configured in Spark is configured once;
 - `streaming_query_id`: which streaming query runs a batch, the scope of the
@@ -33,13 +33,9 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from sinks.errors import QueryIdentityError
-from sinks.log.storage import (
-    arrow_filesystem,
-    delta_spark_conf_keys,
-    join,
-    normalize_uri,
-    unsafe_beside_delta_spark,
-)
+from sinks.log.delta_spark_policy import delta_spark_conf_keys, unsafe_beside_delta_spark
+from sinks.log.filesystems import arrow_filesystem
+from sinks.log.uris import join, normalize_uri
 from sinks.warn_once import first_time
 
 logger = logging.getLogger("compacted_sink")

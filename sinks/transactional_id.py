@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from pyspark.sql import SparkSession
 
-from sinks.log.storage import LogLocation
+from sinks.log.location import LogLocation
 from sinks.spark_session import streaming_query_id
 
 

@@ -30,7 +30,7 @@ import pyspark
 import pytest
 from pyspark.sql import SparkSession
 
-from sinks.log.storage import DELTA_SPARK_CONF
+from sinks.log.delta_spark_policy import DELTA_SPARK_CONF
 from streaming.cli import main
 from streaming.cli.query import _FAILURE_LOGGERS
 from streaming.inputs.local_kafka import fetched_jars

@@ -55,14 +55,16 @@ from sinks.errors import (
     LogCleaningAbortedError,
     TableFeatureError,
 )
+from sinks.log.filesystems import delete_files
 from sinks.log.foreign.rearrangement import absorb
+from sinks.log.location import LogLocation
 from sinks.log.log_format import CLEANER_OFFSET_TXN
 from sinks.log.log_keys import LogKeys
 from sinks.log.log_table import LogSnapshot, LogTable
 from sinks.log.records import DELETE_HORIZON_MS
 from sinks.log.segment import Segment
 from sinks.log.segment_writer import WRITTEN_SEGMENT_DDL, WrittenSegment, stats_columns
-from sinks.log.storage import LogLocation, delete_files, normalize_uri
+from sinks.log.uris import normalize_uri
 from sinks.spark_session import default_parallelism
 
 logger = logging.getLogger("compacted_sink")

@@ -62,9 +62,9 @@ from sinks.cleaner.log_to_clean import LogToClean, dirty_ratio
 from sinks.cleaner.pass_planning import CleaningPlan, LogPlanner
 from sinks.config import CleanerConfig
 from sinks.errors import CleanerError, CommitConflictError
+from sinks.log.location import LogLocation
 from sinks.log.log_keys import LogKeys
 from sinks.log.log_table import LogSnapshot, LogTable
-from sinks.log.storage import LogLocation
 from sinks.maintenance import retention
 from sinks.maintenance.retention import RetentionPlan
 from sinks.maintenance.segment_deleter import SegmentDeleter

@@ -38,11 +38,11 @@ from sinks.cleaner.log_to_clean import (
 )
 from sinks.cleaner.offset_map import size_map
 from sinks.config import CleanerConfig
+from sinks.log.location import LogLocation
 from sinks.log.log_format import ERASURE_TXN
 from sinks.log.log_keys import LogKeys
 from sinks.log.log_table import LogSnapshot, LogTable
 from sinks.log.segment import Segment
-from sinks.log.storage import LogLocation
 
 
 @dataclass(frozen=True)

@@ -24,10 +24,10 @@ from sinks.cleaner.offset_map import OffsetMap, canonical_keys, key_buckets
 from sinks.cleaner.rules import apply_arrow_tombstone_rules
 from sinks.cleaner.throttler import at_lower_priority
 from sinks.log.file_reader import conform
+from sinks.log.filesystems import arrow_filesystem
 from sinks.log.records import OFFSET, PARTITION
 from sinks.log.segment import Segment
 from sinks.log.segment_writer import SegmentWriterTask, nullable_schema
-from sinks.log.storage import arrow_filesystem
 from sinks.python_tasks import freeze_imports
 
 _BIN = "bin"

@@ -34,11 +34,11 @@ import pyarrow.parquet as pq
 from sinks.config import LONG_MAX, CleanerConfig
 from sinks.erasure.tombstones import dead_letter_matches, key_list
 from sinks.log.history_window import LOG_RETENTION_DURATION, parse_interval_ms
+from sinks.log.location import LogLocation
 from sinks.log.log_format import DELTA_LOG_DIR, ERASURE_TXN
 from sinks.log.log_table import LogSnapshot
 from sinks.log.ownership import is_own_data_path, is_staged_write
 from sinks.log.records import DELETE_HORIZON_MS, OFFSET, PARTITION, TIMESTAMP, VALUE
-from sinks.log.storage import LogLocation
 from sinks.reading.lookup import candidate_row_groups, wanted_keys
 
 PlaceKind = Literal[

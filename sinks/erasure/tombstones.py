@@ -44,10 +44,10 @@ from pyspark.sql import types as T
 from sinks.errors import CommitConflictError, CompactedSinkError, ConcurrentCommitError
 from sinks.log.committer import commit_rewrite
 from sinks.log.foreign.commits import read_commit
+from sinks.log.location import LogLocation
 from sinks.log.log_format import ERASE_APP_ID, ERASURE_TXN
 from sinks.log.log_table import LogSnapshot, LogTable, now_ms
 from sinks.log.records import METADATA_COLUMNS, OFFSET, PARTITION, VALUE
-from sinks.log.storage import LogLocation
 from sinks.maintenance.segment_deleter import delete_expired_files
 from sinks.produce.append_batch import ArrowRecords
 from sinks.produce.dead_letter import DEAD_LETTER_SCHEMA

@@ -3,13 +3,14 @@
 Records and their columns (`records`), segments (one Parquet file each,
 `segment`, written by `segment_writer` and read by `file_reader`), the table
 with its snapshots and commits (`log_table`), the topic's config and keys kept
-on the log (`log_config`, `log_keys`), where files live (`storage`) and what the
-log owns (`ownership`). Commits other engines make to the log are read in
-`sinks.log.foreign`. Nothing here appends or cleans: the produce path
-(`sinks.produce`) and the cleaner build on it.
+on the log (`log_config`, `log_keys`), where files live (`location`, `uris`,
+`store_options`, `filesystems`) and what the log owns (`ownership`). Commits other
+engines make to the log are read in `sinks.log.foreign`. Nothing here appends or cleans:
+the produce path (`sinks.produce`) and the cleaner build on it.
 """
 
 from sinks.log.file_reader import conform
+from sinks.log.filesystems import arrow_filesystem, delete_files
 from sinks.log.foreign.commits import read_commit
 from sinks.log.history_window import (
     list_delta_log,
@@ -17,6 +18,7 @@ from sinks.log.history_window import (
     reachable_commits,
     window_of,
 )
+from sinks.log.location import LogLocation
 from sinks.log.log_config import alter_log_config
 from sinks.log.log_format import COMMIT_INFO_KEY, DELTA_LOG_DIR
 from sinks.log.log_keys import LogKeys, log_keys
@@ -31,14 +33,7 @@ from sinks.log.ownership import (
 from sinks.log.records import DECODE_ERROR, DELETE_HORIZON_MS, OFFSET, PARTITION, TIMESTAMP, VALUE
 from sinks.log.segment import Segment, is_segment_path
 from sinks.log.segment_writer import WrittenSegment
-from sinks.log.storage import (
-    LogLocation,
-    arrow_filesystem,
-    delete_files,
-    join,
-    normalize_uri,
-    sibling,
-)
+from sinks.log.uris import join, normalize_uri, sibling
 
 __all__ = [
     "COMMIT_INFO_KEY",

@@ -26,8 +26,9 @@ from deltalake import DeltaTable
 from sinks.errors import CorruptDataFileError, MissingDataFileError
 from sinks.log.foreign.commits import read_commit
 from sinks.log.foreign.stale_rewrites import CommitSummary
+from sinks.log.location import LogLocation
 from sinks.log.segment import DataFile, add_action_rows, data_file
-from sinks.log.storage import LogLocation, is_local
+from sinks.log.uris import is_local
 
 # Past this many files on an object store, list their directories (1,000 keys a request)
 # instead of one HEAD a file.

@@ -27,8 +27,8 @@ from deltalake.transaction import AddAction, CommitProperties, Transaction
 from deltalake.transaction import RemoveAction as _RemoveAction
 
 from sinks.errors import ConcurrentCommitError
+from sinks.log.location import LogLocation
 from sinks.log.segment import DataFile
-from sinks.log.storage import LogLocation
 
 NO_RECORD = '"offset" < 0'
 """A predicate no record of a log matches: offsets start at 0."""

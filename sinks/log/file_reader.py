@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from sinks.log.location import LogLocation
 from sinks.log.records import RecordsT
 from sinks.log.segment_writer import nullable_schema
-from sinks.log.storage import LogLocation, normalize_uri
+from sinks.log.uris import normalize_uri
 from sinks.python_tasks import freeze_imports
 
 if TYPE_CHECKING:  # the Arrow readers import this module without pyspark (design.md §59)

@@ -39,8 +39,8 @@ from checkpoints.checkpoint_table import DELTA_CHECKPOINT_INTERVAL, HANDS_OFF_PR
 from sinks.config import DELETED_FILE_RETENTION_DURATION, format_interval, parse_interval_ms
 from sinks.errors import ConcurrentCommitError, HistoryExpiredError, TimeTravelError
 from sinks.log.committer import DELTA_RS, LogCommitter
+from sinks.log.location import LogLocation
 from sinks.log.log_format import DELTA_LOG_DIR
-from sinks.log.storage import LogLocation
 
 LOG_RETENTION_DURATION = "delta.logRetentionDuration"
 CHECKPOINT_INTERVAL = "delta.checkpointInterval"

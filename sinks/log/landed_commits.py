@@ -13,8 +13,8 @@ from urllib.parse import unquote
 
 from sinks.errors import ConcurrentCommitError
 from sinks.log.foreign.commits import read_commit
+from sinks.log.location import LogLocation
 from sinks.log.log_format import COMMIT_INFO_KEY
-from sinks.log.storage import LogLocation
 
 COMMIT_TOKEN_KEY = "commitToken"
 """A random token in each commit's ``compactedSink`` info: a commit recognises itself by it."""

@@ -43,6 +43,7 @@ from sinks.log.foreign.commits import CommitGuard, check_placed, check_readable,
 from sinks.log.foreign.stale_revert import RestoredFile, Undo, plan_undo
 from sinks.log.history_window import check_reachable
 from sinks.log.landed_commits import COMMIT_TOKEN_KEY, check_removes, landed_version
+from sinks.log.location import LogLocation
 from sinks.log.log_format import (
     ACCEPTED_VERSION_TXN,
     CHECKED_VERSION_TXN,
@@ -64,7 +65,7 @@ from sinks.log.segment import (
 )
 from sinks.log.segment_writer import WrittenSegment
 from sinks.log.snapshot_cache import SnapshotCache
-from sinks.log.storage import LogLocation, is_local, join
+from sinks.log.uris import is_local, join
 
 if TYPE_CHECKING:  # the Arrow readers import this module without pyspark (design.md §59)
     from pyspark.sql import DataFrame, SparkSession

@@ -47,8 +47,8 @@ from urllib.parse import unquote
 import pyarrow.fs as pafs
 
 from sinks.errors import NotACompactedLogError
+from sinks.log.location import LogLocation
 from sinks.log.log_format import DELTA_LOG_DIR, MARKER_DIR, PARTITIONS_TXN, STAGING_DIR
-from sinks.log.storage import LogLocation
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable

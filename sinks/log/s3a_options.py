@@ -11,7 +11,7 @@ is the pure translation, `resolve_storage_options` chooses the source:
 3. else nothing: delta-rs and pyarrow use the AWS default chain (environment, profile,
    instance or container role) of each process, executors included.
 
-The translated options get `sinks.log.storage.delta_storage_options`'s commit safety: a
+The translated options get `sinks.log.store_options.delta_storage_options`'s commit safety: a
 conditional put (``conditional_put=etag``), never ``AWS_S3_ALLOW_UNSAFE_RENAME``. Which
 source was used is logged in one line that names settings, never their values; a store
 that refuses the credentials raises `CredentialsRefusedError`, naming the bucket and the
@@ -29,7 +29,8 @@ from typing import Literal
 from urllib.parse import urlparse
 
 from sinks.errors import CredentialsRefusedError
-from sinks.log.storage import delta_storage_options, store_of
+from sinks.log.store_options import delta_storage_options
+from sinks.log.uris import store_of
 
 logger = logging.getLogger("compacted_sink")
 
@@ -86,7 +87,7 @@ def bucket_settings(bucket: str, settings: Mapping[str, str]) -> dict[str, tuple
 
 
 def s3a_storage_options(bucket: str, settings: Mapping[str, str]) -> S3aStorageOptions:
-    """The delta-rs options (their spelling, ``sinks.log.storage``) that S3A ``settings``
+    """The delta-rs options (their spelling, ``sinks.log.store_options``) that S3A ``settings``
     (``fs.s3a.*``) give for ``bucket``. Pure. Keys count only as a pair (access and secret
     key); the anonymous provider becomes ``AWS_SKIP_SIGNATURE``; an endpoint without a
     scheme gets ``connection.ssl.enabled``'s (https unless ``false``); AWS's own endpoints

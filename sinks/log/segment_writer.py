@@ -25,16 +25,17 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake.transaction import AddAction
 
+from sinks.log.filesystems import arrow_filesystem
 from sinks.log.key_filter import (
     KEY_FILTER_OFF_ENV,
     key_filter_options,
     page_index_options,
     pyarrow_writes_key_filters,
 )
+from sinks.log.location import LogLocation
 from sinks.log.log_keys import LogKeys
 from sinks.log.records import DELETE_HORIZON_MS, OFFSET, PARTITION
 from sinks.log.segment import segment_path
-from sinks.log.storage import LogLocation, arrow_filesystem
 from sinks.python_tasks import freeze_imports
 
 if TYPE_CHECKING:  # the Arrow readers import this module without pyspark (design.md §59)

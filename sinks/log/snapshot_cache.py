@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sinks.log.history_window import CommitStamp, commit_stamps
-from sinks.log.storage import LogLocation
+from sinks.log.location import LogLocation
 
 if TYPE_CHECKING:
     from sinks.log.log_table import LogSnapshot

@@ -27,11 +27,11 @@ from urllib.parse import unquote
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from sinks.log.filesystems import arrow_filesystem
 from sinks.log.history_window import DeltaLogListing, list_delta_log
 from sinks.log.log_format import DELTA_LOG_DIR
 from sinks.log.log_table import LogSnapshot, LogTable
 from sinks.log.ownership import foreign_files, is_own_data_path
-from sinks.log.storage import arrow_filesystem
 
 
 @dataclass(frozen=True)

@@ -25,11 +25,11 @@ from checkpoints import now_ms as wall_clock_ms
 from checkpoints.cleaner_states import live_claims
 from sinks.crash_points import RECOVERY_AFTER_ORPHAN_DELETED, RECOVERY_BEFORE_MARKER, crash_point
 from sinks.errors import LogCorruptedError
+from sinks.log.filesystems import arrow_filesystem
 from sinks.log.log_format import MARKER_DIR, STAGING_DIR
 from sinks.log.log_table import LogSnapshot, LogTable
 from sinks.log.ownership import foreign_files, is_own_data_path, is_staged_write
 from sinks.log.segment import Segment
-from sinks.log.storage import arrow_filesystem
 from sinks.maintenance.file_inventory import FileOnDisk, list_data_files, referenced_paths
 
 logger = logging.getLogger("compacted_sink")

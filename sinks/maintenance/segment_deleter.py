@@ -31,6 +31,7 @@ from sinks.log.history_window import (
     parse_interval_ms,
     table_properties,
 )
+from sinks.log.location import LogLocation
 from sinks.log.ownership import (
     CHECKPOINT_TABLE_NAME,
     DELTA_LOG_DIR,
@@ -38,7 +39,6 @@ from sinks.log.ownership import (
     is_delta_rs_data_path,
     is_own_data_path,
 )
-from sinks.log.storage import LogLocation
 
 logger = logging.getLogger("compacted_sink")
 

@@ -33,9 +33,9 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from sinks.log.committer import DELTA_RS, LogCommitter
+from sinks.log.location import LogLocation
 from sinks.log.log_keys import LogKeys
 from sinks.log.records import DECODE_ERROR
-from sinks.log.storage import LogLocation
 from sinks.produce.validity import arrow_rejection_reasons, rejection_reason
 from sinks.spark_compat import to_arrow
 

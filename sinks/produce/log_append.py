@@ -50,6 +50,7 @@ from sinks.errors import (
     ConcurrentCommitError,
     SchemaMismatchError,
 )
+from sinks.log.filesystems import missing_files
 from sinks.log.history_window import table_properties
 from sinks.log.log_keys import LogKeys
 from sinks.log.log_table import (
@@ -64,7 +65,6 @@ from sinks.log.records import (
     raise_for_problems,
 )
 from sinks.log.segment_writer import SegmentWriterTask, WrittenSegment, stats_columns
-from sinks.log.storage import missing_files
 from sinks.produce.append_batch import ArrowRecords, SparkRecords, TaskRunner
 from sinks.produce.append_task import AppendTask
 from sinks.produce.dead_letter import DeadLetterTable

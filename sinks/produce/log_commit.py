@@ -14,10 +14,10 @@ from collections.abc import Mapping, Sequence
 
 import pyarrow.fs as pafs
 
+from sinks.log.filesystems import arrow_filesystem, delete_files
 from sinks.log.log_format import LOG_END_OFFSET_TXN, PARTITIONS_TXN
 from sinks.log.log_table import LogSnapshot, LogTable
 from sinks.log.segment_writer import WrittenSegment
-from sinks.log.storage import arrow_filesystem, delete_files
 
 logger = logging.getLogger("compacted_sink")
 

@@ -72,6 +72,7 @@ from pyspark.sql import types as T
 
 from sinks.crash_points import APPEND_AFTER_STAGED_WRITE, crash_point
 from sinks.errors import ConfigError
+from sinks.log.filesystems import arrow_filesystem
 from sinks.log.key_filter import spark_key_filter_options
 from sinks.log.log_format import STAGING_DIR
 from sinks.log.records import (
@@ -87,7 +88,7 @@ from sinks.log.records import (
 )
 from sinks.log.segment import segment_path
 from sinks.log.segment_writer import WrittenSegment, stats_from_footer
-from sinks.log.storage import arrow_filesystem, is_local
+from sinks.log.uris import is_local
 from sinks.produce.append_task import AppendTask, TaskOutput
 from sinks.produce.validity import spark_row_problems_sql
 

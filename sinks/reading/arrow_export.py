@@ -26,10 +26,11 @@ from typing import Any
 import fastavro
 import pyarrow as pa
 
+from sinks.log.filesystems import arrow_filesystem
 from sinks.log.log_table import AsOf, LogSnapshot, LogTable
 from sinks.log.records import VALUE
 from sinks.log.segment_writer import nullable_schema
-from sinks.log.storage import arrow_filesystem, normalize_uri
+from sinks.log.uris import normalize_uri
 from sinks.reading.arrow_state import StatePlan
 from sinks.reading.export import (
     ExportReport,

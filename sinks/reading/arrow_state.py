@@ -44,7 +44,7 @@ from sinks.log.log_keys import LogKeys, log_keys
 from sinks.log.log_table import AsOf, LogSnapshot, LogTable
 from sinks.log.ownership import check_new_log_location
 from sinks.log.records import DELETE_HORIZON_MS, METADATA_COLUMNS, OFFSET, PARTITION, VALUE
-from sinks.log.storage import normalize_uri
+from sinks.log.uris import normalize_uri
 from sinks.reading.segment_reader import (
     SegmentReader,
     SegmentRowGroup,

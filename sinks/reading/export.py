@@ -20,12 +20,13 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from sinks.cleaner.rules import latest_records
+from sinks.log.filesystems import arrow_filesystem
 from sinks.log.log_table import (
     AsOf,
     LogSnapshot,
     LogTable,
 )
-from sinks.log.storage import arrow_filesystem, normalize_uri
+from sinks.log.uris import normalize_uri
 from sinks.reading.export_format import (
     EXPORT_FORMAT,
     MANIFEST,

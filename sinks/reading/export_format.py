@@ -36,6 +36,7 @@ import pyarrow as pa
 from pyspark.sql import types as T
 
 from sinks.errors import ReplayError
+from sinks.log.filesystems import arrow_filesystem
 from sinks.log.history_window import table_properties
 from sinks.log.log_keys import (
     LogKeys,
@@ -45,7 +46,7 @@ from sinks.log.log_table import (
     LogSnapshot,
 )
 from sinks.log.records import DELETE_HORIZON_MS, VALUE
-from sinks.log.storage import arrow_filesystem, normalize_uri
+from sinks.log.uris import normalize_uri
 from sinks.python_tasks import freeze_imports
 from sinks.spark_compat import utc_arrow_schema
 

@@ -47,7 +47,7 @@ from sinks.log.log_table import AsOf, LogSnapshot, LogTable
 from sinks.log.ownership import check_new_log_location
 from sinks.log.records import OFFSET, PARTITION, TIMESTAMP, VALUE, at_or_above
 from sinks.log.segment import DataFile
-from sinks.log.storage import normalize_uri
+from sinks.log.uris import normalize_uri
 from sinks.reading.arrow_state import state_schema
 from sinks.reading.lookup_files import LOOKUP_FILES, FileFacts, footer_weight
 from sinks.reading.parquet_pages import PageReader, leaf_index

@@ -31,7 +31,7 @@ from sinks.cleaner.recopy_task import RecopyTask, bin_rows, packed, partitions_t
 from sinks.log.log_keys import LogKeys
 from sinks.log.log_table import LogSnapshot, LogTable
 from sinks.log.records import VALUE
-from sinks.log.storage import normalize_uri
+from sinks.log.uris import normalize_uri
 from sinks.python_tasks import freeze_imports
 from sinks.spark_session import default_parallelism
 

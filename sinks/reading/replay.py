@@ -25,6 +25,7 @@ from pyspark.sql import types as T
 from sinks.config import CleanerConfig
 from sinks.errors import ConcurrentCommitError, ConfigError, RestoreTargetError
 from sinks.log.history_window import table_properties
+from sinks.log.location import LogLocation
 from sinks.log.log_format import (
     CLEANER_OFFSET_TXN,
     COMMIT_INFO_KEY,
@@ -41,7 +42,7 @@ from sinks.log.log_table import AsOf, LogSnapshot, LogTable, log_arrow_schema
 from sinks.log.ownership import check_new_log_location
 from sinks.log.records import OFFSET, PARTITION, TIMESTAMP, VALUE
 from sinks.log.segment_writer import SegmentWriterTask, stats_columns
-from sinks.log.storage import LogLocation, normalize_uri
+from sinks.log.uris import normalize_uri
 from sinks.produce.append_batch import SparkRecords
 from sinks.produce.append_task import APPEND_TASK_DDL, AppendTask, read_task_output
 from sinks.produce.log_append import LogAppender, committed

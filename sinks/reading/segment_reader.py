@@ -22,10 +22,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from sinks.log.file_reader import conform
+from sinks.log.location import LogLocation
 from sinks.log.records import OFFSET, PARTITION
 from sinks.log.segment import DataFile
 from sinks.log.segment_writer import nullable_schema
-from sinks.log.storage import LogLocation
 
 # Rows decoded at a time: a row group may hold a whole segment.
 BATCH_ROWS = 65_536

@@ -13,7 +13,7 @@ import os
 import pytest
 from pyspark.sql import SparkSession
 
-from sinks.log.storage import DELTA_SPARK_CONF, has_delta_spark
+from sinks.log.delta_spark_policy import DELTA_SPARK_CONF, has_delta_spark
 
 
 @pytest.fixture

@@ -13,8 +13,8 @@ from deltalake import DeltaTable, write_deltalake
 from pyspark.sql.types import StringType, StructField, StructType
 from testkit import checkpoint_and_trim
 
+from sinks.log.location import LogLocation
 from sinks.log.log_table import LogTable
-from sinks.log.storage import LogLocation
 from sinks.produce.schema_commit import commit_schema
 
 

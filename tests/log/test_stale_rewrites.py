@@ -29,8 +29,8 @@ from sinks.log.foreign.stale_rewrites import (
     gone_after,
     stale_rewrite,
 )
+from sinks.log.location import LogLocation
 from sinks.log.log_table import LogTable
-from sinks.log.storage import LogLocation
 
 # -- pure ----------------------------------------------------------------------------------
 

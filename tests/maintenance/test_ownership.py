@@ -24,6 +24,7 @@ from deltalake import DeltaTable, write_deltalake
 from testkit import arrow_append, assert_offsets_unique, kv_frame
 
 from sinks import CleanerConfig, CompactedStateSink, NotACompactedLogError, read_state
+from sinks.log.location import LogLocation
 from sinks.log.ownership import (
     foreign_entries,
     foreign_files,
@@ -32,7 +33,6 @@ from sinks.log.ownership import (
     log_mark,
 )
 from sinks.log.segment import segment_path
-from sinks.log.storage import LogLocation
 from sinks.maintenance.file_inventory import take_inventory
 from sinks.maintenance.recovery import FileOnDisk, find_orphans
 from sinks.maintenance.segment_deleter import delete_expired_files

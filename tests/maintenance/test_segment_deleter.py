@@ -28,8 +28,8 @@ from sinks.log.history_window import (
     oldest_reachable_version,
     table_properties,
 )
+from sinks.log.location import LogLocation
 from sinks.log.ownership import LOG_DESCRIPTION
-from sinks.log.storage import LogLocation
 from sinks.maintenance.file_inventory import take_inventory
 from sinks.maintenance.segment_deleter import checkpoint_table_window, delete_expired_files
 from streaming.status.gauges import log_status

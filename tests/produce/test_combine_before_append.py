@@ -20,10 +20,10 @@ from pyspark.sql import types as T
 
 from sinks import CleanerConfig, CompactedStateSink
 from sinks.errors import BadInputError, ConfigError
+from sinks.log.location import LogLocation
 from sinks.log.log_config import alter_log_config, opened_log_config
 from sinks.log.log_keys import LogKeys
 from sinks.log.log_table import LogTable
-from sinks.log.storage import LogLocation
 from sinks.produce.append_batch import ArrowRecords
 from sinks.produce.dead_letter import DeadLetterTable
 from sinks.produce.log_append import LogAppender

@@ -7,7 +7,7 @@ from pyspark.sql import functions as F
 from testkit import state_of
 
 from sinks import BadInputError, CleanerConfig, CompactedStateSink, SchemaMismatchError
-from sinks.log.storage import LogLocation
+from sinks.log.location import LogLocation
 from sinks.produce.dead_letter import DECODE_ERROR, DeadLetterTable
 
 CONFIG = CleanerConfig(min_cleanable_dirty_ratio=1.0, message_max_bytes=16)

@@ -19,7 +19,7 @@ from pyspark.sql import types as T
 
 from sinks import CompactedStateSink, read_state
 from sinks.errors import BadInputError
-from sinks.log.storage import LogLocation
+from sinks.log.location import LogLocation
 from sinks.produce.dead_letter import DeadLetterTable
 from sinks.produce.debezium_json import SOURCE_POSITION, UNAVAILABLE_VALUE
 

@@ -12,7 +12,7 @@ import pytest
 from testkit import state_of
 
 from sinks import BadInputError, CompactedStateSink
-from sinks.log.storage import LogLocation
+from sinks.log.location import LogLocation
 from sinks.produce.dead_letter import DeadLetterTable
 
 SCHEMA = "key string, value string, seq long"

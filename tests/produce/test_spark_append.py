@@ -19,7 +19,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from sinks import BadInputError, CleanerConfig, CompactedStateSink
-from sinks.log.storage import LogLocation
+from sinks.log.location import LogLocation
 from sinks.produce import spark_append
 from sinks.produce.dead_letter import DeadLetterTable
 from sinks.produce.spark_append import (

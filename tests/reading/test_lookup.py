@@ -36,8 +36,8 @@ from sinks.log.key_filter import (
     xxhash64,
     xxhash64_many,
 )
+from sinks.log.location import LogLocation
 from sinks.log.segment_writer import SegmentWriterTask
-from sinks.log.storage import LogLocation
 from sinks.reading.lookup import candidate_row_groups, wanted_keys
 from sinks.reading.parquet_pages import PageReader, leaf_index
 from streaming.cli import main

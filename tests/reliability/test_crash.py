@@ -46,9 +46,9 @@ from sinks.crash_points import (
     SCHEMA_BEFORE_APPEND,
     SEGMENT_DELETER_AFTER_FILE_DELETED,
 )
+from sinks.log.location import LogLocation
 from sinks.log.log_format import STAGING_DIR
 from sinks.log.ownership import foreign_entries
-from sinks.log.storage import LogLocation
 from sinks.maintenance.file_inventory import list_data_files
 from sinks.produce.dead_letter import DeadLetterTable
 from sinks.produce.spark_append import APPEND_WRITER_ENV, SPARK_WRITER

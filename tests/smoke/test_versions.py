@@ -22,7 +22,7 @@ import pytest
 from chispa import assert_df_equality
 
 from sinks import CleanerConfig, CompactedStateSink, SparkVersionError, read_state
-from sinks.log.storage import LogLocation
+from sinks.log.location import LogLocation
 from sinks.produce.dead_letter import DeadLetterTable
 from sinks.spark_compat import DATA_SOURCE, STREAM_READER, STREAM_WRITER, supports
 from streaming.consumers.datasource import register

@@ -18,7 +18,8 @@ from s3_server import BUCKET
 
 from checkpoints import CheckpointEntry, CleanerOffsetCheckpoint
 from sinks.log.foreign.commits import read_commit
-from sinks.log.storage import LogLocation, delta_storage_options
+from sinks.log.location import LogLocation
+from sinks.log.store_options import delta_storage_options
 
 CLIENT_OPTIONS = {"timeout": "5s", "connect_timeout": "2s", "max_retries": "4"}
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from sinks.log.storage import (
+from sinks.log.delta_spark_policy import (
     DELTA_SPARK_CATALOG,
     DELTA_SPARK_EXTENSION,
     delta_spark_conf_keys,

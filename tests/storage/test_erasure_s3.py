@@ -24,7 +24,8 @@ from s3_server import BUCKET, s3_server_process
 from testkit import arrow_append
 
 from sinks import CleanerConfig, CompactedStateSink, read_state
-from sinks.log.storage import LogLocation, delta_storage_options
+from sinks.log.location import LogLocation
+from sinks.log.store_options import delta_storage_options
 
 SCHEMA = "key string, value string, partition int"
 ERASED = "erase-me-on-s3"

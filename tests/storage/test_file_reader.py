@@ -8,7 +8,7 @@ from chispa import assert_df_equality
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from sinks.log.file_reader import read_files
-from sinks.log.storage import LogLocation
+from sinks.log.location import LogLocation
 
 SCHEMA = StructType(
     [

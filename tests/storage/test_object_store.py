@@ -25,9 +25,11 @@ from s3_server import BUCKET
 
 from sinks import CleanerConfig, CompactedStateSink
 from sinks.log.file_reader import ParquetReaderTask, read_files
+from sinks.log.filesystems import arrow_filesystem
+from sinks.log.location import LogLocation
 from sinks.log.log_table import LogTable, log_arrow_schema
 from sinks.log.segment_writer import SegmentWriterTask, WrittenSegment
-from sinks.log.storage import LogLocation, arrow_filesystem, delta_storage_options
+from sinks.log.store_options import delta_storage_options
 
 moto_server = pytest.importorskip("moto.server", reason="moto[server] is not installed")
 

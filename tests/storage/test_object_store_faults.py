@@ -26,7 +26,7 @@ from fault_proxy import CONDITIONAL_PUT, FaultProxy
 from s3_server import BUCKET
 
 from sinks import CleanerConfig, CompactedStateSink, read_state
-from sinks.log.storage import delta_storage_options
+from sinks.log.store_options import delta_storage_options
 from sinks.maintenance.file_inventory import list_data_files, referenced_paths
 from sinks.maintenance.recovery import recover_log
 

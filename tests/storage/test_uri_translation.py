@@ -7,18 +7,10 @@ import os
 import pyarrow.fs as pafs
 import pytest
 
-from sinks.errors import CompactedSinkError, ConfigError
-from sinks.log.storage import (
-    UnsupportedStoreError,
-    arrow_filesystem,
-    delete_files,
-    delta_storage_options,
-    is_local,
-    join,
-    normalize_uri,
-    sibling,
-    store_of,
-)
+from sinks.errors import CompactedSinkError, ConfigError, UnsupportedStoreError
+from sinks.log.filesystems import arrow_filesystem, delete_files
+from sinks.log.store_options import delta_storage_options
+from sinks.log.uris import is_local, join, normalize_uri, sibling, store_of
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import pytest
 
 from sinks import CompactedStateSink
 from sinks.errors import ConfigError
-from sinks.log.storage import LogLocation
+from sinks.log.location import LogLocation
 from sinks.produce.dead_letter import DeadLetterTable
 from streaming.consumers.datasource import SinkOptions, register, remove_stale_staged, staged_files
 from streaming.inputs.kafka import KAFKA_SCHEMA, kafka_shaped_files, write_kafka_files

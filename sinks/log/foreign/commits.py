@@ -56,9 +56,9 @@ from sinks.log.foreign.stale_rewrites import (
     gone_after,
     stale_rewrite,
 )
+from sinks.log.location import LogLocation
 from sinks.log.log_format import COMMIT_INFO_KEY, DELTA_LOG_DIR
 from sinks.log.segment import add_action_paths
-from sinks.log.storage import LogLocation
 from sinks.warn_once import warn_once
 
 logger = logging.getLogger("compacted_sink")

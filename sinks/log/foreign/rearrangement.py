@@ -27,11 +27,11 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from sinks.errors import ConcurrentCommitError
+from sinks.log.filesystems import delete_files
 from sinks.log.log_keys import LogKeys
 from sinks.log.log_table import LogSnapshot, LogTable
 from sinks.log.records import OFFSET, PARTITION
 from sinks.log.segment_writer import write_segments
-from sinks.log.storage import delete_files
 
 _GAP = "_gap"
 

@@ -40,9 +40,9 @@ from deltalake.transaction import AddAction
 from sinks.errors import ForeignChangeError
 from sinks.log.bad_files import find_bad_files
 from sinks.log.foreign.stale_rewrites import UNDO_OPERATION, StaleRewrite, describe_stale
+from sinks.log.location import LogLocation
 from sinks.log.segment import DataFile, add_action_rows, add_action_table, data_file
 from sinks.log.segment_writer import stat_value
-from sinks.log.storage import LogLocation
 
 
 @dataclass(frozen=True)
