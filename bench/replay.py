@@ -103,6 +103,7 @@ def reads(spark: SparkSession, sink: CompactedStateSink, appended: int, runs: in
         runs, lambda: (read_state(uri).to_pandas(), resume_offsets(uri))
     )
     assert len(frame[0]) == table.num_rows
+    digest(spark.read.parquet(*files[:1]))  # the session's first query pays Spark's warm-up
     out["state_spark_s"], (rows, _) = best(
         runs, lambda: (digest(sink.state()), resume_offsets(uri))[0]
     )
