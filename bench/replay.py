@@ -358,14 +358,17 @@ def run(n_keys: int, runs: int) -> dict[str, Any]:
         }
         result["after_pass"] = reads(spark, sink, appended, runs)
         ratio = CleanerConfig().min_cleanable_dirty_ratio
+        # Updates in batches of at most a tenth of the keys, so that a small drill has a
+        # dirty section too (a first batch as large as the log would pass the trigger).
+        size = min(BATCH, max(1, n_keys // 10))
         while True:  # stop before the batch that would take the ratio past the trigger
-            share = (sink.dirty_ratio() * appended + BATCH) / (appended + BATCH)
+            share = (sink.dirty_ratio() * appended + size) / (appended + size)
             if share >= ratio - 0.02:
                 break
-            ids = rng.integers(0, n_keys, BATCH)
-            batch = pa.table({"key": keys(ids), "value": values(rng, BATCH)})
+            ids = rng.integers(0, n_keys, size)
+            batch = pa.table({"key": keys(ids), "value": values(rng, size)})
             sink(spark.createDataFrame(batch), batch_id)
-            appended, batch_id = appended + BATCH, batch_id + 1
+            appended, batch_id = appended + size, batch_id + 1
         result["dirty"] = reads(spark, sink, appended, runs)
         state = read_state(uri).select(["key", "value"])
         result["redis"] = redis_restore(state, os.path.join(root, "redis"))
