@@ -4,8 +4,9 @@ knows where to resume", against the stores a compacted log replaces.
 ``python -m bench.replay [--keys N] [--out FILE]`` (``make bench-replay``; default 1e6 live
 keys x 512 B, ``--keys 10000000`` for 1e7) builds a one-partition log through the sink's
 ``foreachBatch`` hook: every key inserted, one pass (*after a pass*: nothing dirty), then
-batches of 100,000 uniform updates until the dirty ratio is just below
-``min.cleanable.dirty.ratio`` (*dirty*: the most a log holds before a pass). At each point,
+batches of 100,000 uniform updates (a tenth of the keys below 1e6 keys) until the dirty
+ratio is just below ``min.cleanable.dirty.ratio`` (*dirty*: the most a log holds before a
+pass). At each point,
 each best of ``--runs`` (default 2), the wall time of:
 
 - ``read_state`` into Arrow and into pandas, ``sink.state()`` into Spark (every column
