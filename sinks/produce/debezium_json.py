@@ -275,6 +275,9 @@ class _BatchTypes:
     rekeyed: bool
     keys_wrapped: bool = False
     values_wrapped: bool = False
+    placeholders: bool = True
+    """False when no value's text holds `UNAVAILABLE_VALUE` (nor its base64): no field can
+    be an unchanged TOAST value, and the windows that resolve them are left out."""
 
 
 def _types(texts: DataFrame) -> _BatchTypes:
@@ -297,6 +300,7 @@ def _types(texts: DataFrame) -> _BatchTypes:
         F.when(F.col("_k.payload").isNotNull(), F.col("_k.schema")).alias("_key_schema"),
         F.when(F.col("_v.payload").isNotNull(), F.col("_v.schema")).alias("_value_schema"),
         "_tombstone",
+        "_placeholder",
         ((F.coalesce(F.col("_v.payload.op"), F.col("_v.op")) == "c") & F.col("_placeholder")).alias(
             "_rekey"
         ),
@@ -307,6 +311,7 @@ def _types(texts: DataFrame) -> _BatchTypes:
         .agg(
             F.min(F.col("_tombstone").cast("int")).alias("only_tombstones"),
             F.max(F.coalesce(F.col("_rekey"), F.lit(False)).cast("int")).alias("rekeyed"),
+            F.max(F.col("_placeholder").cast("int")).alias("placeholders"),
         )
         .collect()
     )
@@ -342,6 +347,7 @@ def _types(texts: DataFrame) -> _BatchTypes:
         rekeyed,
         keys_wrapped=keys_wrapped,
         values_wrapped=bool(value_schemas) and not schemaless,
+        placeholders=any(r["placeholders"] for r in rows),
     )
 
 
@@ -469,7 +475,7 @@ def _records(
     toast: dict[str, T.DataType] = {}
     for f in after_type.fields:
         is_placeholder = _placeholder(f.dataType, F.col(f"_a_{f.name}"))
-        if is_placeholder is None:
+        if is_placeholder is None or not types.placeholders:
             continue
         toast[f.name] = f.dataType
         # The key's last value before the event; a delete in between leaves none ("live" false).
@@ -484,7 +490,7 @@ def _records(
         )
     if toast and types.rekeyed:
         df = _with_old_key(df, toast, upsert, delete, own_key, earlier)
-    else:
+    elif toast:  # (Spark Connect refuses withColumns of no column)
         df = df.withColumns({f"_s_{name}": F.col(f"_e_{name}") for name in toast})
     look = F.coalesce(*[F.when(F.col(f"_p_{n}"), F.col(f"_s_{n}").old) for n in toast], own_key)
     df = df.withColumn("_look", look).withColumns(
