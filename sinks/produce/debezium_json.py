@@ -201,20 +201,21 @@ def unwrap(
             f"value_format={DEBEZIUM_JSON!r} needs Kafka's columns key, value and offset; "
             f"the batch has no {', '.join(missing)}"
         )
-    parsed = _parsed(batch).persist(StorageLevel.MEMORY_AND_DISK)
-    out = DebeziumBatch(records=parsed, cached=[parsed])
+    texts = _texts(batch)
+    out = DebeziumBatch(records=texts)
     try:
-        types = _types(parsed)
+        types = _types(texts)
         if not types.key_type.fields:
-            if parsed.isEmpty():
+            if texts.isEmpty():
                 out.empty = True
                 return out
             raise BadInputError(
                 f"value_format={DEBEZIUM_JSON!r}: the message keys hold no fields; Debezium's "
                 "key is a struct of the table's primary key (a table without one has null keys)"
             )
+        _check_key_columns(types.key_type, key_columns)
         out.records = _records(
-            parsed,
+            _parsed(texts, types, key_columns),
             key_columns=key_columns,
             types=types,
             previous_state=previous_state,
@@ -228,38 +229,181 @@ def unwrap(
     return out
 
 
-def _parsed(batch: DataFrame) -> DataFrame:
-    """Key and envelope as JSON text, unwrapped from ``schema``/``payload``, and the source's
-    position (SQL only)."""
-    has_partition = PARTITION in batch.columns
+_WRAP = "schema string, payload string"
+_SOURCE = T.StructType(
+    [
+        T.StructField("lsn", T.LongType()),
+        T.StructField("file", T.StringType()),
+        T.StructField("pos", T.LongType()),
+        T.StructField("row", T.IntegerType()),
+        T.StructField("ts_ms", T.LongType()),
+    ]
+)
+
+
+def _texts(batch: DataFrame) -> DataFrame:
+    """Key and value as text, with Kafka's partition (0 without one), offset and timestamp."""
     has_timestamp = TIMESTAMP in batch.columns
-    wrap = "schema string, payload string"
-    df = batch.select(
+    return batch.select(
         F.col("key").cast("string").alias("_key_text"),
         F.col("value").cast("string").alias("_value_text"),
-        (F.col(PARTITION) if has_partition else F.lit(0)).alias(PARTITION),
+        (F.col(PARTITION) if PARTITION in batch.columns else F.lit(0)).alias(PARTITION),
         F.col(OFFSET),
         *([F.col(TIMESTAMP)] if has_timestamp else []),
     )
-    key_wrap = F.from_json("_key_text", wrap)
-    value_wrap = F.from_json("_value_text", wrap)
-    key_wrapped = key_wrap.schema.isNotNull() & key_wrap.payload.isNotNull()
-    value_wrapped = value_wrap.schema.isNotNull() & value_wrap.payload.isNotNull()
-    df = df.select(
-        "*",
-        F.when(key_wrapped, key_wrap.payload).otherwise(F.col("_key_text")).alias("_key_json"),
-        F.when(key_wrapped, key_wrap.schema).alias("_key_schema"),
-        F.when(value_wrapped, value_wrap.payload)
-        .otherwise(F.col("_value_text"))
-        .alias("_envelope"),
-        F.when(value_wrapped, value_wrap.schema).alias("_value_schema"),
+
+
+def _unwrapped_text(column: str) -> Column:
+    """The JSON text of ``column`` without the converter's ``schema``/``payload`` wrapping
+    (the schemaless inference's input; one parse, its struct read once)."""
+    wrap = F.from_json(column, _WRAP)
+    return F.when(wrap.schema.isNotNull() & wrap.payload.isNotNull(), wrap.payload).otherwise(
+        F.col(column)
     )
-    envelope = F.from_json(
-        "_envelope",
-        "after string, op string, ts_ms long, "
-        "source struct<lsn: long, file: string, pos: long, row: int, ts_ms: long>",
+
+
+@dataclass(frozen=True)
+class _BatchTypes:
+    """What one small job over a batch finds: the key's and ``after``'s types and fields,
+    whether every key and every change event is wrapped in ``schema``/``payload``, and
+    whether a primary-key change left TOAST values unchanged (``rekeyed``)."""
+
+    key_type: T.StructType
+    key_fields: list[dict[str, Any]]
+    after_type: T.StructType
+    after_fields: list[dict[str, Any]]
+    rekeyed: bool
+    keys_wrapped: bool = False
+    values_wrapped: bool = False
+    placeholders: bool = True
+    """False when no value's text holds `UNAVAILABLE_VALUE` (nor its base64): no field can
+    be an unchanged TOAST value, and the windows that resolve them are left out."""
+
+
+def _types(texts: DataFrame) -> _BatchTypes:
+    """The key's and ``after``'s Spark types: from the batch's Connect schemas (every
+    version it holds, merged), else inferred by Spark's JSON reader over the batch.
+
+    One pass over the text reads only the wrapping's ``schema`` (and ``op``): the typed
+    parse of each value comes after, once (`_parsed`)."""
+    key = F.from_json("_key_text", _WRAP)
+    value = F.from_json("_value_text", "schema string, payload struct<op: string>, op string")
+    encoded = base64.b64encode(UNAVAILABLE_VALUE.encode()).decode()
+    raw = F.coalesce(F.col("_value_text"), F.lit(""))
+    placeholder = raw.contains(UNAVAILABLE_VALUE) | raw.contains(encoded)
+    heads = texts.select(
+        key.alias("_k"),
+        value.alias("_v"),
+        F.col("_value_text").isNull().alias("_tombstone"),
+        placeholder.alias("_placeholder"),
+    ).select(
+        F.when(F.col("_k.payload").isNotNull(), F.col("_k.schema")).alias("_key_schema"),
+        F.when(F.col("_v.payload").isNotNull(), F.col("_v.schema")).alias("_value_schema"),
+        "_tombstone",
+        "_placeholder",
+        ((F.coalesce(F.col("_v.payload.op"), F.col("_v.op")) == "c") & F.col("_placeholder")).alias(
+            "_rekey"
+        ),
     )
-    source = envelope.source
+    rows = (
+        heads.where(~F.col("_tombstone") | F.col("_key_schema").isNotNull())
+        .groupBy("_key_schema", "_value_schema")
+        .agg(
+            F.min(F.col("_tombstone").cast("int")).alias("only_tombstones"),
+            F.max(F.coalesce(F.col("_rekey"), F.lit(False)).cast("int")).alias("rekeyed"),
+            F.max(F.col("_placeholder").cast("int")).alias("placeholders"),
+        )
+        .collect()
+    )
+    key_schemas = sorted({r["_key_schema"] for r in rows if r["_key_schema"] is not None})
+    value_schemas = sorted({r["_value_schema"] for r in rows if r["_value_schema"] is not None})
+    schemaless = any(r["_value_schema"] is None and not r["only_tombstones"] for r in rows)
+    keys_wrapped = bool(key_schemas) and not any(r["_key_schema"] is None for r in rows)
+    spark = texts.sparkSession
+    if keys_wrapped:
+        key_fields = merged_fields(key_schemas, None)
+        key_type = T.StructType([T.StructField(f["field"], connect_type(f)) for f in key_fields])
+    else:
+        key_type = _inferred(spark, texts.select(_unwrapped_text("_key_text").alias("j")))
+        key_fields = [{"field": f.name} for f in key_type.fields]
+    if value_schemas and not schemaless:
+        after_fields = merged_fields(value_schemas, "after")
+        after_type = T.StructType(
+            [T.StructField(f["field"], connect_type(f)) for f in after_fields]
+        )
+    else:
+        envelope = F.from_json(_unwrapped_text("_value_text"), "after string, op string")
+        upserts = texts.select(envelope.alias("e")).where(
+            F.col("e.op").isin(*_UPSERTS) & F.col("e.after").isNotNull()
+        )
+        after_type = _inferred(spark, upserts.select(F.col("e.after").alias("j")))
+        after_fields = [{"field": f.name} for f in after_type.fields]
+    rekeyed = any(r["rekeyed"] for r in rows)
+    return _BatchTypes(
+        key_type,
+        key_fields,
+        after_type,
+        after_fields,
+        rekeyed,
+        keys_wrapped=keys_wrapped,
+        values_wrapped=bool(value_schemas) and not schemaless,
+        placeholders=any(r["placeholders"] for r in rows),
+    )
+
+
+def _check_key_columns(key_type: T.StructType, key_columns: Sequence[str]) -> None:
+    """`BadInputError` unless the message key's fields are the sink's key columns."""
+    names = [f.name for f in key_type.fields]
+    if sorted(names) != sorted(key_columns):
+        raise BadInputError(
+            f"value_format={DEBEZIUM_JSON!r}: the message key's fields are {names} (the "
+            f"table's primary key) but the sink's key columns are {list(key_columns)}; open "
+            f"the sink with key_columns={tuple(names)!r}"
+        )
+
+
+def _parsed(texts: DataFrame, types: _BatchTypes, key_columns: Sequence[str]) -> DataFrame:
+    """Each key and value parsed once with its typed schema (the batch's types, `_types`):
+    the key columns, ``after``'s fields as ``_a_<field>``, ``op``, the source's position.
+    A batch whose every event is wrapped parses ``payload`` alone (the ``schema`` text is
+    skipped, never copied); a batch that mixes or lacks the wrapping parses both shapes."""
+    after_type, key_type = types.after_type, types.key_type
+    envelope = T.StructType(
+        [
+            T.StructField("after", after_type),
+            T.StructField("op", T.StringType()),
+            T.StructField("ts_ms", T.LongType()),
+            T.StructField("source", _SOURCE),
+        ]
+    )
+    if types.values_wrapped:
+        value = F.from_json("_value_text", T.StructType([T.StructField("payload", envelope)]))
+        df = texts.select("*", value.payload.alias("_e"))
+    else:
+        both = T.StructType(
+            [
+                T.StructField("schema", T.StringType()),
+                T.StructField("payload", envelope),
+                *envelope.fields,
+            ]
+        )
+        df = texts.select("*", F.from_json("_value_text", both).alias("_w")).select(
+            "*",
+            F.when(
+                F.col("_w.schema").isNotNull() & F.col("_w.payload").isNotNull(),
+                F.col("_w.payload"),
+            )
+            .otherwise(F.struct(*[F.col(f"_w.{f.name}") for f in envelope.fields]))
+            .alias("_e"),
+        )
+        df = df.withColumn("_e", F.when(F.col("_w").isNotNull(), F.col("_e")))
+    if types.keys_wrapped:
+        key = F.from_json("_key_text", T.StructType([T.StructField("payload", key_type)]))
+        df = df.select("*", key.payload.alias("_k"))
+    else:
+        df = df.select("*", F.from_json(_unwrapped_text("_key_text"), key_type).alias("_k"))
+    source = F.col("_e.source")
+    ts_ms = F.coalesce(source.ts_ms, F.col("_e.ts_ms"))
     position = (
         F.when(source.lsn.isNotNull(), F.lpad(source.lsn.cast("string"), _WIDTH, "0"))
         .when(
@@ -271,80 +415,21 @@ def _parsed(batch: DataFrame) -> DataFrame:
                 F.lpad(F.coalesce(source.row, F.lit(0)).cast("string"), _ROW_WIDTH, "0"),
             ),
         )
-        .when(
-            F.coalesce(source.ts_ms, envelope.ts_ms).isNotNull(),
-            F.lpad(F.coalesce(source.ts_ms, envelope.ts_ms).cast("string"), _WIDTH, "0"),
-        )
+        .when(ts_ms.isNotNull(), F.lpad(ts_ms.cast("string"), _WIDTH, "0"))
     )
     return df.select(
         PARTITION,
         OFFSET,
-        *([TIMESTAMP] if has_timestamp else []),
-        "_key_json",
-        "_key_schema",
-        "_value_schema",
+        *([TIMESTAMP] if TIMESTAMP in texts.columns else []),
+        *[F.col("_k")[k].alias(k) for k in key_columns],
         F.col("_value_text").isNull().alias("_tombstone"),
-        envelope.isNull().alias("_not_event"),
-        envelope.op.alias("_op"),
-        envelope.after.alias("_after"),
+        F.col("_e").isNull().alias("_not_event"),
+        F.col("_e.op").alias("_op"),
+        F.col("_e.after").isNull().alias("_no_after"),
+        *[F.col("_e.after")[f.name].alias(f"_a_{f.name}") for f in after_type.fields],
         position.alias(SOURCE_POSITION),
         (source.lsn.isNotNull() | source.file.isNotNull()).alias("_log_position_kind"),
     )
-
-
-@dataclass(frozen=True)
-class _BatchTypes:
-    """What one small job over a batch finds: the key's and ``after``'s types and fields, and
-    whether a primary-key change left TOAST values unchanged (``rekeyed``)."""
-
-    key_type: T.StructType
-    key_fields: list[dict[str, Any]]
-    after_type: T.StructType
-    after_fields: list[dict[str, Any]]
-    rekeyed: bool
-
-
-def _types(parsed: DataFrame) -> _BatchTypes:
-    """The key's and ``after``'s Spark types: from the batch's Connect schemas (every
-    version it holds, merged), else inferred by Spark's JSON reader over the batch."""
-    rows = (
-        parsed.where(~F.col("_tombstone") | F.col("_key_schema").isNotNull())
-        .groupBy("_key_schema", "_value_schema")
-        .agg(
-            F.min(F.col("_tombstone").cast("int")).alias("only_tombstones"),
-            F.max(_unchanged_on_create().cast("int")).alias("rekeyed"),
-        )
-        .collect()
-    )
-    key_schemas = sorted({r["_key_schema"] for r in rows if r["_key_schema"] is not None})
-    value_schemas = sorted({r["_value_schema"] for r in rows if r["_value_schema"] is not None})
-    schemaless = any(r["_value_schema"] is None and not r["only_tombstones"] for r in rows)
-    spark = parsed.sparkSession
-    if key_schemas and not any(r["_key_schema"] is None for r in rows):
-        key_fields = merged_fields(key_schemas, None)
-        key_type = T.StructType([T.StructField(f["field"], connect_type(f)) for f in key_fields])
-    else:
-        key_type = _inferred(spark, parsed.select(F.col("_key_json").alias("j")))
-        key_fields = [{"field": f.name} for f in key_type.fields]
-    if value_schemas and not schemaless:
-        after_fields = merged_fields(value_schemas, "after")
-        after_type = T.StructType(
-            [T.StructField(f["field"], connect_type(f)) for f in after_fields]
-        )
-    else:
-        upserts = parsed.where(F.col("_op").isin(*_UPSERTS) & F.col("_after").isNotNull())
-        after_type = _inferred(spark, upserts.select(F.col("_after").alias("j")))
-        after_fields = [{"field": f.name} for f in after_type.fields]
-    rekeyed = any(r["rekeyed"] for r in rows)
-    return _BatchTypes(key_type, key_fields, after_type, after_fields, rekeyed)
-
-
-def _unchanged_on_create() -> Column:
-    """True for a ``c`` event holding an unchanged TOAST value: only a primary-key change's
-    ``c`` can (an insert gives every value), its text placeholder or bytes' base64."""
-    encoded = base64.b64encode(UNAVAILABLE_VALUE.encode()).decode()
-    after = F.coalesce(F.col("_after"), F.lit(""))
-    return (F.col("_op") == "c") & (after.contains(UNAVAILABLE_VALUE) | after.contains(encoded))
 
 
 def _inferred(spark: Any, texts: DataFrame) -> T.StructType:
@@ -375,21 +460,8 @@ def _records(
     cache: list[DataFrame],
     refuse: bool,
 ) -> DataFrame:
-    key_type, after_type, after_fields = types.key_type, types.after_type, types.after_fields
-    names = [f.name for f in key_type.fields]
-    if key_type.fields and sorted(names) != sorted(key_columns):
-        raise BadInputError(
-            f"value_format={DEBEZIUM_JSON!r}: the message key's fields are {names} (the "
-            f"table's primary key) but the sink's key columns are {list(key_columns)}; open "
-            f"the sink with key_columns={tuple(names)!r}"
-        )
-    key = F.from_json("_key_json", key_type)
-    after = F.from_json("_after", after_type)
-    df = parsed.select(
-        "*",
-        *[key[k].alias(k) for k in key_columns],
-        *[after[f.name].alias(f"_a_{f.name}") for f in after_type.fields],
-    )
+    after_type, after_fields = types.after_type, types.after_fields
+    df = parsed
     by_key = Window.partitionBy(PARTITION, *key_columns)
     before = by_key.orderBy(OFFSET)
     earlier = by_key.orderBy(F.col(SOURCE_POSITION).asc_nulls_first(), OFFSET).rowsBetween(
@@ -403,7 +475,7 @@ def _records(
     toast: dict[str, T.DataType] = {}
     for f in after_type.fields:
         is_placeholder = _placeholder(f.dataType, F.col(f"_a_{f.name}"))
-        if is_placeholder is None:
+        if is_placeholder is None or not types.placeholders:
             continue
         toast[f.name] = f.dataType
         # The key's last value before the event; a delete in between leaves none ("live" false).
@@ -418,7 +490,7 @@ def _records(
         )
     if toast and types.rekeyed:
         df = _with_old_key(df, toast, upsert, delete, own_key, earlier)
-    else:
+    elif toast:  # (Spark Connect refuses withColumns of no column)
         df = df.withColumns({f"_s_{name}": F.col(f"_e_{name}") for name in toast})
     look = F.coalesce(*[F.when(F.col(f"_p_{n}"), F.col(f"_s_{n}").old) for n in toast], own_key)
     df = df.withColumn("_look", look).withColumns(
@@ -530,7 +602,7 @@ def _early_reason(tombstone: Column, upsert: Column) -> Column:
                 F.lit(" is not a row change (c, u, r, d)"),
             ),
         )
-        .when(upsert & F.col("_after").isNull(), F.lit("a change event without after"))
+        .when(upsert & F.col("_no_after"), F.lit("a change event without after"))
         .when(
             F.col(SOURCE_POSITION).isNull(),
             F.lit(
