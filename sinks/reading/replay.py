@@ -26,6 +26,7 @@ from sinks.config import CleanerConfig
 from sinks.errors import ConcurrentCommitError, ConfigError, RestoreTargetError
 from sinks.log.history_window import table_properties
 from sinks.log.location import LogLocation
+from sinks.log.log_config import log_config
 from sinks.log.log_format import (
     CLEANER_OFFSET_TXN,
     COMMIT_INFO_KEY,
@@ -299,7 +300,7 @@ def _write_exact(log: LogTable, snapshot: LogSnapshot, source: RestoreSource, ba
     """Write every record at its own partition and offset; one commit with the offsets."""
     config = source.config
     schema = snapshot.spark_schema
-    limits = CleanerConfig()
+    limits = log_config(snapshot).config  # the carried topic config (design.md §69's codec)
     task = AppendTask(
         writer=SegmentWriterTask(
             table_uri=log.uri,
@@ -309,6 +310,7 @@ def _write_exact(log: LogTable, snapshot: LogSnapshot, source: RestoreSource, ba
             group_column=None,
             storage_options=log.storage_options,
             key_columns=config.keys.key_columns,
+            compression=limits.parquet_codec,
         ),
         log_end_offsets={},
         keys=config.keys,

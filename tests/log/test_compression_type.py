@@ -71,3 +71,16 @@ def test_an_unknown_codec_is_refused_by_name():
     with pytest.raises(ConfigError, match=r"compression\.type must be one of zstd, lz4.*'brotli'"):
         CleanerConfig(compression_type="brotli")
     assert CleanerConfig.from_properties({"compression.type": "producer"}).parquet_codec == "zstd"
+
+
+def test_a_replay_writes_the_codec_the_source_log_carries(spark, lake):
+    from sinks.reading.replay import RestoreSource, replay
+
+    config = CleanerConfig(compression_type="lz4", **KEEP)
+    source = CompactedStateSink(str(lake / "log"), config=config)
+    source(spark.createDataFrame([("a", "1"), ("b", "2")], "key string, value string"), 0)
+    replay(RestoreSource.of_log(spark, source.path), str(lake / "copy"))
+    copy = CompactedStateSink(str(lake / "copy"))
+    assert copy.config.compression_type == "lz4"
+    assert set().union(*codecs(copy).values()) == {"LZ4"}
+    assert {r["key"]: r["value"] for r in copy.state().collect()} == {"a": "1", "b": "2"}
