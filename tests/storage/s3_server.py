@@ -23,32 +23,40 @@ import pyarrow.fs as pafs
 BUCKET = "lake"
 
 
-@contextmanager
-def s3_server() -> Iterator[dict[str, str]]:
-    """Start a moto S3 server with bucket `BUCKET`; yields the storage options that reach it."""
-    from moto import server as moto_server
-
+def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    options = {
+        return s.getsockname()[1]
+
+
+def _bucket_options(port: int) -> dict[str, str]:
+    """Create bucket `BUCKET` on the server at ``port``; the storage options that reach it."""
+    pafs.S3FileSystem(
+        access_key="test-key",
+        secret_key="test-secret",
+        endpoint_override=f"127.0.0.1:{port}",
+        scheme="http",
+        allow_bucket_creation=True,
+    ).create_dir(BUCKET)
+    return {
         "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
         "AWS_ACCESS_KEY_ID": "test-key",
         "AWS_SECRET_ACCESS_KEY": "test-secret",
         "AWS_REGION": "us-east-1",
     }
+
+
+@contextmanager
+def s3_server() -> Iterator[dict[str, str]]:
+    """Start a moto S3 server with bucket `BUCKET`; yields the storage options that reach it."""
+    from moto import server as moto_server
+
+    port = _free_port()
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
     saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("AWS_")}
     try:
-        pafs.S3FileSystem(
-            access_key="test-key",
-            secret_key="test-secret",
-            endpoint_override=f"127.0.0.1:{port}",
-            scheme="http",
-            allow_bucket_creation=True,
-        ).create_dir(BUCKET)
-        yield options
+        yield _bucket_options(port)
     finally:
         server.stop()
         os.environ.update(saved)
@@ -61,9 +69,7 @@ def s3_server_process() -> Iterator[dict[str, str]]:
     ``alter.set_table_properties`` (deltalake 1.6.6) then waits out every retry of its
     listing (about a minute with the default retries), as the segment deleter's alignment
     of the window's properties does. A server in its own process answers at once."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = _free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL,
@@ -80,19 +86,7 @@ def s3_server_process() -> Iterator[dict[str, str]]:
                 if server.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"moto's S3 server did not start on port {port}") from None
                 time.sleep(0.05)
-        pafs.S3FileSystem(
-            access_key="test-key",
-            secret_key="test-secret",
-            endpoint_override=f"127.0.0.1:{port}",
-            scheme="http",
-            allow_bucket_creation=True,
-        ).create_dir(BUCKET)
-        yield {
-            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
-            "AWS_ACCESS_KEY_ID": "test-key",
-            "AWS_SECRET_ACCESS_KEY": "test-secret",
-            "AWS_REGION": "us-east-1",
-        }
+        yield _bucket_options(port)
     finally:
         server.terminate()
         server.wait(timeout=10)
@@ -118,9 +112,7 @@ def authenticated_s3_server() -> Iterator[S3Account]:
     from moto import server as moto_server
     from moto.core.authorization import enable_iam_authentication
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = _free_port()
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     endpoint = f"http://127.0.0.1:{port}"
