@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -31,6 +32,7 @@ from sinks.log.segment_writer import SegmentWriterTask, nullable_schema
 from sinks.python_tasks import freeze_imports
 
 _BIN = "bin"
+_Item = TypeVar("_Item")
 
 
 @dataclass(frozen=True)
@@ -75,16 +77,23 @@ def partitions_to_clean(
     return sorted(tasks, key=lambda t: -t.size_bytes)
 
 
-def packed(tasks: Sequence[PartitionToClean], slots: int) -> list[list[int]]:
-    """``tasks``' indexes in at most ``slots`` bins (at least one) of about equal bytes,
-    largest first: one Spark task a bin (design.md §33). Pure."""
+def packed(
+    tasks: Sequence[_Item], slots: int, size: Callable[[_Item], int] = lambda t: t.size_bytes
+) -> list[list[int]]:
+    """``tasks``' indexes in at most ``slots`` bins (at least one) of about equal ``size``
+    (default: bytes), largest first: one Spark task a bin (design.md §33). Pure."""
     bins: list[list[int]] = [[] for _ in range(max(1, min(slots, len(tasks))))]
     loads = [0] * len(bins)
-    for index in sorted(range(len(tasks)), key=lambda i: -tasks[i].size_bytes):
+    for index in sorted(range(len(tasks)), key=lambda i: -size(tasks[i])):
         lightest = loads.index(min(loads))
         bins[lightest].append(index)
-        loads[lightest] += tasks[index].size_bytes
+        loads[lightest] += size(tasks[index])
     return bins
+
+
+def bin_indexes(batches: Iterator[pa.RecordBatch]) -> list[int]:
+    """The bins (`bin_rows`) a Spark task was given. Pure."""
+    return [int(b) for batch in batches for b in batch.column(_BIN).to_pylist()]
 
 
 @dataclass(frozen=True)
@@ -143,12 +152,7 @@ class RecopyTask:
 
     def indexes(self, batches: Iterator[pa.RecordBatch]) -> list[int]:
         """The partitions (indexes into ``tasks``) of the bins this Spark task was given. Pure."""
-        return [
-            task
-            for batch in batches
-            for b in batch.column(_BIN).to_pylist()
-            for task in self.bins[int(b)]
-        ]
+        return [task for b in bin_indexes(batches) for task in self.bins[b]]
 
     def newest(self, task: PartitionToClean) -> Iterator[pa.Table]:
         """Each key's newest record of the partition, tombstones included, read file by

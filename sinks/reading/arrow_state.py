@@ -129,8 +129,7 @@ class StatePlan:
         keys = log_keys(snapshot, read_only=True)
         sections = log_sections(snapshot)
         snapshot.check_files([*sections.clean, *sections.dirty])
-        starts = {p: snapshot.log_start_offset(p) for p in snapshot.partitions}
-        reader = SegmentReader(snapshot.location, {p: s for p, s in starts.items() if s > 0})
+        reader = SegmentReader.of(snapshot)
         threads = threads or reader_threads()
         found = superseded(snapshot, keys, sections.clean, sections.dirty, reader, threads)
         return cls(snapshot, keys, sections, reader, found, threads)

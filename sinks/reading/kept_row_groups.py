@@ -5,8 +5,8 @@
 `sinks.reading.superseded` finds, on the driver and from the narrow columns alone, which
 records a newer record of their key supersedes (design.md §50). What is left is a scan:
 every row group of every live file of the partitions with a dirty section is an item of
-work, the items are packed into one bin a core (largest first, by records), and each
-Spark task reads its bin's row groups through pyarrow (`SegmentReader.read_kept`),
+work, the items are packed into one bin a core by records (`packed`, as a pass's tasks
+are), and each Spark task reads its bin's row groups through pyarrow (`SegmentReader.read_kept`),
 dropping the superseded records and the tombstones. A key's records need not meet in
 one task: which of them wins is already decided. So a partition's read runs on every
 core, however few partitions the log has, and a row group every record of which is
@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sinks.cleaner.recopy_task import bin_indexes, bin_rows, packed
 from sinks.log.records import OFFSET, PARTITION, VALUE
 from sinks.log.segment import DataFile
 from sinks.python_tasks import freeze_imports
@@ -34,8 +35,6 @@ from sinks.reading.segment_reader import SegmentReader, SegmentRowGroup, row_gro
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql import types as T
-
-_BIN = "bin"
 
 
 @dataclass(frozen=True)
@@ -51,10 +50,9 @@ class KeptRecordsTask:
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         freeze_imports()
-        for batch in batches:
-            for b in batch.column(_BIN).to_pylist():
-                for unit in self.bins[int(b)]:
-                    yield from self.read(unit)
+        for b in bin_indexes(batches):
+            for unit in self.bins[b]:
+                yield from self.read(unit)
 
     def read(self, unit: SegmentRowGroup) -> Iterator[pa.RecordBatch]:
         """``unit``'s records that are neither superseded nor tombstones."""
@@ -64,20 +62,6 @@ class KeptRecordsTask:
         for table in tables:
             live = table.filter(pc.is_valid(table.column(VALUE))).select(self.columns)
             yield from live.to_batches()
-
-
-def balanced_bins(
-    units: Sequence[SegmentRowGroup], slots: int
-) -> list[tuple[SegmentRowGroup, ...]]:
-    """``units`` in at most ``slots`` bins (at least one) of about equal records, largest
-    first. Pure."""
-    bins: list[list[SegmentRowGroup]] = [[] for _ in range(max(1, min(slots, len(units))))]
-    loads = [0] * len(bins)
-    for unit in sorted(units, key=lambda u: -u.records):
-        lightest = loads.index(min(loads))
-        bins[lightest].append(unit)
-        loads[lightest] += unit.records
-    return [tuple(b) for b in bins]
 
 
 def kept_records(
@@ -92,11 +76,9 @@ def kept_records(
     """The records of ``segments`` less ``superseded`` (each partition's sorted offsets) and
     less the tombstones, with ``out``'s columns (key columns and ``value``, of the log's
     types), read by at most ``slots`` Spark tasks."""
-    from pyspark.sql import functions as F
-
     columns = tuple(out.fieldNames())
     read = pa.schema([log_schema.field(n) for n in dict.fromkeys([*columns, PARTITION, OFFSET])])
-    bins = balanced_bins(row_groups(reader, segments), slots)
-    task = KeptRecordsTask(reader, read, columns, dict(superseded), tuple(bins))
-    rows = spark.range(0, len(bins), 1, len(bins)).select(F.col("id").cast("int").alias(_BIN))
-    return rows.mapInArrow(task, out)
+    units = row_groups(reader, segments)
+    bins = tuple(tuple(units[i] for i in b) for b in packed(units, slots, size=lambda u: u.records))
+    task = KeptRecordsTask(reader, read, columns, dict(superseded), bins)
+    return bin_rows(spark, len(bins)).mapInArrow(task, out)

@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -26,6 +26,9 @@ from sinks.log.location import LogLocation
 from sinks.log.records import OFFSET, PARTITION
 from sinks.log.segment import DataFile
 from sinks.log.segment_writer import nullable_schema
+
+if TYPE_CHECKING:
+    from sinks.log.log_table import LogSnapshot
 
 # Rows decoded at a time: a row group may hold a whole segment.
 BATCH_ROWS = 65_536
@@ -76,6 +79,12 @@ class SegmentReader:
 
     location: LogLocation
     floors: Mapping[int, int]
+
+    @classmethod
+    def of(cls, snapshot: LogSnapshot) -> SegmentReader:
+        """The reader of ``snapshot``'s segments, with its partitions' log start offsets."""
+        starts = {p: snapshot.log_start_offset(p) for p in snapshot.partitions}
+        return cls(snapshot.location, {p: s for p, s in starts.items() if s > 0})
 
     def read(self, segment: DataFile, schema: pa.Schema) -> Iterator[pa.Table]:
         """``segment``'s visible records with exactly ``schema``'s columns, row group by row

@@ -252,8 +252,7 @@ def _state_by_superseded(
         return None
     segments = [*near, *sections.dirty]
     snapshot.check_files(segments)
-    starts = {p: snapshot.log_start_offset(p) for p in snapshot.partitions}
-    reader = SegmentReader(snapshot.location, {p: s for p, s in starts.items() if s > 0})
+    reader = SegmentReader.of(snapshot)
     found = superseded(snapshot, log_keys, near, sections.dirty, reader, buckets=buckets)
     fields = {f.name: f for f in snapshot.spark_schema.fields}
     columns = [*log_keys.key_columns, VALUE]
