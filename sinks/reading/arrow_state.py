@@ -88,7 +88,7 @@ def read_state_batches(
     history window) fails the read with ``FileNotFoundError``.
     """
     log = LogTable(normalize_uri(path), storage_options)
-    snapshot = log.snapshot(as_of, repair=False)
+    snapshot = log.snapshot(as_of)
     if snapshot is None:
         check_new_log_location(log.location, read_only=True)  # someone else's files
         raise FileNotFoundError(f"no compacted log at {path}")
