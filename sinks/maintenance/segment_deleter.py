@@ -17,9 +17,10 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import pyarrow.fs as pafs
+from deltalake.exceptions import DeltaError
 
 from checkpoints import now_ms
 from sinks.crash_points import SEGMENT_DELETER_AFTER_FILE_DELETED, crash_point
@@ -43,6 +44,7 @@ from sinks.log.ownership import (
 logger = logging.getLogger("compacted_sink")
 
 TableKind = Literal["log", "checkpoint"]
+T = TypeVar("T")
 
 _COMMIT_FILE = re.compile(r"\d{20}\.json")
 _CHECKSUM_FILE = re.compile(r"(\d{20})\.crc")
@@ -109,11 +111,15 @@ def delete_expired_files(
     if changed:
         table = table_location.delta_table()
     before = list_delta_log(table_location).files
-    listed = table.vacuum(dry_run=True, full=True, enforce_retention_duration=False)
-    named = set(table.vacuum(dry_run=True, full=False, enforce_retention_duration=False))
-    # Sorted: delta-rs returns candidates unordered, and a fixed order makes a bounded
-    # call's leftovers the next call's first files.
-    candidates = sorted(p for p in listed if p in named or owned(p))
+
+    def expired(table: Any) -> list[str]:
+        listed = table.vacuum(dry_run=True, full=True, enforce_retention_duration=False)
+        named = set(table.vacuum(dry_run=True, full=False, enforce_retention_duration=False))
+        # Sorted: delta-rs returns candidates unordered, and a fixed order makes a bounded
+        # call's leftovers the next call's first files.
+        return sorted(p for p in listed if p in named or owned(p))
+
+    candidates = on_a_trimmed_log(table_location, table, expired)
     protected = tuple(f"partition-{p}/" for p in protected_partitions)
     allowed = [p for p in candidates if not p.startswith(protected)] if protected else candidates
     chosen = allowed[:max_files]
@@ -129,10 +135,14 @@ def delete_expired_files(
         deleted_bytes += info.size or 0
         crash_point(SEGMENT_DELETER_AFTER_FILE_DELETED)
     if trim_log:
-        if len(chosen) == len(candidates):  # else a checkpoint would forget removes still due
-            own = table.version() if changed else None  # our properties' commit
-            checkpoint_for_trim(table, table_location, window_ms=window_ms, own_version=own)
-        table.cleanup_metadata()
+        own = table.version() if changed else None  # our properties' commit
+
+        def trim(table: Any) -> None:
+            if len(chosen) == len(candidates):  # else a checkpoint would forget removes due
+                checkpoint_for_trim(table, table_location, window_ms=window_ms, own_version=own)
+            table.cleanup_metadata()
+
+        on_a_trimmed_log(table_location, table, trim)
         delete_trimmed_checksums(table_location)
     report = DeletionReport(
         table=table_location.uri,
@@ -148,6 +158,34 @@ def delete_expired_files(
     if deleted or changed:
         logger.info("%s", report.summary())
     return report
+
+
+TRIM_RACE_ATTEMPTS = 3
+"""Tries of one read of a Delta log that another deleter trims meanwhile (design.md §46)."""
+
+
+def on_a_trimmed_log(location: LogLocation, table: Any, step: Callable[[Any], T]) -> T:
+    """``step(table)``; when a commit file the table was opened from is gone (another
+    deleter of the same log trimmed it after the open: delta-rs reads a snapshot's remove
+    actions from the commit files lazily), ``step`` again on the table opened anew, up to
+    `TRIM_RACE_ATTEMPTS` tries. ``step`` must be safe to repeat."""
+    for _ in range(TRIM_RACE_ATTEMPTS - 1):
+        try:
+            return step(table)
+        except (FileNotFoundError, DeltaError) as e:
+            if not _trimmed_under(e):
+                raise
+            logger.debug("%s: Delta log trimmed under a read, opened again: %s", location.uri, e)
+            table = location.delta_table()
+    return step(table)
+
+
+def _trimmed_under(e: Exception) -> bool:
+    """Whether delta-rs's error says a file of the Delta log the table was opened from is
+    gone: a commit or checkpoint "not found", or a log segment with no files left."""
+    text = str(e)
+    gone = DELTA_LOG_DIR in text and "not found" in text.lower()
+    return gone or "No files in log segment" in text
 
 
 def checkpoint_for_trim(

@@ -31,7 +31,11 @@ from sinks.log.history_window import (
 from sinks.log.location import LogLocation
 from sinks.log.ownership import LOG_DESCRIPTION
 from sinks.maintenance.file_inventory import take_inventory
-from sinks.maintenance.segment_deleter import checkpoint_table_window, delete_expired_files
+from sinks.maintenance.segment_deleter import (
+    checkpoint_table_window,
+    delete_expired_files,
+    on_a_trimmed_log,
+)
 from streaming.status.gauges import log_status
 from streaming.status.status_render import render_json, render_table
 
@@ -188,6 +192,46 @@ def test_deletion_is_bounded_per_call_and_trims_the_delta_log(tmp_path):
     # Commits before the last Delta checkpoint are gone; the table still loads.
     assert min(list_delta_log(LogLocation(path)).commit_ms) >= checkpoint
     assert DeltaTable(path).version() == 131  # 130 commits and the window's new properties
+
+
+def test_a_deleter_whose_table_was_trimmed_under_it_opens_it_again(tmp_path):
+    """Two deleters of one log: the other's checkpoint and trim remove the checkpoint and
+    commits this one's table was opened from, which delta-rs reads again for the vacuum's
+    listing and for a checkpoint. The step is repeated on the table opened anew; before,
+    ``vacuum()`` beside a streaming query's own deleter failed with "not found"."""
+    path = str(tmp_path / "table")
+    schema = pa.schema([("k", pa.int64())])
+    DeltaTable.create(path, schema, configuration=table_properties(0), description=LOG_DESCRIPTION)
+    os.makedirs(f"{path}/partition-0")
+
+    def commit(i: int) -> None:
+        name = f"partition-0/f{i}.parquet"
+        pq.write_table(pa.table({"k": [i]}), f"{path}/{name}")
+        actions = [AddAction(name, os.path.getsize(f"{path}/{name}"), {}, 0, True, None)]
+        if i:
+            actions.append(
+                RemoveAction(f"partition-0/f{i - 1}.parquet", True, int(time.time() * 1000), 1, {})
+            )
+        DeltaTable(path).create_write_transaction(actions, "append", schema)
+
+    for i in range(25):  # a checkpoint at 19 (delta-rs's post-commit hook)
+        commit(i)
+    location = LogLocation(path)
+    stale = location.delta_table()  # from the checkpoint at 19 and commits 20 to 25
+    for i in range(25, 32):  # a checkpoint at 29; the other deleter trims what it covers
+        commit(i)
+    DeltaTable(path).cleanup_metadata()
+
+    def listing(table) -> list[str]:
+        return sorted(table.vacuum(dry_run=True, full=True, enforce_retention_duration=False))
+
+    with pytest.raises(Exception, match="not found"):
+        listing(stale)
+    assert on_a_trimmed_log(location, stale, listing) == listing(location.delta_table())
+    assert len(listing(location.delta_table())) == 31  # every file but the live one
+    on_a_trimmed_log(location, stale, lambda t: t.create_checkpoint())  # "no files in log segment"
+    with pytest.raises(ZeroDivisionError):  # any other error is the caller's
+        on_a_trimmed_log(location, stale, lambda t: 1 / 0)
 
 
 class RacedCommitter:
