@@ -60,7 +60,7 @@ from sinks.cleaner.cleaner import Cleaner
 from sinks.cleaner.cleaner_manager import CleanerManager
 from sinks.cleaner.cleaner_stats import CleanerStats
 from sinks.cleaner.log_to_clean import LogToClean, dirty_ratio
-from sinks.cleaner.pass_planning import CleaningPlan, LogPlanner, RoundRequest
+from sinks.cleaner.pass_planning import LogPlanner, RoundRequest
 from sinks.cleaner.throttler import TaskBudget
 from sinks.config import CleanerConfig
 from sinks.errors import CleanerError, CommitConflictError
@@ -169,10 +169,11 @@ class LogCleaner:
         plan = self.planner.choose(snapshot, force=asked.force, fresh_checkpoints=False)
         return replace(asked, plan=plan)
 
-    def has_work(self, plan: CleaningPlan | None) -> bool:
-        """Whether a round now could do anything: retention, deletion of expired files, a
-        checkpoint to reset, or a cleanable partition (``plan``, chosen). Pure; no Spark
-        job (design.md §43)."""
+    def has_work(self, request: RoundRequest) -> bool:
+        """Whether a round asked with ``request`` could do anything now: retention, deletion
+        of expired files, a checkpoint to reset, or a cleanable partition (its plan,
+        chosen). Pure; no Spark job (design.md §43)."""
+        plan = request.plan
         if plan is None:
             return False
         if self.config.delete or self.segment_deleter.due():
@@ -203,7 +204,7 @@ class LogCleaner:
         """
         request = self.request(RoundRequest(), snapshot)
         stats = None
-        if appended and self.has_work(request.plan):
+        if appended and self.has_work(request):
             if background:
                 self.wakeup(spark)
             else:
@@ -345,7 +346,7 @@ class CleanerLoop:
             if cleaner in exclude:
                 continue
             request = cleaner.request(self.request)  # the round's one choice, for its pass
-            if not cleaner.has_work(request.plan):
+            if not cleaner.has_work(request):
                 continue
             assert request.plan is not None and request.plan.filthiest is not None
             chosen = cleaner.manager.claimable(request.plan.filthiest)
