@@ -154,7 +154,7 @@ def one_pass(
     assert not stats.work_left, "the dedupe buffer cut the pass short: not one pass"
     jobs = rest.jobs_after(before)
     tasks = tasks_of_jobs(rest, [j["jobId"] for j in jobs])
-    recopy = [t for t in tasks if "clean_segments" in t["stage_name"]]
+    recopy = [t for t in tasks if "recopy" in t["stage_name"]]
     for t in recopy:  # the recopy stage's task i cleans bin i (one bin a Spark partition)
         t["partitions"] = bins[t["index"]] if t["index"] < len(bins) else None
     records_written = sum(s.num_records for s in sink.log_table.snapshot().all_segments())

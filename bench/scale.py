@@ -47,7 +47,8 @@ from bench.cleaner_bench import io_floor
 from bench.measure import PeakRss, delta_table_size, load_average, machine_description
 from bench.session import bench_session
 from sinks import CleanerConfig, CompactedStateSink
-from sinks.cleaner.cleaner import TaskBudget
+from sinks.cleaner.pass_planning import RoundRequest
+from sinks.cleaner.throttler import TaskBudget
 from sinks.reading.state_reader import log_sections
 
 BATCH = 1_000_000
@@ -154,10 +155,10 @@ def one_size(
         inputs = [os.path.join(copy, s.path) for s in sink.log_table.snapshot().all_segments()]
         rss.reset()
         started = time.perf_counter()
-        budget = TaskBudget(max_tasks)
-        passes = [sink.log_cleaner.clean_log(spark, force=True, budget=budget)]
+        forced = RoundRequest(force=True, budget=TaskBudget(max_tasks))
+        passes = [sink.cleaner.run_pass(spark, forced)]
         while passes[-1] is not None and passes[-1].work_left:  # the dedupe buffer cut it
-            passes.append(sink.log_cleaner.clean_log(spark, force=True, budget=budget))
+            passes.append(sink.cleaner.run_pass(spark, forced))
         pass_runs.append(time.perf_counter() - started)
         cleaner_runs.append(sum(p.duration_ms for p in passes if p is not None) / 1000)
         peaks = {k: max(v, peaks.get(k, 0.0)) for k, v in rss.read().items()}
@@ -246,9 +247,10 @@ def live_state(
 
     measure("all dirty")
     started = time.perf_counter()
-    passes = [sink.log_cleaner.clean_log(spark, force=True)]
+    forced = RoundRequest(force=True)
+    passes = [sink.cleaner.run_pass(spark, forced)]
     while passes[-1] is not None and passes[-1].work_left:  # the dedupe buffer cut it
-        passes.append(sink.log_cleaner.clean_log(spark, force=True))
+        passes.append(sink.cleaner.run_pass(spark, forced))
     built_s = time.perf_counter() - started
     assert not log_sections(sink.log_table.snapshot()).dirty, "the pass left a dirty section"
     measure("all clean")

@@ -27,6 +27,7 @@ from sinks.cleaner.cleaner_manager import CleanerManager
 from sinks.cleaner.cleaner_stats import CleanerStats
 from sinks.cleaner.log_cleaner import CleaningMode, LogCleaner
 from sinks.cleaner.log_to_clean import LogToClean
+from sinks.cleaner.pass_planning import RoundRequest
 from sinks.config import CleanerConfig
 from sinks.erasure import (
     ErasureReport,
@@ -285,8 +286,8 @@ class CompactedStateSink:
         return self.log_cleaner.manager
 
     def logs_to_clean(self, snapshot: LogSnapshot | None = None) -> list[LogToClean]:
-        """`LogCleaner.logs_to_clean`: the log's partitions as candidates. Read-only."""
-        return self.log_cleaner.logs_to_clean(snapshot)
+        """`LogCleaner.candidates`: the log's partitions as candidates. Read-only."""
+        return self.log_cleaner.candidates(snapshot)
 
     def dirty_ratio(self) -> float:
         """Cleanable bytes over clean plus cleanable bytes, over all partitions.
@@ -298,15 +299,17 @@ class CompactedStateSink:
 
     @finished_before_exit
     def clean(self, force: bool = False) -> CleanerStats | None:
-        """One round now, whatever the cleaning mode (`LogCleaner.maintain`).
+        """One round now, whatever the cleaning mode (`LogCleaner.run_round`), asked with
+        ``force`` (`RoundRequest`).
 
         Returns the pass's figures, or None when nothing was cleanable. Raises what
-        ``maintain`` raises with ``raise_errors`` (design.md §43). Not idempotent.
+        ``run_round`` raises with ``raise_errors`` (design.md §43). Not idempotent.
         """
         if self.log_table.snapshot() is None:
             return None
         self._ensure_recovered()
-        return self.log_cleaner.maintain(active_session(), force=force, raise_errors=True).clean
+        request = RoundRequest(force=force)
+        return self.log_cleaner.run_round(active_session(), request, raise_errors=True).clean
 
     def vacuum(self) -> DeletionReport:
         """Delete what left the log longer than ``file.delete.delay.ms`` ago. Idempotent."""

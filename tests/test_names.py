@@ -14,6 +14,13 @@
 - One warn-once helper: only `sinks.warn_once` remembers at module level what was said.
 - A read never asks for a repair: the reading packages call ``snapshot`` without
   ``repair=True`` and never ``repair()`` (design.md §66), but where they write a log.
+- Two levels of cleaning, each named once (design.md §43): a round is ``run_round``, a
+  pass ``run_pass``; no other function of the cleaner or the sink is named by a cleaning
+  verb (``clean``, ``maintain``, ``clean_*``, ``do_clean``), but the public
+  ``CompactedStateSink.clean``.
+- A round's request is one value: no function of the round's and the pass's modules takes
+  ``force``, ``plan`` or ``budget`` (they take the `RoundRequest`), and in the sink only
+  ``clean`` takes ``force``.
 """
 
 from __future__ import annotations
@@ -292,3 +299,72 @@ def errors_not_named_errors() -> list[str]:
 
 def test_an_error_is_named_an_error():
     assert errors_not_named_errors() == []
+
+
+CLEANING = ("sinks/cleaner", "sinks/sink.py")
+LEVELS = {"run_round": "sinks/cleaner/log_cleaner.py", "run_pass": "sinks/cleaner/cleaner.py"}
+CLEANING_VERB = re.compile(r"^(clean|maintain\w*|clean_\w+|do_clean\w*)$")
+PUBLIC_CLEAN = {("sinks/sink.py", "CompactedStateSink.clean")}
+
+
+def functions(paths: tuple[str, ...]) -> list[tuple[str, str, ast.FunctionDef]]:
+    """(relative path, ``Class.method`` or ``function``, node) of every function defined in
+    ``paths`` (files or folders), methods named with their class."""
+    found = []
+    for top in paths:
+        root = ROOT / top
+        for path in sorted(root.rglob("*.py") if root.is_dir() else [root]):
+            relative = path.relative_to(ROOT).as_posix()
+            tree = ast.parse(path.read_text(), filename=str(path))
+            for node in tree.body:
+                members = node.body if isinstance(node, ast.ClassDef) else [node]
+                prefix = f"{node.name}." if isinstance(node, ast.ClassDef) else ""
+                for member in members:
+                    if isinstance(member, ast.FunctionDef | ast.AsyncFunctionDef):
+                        found.append((relative, prefix + member.name, member))
+    return found
+
+
+def cleaning_verbs() -> list[str]:
+    """Functions of the cleaner and the sink named by a cleaning verb, but the public
+    ``clean``; and each level's name where it is defined, if not exactly once there."""
+    found = [
+        f"{path}:{name}"
+        for path, name, _ in functions(CLEANING)
+        if CLEANING_VERB.match(name.rpartition(".")[2]) and (path, name) not in PUBLIC_CLEAN
+    ]
+    for level, home in LEVELS.items():
+        defined = [p for p, name, _ in functions(CLEANING) if name.rpartition(".")[2] == level]
+        if defined != [home]:
+            found.append(f"{level}: defined in {defined}, not once in {home}")
+    return found
+
+
+def test_a_round_and_a_pass_are_each_named_once():
+    assert cleaning_verbs() == []
+
+
+REQUEST_FIELDS = {"force", "plan", "budget"}
+ROUND_AND_PASS = ("sinks/cleaner/log_cleaner.py", "sinks/cleaner/cleaner.py")
+
+
+def carried_by_hand() -> list[str]:
+    """Functions of the round's and the pass's modules that take a field of the round's
+    request as a parameter of their own, and functions of the sink that take ``force``
+    but ``clean``."""
+    found = []
+    for path, name, node in functions(ROUND_AND_PASS + ("sinks/sink.py",)):
+        arguments = node.args
+        names = {a.arg for a in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]}
+        carried = names & (REQUEST_FIELDS if path in ROUND_AND_PASS else {"force"})
+        if carried and (path, name) not in PUBLIC_CLEAN:
+            found.append(f"{path}:{name} takes {', '.join(sorted(carried))}")
+    return found
+
+
+def test_a_rounds_request_is_handed_down_as_one_value():
+    assert carried_by_hand() == []
+    source = "class C:\n    def clean_log(self, *, force=False): ...\n"
+    tree = ast.parse(source)
+    method = tree.body[0].body[0]  # type: ignore[attr-defined]
+    assert CLEANING_VERB.match(method.name) and method.args.kwonlyargs[0].arg == "force"

@@ -1,19 +1,23 @@
 """The log cleaner, as Kafka's: ten modules, one concept each, named as Kafka names them.
 
-- `log_cleaner`: ``LogCleaner``, one log's rounds (retention, a pass, the segment
-  deleter), the hand-over after an append, the one loop over one or many logs
-  (`CleanerLoop`, Kafka's ``CleanerThread``: run by the ``clean`` command and by the
-  sink's worker thread, `CleanerWorker`).
+- `log_cleaner`: ``LogCleaner``, one log's rounds (`LogCleaner.run_round`: retention, a
+  pass, the segment deleter), the hand-over after an append, the one loop over one or
+  many logs (`CleanerLoop`, Kafka's ``CleanerThread``: run by the ``clean`` command and
+  by the sink's worker thread, `CleanerWorker`).
 - `cleaner_manager`: ``LogCleanerManager``, the partitions' cleaner states and
   checkpoints in the cleaner-offset checkpoint table: claims, transitions, pauses.
-- `pass_planning`: the log measured into a `CleaningPlan` (Kafka's ``cleanableOffsets``),
-  consumer holds, and each partition's share of a pass; pure but for two table reads.
-- `cleaner`: ``Cleaner``, the driver's half of one pass top to bottom: choose and claim
-  (a `CleaningPass`), plan, one Spark job, one commit, the checkpoint.
+- `pass_planning`: the log measured into a `CleaningPlan` (Kafka's ``cleanableOffsets``)
+  and chosen in one place (`LogPlanner.choose`), a round's `RoundRequest` (what is
+  forced, the plan, the budget: one frozen value handed down), consumer holds, and each
+  partition's share of a pass; pure but for two table reads.
+- `cleaner`: ``Cleaner``, the driver's half of one pass top to bottom
+  (`Cleaner.run_pass`): choose and claim (a `CleaningPass`), plan, one Spark job, one
+  commit, the checkpoint.
 - `recopy_task`: the executors' half: `RecopyTask`, the Spark task that builds a
   partition's offset map and recopies its files, shared with the state readers.
 - `offset_map`: ``OffsetMap``, exact, over keys encoded as Spark groups them.
-- `throttler`: ``Throttler``, the pass's I/O rate, and its tasks' CPU priority.
+- `throttler`: ``Throttler``, the pass's I/O rate, and its share of the cores
+  (`TaskBudget`) and their CPU priority.
 - `log_to_clean`: ``LogToClean``, pure planning over numbers from the Delta log
   (cleanable offsets, dirty ratio, the filthiest partitions, output groups, why a
   partition is not cleanable).
@@ -40,7 +44,8 @@ if TYPE_CHECKING:
         dirty_ratio,
         nothing_cleanable_line,
     )
-    from sinks.cleaner.throttler import budget_summary
+    from sinks.cleaner.pass_planning import RoundRequest
+    from sinks.cleaner.throttler import TaskBudget, budget_summary
 
 _MODULE_OF = {
     "Candidate": "sinks.cleaner.log_cleaner",
@@ -52,6 +57,8 @@ _MODULE_OF = {
     "LogToClean": "sinks.cleaner.log_to_clean",
     "OffsetsToClean": "sinks.cleaner.log_to_clean",
     "RoundReport": "sinks.cleaner.log_cleaner",
+    "RoundRequest": "sinks.cleaner.pass_planning",
+    "TaskBudget": "sinks.cleaner.throttler",
     "budget_summary": "sinks.cleaner.throttler",
     "cleanable_offsets": "sinks.cleaner.log_to_clean",
     "dirty_ratio": "sinks.cleaner.log_to_clean",
@@ -75,6 +82,8 @@ __all__ = [
     "LogToClean",
     "OffsetsToClean",
     "RoundReport",
+    "RoundRequest",
+    "TaskBudget",
     "budget_summary",
     "cleanable_offsets",
     "dirty_ratio",

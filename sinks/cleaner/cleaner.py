@@ -5,19 +5,21 @@ Invariant (Kafka's): *a record with key K and offset O is obsolete if there is a
 with key K and offset O' > O* (with a ``sequence_column``: a higher (sequence, offset));
 the rules live once, in `sinks.cleaner.rules`.
 
-1. `Cleaner.clean`: the pass, planned again from the new version when it is aborted
+1. `Cleaner.run_pass`: the pass a round asks for (its `RoundRequest`: what is forced, the
+   plan, the budget), planned again from the new version when an attempt is aborted
    (`LogCleaningAbortedError`: another writer swapped its files first), at most
    ``PASS_ATTEMPTS`` times, then throttled (design.md §33);
 2. `Cleaner.absorb_foreign_files`: another engine's files rewritten into segments first
-   (design.md §14), then `Cleaner.grab_filthiest_compacted_log`: the filthiest cleanable
-   partitions chosen and claimed, which makes the `CleaningPass`, what the pass knows;
-3. `Cleaner.run_pass`: the pass run under its claims, then checkpointed
-   (`CleanerManager.checkpoint_pass`, Kafka's ``doneCleaning``, design.md §8);
-4. `Cleaner.do_clean`: each claimed partition's share (`Cleaner.plan`,
-   `sinks.cleaner.pass_planning.plan_partition`), the inputs checked, the Spark job
-   (`Cleaner.clean_segments`, whose tasks are `sinks.cleaner.recopy_task.RecopyTask`),
-   the figures (`CleanerStats`), and `Cleaner.replace_segments`: the old files swapped
-   for the new in one Delta commit with ``dataChange=false`` (design.md §9).
+   (design.md §14), then `Cleaner.claim_filthiest`: the filthiest cleanable partitions
+   (the request's plan, or `LogPlanner.choose` for the pass's own version) claimed, which
+   makes the `CleaningPass`, what the attempt knows;
+3. `Cleaner.attempt`: under the claims, each claimed partition's share
+   (`Cleaner.partition_plans`, `sinks.cleaner.pass_planning.plan_partition`), the inputs
+   checked, the Spark job (`Cleaner.recopy`, Kafka's ``cleanSegments``, whose tasks are
+   `sinks.cleaner.recopy_task.RecopyTask`), the figures (`CleanerStats`), the old files
+   swapped for the new in one Delta commit with ``dataChange=false`` (Kafka's
+   ``replaceSegments``, design.md §9), then the checkpoint
+   (`CleanerManager.checkpoint_pass`, Kafka's ``doneCleaning``, design.md §8).
 
 The driver plans from the Delta log alone and never holds a key (design.md §33). Not
 idempotent: every pass writes new files, which only its commit makes part of the log; a
@@ -43,10 +45,10 @@ from sinks.cleaner.log_to_clean import (
     group_segments_by_size,
     within_budget,
 )
-from sinks.cleaner.pass_planning import CleaningPlan, LogPlanner, PartitionPlan, plan_partition
+from sinks.cleaner.pass_planning import LogPlanner, PartitionPlan, RoundRequest, plan_partition
 from sinks.cleaner.recopy_task import RecopyTask, bin_rows, packed, partitions_to_clean
 from sinks.cleaner.rules import spark_latest_offsets
-from sinks.cleaner.throttler import Throttler
+from sinks.cleaner.throttler import TaskBudget, Throttler
 from sinks.config import LONG_MAX, CleanerConfig
 from sinks.crash_points import CLEAN_BEFORE_CHECKPOINT, CLEAN_BEFORE_COMMIT, crash_point
 from sinks.errors import (
@@ -62,7 +64,6 @@ from sinks.log.log_format import CLEANER_OFFSET_TXN
 from sinks.log.log_keys import LogKeys
 from sinks.log.log_table import LogSnapshot, LogTable
 from sinks.log.records import DELETE_HORIZON_MS
-from sinks.log.segment import Segment
 from sinks.log.segment_writer import WRITTEN_SEGMENT_DDL, WrittenSegment, stats_columns
 from sinks.log.uris import normalize_uri
 from sinks.spark_session import default_parallelism
@@ -70,36 +71,14 @@ from sinks.spark_session import default_parallelism
 logger = logging.getLogger("compacted_sink")
 
 PASS_ATTEMPTS = 3
-"""How many times `Cleaner.clean` plans a pass whose commit another writer's beat."""
-
-
-@dataclass(frozen=True)
-class TaskBudget:
-    """A pass's share of the cores: at most ``max_tasks`` Spark tasks at once (None: every
-    core), each on a thread niced by ``niceness`` (`sinks.cleaner.throttler.at_lower_priority`).
-
-    The default is a direct call's (every core, not niced); `background` is the worker's,
-    from ``log.cleaner.threads`` and ``log.cleaner.nice``.
-    """
-
-    max_tasks: int | None = None
-    niceness: int = 0
-
-    @classmethod
-    def background(cls, config: CleanerConfig) -> TaskBudget:
-        """The background worker's share, from ``config``."""
-        return cls(config.log_cleaner_threads, config.log_cleaner_nice)
-
-
-EVERY_CORE = TaskBudget()
-"""A direct call's share: every core, not niced."""
+"""How many times `Cleaner.run_pass` plans a pass whose commit another writer's beat."""
 
 
 @dataclass(frozen=True)
 class CleaningPass:
-    """What one pass knows, fixed once its partitions are claimed (Kafka's ``doClean``
-    takes the ``LogToClean`` and the time): the ``snapshot`` it plans from and commits
-    against, the claimed partitions (``logs``, dirtiest first), when it started
+    """What one attempt of a pass knows, fixed once its partitions are claimed (Kafka's
+    ``doClean`` takes the ``LogToClean`` and the time): the ``snapshot`` it plans from and
+    commits against, the claimed ``partitions`` (dirtiest first), when it started
     (``start_ms``, the delete horizon's "now"), the offsets below which registered
     consumers let expired tombstones go (``held_below``, empty: no live consumer) and its
     share of the cores (``budget``). ``work_left`` when the byte budget left cleanable
@@ -107,15 +86,16 @@ class CleaningPass:
     """
 
     snapshot: LogSnapshot
-    logs: tuple[LogToClean, ...]
+    partitions: tuple[LogToClean, ...]
     start_ms: int
     held_below: Mapping[int, int]
     budget: TaskBudget
     work_left: bool = False
 
     @property
-    def partitions(self) -> set[int]:
-        return {log.partition for log in self.logs}
+    def claimed(self) -> set[int]:
+        """The numbers of the claimed partitions."""
+        return {candidate.partition for candidate in self.partitions}
 
 
 class Cleaner:
@@ -150,22 +130,15 @@ class Cleaner:
 
     # -- 1. the pass, planned again when another writer beat it ---------------------------
 
-    def clean(
-        self,
-        spark: SparkSession,
-        *,
-        force: bool = False,
-        plan: CleaningPlan | None = None,
-        budget: TaskBudget = EVERY_CORE,
-    ) -> CleanerStats | None:
+    def run_pass(self, spark: SparkSession, request: RoundRequest) -> CleanerStats | None:
         """One pass over the filthiest cleanable partitions now; None when none is.
 
-        Takes ``plan``, the round's measure of the log, used when it is of the version the
-        pass starts from and was read fresh (design.md §43); ``force``: any cleanable bytes
-        or expired tombstone qualifies a partition, not only design.md §4's triggers;
-        ``budget``: the pass's share of the cores. Returns the pass's figures, throttled.
-        Raises `CleanerError` when the pass fails or another writer beat it
-        ``PASS_ATTEMPTS`` times; the log is then unchanged. Not idempotent.
+        Takes the round's ``request``: its plan is used when it is of the version the pass
+        starts from and was read fresh (design.md §43), what it forces qualifies
+        partitions (design.md §4), its budget is the pass's share of the cores. Returns
+        the pass's figures, throttled. Raises `CleanerError` when the pass fails or
+        another writer beat it ``PASS_ATTEMPTS`` times; the log is then unchanged. Not
+        idempotent.
         """
         stats = None
         for attempt in range(PASS_ATTEMPTS):
@@ -177,12 +150,12 @@ class Cleaner:
                     snapshot = self.absorb_foreign_files(spark, snapshot)
                     if snapshot is None:
                         return None
-                cleaning = self.grab_filthiest_compacted_log(
-                    snapshot, plan if attempt == 0 else None, force=force, budget=budget
-                )
+                # A beaten attempt's plan is of a version gone: the next one plans anew.
+                asked = request if attempt == 0 else replace(request, plan=None)
+                cleaning = self.claim_filthiest(snapshot, asked)
                 if cleaning is None:
                     return None
-                stats = self.run_pass(spark, cleaning)
+                stats = self.attempt(spark, cleaning)
                 break
             except LogCleaningAbortedError as e:
                 if attempt + 1 == PASS_ATTEMPTS:
@@ -239,34 +212,23 @@ class Cleaner:
             logger.info("cleaner: %s: %s", self.log.uri, report.summary())
         return self.log.snapshot(repair=True)
 
-    def grab_filthiest_compacted_log(
-        self,
-        snapshot: LogSnapshot,
-        plan: CleaningPlan | None,
-        *,
-        force: bool,
-        budget: TaskBudget,
-    ) -> CleaningPass | None:
-        """Kafka's ``grabFilthiestCompactedLog``: choose the cleanable partitions of
-        ``snapshot``, dirtiest first, claim them, plan again if the log moved meanwhile,
-        and cut the choice to the pass's byte budget (``log.cleaner.max.bytes.per.pass``).
+    def claim_filthiest(self, snapshot: LogSnapshot, request: RoundRequest) -> CleaningPass | None:
+        """Kafka's ``grabFilthiestCompactedLog``: claim the cleanable partitions of
+        ``snapshot``, dirtiest first, plan again if the log moved meanwhile, and cut the
+        choice to the pass's byte budget (``log.cleaner.max.bytes.per.pass``).
 
-        Takes ``plan``, the round's measure of the log and its choice (`CleaningPlan.choose`),
-        when it is of ``snapshot``'s version and its checkpoint rows were read fresh; else
-        the log is measured and chosen from here. Returns the pass, its partitions claimed
+        The choice is the ``request``'s plan when it is of ``snapshot``'s version and its
+        checkpoint rows were read fresh (`RoundRequest.plan_of`); else the log is measured
+        and chosen here (`LogPlanner.choose`). Returns the attempt, its partitions claimed
         (``held_below`` not read yet); None: nothing to do. Checkpoints found out of range
         are rewritten on the way, as Kafka does. Raises `LogCleaningAbortedError` (the
         partitions released) when another engine rewrote files after the choice.
         """
         now_ms = self.clock()
-        if plan is None or not plan.fresh or plan.version != snapshot.version:
-            plan = self.planner.plan(snapshot)  # the pass's own version, rows read now
-            assert plan is not None
-        if plan.filthiest is None or plan.forced != force:
-            plan = plan.choose(self.config, now_ms=now_ms, force=force)
-        assert plan.filthiest is not None
+        plan = request.plan_of(snapshot) or self.planner.choose(snapshot, force=request.force)
+        assert plan is not None and plan.filthiest is not None
         chosen = list(plan.filthiest)
-        reset = [p for p in plan.logs if p.force_checkpoint and p not in chosen]
+        reset = [p for p in plan.partitions if p.force_checkpoint and p not in chosen]
         if reset:
             self.manager.reset_checkpoints(
                 reset, table_id=snapshot.table_id, version=snapshot.version
@@ -288,45 +250,110 @@ class Cleaner:
             )
         if fresh.version != snapshot.version:  # plan again after the claim: less to conflict
             snapshot = fresh
-            replanned = self.planner.plan(snapshot)
+            replanned = self.planner.choose(snapshot, force=request.force)
             assert replanned is not None
-            chosen = list(replanned.choose(self.config, now_ms=now_ms, force=force).filthiest or ())
+            chosen = list(replanned.filthiest or ())
         chosen = [p for p in chosen if p.partition in claimed]
         budgeted = within_budget(
             chosen, snapshot.segments, self.config.log_cleaner_max_bytes_per_pass
         )
-        unused = claimed - {p.partition for p in budgeted.logs}
+        unused = claimed - {p.partition for p in budgeted.partitions}
         if unused:
             self.manager.abort_cleaning(unused)
-        if not budgeted.logs:
+        if not budgeted.partitions:
             return None
         return CleaningPass(
             snapshot,
-            tuple(budgeted.logs),
+            budgeted.partitions,
             start_ms=now_ms,
             held_below={},
-            budget=budget,
+            budget=request.budget,
             work_left=budgeted.work_left,
         )
 
-    # -- 3. the claimed pass, run and checkpointed ----------------------------------------
+    # -- 3. the claimed partitions: plan, recopy, swap, checkpoint ------------------------
 
-    def run_pass(self, spark: SparkSession, cleaning: CleaningPass) -> CleanerStats:
-        """Run the claimed pass (`do_clean`) while heartbeating its claims, then checkpoint
-        it (Kafka's ``doneCleaning``, design.md §8); returns its figures.
+    def attempt(self, spark: SparkSession, cleaning: CleaningPass) -> CleanerStats:
+        """One attempt of the pass over the partitions ``cleaning`` claimed (Kafka's
+        ``doClean`` to ``doneCleaning``): run while heartbeating the claims, committed
+        atomically against ``cleaning.snapshot``, then checkpointed (design.md §8);
+        returns its figures.
 
-        Raises `LogCleaningAbortedError` (the partitions released) when another writer
-        committed first, `TableFeatureError` as it is (released), and `CleanerError` for
-        any other failure (the partitions marked uncleanable, retried with backoff).
+        Each partition's pass ends at its first uncleanable offset, or earlier where its
+        offset map fills (``work_left`` is then True and the rest waits for the next pass).
+        Raises `LogCleaningAbortedError` (the partitions released, the files this attempt
+        wrote deleted) when another writer committed first, `TableFeatureError` as it is
+        (released), and `CleanerError` for any other failure (the partitions marked
+        uncleanable, retried with backoff), among them a `MissingDataFileError` or
+        `CorruptDataFileError` naming a lost or truncated input before anything is
+        written. A crash anywhere leaves either the old files or the new ones live, never
+        both.
         """
-        claimed = cleaning.partitions
+        claimed = cleaning.claimed
         try:
             with self.manager.heartbeating(claimed):
-                held_below = self.planner.consumer_holds(
-                    cleaning.snapshot, now_ms=cleaning.start_ms
-                )
+                snapshot = cleaning.snapshot
+                held_below = self.planner.consumer_holds(snapshot, now_ms=cleaning.start_ms)
                 cleaning = replace(cleaning, held_below=held_below)
-                stats = self.do_clean(spark, cleaning)
+                started = time.monotonic()
+                if snapshot.foreign_files:
+                    raise ValueError("a pass plans over segments: rewrite the foreign files first")
+                plans = self.partition_plans(snapshot, cleaning.partitions)
+                inputs = [s for plan in plans for s in plan.inputs]
+                snapshot.check_files(inputs)
+                written = self.recopy(spark, cleaning, plans)
+                end_offsets = {plan.partition: plan.end_offset for plan in plans}
+                stats = CleanerStats(
+                    log_path=self.log.uri,
+                    start_ms=cleaning.start_ms,
+                    duration_ms=0,
+                    end_offsets=end_offsets,
+                    first_dirty_offsets={
+                        c.partition: c.first_dirty_offset for c in cleaning.partitions
+                    },
+                    segments_read=len(inputs),
+                    segments_written=len(written),
+                    bytes_read=sum(s.size_bytes for s in inputs),
+                    bytes_written=sum(w.size_bytes for w in written),
+                    records_read=sum(s.num_records for s in inputs),
+                    records_written=sum(w.num_records for w in written),
+                    work_left=any(plan.cut for plan in plans),
+                    tombstones_held=held_tombstones(
+                        self.log.location, written, pass_start_ms=cleaning.start_ms
+                    )
+                    if cleaning.held_below
+                    else 0,
+                )
+                crash_point(CLEAN_BEFORE_COMMIT)
+                try:  # Kafka's replaceSegments: the inputs swapped for the written files
+                    snapshot.commit(
+                        adds=written,
+                        removes=inputs,
+                        data_change=False,
+                        transactions={
+                            CLEANER_OFFSET_TXN.format(p): e for p, e in end_offsets.items()
+                        },
+                        info={
+                            "operation": "clean",
+                            "passStartMs": stats.start_ms,
+                            "endOffsets": {str(p): e for p, e in end_offsets.items()},
+                            "recordsRead": stats.records_read,
+                            "recordsWritten": stats.records_written,
+                            "bytesRead": stats.bytes_read,
+                            "bytesWritten": stats.bytes_written,
+                        },
+                    )
+                except ConcurrentCommitError:
+                    # Nothing was committed: the files this attempt wrote are garbage now.
+                    delete_files(self.log.uri, [w.path for w in written], self.log.storage_options)
+                    raise
+                duration = int((time.monotonic() - started) * 1000)
+                # The planned-from snapshot stays a value; the version after the pass comes
+                # from a fresh read (at or after the pass's own commit when others appended).
+                after = self.log.snapshot()
+                stats = replace(
+                    stats, duration_ms=duration, delta_version=after.version if after else None
+                )
         except ConcurrentCommitError as e:
             self.manager.abort_cleaning(claimed)
             raise LogCleaningAbortedError(
@@ -343,87 +370,41 @@ class Cleaner:
                 f"pass failed ({type(e).__name__}: {str(e)[:500]}); marked uncleanable, "
                 "retried with backoff",
                 log_path=self.log.uri,
-                partition=cleaning.logs[0].partition,
+                partition=cleaning.partitions[0].partition,
             ) from e
         budget_bytes = self.config.log_cleaner_max_bytes_per_pass
         if budget_bytes < LONG_MAX:
             work_left = cleaning.work_left or stats.work_left
             stats = replace(stats, budget_bytes=budget_bytes, work_left=work_left)
         crash_point(CLEAN_BEFORE_CHECKPOINT)
-        self.manager.checkpoint_pass(cleaning.logs, stats, table_id=cleaning.snapshot.table_id)
+        self.manager.checkpoint_pass(
+            cleaning.partitions, stats, table_id=cleaning.snapshot.table_id
+        )
         logger.info("%s", stats.summary())
         return stats
 
-    # -- 4. Kafka's doClean: plan, recopy, swap ------------------------------------------
-
-    def do_clean(self, spark: SparkSession, cleaning: CleaningPass) -> CleanerStats:
-        """Kafka's ``doClean``: the pass over the claimed partitions, committed atomically
-        against ``cleaning.snapshot``; returns its figures.
-
-        Each partition's pass ends at its first uncleanable offset, or earlier where its
-        offset map fills (``work_left`` is then True and the rest waits for the next pass).
-        Raises `ConcurrentCommitError` when another writer swapped the same files first
-        (the files this pass wrote are then deleted), and `MissingDataFileError` or
-        `CorruptDataFileError` naming a lost or truncated input before anything is
-        written. A crash anywhere leaves either the old files or the new ones live, never
-        both.
-        """
-        started = time.monotonic()
-        snapshot = cleaning.snapshot
-        if snapshot.foreign_files:
-            raise ValueError("a pass plans over segments: rewrite the foreign files first")
-        plans = self.plan(snapshot, cleaning.logs)
-        snapshot.check_files([s for plan in plans for s in plan.inputs])
-        written = self.clean_segments(spark, cleaning, plans)
-        inputs = [s for plan in plans for s in plan.inputs]
-        end_offsets = {plan.partition: plan.end_offset for plan in plans}
-        stats = CleanerStats(
-            log_path=self.log.uri,
-            start_ms=cleaning.start_ms,
-            duration_ms=0,
-            end_offsets=end_offsets,
-            first_dirty_offsets={log.partition: log.first_dirty_offset for log in cleaning.logs},
-            segments_read=len(inputs),
-            segments_written=len(written),
-            bytes_read=sum(s.size_bytes for s in inputs),
-            bytes_written=sum(w.size_bytes for w in written),
-            records_read=sum(s.num_records for s in inputs),
-            records_written=sum(w.num_records for w in written),
-            work_left=any(plan.cut for plan in plans),
-            tombstones_held=held_tombstones(
-                self.log.location, written, pass_start_ms=cleaning.start_ms
-            )
-            if cleaning.held_below
-            else 0,
-        )
-        crash_point(CLEAN_BEFORE_COMMIT)
-        self.replace_segments(snapshot, written, inputs, stats)
-        duration = int((time.monotonic() - started) * 1000)
-        # The planned-from snapshot stays a value; the version after the pass comes
-        # from a fresh read (at or after the pass's own commit when others appended).
-        after = self.log.snapshot()
-        return replace(stats, duration_ms=duration, delta_version=after.version if after else None)
-
-    def plan(self, snapshot: LogSnapshot, logs: Sequence[LogToClean]) -> list[PartitionPlan]:
-        """Each of ``logs``' share of a pass over ``snapshot`` (`plan_partition`), from the
-        Delta log only. Pure."""
+    def partition_plans(
+        self, snapshot: LogSnapshot, partitions: Sequence[LogToClean]
+    ) -> list[PartitionPlan]:
+        """Each of ``partitions``' share of an attempt over ``snapshot`` (`plan_partition`),
+        from the Delta log only. Pure."""
         return [
             plan_partition(
-                log,
-                snapshot.segments.get(log.partition, []),
-                cleaner_offset=snapshot.cleaner_offset(log.partition),
+                candidate,
+                snapshot.segments.get(candidate.partition, []),
+                cleaner_offset=snapshot.cleaner_offset(candidate.partition),
                 keys=self.keys,
                 dedupe_buffer_size=self.dedupe_buffer_size,
             )
-            for log in logs
+            for candidate in partitions
         ]
 
-    def clean_segments(
+    def recopy(
         self, spark: SparkSession, cleaning: CleaningPass, plans: Sequence[PartitionPlan]
     ) -> list[WrittenSegment]:
         """Kafka's ``cleanSegments``: one Spark job, each task (`RecopyTask`) cleaning its
         partitions in turn; returns the files written (none for an empty plan). The files
-        are not part of the log until `replace_segments` commits them."""
+        are not part of the log until the attempt commits them."""
         # A partition is one task's work (`partitions_to_clean`), so its groups only size
         # its output files: segment.bytes each, as Kafka groups segments.
         groups = {
@@ -459,38 +440,6 @@ class Cleaner:
         )
         written = bin_rows(spark, len(task.bins)).mapInArrow(task, WRITTEN_SEGMENT_DDL).collect()
         return [WrittenSegment(**row.asDict()) for row in written]
-
-    def replace_segments(
-        self,
-        snapshot: LogSnapshot,
-        written: Sequence[WrittenSegment],
-        inputs: Sequence[Segment],
-        stats: CleanerStats,
-    ) -> None:
-        """Kafka's ``replaceSegments``: swap ``inputs`` for ``written`` in one commit
-        against ``snapshot``, recording each partition's new cleaner offset; on a conflict
-        the written files are deleted."""
-        end_offsets = stats.end_offsets
-        try:
-            snapshot.commit(
-                adds=written,
-                removes=inputs,
-                data_change=False,
-                transactions={CLEANER_OFFSET_TXN.format(p): e for p, e in end_offsets.items()},
-                info={
-                    "operation": "clean",
-                    "passStartMs": stats.start_ms,
-                    "endOffsets": {str(p): e for p, e in end_offsets.items()},
-                    "recordsRead": stats.records_read,
-                    "recordsWritten": stats.records_written,
-                    "bytesRead": stats.bytes_read,
-                    "bytesWritten": stats.bytes_written,
-                },
-            )
-        except ConcurrentCommitError:
-            # Nothing was committed: the files this pass wrote are garbage now.
-            delete_files(self.log.uri, [w.path for w in written], self.log.storage_options)
-            raise
 
     def stats_columns(self, snapshot: LogSnapshot) -> list[str]:
         """The columns whose statistics each file this log's passes write carries."""

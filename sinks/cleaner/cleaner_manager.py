@@ -11,7 +11,7 @@ A transition that keeps losing its compare-and-set (20 tries) raises
 `CommitConflictError`, having written nothing more.
 
 What to claim is planned in `sinks.cleaner.pass_planning`; the choice and the claim are
-made together by `sinks.cleaner.cleaner.Cleaner.grab_filthiest_compacted_log`.
+made together by `sinks.cleaner.cleaner.Cleaner.claim_filthiest`.
 """
 
 from __future__ import annotations
@@ -120,11 +120,11 @@ class CleanerManager:
 
     # -- choosing and recording (Kafka's grabFilthiestCompactedLog / doneCleaning) -----------
 
-    def claimable(self, logs: Sequence[LogToClean]) -> list[LogToClean]:
-        """The partitions of ``logs`` this owner may start now (not paused, not cleaned
-        elsewhere, not uncleanable inside its backoff), in their order: one read."""
-        rows = self.entries() if logs else {}
-        return [log for log in logs if self.may_clean(log.partition, rows)]
+    def claimable(self, partitions: Sequence[LogToClean]) -> list[LogToClean]:
+        """The ``partitions`` this owner may start now (not paused, not cleaned elsewhere,
+        not uncleanable inside its backoff), in their order: one read."""
+        rows = self.entries() if partitions else {}
+        return [c for c in partitions if self.may_clean(c.partition, rows)]
 
     def retry_at_ms(self) -> int | None:
         """When (epoch ms) the first partition of this log backing off after a failed pass
@@ -153,13 +153,13 @@ class CleanerManager:
         """
         rows = self.entries()
         self.checkpoints.write(
-            self._base(rows.get(log.partition), log.partition).with_changes(
-                first_dirty_offset=log.first_dirty_offset,
-                first_uncleanable_offset=log.first_uncleanable_offset,
+            self._base(rows.get(c.partition), c.partition).with_changes(
+                first_dirty_offset=c.first_dirty_offset,
+                first_uncleanable_offset=c.first_uncleanable_offset,
                 table_id=table_id,
                 log_version=version,
             )
-            for log in reset
+            for c in reset
         )
 
     def checkpoint_pass(
@@ -173,20 +173,20 @@ class CleanerManager:
         self.done_cleaning(
             CheckpointEntry(
                 log_path=self.log_path,
-                partition=log.partition,
-                first_dirty_offset=stats.end_offsets[log.partition],
-                first_uncleanable_offset=log.first_uncleanable_offset,
+                partition=c.partition,
+                first_dirty_offset=stats.end_offsets[c.partition],
+                first_uncleanable_offset=c.first_uncleanable_offset,
                 last_clean_ms=stats.start_ms,
                 last_pass_duration_ms=stats.duration_ms,
                 bytes_read=stats.bytes_read,
                 bytes_written=stats.bytes_written,
                 records_read=stats.records_read,
                 records_written=stats.records_written,
-                max_dirty_ratio=log.cleanable_ratio,
+                max_dirty_ratio=c.cleanable_ratio,
                 log_version=stats.delta_version,
                 table_id=table_id,
             )
-            for log in cleaned
+            for c in cleaned
         )
 
     # -- transitions ---------------------------------------------------------------------

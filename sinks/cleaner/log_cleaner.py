@@ -3,17 +3,18 @@
 A `LogCleaner` builds and owns the log's `Cleaner` (one pass, and its `Throttler`), its
 `CleanerManager` (which partitions to clean, their claims and checkpoints, Kafka's
 ``LogCleanerManager``), retention (``cleanup.policy`` with ``delete``) and the
-`SegmentDeleter`. Its round (`maintain`) is what Kafka's log
-manager and cleaner threads do between them: retention, then one pass over the
-cleanable partitions (dirtiest first, design.md §4), claimed in the checkpoint table
-and checkpointed where it ended; then, at most every
-``log.retention.check.interval.ms``, the deletion of files out of the log longer than
-the history window.
+`SegmentDeleter`. Its round (`LogCleaner.run_round`) is what Kafka's log manager and
+cleaner threads do between them: retention, then one pass (`Cleaner.run_pass`) over the
+cleanable partitions (dirtiest first, design.md §4), claimed in the checkpoint table and
+checkpointed where it ended; then, at most every ``log.retention.check.interval.ms``, the
+deletion of files out of the log longer than the history window.
 
-The round's pass itself reads top to bottom in `sinks.cleaner.cleaner`. The log is
-measured and its filthiest partitions chosen once a round (`CleaningPlan.choose`): the
-batch's hand-over or the loop's choice of the filthiest log makes the plan, and it goes
-along to the pass.
+Two levels, each named once: a round (`run_round`) and the pass in it (`run_pass`, which
+reads top to bottom in `sinks.cleaner.cleaner`). What a round is asked to do is one frozen
+value built once by whoever asks (`RoundRequest`: what is forced, the plan, the budget)
+and handed down as it is. The log is measured and its filthiest partitions chosen once a
+round (`LogPlanner.choose`): the batch's hand-over or the loop's choice of the filthiest
+log makes the plan, and it goes along in the request to the pass.
 
 Where rounds run is `CleanerLoop`: one loop over one or many logs, beside a
 streaming query (the sink's worker, `wakeup`) or in the ``clean`` command.
@@ -23,14 +24,14 @@ caller and the worker never race each other (passes of other processes are kept 
 by the claims). A worker killed mid-pass (the process died) leaves what a crash
 leaves: the old files or the new ones, never both; recovery handles the rest.
 
-The loop (Kafka's ``CleanerThread``, here not a thread of its own): a round
+The loop (Kafka's ``CleanerThread``, here not a thread of its own): a turn
 (`CleanerLoop.run_once`) gives every log's segment deleter its turn, then takes the logs
 that have work (retention, a cleanable partition, a checkpoint to reset, another
-engine's files), filthiest first, and runs each one's round (`LogCleaner.maintain`)
-once. A round that cleaned nothing is followed by a back-off of
-``log.cleaner.backoff.ms``, which is how time-based triggers (the max compaction lag,
-expired tombstones) fire without a new append. A partition whose pass failed backs off
-in the checkpoint table (its ``uncleanable`` state, design.md §31).
+engine's files), filthiest first, and runs each one's round once. A turn that cleaned
+nothing is followed by a back-off of ``log.cleaner.backoff.ms``, which is how time-based
+triggers (the max compaction lag, expired tombstones) fire without a new append. A
+partition whose pass failed backs off in the checkpoint table (its ``uncleanable``
+state, design.md §31).
 
 Two drivers run the loop:
 
@@ -49,17 +50,18 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from pyspark.sql import SparkSession
 
 from checkpoints import CleanerOffsetCheckpoint
-from sinks.cleaner.cleaner import EVERY_CORE, Cleaner, TaskBudget
+from sinks.cleaner.cleaner import Cleaner
 from sinks.cleaner.cleaner_manager import CleanerManager
 from sinks.cleaner.cleaner_stats import CleanerStats
 from sinks.cleaner.log_to_clean import LogToClean, dirty_ratio
-from sinks.cleaner.pass_planning import CleaningPlan, LogPlanner
+from sinks.cleaner.pass_planning import LogPlanner, RoundRequest
+from sinks.cleaner.throttler import TaskBudget
 from sinks.config import CleanerConfig
 from sinks.errors import CleanerError, CommitConflictError
 from sinks.log.location import LogLocation
@@ -89,8 +91,8 @@ class RoundReport:
 
 
 class LogCleaner:
-    """Retention and cleaning of one log: a round inline (`maintain`, `clean_log`), or on the
-    worker thread (`wakeup`).
+    """Retention and cleaning of one log: a round inline (`run_round`), or on the worker
+    thread (`wakeup`).
 
     ``keys`` are the log's key and sequence columns (for its `Cleaner`);
     ``owner`` names this cleaner in the checkpoint table (default: host, pid, random);
@@ -151,23 +153,27 @@ class LogCleaner:
 
     # -- measuring -------------------------------------------------------------------------
 
-    def logs_to_clean(
+    def candidates(
         self, snapshot: LogSnapshot | None = None, *, fresh_checkpoints: bool = True
     ) -> list[LogToClean]:
-        """The candidates of `plan` as a list (empty without a log)."""
-        plan = self.plan(snapshot, fresh_checkpoints=fresh_checkpoints)
-        return list(plan.logs) if plan is not None else []
+        """Every partition of the log now (or of ``snapshot``) as a cleaning candidate
+        (`LogPlanner.plan`); empty without a log. Read-only."""
+        plan = self.planner.plan(snapshot, fresh_checkpoints=fresh_checkpoints)
+        return list(plan.partitions) if plan is not None else []
 
-    def plan(
-        self, snapshot: LogSnapshot | None = None, *, fresh_checkpoints: bool = True
-    ) -> CleaningPlan | None:
-        """This log measured now (`LogPlanner.plan`); None without a log. Read-only."""
-        return self.planner.plan(snapshot, fresh_checkpoints=fresh_checkpoints)
+    def request(self, asked: RoundRequest, snapshot: LogSnapshot | None = None) -> RoundRequest:
+        """``asked`` with its plan: ``snapshot`` (default: the log now) measured and its
+        filthiest partitions chosen for what ``asked`` forces (`LogPlanner.choose`, with
+        the checkpoint rows read within the back-off); a request without a plan when there
+        is no log. Read-only; no Spark job."""
+        plan = self.planner.choose(snapshot, force=asked.force, fresh_checkpoints=False)
+        return replace(asked, plan=plan)
 
-    def has_work(self, plan: CleaningPlan | None) -> bool:
-        """Whether a round now could do anything: retention, deletion of expired files, a
-        checkpoint to reset, or a cleanable partition (``plan``, chosen). Pure; no Spark
-        job (design.md §43)."""
+    def has_work(self, request: RoundRequest) -> bool:
+        """Whether a round asked with ``request`` could do anything now: retention, deletion
+        of expired files, a checkpoint to reset, or a cleanable partition (its plan,
+        chosen). Pure; no Spark job (design.md §43)."""
+        plan = request.plan
         if plan is None:
             return False
         if self.config.delete or self.segment_deleter.due():
@@ -177,13 +183,13 @@ class LogCleaner:
         if plan.foreign_files:
             return True
         assert plan.filthiest is not None, "a plan is chosen from before a round is asked for"
-        return any(log.force_checkpoint for log in plan.logs) or bool(plan.filthiest)
+        return any(p.force_checkpoint for p in plan.partitions) or bool(plan.filthiest)
 
     def dirty_ratio(
         self, snapshot: LogSnapshot | None = None, *, fresh_checkpoints: bool = True
     ) -> float:
         """Cleanable bytes over clean plus cleanable bytes, over all partitions."""
-        return dirty_ratio(self.logs_to_clean(snapshot, fresh_checkpoints=fresh_checkpoints))
+        return dirty_ratio(self.candidates(snapshot, fresh_checkpoints=fresh_checkpoints))
 
     # -- handing the log over after an append ----------------------------------------------
 
@@ -194,39 +200,31 @@ class LogCleaner:
         work, wake the worker (``background``) or run the round here (design.md §43).
 
         Returns the pass run here (or None), the log after it and its dirty ratio. Never
-        raises over a failed pass (`maintain`).
+        raises over a failed pass (`run_round`).
         """
-        plan = self.plan(snapshot, fresh_checkpoints=False)
-        plan = plan.choose(self.config, now_ms=self.clock(), force=False) if plan else None
+        request = self.request(RoundRequest(), snapshot)
         stats = None
-        if appended and self.has_work(plan):
+        if appended and self.has_work(request):
             if background:
                 self.wakeup(spark)
             else:
-                stats = self.maintain(spark, plan=plan).clean
+                stats = self.run_round(spark, request).clean
         if stats is None:
-            return None, snapshot, dirty_ratio(plan.logs if plan else [])
+            return None, snapshot, dirty_ratio(request.plan.partitions if request.plan else [])
         after = self.log.snapshot() or snapshot  # a pass committed: a new version to measure
         return stats, after, self.dirty_ratio(after, fresh_checkpoints=False)
 
     # -- one round, in the caller's thread ---------------------------------------------------
 
-    def maintain(
-        self,
-        spark: SparkSession,
-        *,
-        force: bool = False,
-        plan: CleaningPlan | None = None,
-        budget: TaskBudget = EVERY_CORE,
-        raise_errors: bool = False,
+    def run_round(
+        self, spark: SparkSession, request: RoundRequest, *, raise_errors: bool = False
     ) -> RoundReport:
         """One round: retention, one pass, then the segment deleter when due (design.md §43).
 
-        Takes ``plan`` (the measure that led to the round, `Cleaner.clean`), ``force`` and
-        ``budget`` (the pass's share of the cores). Returns the round's `RoundReport`
-        (also ``last_round``). A failed pass sets ``last_error`` and is logged; with
-        ``raise_errors`` it raises `CleanerError`, and retention's `CommitConflictError`.
-        Not idempotent.
+        Takes the round's ``request`` (what is forced, the plan, the budget), handed to the
+        pass as it is. Returns the round's `RoundReport` (also ``last_round``). A failed
+        pass sets ``last_error`` and is logged; with ``raise_errors`` it raises
+        `CleanerError`, and retention's `CommitConflictError`. Not idempotent.
         """
         report = None
         if self.config.delete:
@@ -239,7 +237,13 @@ class LogCleaner:
         stats = None
         if self.config.compact:
             try:
-                stats = self.clean_log(spark, force=force, plan=plan, budget=budget)
+                with self._pass_lock:  # one pass at a time per log cleaner
+                    stats = self.cleaner.run_pass(spark, request)
+                if stats is not None:
+                    self.passes += 1
+                    self.last_error = None
+                    for listener in list(self.listeners):
+                        listener(stats)
             except CleanerError as e:
                 self.last_error = e
                 if raise_errors:
@@ -257,28 +261,6 @@ class LogCleaner:
             retention_ms=self.config.retention_ms,
             retention_bytes=self.config.retention_bytes,
         )
-
-    def clean_log(
-        self,
-        spark: SparkSession,
-        *,
-        force: bool = False,
-        plan: CleaningPlan | None = None,
-        budget: TaskBudget = EVERY_CORE,
-    ) -> CleanerStats | None:
-        """`Cleaner.clean` once no other pass of this cleaner runs; tells the listeners.
-
-        Returns the pass's figures, or None when nothing was cleanable; raises what
-        `Cleaner.clean` raises.
-        """
-        with self._pass_lock:
-            stats = self.cleaner.clean(spark, force=force, plan=plan, budget=budget)
-        if stats is not None:
-            self.passes += 1
-            self.last_error = None
-            for listener in list(self.listeners):
-                listener(stats)
-        return stats
 
     # -- the worker thread (`CleanerWorker`) ------------------------------------------------
 
@@ -307,11 +289,12 @@ class LogCleaner:
 @dataclass(frozen=True)
 class Candidate:
     """A log with work; ``filthiest`` is its dirtiest cleanable partition (None: other
-    work only, such as retention); ``plan`` the measure it was chosen from."""
+    work only, such as retention); ``request`` what its round is asked, with the plan it
+    was chosen from."""
 
     cleaner: LogCleaner
     filthiest: LogToClean | None
-    plan: CleaningPlan | None = None  # the log measured, for its round's pass
+    request: RoundRequest
 
     @property
     def ratio(self) -> float:
@@ -319,37 +302,37 @@ class Candidate:
 
 
 class CleanerLoop:
-    """Rounds over ``cleaners``: the filthiest log first, each log once a round.
+    """Rounds over ``cleaners``: the filthiest log first, each log once a turn.
 
-    ``force`` cleans any partition with cleanable bytes, ignoring the ratio; ``budget``
-    is each pass's share of the cores (`TaskBudget`). ``before_round`` hears which log is
-    next, ``on_round`` each log's round as it ends. ``recover``: recover each log
-    (`LogCleaner.recover`) before its round, for a loop that opens the logs itself; the
-    sink's worker does not (the sink's first append recovered its log before any round).
+    ``request`` is what each log's round is asked (what is forced, each pass's share of
+    the cores, `RoundRequest`; default: nothing forced, every core), given each log's plan
+    as it is chosen. ``before_round``
+    hears which log is next, ``on_round`` each log's round as it ends. With
+    ``recover_before_round``, each log is recovered (`LogCleaner.recover`) before its
+    round, for a loop that opens the logs itself; the sink's worker does not (the sink's
+    first append recovered its log before any round).
     """
 
     def __init__(
         self,
         cleaners: Sequence[LogCleaner],
         *,
-        force: bool = False,
-        budget: TaskBudget = EVERY_CORE,
+        request: RoundRequest | None = None,
         before_round: Callable[[Candidate], None] | None = None,
         on_round: Callable[[LogCleaner, RoundReport], None] | None = None,
-        recover: bool = False,
+        recover_before_round: bool = False,
     ) -> None:
         self.before_round = before_round
-        self.recover = recover
+        self.recover_before_round = recover_before_round
         self.cleaners = list(cleaners)
-        self.force = force
-        self.budget = budget
+        self.request = request or RoundRequest()
         self.on_round = on_round
         self.passes = 0
         self.work_left = False
 
     @property
     def backoff_ms(self) -> int:
-        """How long `run` waits after a round without a pass (the logs' shortest)."""
+        """How long `run` waits after a turn without a pass (the logs' shortest)."""
         return min((c.config.backoff_ms for c in self.cleaners), default=15_000)
 
     def grab_filthiest(
@@ -362,14 +345,12 @@ class CleanerLoop:
         for cleaner in self.cleaners:
             if cleaner in exclude:
                 continue
-            plan = cleaner.plan(fresh_checkpoints=False)
-            if plan is not None:  # the round's one choice, which its pass goes on from
-                plan = plan.choose(cleaner.config, now_ms=cleaner.clock(), force=self.force)
-            if not cleaner.has_work(plan):
+            request = cleaner.request(self.request)  # the round's one choice, for its pass
+            if not cleaner.has_work(request):
                 continue
-            assert plan is not None and plan.filthiest is not None
-            chosen = cleaner.manager.claimable(plan.filthiest)
-            candidate = Candidate(cleaner, chosen[0] if chosen else None, plan)
+            assert request.plan is not None and request.plan.filthiest is not None
+            chosen = cleaner.manager.claimable(request.plan.filthiest)
+            candidate = Candidate(cleaner, chosen[0] if chosen else None, request)
             if cleanable_only and candidate.filthiest is None:
                 continue
             if best is None or candidate.ratio > best.ratio:
@@ -390,7 +371,8 @@ class CleanerLoop:
         return ran
 
     def run_once(self, spark: SparkSession) -> int:
-        """One round: each log with work, filthiest first, once; returns the passes."""
+        """One turn: the round of each log with work, filthiest first, once; returns the
+        passes."""
         done: set[LogCleaner] = set()
         passes = 0
         self.work_left = False
@@ -399,14 +381,9 @@ class CleanerLoop:
             done.add(cleaner)
             if self.before_round is not None:
                 self.before_round(candidate)
-            if self.recover and cleaner.recover is not None:
+            if self.recover_before_round and cleaner.recover is not None:
                 cleaner.recover()
-            report = cleaner.maintain(
-                spark,
-                force=self.force,
-                plan=candidate.plan,
-                budget=self.budget,
-            )
+            report = cleaner.run_round(spark, candidate.request)
             if report.clean is not None:
                 passes += 1
                 self.work_left = self.work_left or report.clean.work_left
@@ -416,7 +393,7 @@ class CleanerLoop:
         return passes
 
     def run(self, spark: SparkSession, stop: threading.Event | None = None) -> None:
-        """Rounds until ``stop`` is set, backing off after a round that cleaned nothing."""
+        """Turns until ``stop`` is set, backing off after a turn that cleaned nothing."""
         stop = stop or threading.Event()
         while not stop.is_set():
             self.delete_expired_files()
@@ -437,7 +414,8 @@ class CleanerWorker(threading.Thread):
         super().__init__(name=f"log-cleaner-{cleaner.log.uri.rsplit('/', 1)[-1]}", daemon=True)
         self.cleaner = cleaner
         self.spark = spark
-        self.loop = CleanerLoop([cleaner], budget=TaskBudget.background(cleaner.config))
+        background = RoundRequest(budget=TaskBudget.background(cleaner.config))
+        self.loop = CleanerLoop([cleaner], request=background)
         self._last_request = time.monotonic()
         self._condition = threading.Condition()
         self._pending = False

@@ -202,18 +202,18 @@ def log_to_clean(
     )
 
 
-def dirty_ratio(logs: Iterable[LogToClean]) -> float:
+def dirty_ratio(partitions: Iterable[LogToClean]) -> float:
     """The dirty ratio over many partitions: their cleanable bytes over their total bytes."""
     cleanable = total = 0
-    for log in logs:
-        cleanable += log.cleanable_bytes
-        total += log.total_bytes
+    for candidate in partitions:
+        cleanable += candidate.cleanable_bytes
+        total += candidate.total_bytes
     return cleanable / total if total else 0.0
 
 
-def filthiest_first(logs: Iterable[LogToClean]) -> list[LogToClean]:
+def filthiest_first(partitions: Iterable[LogToClean]) -> list[LogToClean]:
     """Candidates ordered dirtiest first (Kafka's grabFilthiestCompactedLog order)."""
-    return sorted(logs, key=lambda log: (-log.cleanable_ratio, log.log_path, log.partition))
+    return sorted(partitions, key=lambda c: (-c.cleanable_ratio, c.log_path, c.partition))
 
 
 def filthiest_cleanable(
@@ -222,9 +222,9 @@ def filthiest_cleanable(
     """The cleanable partitions of ``candidates`` (design.md §4; ``force``: any cleanable
     bytes or expired tombstone), dirtiest first. Pure."""
     return [
-        log
-        for log in filthiest_first(candidates)
-        if log.is_cleanable(
+        candidate
+        for candidate in filthiest_first(candidates)
+        if candidate.is_cleanable(
             now_ms=now_ms,
             min_cleanable_dirty_ratio=config.min_cleanable_dirty_ratio,
             max_compaction_lag_ms=config.max_compaction_lag_ms,
@@ -242,17 +242,17 @@ def segments_to_clean(segments: Iterable[Segment], first_uncleanable_offset: int
 class PassPlan:
     """The partitions one pass cleans, each possibly cut short, and whether work is left."""
 
-    logs: tuple[LogToClean, ...]
+    partitions: tuple[LogToClean, ...]
     bytes_read: int
     work_left: bool
 
 
 def within_budget(
-    logs: Sequence[LogToClean], segments: Mapping[int, Sequence[Segment]], max_bytes: int
+    partitions: Sequence[LogToClean], segments: Mapping[int, Sequence[Segment]], max_bytes: int
 ) -> PassPlan:
     """Cut a pass to about ``max_bytes`` of input (``log.cleaner.max.bytes.per.pass``). Pure.
 
-    Takes ``logs`` dirtiest first and each partition's ``segments``. Returns a `PassPlan`
+    Takes ``partitions`` dirtiest first and each partition's ``segments``. Returns a `PassPlan`
     whose partitions have their first uncleanable offset lowered to the base of the
     first dirty segment past the budget, later partitions skipped when nothing of them
     fits, and ``work_left`` set when anything was cut (design.md §33).
@@ -260,9 +260,11 @@ def within_budget(
     chosen: list[LogToClean] = []
     used = 0
     left = False
-    for log in logs:
-        inputs = segments_to_clean(segments.get(log.partition, []), log.first_uncleanable_offset)
-        clean, dirty = split_clean(inputs, log.first_dirty_offset)
+    for candidate in partitions:
+        inputs = segments_to_clean(
+            segments.get(candidate.partition, []), candidate.first_uncleanable_offset
+        )
+        clean, dirty = split_clean(inputs, candidate.first_dirty_offset)
         cost = sum(s.size_bytes for s in clean)
         taken = 0
         for segment in dirty:
@@ -274,10 +276,10 @@ def within_budget(
         if dirty and taken == 0 or not dirty and chosen and used + cost > max_bytes:
             left = True
             continue
-        end = log.first_uncleanable_offset
+        end = candidate.first_uncleanable_offset
         if taken < len(dirty):
             end, left = dirty[taken].base_offset, True
-        chosen.append(replace(log, first_uncleanable_offset=end))
+        chosen.append(replace(candidate, first_uncleanable_offset=end))
         used += cost
     return PassPlan(tuple(chosen), used, left)
 
@@ -310,14 +312,15 @@ def _min(a: int | None, b: int | None) -> int | None:
     return min(a, b)
 
 
-def why_not_cleanable(log: LogToClean, config: CleanerConfig, *, now_ms: int) -> str:
-    """One clause for partition ``log``: why none of design.md §4's triggers holds (``p0: ...``).
+def why_not_cleanable(candidate: LogToClean, config: CleanerConfig, *, now_ms: int) -> str:
+    """One clause for the partition of ``candidate``: why none of design.md §4's triggers
+    holds (``p0: ...``).
 
     Meant for a partition `LogToClean.is_cleanable` refused without ``force``.
     """
     reasons = []
-    if log.cleanable_bytes == 0:
-        if log.first_dirty_offset < log.first_uncleanable_offset:
+    if candidate.cleanable_bytes == 0:
+        if candidate.first_dirty_offset < candidate.first_uncleanable_offset:
             reasons.append("no cleanable bytes")
         elif config.min_compaction_lag_ms > 0:
             reasons.append(
@@ -328,33 +331,33 @@ def why_not_cleanable(log: LogToClean, config: CleanerConfig, *, now_ms: int) ->
             reasons.append("no dirty records")
     else:
         reasons.append(
-            f"dirty ratio {log.cleanable_ratio:.2f} not above "
+            f"dirty ratio {candidate.cleanable_ratio:.2f} not above "
             f"{MIN_CLEANABLE_DIRTY_RATIO} {config.min_cleanable_dirty_ratio:g}"
         )
         if config.max_compaction_lag_ms < LONG_MAX:
             reasons.append(
-                f"oldest dirty record {_duration(log.compaction_delay_ms(now_ms))} old, "
+                f"oldest dirty record {_duration(candidate.compaction_delay_ms(now_ms))} old, "
                 f"not past {MAX_COMPACTION_LAG_MS} {_duration(config.max_compaction_lag_ms)}"
             )
-    mark = log.erasure_offset
-    if mark is not None and log.first_dirty_offset < mark > log.first_uncleanable_offset:
+    mark, first_dirty = candidate.erasure_offset, candidate.first_dirty_offset
+    if mark is not None and first_dirty < mark > candidate.first_uncleanable_offset:
         reasons.append(
             f"erasure below offset {mark} waits for {MIN_COMPACTION_LAG_MS} "
             f"{_duration(config.min_compaction_lag_ms)}"
         )
-    horizon = log.earliest_delete_horizon_ms
+    horizon = candidate.earliest_delete_horizon_ms
     if horizon is not None:
         reasons.append(f"next tombstone due in {_duration(max(0, horizon - now_ms))}")
-    return f"p{log.partition}: " + ", ".join(reasons)
+    return f"p{candidate.partition}: " + ", ".join(reasons)
 
 
 def nothing_cleanable_line(
-    log_path: str, logs: Iterable[LogToClean], config: CleanerConfig, *, now_ms: int
+    log_path: str, partitions: Iterable[LogToClean], config: CleanerConfig, *, now_ms: int
 ) -> str:
     """The line ``clean`` prints for a log it did not clean: each partition's reason."""
     if not config.compact:
         return f"{log_path}: not cleaned: cleanup.policy={config.cleanup_policy} (no compact)"
-    clauses = [why_not_cleanable(log, config, now_ms=now_ms) for log in logs]
+    clauses = [why_not_cleanable(c, config, now_ms=now_ms) for c in partitions]
     if not clauses:
         return f"{log_path}: nothing to clean: the log has no records"
     return f"{log_path}: nothing to clean: " + "; ".join(clauses)

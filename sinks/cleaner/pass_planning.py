@@ -1,8 +1,11 @@
 """Planning a pass, pure or nearly (Kafka's ``LogCleanerManager.cleanableOffsets`` and the
 planning half of ``Cleaner``): every partition of a log version measured into a
-`CleaningPlan` (`LogPlanner`), the tombstones registered consumers still hold
-(`consumer_holds`), and one partition's share of a pass (`plan_partition`). The claims
-and states these plans are acted on with are `sinks.cleaner.cleaner_manager`'s.
+`CleaningPlan` (`LogPlanner.plan`) and its filthiest cleanable partitions chosen
+(`LogPlanner.choose`, the one place a plan is chosen), what a round is asked to do
+(`RoundRequest`: what is forced, the plan, the budget, built once and handed down), the
+tombstones registered consumers still hold (`consumer_holds`), and one partition's share
+of a pass (`plan_partition`). The claims and states these plans are acted on with are
+`sinks.cleaner.cleaner_manager`'s.
 
 `LogPlanner.plan` is arithmetic over the snapshot (`sinks.cleaner.log_to_clean`) plus at
 most one read of the checkpoint table and, when a tombstone has expired, one of the
@@ -37,6 +40,7 @@ from sinks.cleaner.log_to_clean import (
     segments_to_clean,
 )
 from sinks.cleaner.offset_map import size_map
+from sinks.cleaner.throttler import EVERY_CORE, TaskBudget
 from sinks.config import CleanerConfig
 from sinks.log.location import LogLocation
 from sinks.log.log_format import ERASURE_TXN
@@ -54,7 +58,7 @@ class CleaningPlan:
     """
 
     version: int
-    logs: tuple[LogToClean, ...]
+    partitions: tuple[LogToClean, ...]
     fresh: bool = True
     foreign_files: bool = False  # another engine's files, for the next pass to rewrite
     filthiest: tuple[LogToClean, ...] | None = None  # once chosen (`choose`)
@@ -63,9 +67,36 @@ class CleaningPlan:
     def choose(self, config: CleanerConfig, *, now_ms: int, force: bool) -> CleaningPlan:
         """This plan with its cleanable partitions chosen, dirtiest first
         (`sinks.cleaner.log_to_clean.filthiest_cleanable`): the one choice a round makes
-        and its pass goes on from. Pure."""
-        chosen = filthiest_cleanable(self.logs, config, now_ms=now_ms, force=force)
+        and its pass goes on from (`LogPlanner.choose`). Pure."""
+        chosen = filthiest_cleanable(self.partitions, config, now_ms=now_ms, force=force)
         return replace(self, filthiest=tuple(chosen), forced=force)
+
+
+@dataclass(frozen=True)
+class RoundRequest:
+    """What one round is asked to do, built once by whoever asks and handed down as it is:
+    ``force`` (any cleanable bytes or expired tombstone qualifies a partition, not only
+    design.md §4's triggers), ``plan`` (the measure that led to the round, chosen for
+    ``force`` by `LogPlanner.choose`; None: the pass measures the log itself) and
+    ``budget`` (the pass's share of the cores).
+    """
+
+    force: bool = False
+    plan: CleaningPlan | None = None
+    budget: TaskBudget = EVERY_CORE
+
+    def __post_init__(self) -> None:
+        plan = self.plan
+        if plan is not None and (plan.filthiest is None or plan.forced != self.force):
+            raise ValueError("a round's plan is chosen for what the round forces")
+
+    def plan_of(self, snapshot: LogSnapshot) -> CleaningPlan | None:
+        """The request's plan when a pass starting from ``snapshot`` may go on from it: of
+        the same version, its checkpoint rows read fresh (design.md §43); else None."""
+        plan = self.plan
+        if plan is None or not plan.fresh or plan.version != snapshot.version:
+            return None
+        return plan
 
 
 class LogPlanner:
@@ -133,6 +164,15 @@ class LogPlanner:
             snapshot.version, tuple(candidates), fresh, foreign_files=bool(snapshot.foreign_files)
         )
 
+    def choose(
+        self, snapshot: LogSnapshot | None = None, *, force: bool, fresh_checkpoints: bool = True
+    ) -> CleaningPlan | None:
+        """`plan` with its filthiest cleanable partitions chosen now (`CleaningPlan.choose`,
+        ``force`` as a `RoundRequest` gives it): the one place a round's plan is made, for
+        the hand-over, the loop's choice of a log and a pass. None without a log."""
+        plan = self.plan(snapshot, fresh_checkpoints=fresh_checkpoints)
+        return plan.choose(self.config, now_ms=self.clock(), force=force) if plan else None
+
     def consumer_holds(self, snapshot: LogSnapshot, *, now_ms: int) -> dict[int, int]:
         """Per partition, where registered consumers hold expired tombstones (see
         `consumer_holds`); empty when no live consumer reads the log."""
@@ -186,24 +226,25 @@ def consumer_holds(
 
 
 def without_held_tombstones(
-    log: LogToClean, segments: Sequence[Segment], held_below: int | None
+    candidate: LogToClean, segments: Sequence[Segment], held_below: int | None
 ) -> LogToClean:
-    """``log`` with only the tombstones a pass may drop counted as a reason to clean. Pure.
+    """``candidate`` with only the tombstones a pass may drop counted as a reason to clean.
+    Pure.
 
     A tombstone held for a consumer is no reason for a pass: the earliest delete horizon
     counts only segments that start below ``held_below`` (and below the first uncleanable
     offset, as `log_to_clean` counts them). Without this a held tombstone would make its
     partition cleanable on every check, and each pass would copy it again.
     """
-    if held_below is None or log.earliest_delete_horizon_ms is None:
-        return log
+    if held_below is None or candidate.earliest_delete_horizon_ms is None:
+        return candidate
     horizons = [
         s.min_delete_horizon_ms
         for s in segments
         if s.min_delete_horizon_ms is not None
-        and s.base_offset < min(held_below, log.first_uncleanable_offset)
+        and s.base_offset < min(held_below, candidate.first_uncleanable_offset)
     ]
-    return replace(log, earliest_delete_horizon_ms=min(horizons, default=None))
+    return replace(candidate, earliest_delete_horizon_ms=min(horizons, default=None))
 
 
 @dataclass(frozen=True)
@@ -222,7 +263,7 @@ class PartitionPlan:
 
 
 def plan_partition(
-    log: LogToClean,
+    candidate: LogToClean,
     segments: Sequence[Segment],
     *,
     cleaner_offset: int | None,
@@ -234,20 +275,20 @@ def plan_partition(
     The end is the first uncleanable offset, or lower, at a segment boundary, when not
     even a map built in buckets fits (`sinks.cleaner.offset_map.size_map`).
     """
-    inputs = segments_to_clean(segments, log.first_uncleanable_offset)
+    inputs = segments_to_clean(segments, candidate.first_uncleanable_offset)
     size = size_map(
         inputs,
-        first_dirty_offset=log.first_dirty_offset,
+        first_dirty_offset=candidate.first_dirty_offset,
         cleaner_offset=cleaner_offset,
         keys=keys,
-        end_offset=log.first_uncleanable_offset,
+        end_offset=candidate.first_uncleanable_offset,
         dedupe_buffer_size=dedupe_buffer_size,
     )
     return PartitionPlan(
-        partition=log.partition,
+        partition=candidate.partition,
         inputs=tuple(s for s in inputs if s.last_offset < size.end_offset),
         mapped=size.mapped,
         end_offset=size.end_offset,
-        cut=size.end_offset < log.first_uncleanable_offset,
+        cut=size.end_offset < candidate.first_uncleanable_offset,
         buckets=size.buckets,
     )

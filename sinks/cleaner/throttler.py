@@ -10,8 +10,8 @@ cleaner observes each pass's bytes (read plus written) when the pass ends and
 sleeps before the next: the rate is held on average over passes, and
 ``log.cleaner.max.bytes.per.pass`` bounds how much one pass moves at full speed.
 
-The pass's CPU (`at_lower_priority`): a background pass's tasks run at a lower CPU
-priority than the query's.
+The pass's CPU (`TaskBudget`, `at_lower_priority`): a background pass runs at most
+``log.cleaner.threads`` tasks at once, at a lower CPU priority than the query's.
 
 Kafka's cleaner threads share a broker's cores with the produce path and rely on
 the Throttler alone. On a Spark executor the pass's tasks and the query's tasks
@@ -33,6 +33,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import TypeVar
 
 from sinks.cleaner.cleaner_stats import format_bytes
@@ -97,6 +98,28 @@ class Throttler:
             self._period_start = self._clock()
             self._observed = 0.0
             return slept
+
+
+@dataclass(frozen=True)
+class TaskBudget:
+    """A pass's share of the cores: at most ``max_tasks`` Spark tasks at once (None: every
+    core), each on a thread niced by ``niceness`` (`at_lower_priority`).
+
+    The default is a direct call's (every core, not niced); `background` is the worker's,
+    from ``log.cleaner.threads`` and ``log.cleaner.nice``.
+    """
+
+    max_tasks: int | None = None
+    niceness: int = 0
+
+    @classmethod
+    def background(cls, config: CleanerConfig) -> TaskBudget:
+        """The background worker's share, from ``config``."""
+        return cls(config.log_cleaner_threads, config.log_cleaner_nice)
+
+
+EVERY_CORE = TaskBudget()
+"""A direct call's share: every core, not niced."""
 
 
 def budget_summary(config: CleanerConfig) -> str:

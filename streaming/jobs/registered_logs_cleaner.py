@@ -22,6 +22,7 @@ from sinks.cleaner import (
     LogCleaner,
     LogToClean,
     RoundReport,
+    RoundRequest,
     nothing_cleanable_line,
 )
 from sinks.spark_session import active_session
@@ -60,10 +61,10 @@ class RegisteredLogsCleaner:
         self.vacuum = vacuum
         self.loop = CleanerLoop(
             [sink.log_cleaner for sink in self.sinks.values()],
-            force=force,
+            request=RoundRequest(force=force),
             before_round=self._announce,
             on_round=self._said,
-            recover=True,
+            recover_before_round=True,
         )
 
     @property
@@ -117,8 +118,8 @@ class RegisteredLogsCleaner:
                 wait_s = (retry_at - now) / 1000
                 lines.append(f"{path}: backing off after a failed pass; retry in {wait_s:.0f} s")
                 continue
-            logs = cleaner.logs_to_clean()
-            lines.append(nothing_cleanable_line(path, logs, cleaner.config, now_ms=now))
+            partitions = cleaner.candidates()
+            lines.append(nothing_cleanable_line(path, partitions, cleaner.config, now_ms=now))
         return lines
 
     def run(self, stop: threading.Event | None = None) -> None:
@@ -132,11 +133,11 @@ class RegisteredLogsCleaner:
                 stop.wait(self.backoff_ms / 1000)
 
     def _announce(self, candidate: Candidate) -> None:
-        log = candidate.filthiest
-        if log is not None:
+        filthiest = candidate.filthiest
+        if filthiest is not None:
             self.out(
                 f"cleaning {candidate.cleaner.log.uri}: filthiest partition "
-                f"p{log.partition} at {log.cleanable_ratio:.1%} dirty"
+                f"p{filthiest.partition} at {filthiest.cleanable_ratio:.1%} dirty"
             )
 
     def _said(self, cleaner: LogCleaner, report: RoundReport) -> None:

@@ -204,6 +204,7 @@ def test_a_round_of_the_cleaner_thread_plans_its_pass_once(spark, lake, clock, p
     """The thread measures a log to choose it, and its pass goes on from that measure
     instead of planning the same version again (before: two plans a pass)."""
     from sinks.cleaner.log_cleaner import CleanerLoop
+    from sinks.cleaner.pass_planning import RoundRequest
 
     # backoff 0: checkpoint rows are read fresh by every plan, so the choice's plan serves
     never = CleanerConfig(min_cleanable_dirty_ratio=1.0, backoff_ms=0)
@@ -213,7 +214,7 @@ def test_a_round_of_the_cleaner_thread_plans_its_pass_once(spark, lake, clock, p
     assert sink.last_append.clean is None
     plans.clear()
     choices.clear()
-    loop = CleanerLoop([sink.log_cleaner], force=True)
+    loop = CleanerLoop([sink.log_cleaner], request=RoundRequest(force=True))
     assert loop.run_once(spark) == 1
     assert len(plans) == 1
     assert len(choices) == 1  # the log's choice, its work and its pass's claim share one

@@ -15,7 +15,6 @@ import pytest
 from testkit import segment
 
 from sinks import CleanerConfig, CompactedStateSink
-from sinks.cleaner.cleaner import TaskBudget
 from sinks.cleaner.offset_map import (
     BYTES_PER_MAPPED_RECORD,
     MAX_MAP_BUCKETS,
@@ -26,8 +25,10 @@ from sinks.cleaner.offset_map import (
     map_end_offset,
     size_map,
 )
+from sinks.cleaner.pass_planning import RoundRequest
 from sinks.cleaner.recopy_task import PartitionToClean, packed, partitions_to_clean
 from sinks.cleaner.rules import apply_arrow_tombstone_rules, retain_latest
+from sinks.cleaner.throttler import TaskBudget
 from sinks.log.log_keys import LogKeys
 from sinks.log.records import DELETE_HORIZON_MS, OFFSET, PARTITION, VALUE
 
@@ -157,7 +158,8 @@ def test_a_dirty_section_too_large_to_map_at_once_is_mapped_in_buckets_in_one_pa
     sink = open_log(location, clock, dedupe_buffer_size=BYTES_PER_MAPPED_RECORD * 4)
     state = sorted(sink.state().collect())
     snapshot = sink.log_table.snapshot()
-    plans = sink.cleaner.plan(snapshot, sink.log_cleaner.planner.plan(snapshot).logs)
+    partitions = sink.log_cleaner.planner.plan(snapshot).partitions
+    plans = sink.cleaner.partition_plans(snapshot, partitions)
     assert max(plan.buckets for plan in plans) > 1  # the map is built a bucket at a time
     stats = sink.clean(force=True)
     assert stats is not None and not stats.work_left  # one pass, nothing cut
@@ -296,7 +298,7 @@ def test_a_pass_capped_to_one_niced_task_writes_the_same_log(spark, log_copy):
     whole, capped = open_log(location, clock), open_log(location + "-capped", clock)
     whole.cleaner.segment_bytes = capped.cleaner.segment_bytes = 1  # a group per input file
     a = whole.clean(force=True)
-    b = capped.log_cleaner.clean_log(spark, force=True, budget=TaskBudget(1, 10))
+    b = capped.cleaner.run_pass(spark, RoundRequest(force=True, budget=TaskBudget(1, 10)))
     assert b is not None and (a.records_written, a.segments_written) == (
         b.records_written,
         b.segments_written,

@@ -82,17 +82,17 @@ SEGMENTS = {
 def test_budget_cuts_in_the_dirty_section_dirtiest_partition_first():
     logs = [log(0, 10, 40, 300), log(1, 10, 20, 100)]
     plan = within_budget(logs, SEGMENTS, 300)
-    assert [(p.partition, p.first_uncleanable_offset) for p in plan.logs] == [(0, 30)]
+    assert [(p.partition, p.first_uncleanable_offset) for p in plan.partitions] == [(0, 30)]
     assert plan.bytes_read == 300 and plan.work_left
 
 
 def test_budget_always_makes_progress_and_takes_whole_partitions_that_fit():
     logs = [log(0, 10, 40, 300), log(1, 10, 20, 100)]
     tiny = within_budget(logs, SEGMENTS, 1)
-    assert [(p.partition, p.first_uncleanable_offset) for p in tiny.logs] == [(0, 20)]
+    assert [(p.partition, p.first_uncleanable_offset) for p in tiny.partitions] == [(0, 20)]
     assert tiny.work_left
     everything = within_budget(logs, SEGMENTS, 10**9)
-    assert [(p.partition, p.first_uncleanable_offset) for p in everything.logs] == [
+    assert [(p.partition, p.first_uncleanable_offset) for p in everything.partitions] == [
         (0, 40),
         (1, 20),
     ]

@@ -80,7 +80,7 @@ def test_two_cleaners_racing_one_commits_the_other_plans_again(spark, lake, cloc
     won = []
     with armed(CLEAN_BEFORE_COMMIT, lambda: won.append(second.clean(force=True))):
         # The loser's commit conflicts; it plans again from the winner's version
-        # (`LogCleaner.clean`, PASS_ATTEMPTS) and finds nothing left to clean.
+        # (`Cleaner.run_pass`, PASS_ATTEMPTS) and finds nothing left to clean.
         assert first.clean(force=True) is None
 
     assert won and won[0] is not None
