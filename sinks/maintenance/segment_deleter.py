@@ -17,10 +17,9 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 import pyarrow.fs as pafs
-from deltalake.exceptions import DeltaError
 
 from checkpoints import now_ms
 from sinks.crash_points import SEGMENT_DELETER_AFTER_FILE_DELETED, crash_point
@@ -40,11 +39,11 @@ from sinks.log.ownership import (
     is_delta_rs_data_path,
     is_own_data_path,
 )
+from sinks.log.trimmed_log import on_a_trimmed_log
 
 logger = logging.getLogger("compacted_sink")
 
 TableKind = Literal["log", "checkpoint"]
-T = TypeVar("T")
 
 _COMMIT_FILE = re.compile(r"\d{20}\.json")
 _CHECKSUM_FILE = re.compile(r"(\d{20})\.crc")
@@ -158,34 +157,6 @@ def delete_expired_files(
     if deleted or changed:
         logger.info("%s", report.summary())
     return report
-
-
-TRIM_RACE_ATTEMPTS = 3
-"""Tries of one read of a Delta log that another deleter trims meanwhile (design.md §46)."""
-
-
-def on_a_trimmed_log(location: LogLocation, table: Any, step: Callable[[Any], T]) -> T:
-    """``step(table)``; when a commit file the table was opened from is gone (another
-    deleter of the same log trimmed it after the open: delta-rs reads a snapshot's remove
-    actions from the commit files lazily), ``step`` again on the table opened anew, up to
-    `TRIM_RACE_ATTEMPTS` tries. ``step`` must be safe to repeat."""
-    for _ in range(TRIM_RACE_ATTEMPTS - 1):
-        try:
-            return step(table)
-        except (FileNotFoundError, DeltaError) as e:
-            if not _trimmed_under(e):
-                raise
-            logger.debug("%s: Delta log trimmed under a read, opened again: %s", location.uri, e)
-            table = location.delta_table()
-    return step(table)
-
-
-def _trimmed_under(e: Exception) -> bool:
-    """Whether delta-rs's error says a file of the Delta log the table was opened from is
-    gone: a commit or checkpoint "not found", or a log segment with no files left."""
-    text = str(e)
-    gone = DELTA_LOG_DIR in text and "not found" in text.lower()
-    return gone or "No files in log segment" in text
 
 
 def checkpoint_for_trim(

@@ -30,12 +30,9 @@ from sinks.log.history_window import (
 )
 from sinks.log.location import LogLocation
 from sinks.log.ownership import LOG_DESCRIPTION
+from sinks.log.trimmed_log import on_a_trimmed_log
 from sinks.maintenance.file_inventory import take_inventory
-from sinks.maintenance.segment_deleter import (
-    checkpoint_table_window,
-    delete_expired_files,
-    on_a_trimmed_log,
-)
+from sinks.maintenance.segment_deleter import checkpoint_table_window, delete_expired_files
 from streaming.status.gauges import log_status
 from streaming.status.status_render import render_json, render_table
 
