@@ -47,7 +47,7 @@ from pyspark.sql import functions as F
 
 from bench.measure import load_average
 from bench.session import bench_session
-from sinks import CleanerConfig, CompactedStateSink, read_state
+from sinks import CleanerConfig, CompactedStateSink, read_state, read_state_batches
 from sinks.log.log_table import LogTable
 from sinks.reading.replay import RestoreSource, replay
 from sinks.reading.state_reader import spark_state
@@ -75,6 +75,7 @@ def digest(df: DataFrame) -> tuple[int, int]:
 def best(runs: int, read: Callable[[], Any]) -> tuple[float, Any]:
     times, result = [], None
     for _ in range(runs):
+        result = None  # the previous run's copy is freed before the next run reads another
         started = time.perf_counter()
         result = read()
         times.append(time.perf_counter() - started)
@@ -88,47 +89,120 @@ def resume_offsets(uri: str) -> dict[int, int]:
     return {p: snapshot.log_end_offset(p) for p in snapshot.partitions}
 
 
-def reads(spark: SparkSession, sink: CompactedStateSink, appended: int, runs: int) -> dict:
+class Drill:
+    """The rows measured so far, written to ``out`` after each row (a drill cut short keeps
+    what it measured), and the time after which no row starts (``stop_at``, epoch seconds):
+    a row not run is recorded with the reason instead of its figure."""
+
+    def __init__(self, out: str | None, stop_at: float | None) -> None:
+        self.out, self.stop_at, self.result = out, stop_at, {}
+
+    def save(self) -> None:
+        if self.out:
+            self.result["load_now"] = load_average()
+            with open(self.out, "w") as out:
+                out.write(json.dumps(self.result, indent=1) + "\n")
+
+    def row(self, point: dict, name: str, measure: Callable[[], Any], estimate_s: float = 0.0):
+        """``measure()`` recorded under ``name`` in ``point``; an exception or the time budget
+        is recorded as ``name_not_run`` and returns None."""
+        if self.stop_at is not None and time.time() + estimate_s > self.stop_at:
+            point[f"{name}_not_run"] = "the run's time budget (--stop-at) ended before this row"
+            self.save()
+            return None
+        try:
+            value = measure()
+        except Exception as error:  # a row that cannot run is recorded, the drill goes on
+            point[f"{name}_not_run"] = f"{type(error).__name__}: {error}"[:2000]
+            self.save()
+            return None
+        point[name] = value
+        self.save()
+        return value
+
+
+def reads(
+    drill: Drill,
+    point: dict,
+    spark: SparkSession,
+    sink: CompactedStateSink,
+    appended: int,
+    runs: int,
+) -> None:
+    """The fast rows at one point of the log: the state reads, their peak memory, the floor.
+    Only one copy of the state is in memory at a time (each read's result is dropped before
+    the next read)."""
     uri = sink.path
     files = [os.path.join(uri, f.path) for f in sink.log_table.snapshot().data_files()]
-    out: dict[str, Any] = {"dirty_ratio": round(sink.dirty_ratio(), 3), "files": len(files)}
+    point.update({"dirty_ratio": round(sink.dirty_ratio(), 3), "files": len(files)})
+    drill.save()
 
-    def arrow() -> tuple[pa.Table, dict[int, int]]:
-        return read_state(uri), resume_offsets(uri)
+    def arrow() -> tuple[int, int, dict[int, int]]:
+        table = read_state(uri)
+        offsets = resume_offsets(uri)
+        return table.num_rows, table.select(["key", "value"]).nbytes, offsets
 
-    out["read_state_arrow_s"], (table, offsets) = best(runs, arrow)
+    seconds, (live, live_bytes, offsets) = best(runs, arrow)
     assert offsets == {0: appended}, (offsets, appended)
-    out["resume_offsets"] = offsets
-    out["live_keys"] = table.num_rows
-    out["read_state_pandas_s"], frame = best(
-        runs, lambda: (read_state(uri).to_pandas(), resume_offsets(uri))
-    )
-    assert len(frame[0]) == table.num_rows
+    point.update(read_state_arrow_s=seconds, resume_offsets=offsets, live_keys=live)
+    drill.save()
+
+    def pandas() -> float:
+        seconds, (frame, _) = best(runs, lambda: (read_state(uri).to_pandas(), resume_offsets(uri)))
+        assert len(frame) == live
+        return seconds
+
+    drill.row(point, "read_state_pandas_s", pandas)
     digest(spark.read.parquet(*files[:1]))  # the session's first query pays Spark's warm-up
-    out["state_spark_s"], (rows, _) = best(
-        runs, lambda: (digest(sink.state()), resume_offsets(uri))[0]
+
+    def spark_read(state: Callable[[], DataFrame]) -> Callable[[], float]:
+        def measure() -> float:
+            seconds, (rows, _) = best(runs, lambda: (digest(state()), resume_offsets(uri))[0])
+            assert rows == live
+            return seconds
+
+        return measure
+
+    drill.row(point, "state_spark_s", spark_read(sink.state))
+    drill.row(point, "state_spark_pass_tasks_s", spark_read(lambda: pass_tasks_state(spark, sink)))
+    drill.row(point, "read_state_peak", lambda: peak_memory(uri, streamed=False))
+    drill.row(point, "read_state_batches_peak", lambda: peak_memory(uri, streamed=True))
+
+    def arrow_scan() -> float:
+        seconds, scanned = best(runs, lambda: pq.read_table(files, columns=["key", "value"]))
+        point["scanned_records"] = scanned.num_rows
+        return seconds
+
+    drill.row(point, "arrow_scan_s", arrow_scan)
+    drill.row(
+        point, "spark_scan_s", lambda: best(runs, lambda: digest(spark.read.parquet(*files)))[0]
     )
-    assert rows == table.num_rows
-    out["state_spark_pass_tasks_s"], (rows, _) = best(
-        runs, lambda: digest(pass_tasks_state(spark, sink))
-    )
-    assert rows == table.num_rows
-    out["read_state_peak"] = peak_memory(uri, streamed=False)
-    out["read_state_batches_peak"] = peak_memory(uri, streamed=True)
-    out["consumer_bootstrap_s"], (records, ends) = best(
-        runs, lambda: consumer_bootstrap(spark, uri)
-    )
-    assert ends == {str(p): o for p, o in offsets.items()}, (ends, offsets)
-    out["consumer_bootstrap_records"] = records
-    out["replay_s"], replayed = best(runs, lambda: replay_into_new_log(spark, uri))
-    assert replayed == table.num_rows, (replayed, table.num_rows)
-    out["arrow_scan_s"], scanned = best(
-        runs, lambda: pq.read_table(files, columns=["key", "value"])
-    )
-    out["spark_scan_s"], _ = best(runs, lambda: digest(spark.read.parquet(*files)))
-    out["scanned_records"] = scanned.num_rows
-    out["live_bytes_arrow"] = table.select(["key", "value"]).nbytes
-    return out
+    point["live_bytes_arrow"] = live_bytes
+    drill.save()
+
+
+def slow_reads(
+    drill: Drill, point: dict, spark: SparkSession, uri: str, runs: int, scale: dict[str, float]
+) -> None:
+    """The rows that take minutes at 1e7 keys: the consumers' bootstrap and ``replay``.
+    ``scale`` holds an estimate of each row's time (to skip a row the time budget cannot
+    hold)."""
+    offsets = point.get("resume_offsets") or resume_offsets(uri)
+
+    def bootstrap() -> float:
+        seconds, (records, ends) = best(runs, lambda: consumer_bootstrap(spark, uri))
+        assert ends == {str(p): o for p, o in offsets.items()}, (ends, offsets)
+        point["consumer_bootstrap_records"] = records
+        return seconds
+
+    drill.row(point, "consumer_bootstrap_s", bootstrap, scale.get("consumer_bootstrap_s", 0.0))
+
+    def replayed() -> float:
+        seconds, live = best(runs, lambda: replay_into_new_log(spark, uri))
+        assert live == point["live_keys"], (live, point["live_keys"])
+        return seconds
+
+    drill.row(point, "replay_s", replayed, scale.get("replay_s", 0.0))
 
 
 def pass_tasks_state(spark: SparkSession, sink: CompactedStateSink) -> DataFrame:
@@ -204,11 +278,11 @@ def consumer_bootstrap(spark: SparkSession, uri: str) -> tuple[int, dict[str, in
 
 def replay_into_new_log(spark: SparkSession, uri: str) -> int:
     """``replay`` of the log into a new log (exact: same partitions and offsets); the new
-    log's live keys."""
+    log's live keys, counted from a stream of its state (memory: a batch)."""
     target = tempfile.mkdtemp(prefix="replayed-")
     try:
         replay(RestoreSource.of_log(spark, uri), os.path.join(target, "log"))
-        return read_state(os.path.join(target, "log")).num_rows
+        return sum(b.num_rows for b in read_state_batches(os.path.join(target, "log")))
     finally:
         shutil.rmtree(target, ignore_errors=True)
 
@@ -259,36 +333,79 @@ def redis_server(directory: str, port: int) -> Iterator[Any]:
         server.wait()
 
 
-def redis_restore(state: pa.Table, directory: str) -> dict[str, Any]:
+def state_batches(uri: str) -> Iterator[pa.RecordBatch]:
+    """The state's keys and values, a batch at a time (the stores are loaded from a stream:
+    no copy of the whole state is held beside the store)."""
+    for batch in read_state_batches(uri, batch_rows=BATCH):
+        yield pa.RecordBatch.from_arrays(
+            [batch.column("key"), batch.column("value")], names=["key", "value"]
+        )
+
+
+def redis_restore(uri: str, directory: str) -> dict[str, Any]:
+    """The state's keys loaded into Redis (MSET of 10,000), saved (RDB); then timed: SCAN
+    with pipelined MGET into a dict, and the RDB file loaded at server start. Only Redis
+    and the restored dict hold the state meanwhile."""
     os.makedirs(directory, exist_ok=True)
     port = free_port()
-    names = state.column("key").to_pylist()
-    data = state.column("value").to_pylist()
     with redis_server(directory, port) as client:
-        pipe = client.pipeline(transaction=False)
-        for i in range(0, len(names), 10_000):
-            pipe.mset(dict(zip(names[i : i + 10_000], data[i : i + 10_000], strict=True)))
-        pipe.execute()
+        loaded = 0
+        for batch in state_batches(uri):
+            names, data = batch.column(0).to_pylist(), batch.column(1).to_pylist()
+            pipe = client.pipeline(transaction=False)
+            for i in range(0, len(names), 10_000):
+                pipe.mset(dict(zip(names[i : i + 10_000], data[i : i + 10_000], strict=True)))
+            pipe.execute()
+            loaded += len(names)
         client.save()
         started = time.perf_counter()
         restored: dict[bytes, bytes] = {}
         cursor = 0
         while True:
-            cursor, batch = client.scan(cursor, count=10_000)
-            if batch:
-                restored.update(zip(batch, client.mget(batch), strict=True))
+            cursor, batch_keys = client.scan(cursor, count=10_000)
+            if batch_keys:
+                restored.update(zip(batch_keys, client.mget(batch_keys), strict=True))
             if cursor == 0:
                 break
         scan_s = time.perf_counter() - started
-        assert len(restored) == len(names)
+        assert len(restored) == loaded, (len(restored), loaded)
+        del restored
     started = time.perf_counter()
     with redis_server(directory, port) as client:
         rdb_s = time.perf_counter() - started
-        assert client.dbsize() == len(names)
-    return {"redis_scan_mget_s": round(scan_s, 3), "redis_rdb_load_s": round(rdb_s, 3)}
+        assert client.dbsize() == loaded
+    return {
+        "redis_keys": loaded,
+        "redis_scan_mget_s": round(scan_s, 3),
+        "redis_rdb_load_s": round(rdb_s, 3),
+    }
 
 
-def postgres_restore(state: pa.Table, root: str) -> dict[str, Any]:
+class _CopyStream(io.RawIOBase):
+    """A COPY TO STDOUT's chunks as a readable stream (parsed as they arrive: the CSV text
+    is never held whole)."""
+
+    def __init__(self, chunks: Iterator[Any]) -> None:
+        self.chunks, self.pending = chunks, b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self.pending:
+            chunk = next(self.chunks, None)
+            if chunk is None:
+                return 0
+            self.pending = bytes(chunk)
+        n = min(len(buffer), len(self.pending))
+        buffer[:n] = self.pending[:n]
+        self.pending = self.pending[n:]
+        return n
+
+
+def postgres_restore(uri: str, root: str) -> dict[str, Any]:
+    """The state's keys loaded into a PostgreSQL 15 table (COPY FROM, a batch at a time);
+    then timed: ``COPY state TO STDOUT`` parsed into Arrow as it streams."""
     import psycopg
 
     data, sockets = os.path.join(root, "pg"), os.path.join(root, "pgsock")
@@ -309,33 +426,38 @@ def postgres_restore(state: pa.Table, root: str) -> dict[str, Any]:
         dsn = f"host=127.0.0.1 port={port} user=postgres dbname=postgres"
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("CREATE TABLE state (key text PRIMARY KEY, value text)")
-            buffer = io.BytesIO()
-            pacsv.write_csv(
-                state.select(["key", "value"]), buffer, pacsv.WriteOptions(include_header=False)
-            )
+            loaded = 0
             with conn.cursor().copy("COPY state FROM STDIN (FORMAT csv)") as copy:
-                copy.write(buffer.getvalue())
+                for batch in state_batches(uri):
+                    buffer = io.BytesIO()
+                    pacsv.write_csv(batch, buffer, pacsv.WriteOptions(include_header=False))
+                    copy.write(buffer.getvalue())
+                    loaded += batch.num_rows
             conn.execute("VACUUM ANALYZE state")
             started = time.perf_counter()
-            chunks = []
             with conn.cursor().copy("COPY state TO STDOUT (FORMAT csv)") as copy:
-                for chunk in copy:
-                    chunks.append(bytes(chunk))
-            table = pacsv.read_csv(
-                io.BytesIO(b"".join(chunks)),
-                read_options=pacsv.ReadOptions(column_names=["key", "value"]),
-                convert_options=pacsv.ConvertOptions(
-                    column_types={"key": pa.string(), "value": pa.string()}
-                ),
-            )
+                table = pacsv.read_csv(
+                    io.BufferedReader(_CopyStream(iter(copy)), 1 << 20),
+                    read_options=pacsv.ReadOptions(column_names=["key", "value"]),
+                    convert_options=pacsv.ConvertOptions(
+                        column_types={"key": pa.string(), "value": pa.string()}
+                    ),
+                )
             copy_s = time.perf_counter() - started
-            assert table.num_rows == state.num_rows
+            assert table.num_rows == loaded, (table.num_rows, loaded)
+            del table
     finally:
         subprocess.run([*ctl, "stop", "-m", "fast"], check=False, stdout=subprocess.DEVNULL)
-    return {"postgres_copy_out_s": round(copy_s, 3)}
+        shutil.rmtree(data, ignore_errors=True)
+    return {"postgres_rows": loaded, "postgres_copy_out_s": round(copy_s, 3)}
 
 
-def run(n_keys: int, runs: int) -> dict[str, Any]:
+def run(n_keys: int, runs: int, out: str | None, stop_at: float | None) -> dict[str, Any]:
+    """The drill, in this order: the log built and passed; the fast rows after the pass;
+    Redis and PostgreSQL loaded with that state and restored (each store's files removed
+    after its rows); the slow rows after the pass; the updates up to the trigger; the fast
+    rows, then the slow rows, on the dirty log."""
+    drill = Drill(out, stop_at)
     spark = bench_session()
     root = tempfile.mkdtemp(prefix="replay-drill-")
     os.chmod(root, 0o755)
@@ -344,6 +466,8 @@ def run(n_keys: int, runs: int) -> dict[str, Any]:
         sink = CompactedStateSink(uri, key_columns=("key",), cleaning="inline")
         rng = np.random.default_rng(5)
         appended, batch_id = 0, 0
+        result = drill.result
+        result.update(keys=n_keys, value_bytes=VALUE_BYTES, runs=runs)
         started = time.perf_counter()
         for first in range(0, n_keys, BATCH):
             ids = np.arange(first, min(first + BATCH, n_keys))
@@ -351,17 +475,22 @@ def run(n_keys: int, runs: int) -> dict[str, Any]:
             sink(spark.createDataFrame(batch), batch_id)
             appended, batch_id = appended + len(ids), batch_id + 1
         sink.clean(force=True)
-        result: dict[str, Any] = {
-            "keys": n_keys,
-            "value_bytes": VALUE_BYTES,
-            "load_before": load_average(),
-            "build_s": round(time.perf_counter() - started, 1),
-        }
-        result["after_pass"] = reads(spark, sink, appended, runs)
+        result["load_before"] = load_average()
+        result["build_s"] = round(time.perf_counter() - started, 1)
+        after = result["after_pass"] = {}
+        reads(drill, after, spark, sink, appended, runs)
+        redis_dir = os.path.join(root, "redis")
+        drill.row(result, "redis", lambda: redis_restore(uri, redis_dir))
+        shutil.rmtree(redis_dir, ignore_errors=True)
+        pg_root = os.path.join(root, "pgroot")
+        drill.row(result, "postgres", lambda: postgres_restore(uri, pg_root))
+        shutil.rmtree(pg_root, ignore_errors=True)
+        slow_reads(drill, after, spark, uri, runs, {})
         ratio = CleanerConfig().min_cleanable_dirty_ratio
         # Updates in batches of at most a tenth of the keys, so that a small drill has a
         # dirty section too (a first batch as large as the log would pass the trigger).
         size = min(BATCH, max(1, n_keys // 10))
+        started = time.perf_counter()
         while True:  # stop before the batch that would take the ratio past the trigger
             share = (sink.dirty_ratio() * appended + size) / (appended + size)
             if share >= ratio - 0.02:
@@ -370,11 +499,17 @@ def run(n_keys: int, runs: int) -> dict[str, Any]:
             batch = pa.table({"key": keys(ids), "value": values(rng, size)})
             sink(spark.createDataFrame(batch), batch_id)
             appended, batch_id = appended + size, batch_id + 1
-        result["dirty"] = reads(spark, sink, appended, runs)
-        state = read_state(uri).select(["key", "value"])
-        result["redis"] = redis_restore(state, os.path.join(root, "redis"))
-        result["postgres"] = postgres_restore(state, os.path.join(root, "pgroot"))
+        result["updates_s"] = round(time.perf_counter() - started, 1)
+        dirty = result["dirty"] = {}
+        reads(drill, dirty, spark, sink, appended, runs)
+        # A dirty row's time from the same row after the pass, scaled as at 1e6 keys.
+        estimate = {
+            "consumer_bootstrap_s": 0.7 * after.get("consumer_bootstrap_s", 0.0) * runs,
+            "replay_s": 2.3 * after.get("replay_s", 0.0) * runs,
+        }
+        slow_reads(drill, dirty, spark, uri, runs, estimate)
         result["load_after"] = load_average()
+        result.pop("load_now", None)
         return result
     finally:
         spark.stop()
@@ -386,8 +521,13 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=1_000_000)
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--out")
+    parser.add_argument(
+        "--stop-at",
+        type=float,
+        help="epoch seconds after which no row starts (a row not run says so in the JSON)",
+    )
     args = parser.parse_args()
-    result = run(args.keys, args.runs)
+    result = run(args.keys, args.runs, args.out, args.stop_at)
     text = json.dumps(result, indent=1)
     print(text)
     if args.out:
