@@ -50,7 +50,7 @@ if TYPE_CHECKING:  # `read_state` imports this module without pyspark (design.md
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql import types as T
 from sinks.reading.segment_reader import SegmentReader
-from sinks.reading.superseded import superseded
+from sinks.reading.superseded import BYTES_PER_SUPERSEDED, superseded, superseded_by_spark
 
 # The largest lookup table (estimated, see `broadcast_bytes`) this reader asks Spark
 # to broadcast: an eighth of the 1 GiB Spark gives a driver by default, and of
@@ -142,7 +142,7 @@ def spark_state(
 
     - ``superseded_first`` (the default): the superseded records are found from the
       narrow columns, then every row group is read by a task of its own, less them
-      (`_state_by_superseded`, design.md §50), when the contenders fit
+      (`_state_by_superseded`, design.md §50), when the superseded offsets fit
       ``dedupe_buffer_size``: a partition's read runs on every core;
     - as a pass reads them, one task a partition with its offset map
       (`sinks.reading.partition_state`), when each map fits ``dedupe_buffer_size`` whole;
@@ -229,8 +229,9 @@ def _state_by_superseded(
     (`sinks.reading.superseded`, on every core); then every row group of those partitions'
     files is read once, on every core (`sinks.reading.kept_row_groups`). The contenders are
     weighed in buckets of keys when they would not fit ``dedupe_buffer_size`` at once
-    (`map_buckets`, as a pass's map); None (another rule reads the state) when more buckets
-    than a pass takes would be needed.
+    (`map_buckets`, as a pass's map); by Spark when more buckets than a pass takes would be
+    needed (`superseded_by_spark`: only the losers' offsets reach the driver); None (another
+    rule reads the state) when even those would not fit ``dedupe_buffer_size``.
     """
     from pyspark.sql import types as T
 
@@ -248,12 +249,15 @@ def _state_by_superseded(
         if contenders <= max_map_records(dedupe_buffer_size)
         else map_buckets(contenders, dedupe_buffer_size)
     )
-    if buckets is None:
+    if buckets is None and sections.dirty_records * BYTES_PER_SUPERSEDED > dedupe_buffer_size:
         return None
     segments = [*near, *sections.dirty]
     snapshot.check_files(segments)
     reader = SegmentReader.of(snapshot)
-    found = superseded(snapshot, log_keys, near, sections.dirty, reader, buckets=buckets)
+    if buckets is None:  # too many contenders for the driver: Spark weighs them
+        found = superseded_by_spark(spark, log_table, snapshot, log_keys, near, sections.dirty)
+    else:
+        found = superseded(snapshot, log_keys, near, sections.dirty, reader, buckets=buckets)
     fields = {f.name: f for f in snapshot.spark_schema.fields}
     columns = [*log_keys.key_columns, VALUE]
     out = T.StructType([T.StructField(c, fields[c].dataType, True) for c in columns])

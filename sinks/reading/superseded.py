@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -30,10 +31,13 @@ import pyarrow as pa
 from sinks.cleaner.offset_map import canonical_keys, key_buckets
 from sinks.log.latest import latest_offsets
 from sinks.log.log_keys import LogKeys
-from sinks.log.log_table import LogSnapshot
+from sinks.log.log_table import LogSnapshot, LogTable
 from sinks.log.records import OFFSET, PARTITION
 from sinks.log.segment import DataFile
 from sinks.reading.segment_reader import SegmentReader, ordered_map
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 _SEQUENCE = "_sequence"
 _NOT_KEYS = (PARTITION, _SEQUENCE, OFFSET)
@@ -47,7 +51,7 @@ class Superseded:
     were weighed to find them."""
 
     offsets: dict[int, np.ndarray]
-    contenders: int
+    contenders: int  # -1: not counted (Spark weighed them)
 
     @property
     def count(self) -> int:
@@ -111,6 +115,42 @@ def superseded(
     if not lost:
         return Superseded({}, 0)
     return Superseded(_by_partition(pa.concat_tables(lost)), weighed)
+
+
+BYTES_PER_SUPERSEDED = 16
+"""What the driver holds per superseded record that Spark weighed: its partition and offset."""
+
+
+def superseded_by_spark(
+    spark: SparkSession,
+    log_table: LogTable,
+    snapshot: LogSnapshot,
+    keys: LogKeys,
+    clean: Sequence[DataFile],
+    dirty: Sequence[DataFile],
+) -> Superseded:
+    """`superseded`, weighed by Spark: for contenders too many for the driver's buffer in
+    the buckets a pass takes. The same narrow columns are read (the tail's, and the clean
+    section's of the tail's partitions: a clean record whose key the tail lacks is its
+    key's only record, so it never loses) and shuffled once, by key; each key's records
+    but its newest are the losers, and only their partition and offset come back to the
+    driver, `BYTES_PER_SUPERSEDED` each. Spark groups the keys and orders a key's records
+    as `sinks.cleaner.rules.spark_latest_offsets` does (sequence, nulls lowest, then
+    offset)."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    from sinks.spark_compat import to_arrow
+
+    sequence = sequence_of(keys)
+    group = [PARTITION, *own_keys(keys)]
+    names = list(dict.fromkeys([*group, *([sequence] if sequence else []), OFFSET]))
+    contenders = log_table.read(spark, snapshot, [*clean, *dirty]).select(*names)
+    newest_first = [*([F.col(sequence).desc_nulls_last()] if sequence else []), F.desc(OFFSET)]
+    rank = F.row_number().over(Window.partitionBy(*group).orderBy(*newest_first))
+    losers = contenders.select(PARTITION, OFFSET, rank.alias("_rank")).where("_rank > 1")
+    table = to_arrow(losers.select(PARTITION, OFFSET))
+    return Superseded(_by_partition(table) if table.num_rows else {}, -1)
 
 
 def _bucket_losers(

@@ -30,8 +30,10 @@ from sinks.reading.state_reader import (
     spark_state,
     split_at_cleaner_offset,
 )
+from sinks.reading.superseded import superseded_by_spark
 
 NO_CLEAN = CleanerConfig(min_cleanable_dirty_ratio=1.0)
+SPARK_WEIGHS = 200  # B: too few for the contenders in 8 buckets, enough for the losers
 KV = "key string, value string"
 KVP = "key string, value string, partition int"
 
@@ -217,6 +219,7 @@ def test_sequence_column_out_of_order_across_the_clean_dirty_split(spark, lake, 
     assert_same_state(spark, sink)
     assert state_dict(read(spark, sink)) == {"a": "a10", "b": "b12", "e": "e9", "f": "f1"}
     assert_same_state(spark, sink, broadcast_max_bytes=0)  # the shuffled plan agrees
+    assert_same_state(spark, sink, dedupe_buffer_size=SPARK_WEIGHS)  # Spark weighs the keys
 
 
 def test_delete_records_moves_the_log_start_inside_clean_and_dirty_segments(spark, lake, clock):
@@ -365,6 +368,18 @@ def test_a_dirty_partition_is_read_a_row_group_a_task_less_its_superseded_record
     bucketed = read(spark, sink, dedupe_buffer_size=1000)
     assert "KeptRecordsTask" in bucketed._jdf.queryExecution().executedPlan().toString()
     assert_same_state(spark, sink, dedupe_buffer_size=1000)
+    # Against 200 B they would take 22 buckets: Spark weighs them, and the 4 losers' 64 B
+    # of offsets come back (k1, k3, k5's clean records and the first k1 of the tail); the
+    # row groups are read less them as before.
+    split = sections(sink)
+    snapshot = sink.log_table.snapshot()
+    found = superseded_by_spark(
+        spark, sink.log_table, snapshot, sink.keys, split.clean, split.dirty
+    )
+    assert {p: o.tolist() for p, o in found.offsets.items()} == {1: [0, 1, 2, 20]}
+    weighed = read(spark, sink, dedupe_buffer_size=SPARK_WEIGHS)
+    assert "KeptRecordsTask" in weighed._jdf.queryExecution().executedPlan().toString()
+    assert_same_state(spark, sink, dedupe_buffer_size=SPARK_WEIGHS)
 
 
 # -- random histories ----------------------------------------------------------------------
@@ -424,6 +439,11 @@ def test_random_histories_match_the_reference(spark, sequenced, history, tail, b
         for rows in tail:
             append(rows)
         assert_same_state(spark, sink)
+        assert_df_equality(  # Spark weighing the contenders agrees too
+            read(spark, sink, dedupe_buffer_size=SPARK_WEIGHS),
+            reference(sink),
+            ignore_row_order=True,
+        )
         split = sections(sink)
         FIGURES["split"] += bool(split.clean and split.dirty)
         FIGURES["examples"] += 1
