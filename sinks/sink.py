@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 from urllib.parse import urlparse
 
@@ -131,8 +132,10 @@ class CompactedStateSink:
             self.path, storage_options, lambda: _session_s3a_settings(self.path)
         )
         self.storage_options = resolved.options
+        # The one place the sink's addresses are built; below, each is handed down whole.
+        location = LogLocation(self.path, self.storage_options)
         with credentials_checked(self.path, resolved):
-            self.log_table = LogTable(self.path, self.storage_options)
+            self.log_table = LogTable(location)
             keys = opened_log_keys(self.log_table, key_columns, sequence_column)
             # The log's topic config, unless this process overrides it (said in one line).
             self.log_config = opened_log_config(self.log_table, config)
@@ -142,19 +145,25 @@ class CompactedStateSink:
         checkpoint_table = checkpoint_table or sibling(self.path, CHECKPOINT_TABLE_DIR)
         self.checkpoint_path = normalize_uri(checkpoint_table)
         self.clock = clock or now_ms
+        # A checkpoint table is below `LogLocation`'s layer: it takes the two parts.
         self.checkpoints = CleanerOffsetCheckpoint(
             self.checkpoint_path, self.storage_options, clock=self.clock
         )
         self.dead_letter_table = _uri(dead_letter_table)
+        self.dead_letter_location = (
+            replace(location, uri=self.dead_letter_table) if self.dead_letter_table else None
+        )
         self.checkpoint_location = _uri(checkpoint_location)
         self.transactional_id = TransactionalId.of(
-            self.log_table.location, sink_id, self.checkpoint_location
+            location,
+            sink_id,
+            replace(location, uri=self.checkpoint_location) if self.checkpoint_location else None,
         )
         self.sink_id = self.transactional_id.sink_id
         self.cleaning: CleaningMode = cleaning
         dead_letters = (
-            DeadLetterTable(LogLocation(self.dead_letter_table, self.storage_options))
-            if self.dead_letter_table
+            DeadLetterTable(self.dead_letter_location)
+            if self.dead_letter_location is not None
             else None
         )
         self.appender = LogAppender(
@@ -315,9 +324,9 @@ class CompactedStateSink:
         """Delete what left the log longer than ``file.delete.delay.ms`` ago. Idempotent."""
         self._existing(repair=True)  # a restored file of a stale rewrite must not go first
         report = self.log_cleaner.segment_deleter.run(self.manager.busy_partitions)
-        if self.dead_letter_table:  # an erasure's rewritten dead letters (design.md §54)
+        if self.dead_letter_location:  # an erasure's rewritten dead letters (design.md §54)
             vacuum_dead_letters(
-                LogLocation(self.dead_letter_table, self.storage_options),
+                self.dead_letter_location,
                 window_ms=self.config.file_delete_delay_ms,
             )
         return report
@@ -506,9 +515,9 @@ class CompactedStateSink:
             self.appender, keys, key_columns=self.key_columns
         )
         removed = 0
-        if self.dead_letter_table:
+        if self.dead_letter_location:
             removed = erase_dead_letters(
-                LogLocation(self.dead_letter_table, self.storage_options),
+                self.dead_letter_location,
                 keys,
                 key_columns=self.key_columns,
                 log_path=self.log_table.uri,
@@ -538,18 +547,13 @@ class CompactedStateSink:
         trusted from the Delta log. Reads only; no Spark."""
         snapshot = self._existing()
         now = self.clock()
-        dead = (
-            LogLocation(self.dead_letter_table, self.storage_options)
-            if self.dead_letter_table
-            else None
-        )
         return erasure_status(
             snapshot,
             keys,
             key_columns=self.key_columns,
             config=self.config,
             now_ms=now,
-            dead_letter_table=dead,
+            dead_letter_table=self.dead_letter_location,
             consumer_holds=lambda: self.log_cleaner.planner.consumer_holds(snapshot, now_ms=now),
         )
 

@@ -28,13 +28,14 @@ import sys
 import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from sinks.errors import QueryIdentityError
 from sinks.log.delta_spark_policy import delta_spark_conf_keys, unsafe_beside_delta_spark
-from sinks.log.filesystems import arrow_filesystem
+from sinks.log.location import LogLocation
 from sinks.log.uris import join, normalize_uri
 from sinks.warn_once import first_time
 
@@ -196,9 +197,8 @@ def streaming_query_id(
     spark: SparkSession,
     batch_id: int,
     *,
-    checkpoint_location: str | None = None,
+    checkpoint_location: LogLocation | str | None = None,
     explicit_sink_id: bool = False,
-    storage_options: dict[str, str] | None = None,
 ) -> str | None:
     """The id of the streaming query running ``batch_id``; None for a direct call.
 
@@ -220,7 +220,7 @@ def streaming_query_id(
     if not in_foreach_batch_worker():
         return None
     if checkpoint_location is not None:
-        return checkpoint_query_id(checkpoint_location, batch_id, storage_options)
+        return checkpoint_query_id(checkpoint_location, batch_id)
     if explicit_sink_id:
         return None
     raise QueryIdentityError(
@@ -247,16 +247,15 @@ def in_foreach_batch_worker() -> bool:
     return name.endswith("foreach_batch_worker") or "SPARK_CONNECT_LOCAL_URL" in os.environ
 
 
-def checkpoint_query_id(
-    checkpoint_location: str, batch_id: int, storage_options: dict[str, str] | None = None
-) -> str:
+def checkpoint_query_id(checkpoint_location: LogLocation | str, batch_id: int) -> str:
     """The query id a streaming checkpoint records, checked to have planned ``batch_id``.
 
     Raises `QueryIdentityError` when the checkpoint has no ``metadata`` or no
     ``offsets/<batch_id>`` (not this query's checkpoint, or a direct call).
     """
-    location = normalize_uri(checkpoint_location)
-    fs, root = arrow_filesystem(location, storage_options)
+    checkpoint = LogLocation.of(checkpoint_location)
+    location = normalize_uri(checkpoint.uri)
+    fs, root = replace(checkpoint, uri=location).filesystem()
     metadata = join(root, "metadata")
     try:
         with fs.open_input_stream(metadata) as f:

@@ -12,8 +12,7 @@ is the sink id alone.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 
@@ -27,18 +26,18 @@ class TransactionalId:
 
     sink_id: str
     explicit: bool = False  # given by the user, not derived from the path
-    checkpoint_location: str | None = None
-    storage_options: Mapping[str, str] = field(default_factory=dict)
+    checkpoint_location: LogLocation | None = None  # the query's checkpointLocation
 
     @classmethod
     def of(
-        cls, log: LogLocation, sink_id: str | None, checkpoint_location: str | None
+        cls,
+        location: LogLocation,
+        sink_id: str | None,
+        checkpoint_location: LogLocation | None,
     ) -> TransactionalId:
-        """``sink_id``, or one derived from the log's path (the same for every sink on it)."""
-        derived = f"compacted-sink-{hashlib.sha256(log.uri.encode()).hexdigest()[:12]}"
-        return cls(
-            sink_id or derived, sink_id is not None, checkpoint_location, log.storage_options
-        )
+        """``sink_id``, or one derived from the log's URI (the same for every sink on it)."""
+        derived = f"compacted-sink-{hashlib.sha256(location.uri.encode()).hexdigest()[:12]}"
+        return cls(sink_id or derived, sink_id is not None, checkpoint_location)
 
     def query_id(self, spark: SparkSession, batch_id: int) -> str | None:
         """The id of the streaming query running ``batch_id``; None for a direct call."""
@@ -47,7 +46,6 @@ class TransactionalId:
             batch_id,
             checkpoint_location=self.checkpoint_location,
             explicit_sink_id=self.explicit,
-            storage_options=dict(self.storage_options),
         )
 
     def app_id(self, query_id: str | None) -> str:

@@ -21,6 +21,9 @@
 - A round's request is one value: no function of the round's and the pass's modules takes
   ``force``, ``plan`` or ``budget`` (they take the `RoundRequest`), and in the sink only
   ``clean`` takes ``force``.
+- A table's address is one value: no library function takes ``storage_options`` but a
+  public entry point, where a `LogLocation` is built, and the modules that build or resolve
+  options; every other function takes the location whole (design.md §70).
 """
 
 from __future__ import annotations
@@ -368,3 +371,78 @@ def test_a_rounds_request_is_handed_down_as_one_value():
     tree = ast.parse(source)
     method = tree.body[0].body[0]  # type: ignore[attr-defined]
     assert CLEANING_VERB.match(method.name) and method.args.kwonlyargs[0].arg == "force"
+
+
+OPTIONS_ENTRY_POINTS = {
+    "sinks/sink.py": {"CompactedStateSink.__init__"},
+    "sinks/reading/arrow_state.py": {"read_state", "read_state_batches"},
+    "sinks/reading/lookup.py": {"lookup"},
+    "sinks/reading/replay.py": {"replay", "RestoreSource.of_log"},
+}
+"""The public functions that take ``storage_options`` (docs/api.md, the spec): each builds
+the `LogLocation` it hands down."""
+
+OPTIONS_MODULES = {
+    "sinks/log/location.py": "builds a `LogLocation` (``LogLocation.at``)",
+    "sinks/log/store_options.py": "adds delta-rs's commit safety to the options",
+    "sinks/log/s3a_options.py": "resolves the options from the Spark session's fs.s3a.*",
+    "sinks/log/filesystems.py": "turns the options into a pyarrow file system",
+    "checkpoints": "the bottom layer, below `LogLocation`: the sink builds its checkpoint "
+    "tables from its location's URI and options",
+}
+"""Modules (or packages) whose functions take ``storage_options``, and why."""
+
+
+def functions_taking_options() -> list[str]:
+    """``path: Class.function`` of every library function with a ``storage_options``
+    parameter outside `OPTIONS_ENTRY_POINTS` and `OPTIONS_MODULES`."""
+    found = []
+    for path in library_modules():
+        relative = path.relative_to(ROOT).as_posix()
+        if any(relative == m or relative.startswith(m + "/") for m in OPTIONS_MODULES):
+            continue
+        allowed = OPTIONS_ENTRY_POINTS.get(relative, set())
+        for name, function in qualified_functions(ast.parse(path.read_text(), filename=relative)):
+            arguments = function.args
+            names = [a.arg for a in arguments.posonlyargs + arguments.args + arguments.kwonlyargs]
+            if "storage_options" in names and name not in allowed:
+                found.append(f"{relative}: {name}")
+    return found
+
+
+def qualified_functions(
+    tree: ast.Module,
+) -> list[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
+    """Every function of ``tree`` with its dotted name (``Class.method``, ``f.inner``)."""
+    found: list[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]] = []
+    pending: list[tuple[str, ast.AST]] = [("", tree)]
+    while pending:
+        prefix, node = pending.pop()
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                name = f"{prefix}{child.name}"
+                if not isinstance(child, ast.ClassDef):
+                    found.append((name, child))
+                pending.append((f"{name}.", child))
+            else:
+                pending.append((prefix, child))
+    return found
+
+
+def test_storage_options_only_where_a_location_is_built():
+    assert functions_taking_options() == []
+
+
+def test_every_options_entry_point_still_takes_them():
+    for relative, names in OPTIONS_ENTRY_POINTS.items():
+        path = ROOT / relative
+        taking = {
+            name
+            for name, f in qualified_functions(ast.parse(path.read_text(), filename=relative))
+            if "storage_options" in [a.arg for a in f.args.args + f.args.kwonlyargs]
+        }
+        assert names <= taking, f"{relative}: {sorted(names - taking)} take no storage_options"
+    for module in OPTIONS_MODULES:
+        assert (ROOT / module).exists() or (ROOT / f"{module}.py").exists(), module
+    source = "class C:\n    def m(self, storage_options=None):\n        def f(): pass\n"
+    assert [n for n, _ in qualified_functions(ast.parse(source))] == ["C.m", "C.m.f"]

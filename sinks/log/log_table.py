@@ -80,16 +80,11 @@ REBASE_ATTEMPTS = 16
 
 
 class LogTable:
-    """A log's Delta table at ``uri``: snapshots, reads into Spark, and commits."""
+    """A log's Delta table at ``location`` (a URI alone: no storage options): snapshots,
+    reads into Spark, and commits."""
 
-    def __init__(
-        self,
-        uri: str,
-        storage_options: Mapping[str, str] | None = None,
-        *,
-        committer: LogCommitter = DELTA_RS,
-    ) -> None:
-        self.location = LogLocation(uri, dict(storage_options or {}))
+    def __init__(self, location: LogLocation | str, *, committer: LogCommitter = DELTA_RS) -> None:
+        self.location = LogLocation.of(location)
         self.guard = CommitGuard(self.location)
         self.committer = committer  # the engine its commits go through (design.md §36)
         self.latest = SnapshotCache()  # the latest snapshot, until the next commit (§46)
@@ -100,6 +95,8 @@ class LogTable:
 
     @property
     def storage_options(self) -> Mapping[str, str]:
+        """``location``'s options, for the cleaner's tasks that still carry them beside the
+        URI (`RecopyTask`); everything else hands ``location`` down whole (design.md §70)."""
         return self.location.storage_options
 
     def snapshot(
@@ -273,6 +270,8 @@ class LogSnapshot:
 
     @property
     def storage_options(self) -> Mapping[str, str]:
+        """``location``'s options, for the cleaner's tasks that still carry them beside the
+        URI (`RecopyTask`); everything else hands ``location`` down whole (design.md §70)."""
         return self.location.storage_options
 
     def table_to_change(self) -> DeltaTable:

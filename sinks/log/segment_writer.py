@@ -25,7 +25,6 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake.transaction import AddAction
 
-from sinks.log.filesystems import arrow_filesystem
 from sinks.log.key_filter import (
     KEY_FILTER_OFF_ENV,
     key_filter_options,
@@ -104,7 +103,7 @@ def _nullable_type(data_type: pa.DataType) -> pa.DataType:
 def write_segments(
     df: DataFrame,
     *,
-    log: LogLocation,
+    location: LogLocation,
     schema: pa.Schema,
     stats_columns: Sequence[str],
     max_file_bytes: int,
@@ -112,7 +111,7 @@ def write_segments(
     compression: str = "zstd",
 ) -> list[WrittenSegment]:
     """Write ``df`` (already partitioned so each task holds whole partitions) as segments
-    of ``log``.
+    of the log at ``location``.
 
     Each task sorts its rows by (partition, group, offset) and writes one file per
     partition and group, or more when a file passes ``max_file_bytes``. ``schema``
@@ -121,12 +120,12 @@ def write_segments(
     """
     order = ["partition", *([group_column] if group_column else []), "offset"]
     task = SegmentWriterTask(
-        table_uri=log.uri,
+        table_uri=location.uri,
         schema=schema,
         stats_columns=tuple(stats_columns),
         max_file_bytes=max_file_bytes,
         group_column=group_column,
-        storage_options=dict(log.storage_options),
+        storage_options=dict(location.storage_options),
         compression=compression,
     )
     rows = df.sortWithinPartitions(*order).mapInArrow(task, WRITTEN_SEGMENT_DDL).collect()
@@ -135,18 +134,26 @@ def write_segments(
 
 @dataclass(frozen=True)
 class SegmentWriterTask:
-    """The picklable function each Spark task runs (``mapInArrow``)."""
+    """The picklable function each Spark task runs (``mapInArrow``).
+
+    ``table_uri`` and ``storage_options`` are the log's `location`, kept apart only because
+    the cleaner's `RecopyTask` builds this task from its own two fields (design.md §70)."""
 
     table_uri: str
     schema: pa.Schema
     stats_columns: tuple[str, ...]
     max_file_bytes: int
     group_column: str | None
-    storage_options: dict[str, str]
+    storage_options: Mapping[str, str]
     key_columns: tuple[str, ...] = ()
     """The columns each row group carries a key filter on (`sinks.log.key_filter`)."""
     compression: str = "zstd"
     """The Parquet codec, as pyarrow names it (`CleanerConfig.parquet_codec`)."""
+
+    @property
+    def location(self) -> LogLocation:
+        """Where the log the files are written for lives."""
+        return LogLocation(self.table_uri, self.storage_options)
 
     @cached_property
     def file_schema(self) -> pa.Schema:
@@ -160,7 +167,7 @@ class SegmentWriterTask:
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         freeze_imports()
-        fs, root = arrow_filesystem(self.table_uri, self.storage_options)
+        fs, root = self.location.filesystem()
         written: list[dict[str, Any]] = []
         current: _OpenSegment | None = None
         for batch in batches:

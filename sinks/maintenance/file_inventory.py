@@ -27,7 +27,6 @@ from urllib.parse import unquote
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from sinks.log.filesystems import arrow_filesystem
 from sinks.log.history_window import DeltaLogListing, list_delta_log
 from sinks.log.log_format import DELTA_LOG_DIR
 from sinks.log.log_table import LogSnapshot, LogTable
@@ -100,7 +99,7 @@ def take_inventory(log: LogTable, snapshot: LogSnapshot) -> FileInventory:
 
 def list_data_files(log: LogTable) -> list[FileOnDisk]:
     """Every Parquet file under the table root outside ``_``- and ``.``-prefixed directories."""
-    fs, root = arrow_filesystem(log.uri, log.storage_options)
+    fs, root = log.location.filesystem()
     infos = fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
     found = []
     for info in infos:
@@ -120,7 +119,7 @@ def read_tombstones(log: LogTable, version: int) -> dict[str, Tombstone]:
 
     Cost: one checkpoint and at most ``delta.checkpointInterval`` commits.
     """
-    fs, root = arrow_filesystem(log.uri, log.storage_options)
+    fs, root = log.location.filesystem()
     base = _last_checkpoint(fs, root, version)
     tombstones: dict[str, Tombstone] = {}
     if base is not None:

@@ -25,7 +25,6 @@ from checkpoints import now_ms as wall_clock_ms
 from checkpoints.cleaner_states import live_claims
 from sinks.crash_points import RECOVERY_AFTER_ORPHAN_DELETED, RECOVERY_BEFORE_MARKER, crash_point
 from sinks.errors import LogCorruptedError
-from sinks.log.filesystems import arrow_filesystem
 from sinks.log.log_format import MARKER_DIR, STAGING_DIR
 from sinks.log.log_table import LogSnapshot, LogTable
 from sinks.log.ownership import foreign_files, is_own_data_path, is_staged_write
@@ -236,7 +235,7 @@ def remove_orphans(
         protected_partitions=protected_partitions,
     )
     not_ours = foreign_files((f.path for f in files), referenced)
-    fs, root = arrow_filesystem(log.uri, log.storage_options)
+    fs, root = log.location.filesystem()
     for path in old:
         try:
             fs.delete_file(f"{root}/{path}")
@@ -255,7 +254,7 @@ def remove_staged_writes(
     Returns (deleted, kept because too young); nothing else in ``_staging`` is touched
     (design.md §26). Idempotent: a directory already gone is skipped.
     """
-    fs, root = arrow_filesystem(log.uri, log.storage_options)
+    fs, root = log.location.filesystem()
     staging = f"{root}/{STAGING_DIR}"
     try:
         entries = fs.get_file_info(pafs.FileSelector(staging, allow_not_found=True))
@@ -356,7 +355,7 @@ def file_offset_problems(log: LogTable, segment: Segment) -> list[str]:
 
     Returns the problems found (a file that cannot be read is one); raises nothing. Read-only.
     """
-    fs, root = arrow_filesystem(log.uri, log.storage_options)
+    fs, root = log.location.filesystem()
     where = f"partition {segment.partition}: {segment.path}"
     try:
         parquet = pq.ParquetFile(f"{root}/{unquote(segment.path)}", filesystem=fs)
@@ -394,7 +393,7 @@ def read_clean_shutdown_marker(log: LogTable) -> int | None:
 
     Read-only; raises nothing.
     """
-    fs, root = arrow_filesystem(log.uri, log.storage_options)
+    fs, root = log.location.filesystem()
     try:
         with fs.open_input_stream(f"{root}/{CLEAN_SHUTDOWN_MARKER}") as stream:
             return int(json.loads(stream.read().decode())["version"])
@@ -407,7 +406,7 @@ def write_clean_shutdown_marker(log: LogTable, version: int) -> None:
 
     Idempotent (the marker is overwritten); storage errors propagate as ``OSError``.
     """
-    fs, root = arrow_filesystem(log.uri, log.storage_options)
+    fs, root = log.location.filesystem()
     fs.create_dir(f"{root}/{MARKER_DIR}", recursive=True)
     body = json.dumps({"version": version, "written_ms": wall_clock_ms()}).encode()
     final = f"{root}/{CLEAN_SHUTDOWN_MARKER}"

@@ -50,7 +50,6 @@ from sinks.errors import (
     ConcurrentCommitError,
     SchemaMismatchError,
 )
-from sinks.log.filesystems import missing_files
 from sinks.log.history_window import table_properties
 from sinks.log.log_keys import LogKeys
 from sinks.log.log_table import (
@@ -307,12 +306,12 @@ class LogAppender:
         first batch's own columns), numbering from ``end_offsets``. Pure."""
         return AppendTask(
             writer=SegmentWriterTask(
-                table_uri=self.log.uri,
+                table_uri=self.log.location.uri,
                 schema=log_arrow_schema(log_schema),
                 stats_columns=tuple(stats_columns(log_schema, self.keys)),
                 max_file_bytes=self.config.segment_bytes,
                 group_column=None,
-                storage_options=self.log.storage_options,
+                storage_options=dict(self.log.location.storage_options),
                 key_columns=self.keys.key_columns,
                 compression=self.config.parquet_codec,
             ),
@@ -492,7 +491,7 @@ class AppendAttempt:
         for _retry in range(APPEND_ATTEMPTS):
             crash_point(APPEND_BEFORE_COMMIT)
             paths = [w.path for w in self.written]
-            gone = missing_files(self.log.uri, paths, self.log.storage_options)
+            gone = self.log.location.missing_files(paths)
             if gone:
                 logger.warning("batch %s: %d file(s) vanished; rewriting", self.batch_id, len(gone))
                 return

@@ -14,7 +14,6 @@ from collections.abc import Mapping, Sequence
 
 import pyarrow.fs as pafs
 
-from sinks.log.filesystems import arrow_filesystem, delete_files
 from sinks.log.log_format import LOG_END_OFFSET_TXN, PARTITIONS_TXN
 from sinks.log.log_table import LogSnapshot, LogTable
 from sinks.log.segment_writer import WrittenSegment
@@ -64,7 +63,7 @@ def discard(log: LogTable, written: Sequence[WrittenSegment], *, new_log: bool =
     directory go too when they are left empty (a bad first batch leaves no trace).
     Idempotent: a file already gone is skipped.
     """
-    delete_files(log.uri, [w.path for w in written], log.storage_options)
+    log.location.delete_files(w.path for w in written)
     if new_log:
         directories = sorted({w.path.rsplit("/", 1)[0] for w in written if "/" in w.path})
         _remove_empty_directories(log, [*directories, ""])
@@ -94,7 +93,7 @@ def overlapping(written: Sequence[WrittenSegment]) -> bool:
 
 def _remove_empty_directories(log: LogTable, directories: Sequence[str]) -> None:
     """Remove each directory (relative to the log; "" is the log's own) that holds nothing."""
-    fs, root = arrow_filesystem(log.uri, log.storage_options)
+    fs, root = log.location.filesystem()
     for relative in directories:
         path = f"{root}/{relative}".rstrip("/")
         try:

@@ -72,7 +72,6 @@ from pyspark.sql import types as T
 
 from sinks.crash_points import APPEND_AFTER_STAGED_WRITE, crash_point
 from sinks.errors import ConfigError
-from sinks.log.filesystems import arrow_filesystem
 from sinks.log.key_filter import spark_key_filter_options
 from sinks.log.log_format import STAGING_DIR
 from sinks.log.records import (
@@ -462,7 +461,7 @@ class _StagedWrite:
 
     def __init__(self, task: AppendTask) -> None:
         self.task = task
-        self.fs, self.root = arrow_filesystem(task.writer.table_uri, task.writer.storage_options)
+        self.fs, self.root = task.writer.location.filesystem()
         self.relative = f"{STAGING_DIR}/{uuid.uuid4().hex}"
         self.directory = f"{self.root}/{self.relative}"
 

@@ -27,6 +27,7 @@ import fastavro
 import pyarrow as pa
 
 from sinks.log.filesystems import arrow_filesystem
+from sinks.log.location import LogLocation
 from sinks.log.log_table import AsOf, LogSnapshot, LogTable
 from sinks.log.records import VALUE
 from sinks.log.segment_writer import nullable_schema
@@ -226,7 +227,7 @@ def verify_restore_arrow(
 
     ``mode`` is the restore's: new-offsets compares only what that mode keeps, and says so.
     """
-    source_log = LogTable(normalize_uri(source), target.storage_options)
+    source_log = LogTable(LogLocation.at(source, target.location.storage_options))
     is_log = source_log.snapshot() is not None
     if is_log:
         image = log_image(source_log, as_of)

@@ -40,11 +40,11 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sinks.log.location import LogLocation
 from sinks.log.log_keys import LogKeys, log_keys
 from sinks.log.log_table import AsOf, LogSnapshot, LogTable
 from sinks.log.ownership import check_new_log_location
 from sinks.log.records import DELETE_HORIZON_MS, METADATA_COLUMNS, OFFSET, PARTITION, VALUE
-from sinks.log.uris import normalize_uri
 from sinks.reading.segment_reader import (
     SegmentReader,
     SegmentRowGroup,
@@ -87,7 +87,7 @@ def read_state_batches(
     a time as the reader is consumed. A segment deleted meanwhile (outside the
     history window) fails the read with ``FileNotFoundError``.
     """
-    log = LogTable(normalize_uri(path), storage_options)
+    log = LogTable(LogLocation.at(path, storage_options))
     snapshot = log.snapshot(as_of)
     if snapshot is None:
         check_new_log_location(log.location, read_only=True)  # someone else's files

@@ -42,12 +42,12 @@ from sinks.log.key_filter import (
     key_hashes,
     parse_filter_header,
 )
+from sinks.log.location import LogLocation
 from sinks.log.log_keys import LogKeys, log_keys
 from sinks.log.log_table import AsOf, LogSnapshot, LogTable
 from sinks.log.ownership import check_new_log_location
 from sinks.log.records import OFFSET, PARTITION, TIMESTAMP, VALUE, at_or_above
 from sinks.log.segment import DataFile
-from sinks.log.uris import normalize_uri
 from sinks.reading.arrow_state import state_schema
 from sinks.reading.lookup_files import LOOKUP_FILES, FileFacts, footer_weight
 from sinks.reading.parquet_pages import PageReader, leaf_index
@@ -96,7 +96,7 @@ def lookup(
     (what it read of the files is kept in the process's `LOOKUP_FILES`), no Spark;
     idempotent.
     """
-    log = LogTable(normalize_uri(path), storage_options)
+    log = LogTable(LogLocation.at(path, storage_options))
     snapshot = log.snapshot(as_of)
     if snapshot is None:
         check_new_log_location(log.location, read_only=True)  # someone else's files

@@ -83,7 +83,7 @@ def partition_state(
     columns = (*keys.key_columns, VALUE)
     recopy = RecopyTask(
         table_uri=normalize_uri(log_table.uri),
-        storage_options=dict(log_table.storage_options or {}),
+        storage_options=dict(log_table.location.storage_options),
         schema=snapshot.arrow_schema,
         key_columns=keys.key_columns,
         sequence_column=keys.sequence_column,

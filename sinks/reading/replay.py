@@ -118,7 +118,7 @@ class RestoreSource:
         storage_options: Mapping[str, str] | None = None,
     ) -> RestoreSource:
         """Another log at ``as_of`` (default now): its latest records, config and offsets."""
-        log = LogTable(normalize_uri(path), storage_options)
+        log = LogTable(LogLocation.at(path, storage_options))
         snapshot = log.snapshot(as_of)
         if snapshot is None:
             raise ReplayError(f"no compacted log at {path}")
@@ -190,10 +190,13 @@ def replay(
         raise ConfigError(f"restore mode must be {EXACT!r} or {NEW_OFFSETS!r}, got {mode!r}")
     say = progress or (lambda _line: None)
     started = time.monotonic()
-    path = normalize_uri(target if isinstance(target, str) else target.path)
-    if not isinstance(target, str):
-        storage_options = storage_options or getattr(target.log_table, "storage_options", None)
-    log = LogTable(path, storage_options)
+    own = None if isinstance(target, str) else getattr(target.log_table, "location", None)
+    if own is not None and not storage_options:  # a sink given no options lends its own
+        storage_options = own.storage_options
+    log = LogTable(
+        LogLocation.at(target if isinstance(target, str) else target.path, storage_options)
+    )
+    path = log.uri
     if mode == EXACT and not source.faithful:
         raise ReplayError(
             f"{source.name} was written by an older export that kept only the key columns and "
@@ -303,12 +306,12 @@ def _write_exact(log: LogTable, snapshot: LogSnapshot, source: RestoreSource, ba
     limits = log_config(snapshot).config  # the carried topic config (design.md §69's codec)
     task = AppendTask(
         writer=SegmentWriterTask(
-            table_uri=log.uri,
+            table_uri=log.location.uri,
             schema=log_arrow_schema(schema),
             stats_columns=tuple(stats_columns(schema, config.keys)),
             max_file_bytes=limits.segment_bytes,
             group_column=None,
-            storage_options=log.storage_options,
+            storage_options=dict(log.location.storage_options),
             key_columns=config.keys.key_columns,
             compression=limits.parquet_codec,
         ),

@@ -76,7 +76,7 @@ def write_on_executor(uri: str, options: dict[str, str], rows: pa.Table) -> list
 def test_concurrent_commits_of_one_version_conflict_on_s3(s3_options):
     uri = f"s3://{BUCKET}/conflict"
     options = delta_storage_options(uri, s3_options)
-    LogTable(uri, options).create(SCHEMA)
+    LogTable(LogLocation(uri, options)).create(SCHEMA)
     first, second = (
         DeltaTable(uri, storage_options=options),
         DeltaTable(uri, storage_options=options),
@@ -92,7 +92,7 @@ def test_concurrent_commits_of_one_version_conflict_on_s3(s3_options):
 def test_segments_written_and_read_through_pyarrow_round_trip_on_s3(s3_options):
     uri = f"s3a://{BUCKET}/users"  # Spark's spelling: the same table as s3://
     options = delta_storage_options(uri, s3_options)
-    log = LogTable(uri, options)
+    log = LogTable(LogLocation(uri, options))
     snapshot = log.create(SCHEMA)
     rows = pa.concat_tables([segment_rows(0, 0, ["a", "b", "c"]), segment_rows(1, 0, ["d", "e"])])
     written = write_on_executor(uri, options, rows)
@@ -102,7 +102,7 @@ def test_segments_written_and_read_through_pyarrow_round_trip_on_s3(s3_options):
     ]
     snapshot.commit(adds=written, data_change=True, transactions={"w": 0}, info={"t": 1})
 
-    snapshot = LogTable(f"s3://{BUCKET}/users", options).snapshot()
+    snapshot = LogTable(LogLocation(f"s3://{BUCKET}/users", options)).snapshot()
     assert snapshot is not None and snapshot.version == 1
     assert {s.path for s in snapshot.all_segments()} == {w.path for w in written}
     assert snapshot.segments[0][0].last_offset == 2  # statistics survived the trip

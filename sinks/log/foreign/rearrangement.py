@@ -27,7 +27,6 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from sinks.errors import ConcurrentCommitError
-from sinks.log.filesystems import delete_files
 from sinks.log.log_keys import LogKeys
 from sinks.log.log_table import LogSnapshot, LogTable
 from sinks.log.records import OFFSET, PARTITION
@@ -87,7 +86,7 @@ def absorb(
     records = records.withColumn(_GAP, gap_index(snapshot))
     written = write_segments(
         records.repartition(PARTITION, _GAP),
-        log=log.location,
+        location=log.location,
         schema=snapshot.arrow_schema,
         stats_columns=stats_columns,
         max_file_bytes=segment_bytes,
@@ -115,7 +114,7 @@ def absorb(
             },
         )
     except ConcurrentCommitError:
-        delete_files(log.uri, [w.path for w in written], log.storage_options)
+        log.location.delete_files(w.path for w in written)
         raise
     after = log.snapshot()
     return AbsorbReport(**{**report.__dict__, "version": after.version if after else None})
