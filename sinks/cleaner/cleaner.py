@@ -57,7 +57,6 @@ from sinks.errors import (
     LogCleaningAbortedError,
     TableFeatureError,
 )
-from sinks.log.filesystems import delete_files
 from sinks.log.foreign.rearrangement import absorb
 from sinks.log.location import LogLocation
 from sinks.log.log_format import CLEANER_OFFSET_TXN
@@ -345,7 +344,7 @@ class Cleaner:
                     )
                 except ConcurrentCommitError:
                     # Nothing was committed: the files this attempt wrote are garbage now.
-                    delete_files(self.log.uri, [w.path for w in written], self.log.storage_options)
+                    self.log.location.delete_files([w.path for w in written])
                     raise
                 duration = int((time.monotonic() - started) * 1000)
                 # The planned-from snapshot stays a value; the version after the pass comes
@@ -423,7 +422,7 @@ class Cleaner:
         slots = min(default_parallelism(spark), cleaning.budget.max_tasks or LONG_MAX)
         task = RecopyTask(
             table_uri=normalize_uri(snapshot.uri),
-            storage_options=dict(snapshot.storage_options),
+            storage_options=dict(snapshot.location.storage_options),
             schema=snapshot.arrow_schema,
             key_columns=self.keys.key_columns,
             sequence_column=self.keys.sequence_column,

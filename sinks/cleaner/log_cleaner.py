@@ -134,7 +134,7 @@ class LogCleaner:
         )
         self.segment_deleter = SegmentDeleter(
             log.location,
-            LogLocation(checkpoints.uri, log.storage_options),
+            LogLocation(checkpoints.uri, log.location.storage_options),
             window_ms=config.file_delete_delay_ms,
             check_interval_ms=config.log_retention_check_interval_ms,
             committer=log.committer,

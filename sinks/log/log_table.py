@@ -93,12 +93,6 @@ class LogTable:
     def uri(self) -> str:
         return self.location.uri
 
-    @property
-    def storage_options(self) -> Mapping[str, str]:
-        """``location``'s options, for the cleaner's tasks that still carry them beside the
-        URI (`RecopyTask`); everything else hands ``location`` down whole (design.md §70)."""
-        return self.location.storage_options
-
     def snapshot(
         self, as_of: AsOf | None = None, *, verify: bool = True, repair: bool = False
     ) -> LogSnapshot | None:
@@ -267,12 +261,6 @@ class LogSnapshot:
         self.verified = False  # every commit up to this version checked for foreign changes
         self.seen_through = seen_through  # files as an undo of stale rewrites leaves them
         self._transactions: dict[str, int | None] = {}
-
-    @property
-    def storage_options(self) -> Mapping[str, str]:
-        """``location``'s options, for the cleaner's tasks that still carry them beside the
-        URI (`RecopyTask`); everything else hands ``location`` down whole (design.md §70)."""
-        return self.location.storage_options
 
     def table_to_change(self) -> DeltaTable:
         """A Delta table of this version of its own, for a committer call that moves the table
