@@ -47,9 +47,9 @@ from pyspark.sql import types as T
 
 from bench.measure import load_average, machine_description
 from sinks import CleanerConfig, lookup, read_state_batches
-from sinks.config import topic_table_properties
 from sinks.log.history_window import table_properties
 from sinks.log.key_filter import spark_key_filter_options
+from sinks.log.log_config import topic_table_properties
 from sinks.log.log_format import CLEANER_OFFSET_TXN, LOG_END_OFFSET_TXN, PARTITIONS_TXN
 from sinks.log.log_keys import LogKeys
 from sinks.log.log_table import LogTable, log_arrow_schema

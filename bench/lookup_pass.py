@@ -36,9 +36,9 @@ import pyarrow.parquet as pq
 from bench.lookup import KEYS, PARTITIONS, SCHEMA, key_names, write, writer, writer_rounds
 from bench.measure import load_average, machine_description
 from sinks import CleanerConfig, CompactedStateSink
-from sinks.config import topic_table_properties
 from sinks.log.history_window import table_properties
 from sinks.log.key_filter import KEY_FILTER_OFF_ENV, spark_key_filter_options
+from sinks.log.log_config import topic_table_properties
 from sinks.log.log_format import LOG_END_OFFSET_TXN, PARTITIONS_TXN
 from sinks.log.log_table import LogTable, log_arrow_schema
 

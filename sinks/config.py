@@ -6,10 +6,12 @@ the dotted names (as a job's TOML or a topic's config would carry them) and
 every error names the offending key.
 
 The topic-level settings (`TOPIC_PROPERTIES`: Kafka's topic configs) live on the log
-itself, as Delta table properties (`LogConfig`, ``compacted.sink.topic.<name>``); the
+itself, as Delta table properties (`sinks.log.log_config.LogConfig`,
+``compacted.sink.topic.<name>``); the
 others (``log.cleaner.*``, ``log.retention.check.interval.ms``) are the process's, as a
 broker's are. A config remembers which settings its maker named (`CleanerConfig.explicit`),
-so that a process's explicit choice can be told from a default (`resolve`).
+so that a process's explicit choice can be told from a default
+(`sinks.log.log_config.resolve`).
 """
 
 from __future__ import annotations
@@ -141,8 +143,6 @@ MEANINGS_HERE = {
 }
 """Kafka's names that mean something else here: what each means here, for errors and docs."""
 
-ConfigSource = Literal["log", "override", "default"]
-
 
 @dataclass(frozen=True, kw_only=True)
 class CleanerConfig:
@@ -245,7 +245,7 @@ class CleanerConfig:
             LOG_RETENTION_CHECK_INTERVAL_MS,
             LOG_CLEANER_BACKOFF_MS,
         ):
-            _check_int(name, getattr(self, _FIELD_OF[name]), minimum=0)
+            _check_int(name, getattr(self, FIELD_OF[name]), minimum=0)
         try:
             _check_int(SEGMENT_BYTES, self.segment_bytes, minimum=1)
         except ConfigError as e:
@@ -261,7 +261,7 @@ class CleanerConfig:
         if self.log_cleaner_nice > 19:
             raise ConfigError(f"{LOG_CLEANER_NICE} must be in [0, 19], got {self.log_cleaner_nice}")
         for name in (RETENTION_MS, RETENTION_BYTES):
-            _check_int(name, getattr(self, _FIELD_OF[name]), minimum=-1)
+            _check_int(name, getattr(self, FIELD_OF[name]), minimum=-1)
         if self.max_compaction_lag_ms < self.min_compaction_lag_ms:
             raise ConfigError(
                 f"{MAX_COMPACTION_LAG_MS} ({self.max_compaction_lag_ms}) must not be below "
@@ -304,7 +304,7 @@ class CleanerConfig:
     def explicit(self) -> frozenset[str]:
         """The settings (Kafka's dotted names) this config was built with, not left to defaults."""
         named = self.__dict__.get("_explicit", frozenset())
-        return frozenset(key for key, field in _FIELD_OF.items() if field in named)
+        return frozenset(key for key, field in FIELD_OF.items() if field in named)
 
     def with_settings(self, **changes: Any) -> CleanerConfig:
         """This config with ``changes`` (snake_case fields); what was explicit stays explicit."""
@@ -314,7 +314,7 @@ class CleanerConfig:
 
     def topic_properties(self) -> dict[str, str]:
         """The topic-level settings (`TOPIC_PROPERTIES`) as Kafka's dotted names and text."""
-        return {key: _text(getattr(self, _FIELD_OF[key])) for key in TOPIC_PROPERTIES}
+        return {key: property_text(getattr(self, FIELD_OF[key])) for key in TOPIC_PROPERTIES}
 
     @classmethod
     def from_properties(cls, properties: Mapping[str, Any] | str) -> CleanerConfig:
@@ -335,12 +335,12 @@ class CleanerConfig:
         kwargs: dict[str, Any] = {}
         not_applying = []
         for key, raw in properties.items():
-            field = _FIELD_OF.get(key) or _ALIASES.get(key)
+            field = FIELD_OF.get(key) or _ALIASES.get(key)
             if field is None and key in KAFKA_TOPIC_CONFIGS_NOT_APPLYING:
                 not_applying.append(key)
                 continue
             if field is None:
-                known = ", ".join(sorted([*_FIELD_OF, *_ALIASES]))
+                known = ", ".join(sorted([*FIELD_OF, *_ALIASES]))
                 raise ConfigError(
                     f"unknown cleaner property {key!r}; known: {known} (and Kafka's topic "
                     "configs that do not apply to a log on Delta, accepted and ignored: "
@@ -364,7 +364,7 @@ class CleanerConfig:
 
     def to_properties(self) -> dict[str, str]:
         """The config as Kafka's dotted names with string values (inverse of `from_properties`)."""
-        return {key: _text(getattr(self, field)) for key, field in _FIELD_OF.items()}
+        return {key: property_text(getattr(self, field)) for key, field in FIELD_OF.items()}
 
 
 PARQUET_CODECS = {
@@ -377,7 +377,7 @@ PARQUET_CODECS = {
 }
 """pyarrow's name of each ``compression.type``'s Parquet codec."""
 
-_FIELD_OF = {
+FIELD_OF = {
     CLEANUP_POLICY: "cleanup_policy",
     MIN_CLEANABLE_DIRTY_RATIO: "min_cleanable_dirty_ratio",
     DELETE_RETENTION_MS: "delete_retention_ms",
@@ -398,6 +398,7 @@ _FIELD_OF = {
     LOG_CLEANER_BACKOFF_MS: "backoff_ms",
     LOG_CLEANER_DEDUPE_BUFFER_SIZE: "dedupe_buffer_size",
 }
+"""The `CleanerConfig` field each dotted name sets."""
 # Other names for the same field: the history window under its Delta table property name,
 # the largest value under Kafka's topic-level name.
 _ALIASES = {
@@ -405,7 +406,7 @@ _ALIASES = {
     MAX_MESSAGE_BYTES: "message_max_bytes",
 }
 _TYPE_OF = {f.name: f.type for f in fields(CleanerConfig)}
-PROPERTY_NAMES = frozenset([*_FIELD_OF, *_ALIASES])
+PROPERTY_NAMES = frozenset([*FIELD_OF, *_ALIASES])
 """Every dotted name `CleanerConfig.from_properties` accepts."""
 
 
@@ -464,7 +465,7 @@ def parse_kafka_describe(text: str) -> dict[str, str]:
     return settings
 
 
-def _text(value: Any) -> str:
+def property_text(value: Any) -> str:
     """A setting's value as a properties file holds it (booleans as Kafka's ``true``/``false``)."""
     return str(value).lower() if isinstance(value, bool) else str(value)
 
@@ -530,162 +531,3 @@ def parse_interval_ms(text: str, *, key: str = DELETED_FILE_RETENTION_DURATION) 
             f"(units: {', '.join(_UNITS_MS)}), got {text!r}"
         )
     return int(match.group(1)) * _UNITS_MS[unit]
-
-
-# -- the topic's config, stored on the log (Kafka's LogConfig) ----------------------------------
-
-
-@dataclass(frozen=True)
-class LogConfig:
-    """The topic-level settings a log stores (Kafka's ``LogConfig`` overrides of a topic).
-
-    ``properties`` maps Kafka's dotted names to the text the log holds; a setting the log
-    does not hold is absent. ``recorded`` is False for a log created before topic configs
-    were stored (it holds no ``compacted.sink.topic.*`` property): defaults apply there,
-    or what the process passes. A deleted setting is held as an empty value (delta-rs
-    cannot remove a table property) and reads as absent.
-    """
-
-    properties: Mapping[str, str]
-    recorded: bool = True
-
-    @classmethod
-    def from_table_properties(cls, configuration: Mapping[str, str | None]) -> LogConfig:
-        """The config in a log's Delta table properties. Raises `ConfigError` naming the
-        property when a stored value is invalid; an unknown ``compacted.sink.topic.*`` key
-        is ignored with a warning."""
-        stored: dict[str, str] = {}
-        recorded = False
-        for name, value in configuration.items():
-            if not name.startswith(TOPIC_CONFIG_PREFIX):
-                continue
-            recorded = True
-            key = name.removeprefix(TOPIC_CONFIG_PREFIX)
-            if key not in TOPIC_PROPERTIES or key == FILE_DELETE_DELAY_MS:
-                # A newer version's setting, or a hand-made typo: never a reason to stop.
-                logger.warning("table property %s is not a topic config here; ignored", name)
-                continue
-            if value:
-                stored[key] = value
-        window = configuration.get(DELETED_FILE_RETENTION_DURATION)
-        if window:
-            stored[FILE_DELETE_DELAY_MS] = window
-        try:
-            parsed = CleanerConfig.from_properties(_as_properties(stored))
-        except ConfigError as e:
-            raise ConfigError(f"the log's stored config ({TOPIC_CONFIG_PREFIX}*): {e}") from None
-        return cls({key: _text(getattr(parsed, _FIELD_OF[key])) for key in stored}, recorded)
-
-    @property
-    def config(self) -> CleanerConfig:
-        """The log's settings; defaults for what it does not hold."""
-        return CleanerConfig.from_properties(self.properties)
-
-
-def topic_table_properties(config: CleanerConfig) -> dict[str, str]:
-    """The Delta table properties a new log stores ``config``'s topic-level settings in
-    (``file.delete.delay.ms`` goes in as Delta's window, `sinks.log.history_window`)."""
-    return {
-        TOPIC_CONFIG_PREFIX + key: value
-        for key, value in config.topic_properties().items()
-        if key != FILE_DELETE_DELAY_MS
-    }
-
-
-@dataclass(frozen=True)
-class ResolvedConfig:
-    """The settings a process applies to one log, and where each topic-level one comes from.
-
-    ``sources``: per topic-level setting, ``"log"`` (the log holds it), ``"override"``
-    (this process set it explicitly, to another value than the log's, or on a log that
-    holds none) or ``"default"``. ``overrides``: (setting, the log's value, this
-    process's) for every explicit setting that differs from what the log holds.
-    """
-
-    config: CleanerConfig
-    sources: Mapping[str, ConfigSource]
-    overrides: tuple[tuple[str, str, str], ...] = ()
-    recorded: bool = True
-
-    def override_line(self, log_path: str) -> str | None:
-        """The one line that says this process overrides the log's config; None when not."""
-        if not self.overrides:
-            return None
-        changes = ", ".join(f"{key} {theirs} -> {mine}" for key, theirs, mine in self.overrides)
-        return (
-            f"log {log_path}: this process overrides the log's config ({changes}); the log's "
-            f"values stay for every other process (compacted-sink configs --path {log_path} "
-            "--alter changes them)"
-        )
-
-    def describe(self) -> list[tuple[str, str, ConfigSource]]:
-        """(setting, value, source) for every topic-level setting, in `TOPIC_PROPERTIES` order."""
-        values = self.config.topic_properties()
-        return [(key, values[key], self.sources[key]) for key in TOPIC_PROPERTIES]
-
-
-def resolve(log: LogConfig | None, process: CleanerConfig, *, log_path: str) -> ResolvedConfig:
-    """The settings ``process`` applies to a log that stores ``log`` (None: no log yet).
-
-    Kafka's rule: a topic's own config beats the broker's defaults, and an explicit
-    override beats the topic's. Here the log's stored settings beat this process's
-    defaults; a setting the process named (`CleanerConfig.explicit`) beats the log's,
-    and `ResolvedConfig.override_line` says so. Process settings (``log.cleaner.*``)
-    are always the process's own.
-
-    One exception: a process may never shorten the log's ``delete.retention.ms``. A
-    shorter delete horizon loses data where no one looks: a consumer that lags between
-    the two values misses the delete and keeps the key forever, and nothing in the log
-    shows it. So it is refused with `ConfigError`, naming both values and the command
-    that changes the log's config for every process, instead of being kept quietly (the
-    process's settings would then lie about what it does) or applied with a warning
-    that a scheduled job's logs bury. Every other override is reversible or visible in
-    the log itself (retention removes records from every reader at once) and is applied.
-    """
-    if log is None:
-        sources = {k: "override" if k in process.explicit else "default" for k in TOPIC_PROPERTIES}
-        return ResolvedConfig(process, sources)  # type: ignore[arg-type]
-    stored = log.config
-    values = {f.name: getattr(process, f.name) for f in fields(CleanerConfig)}
-    sources: dict[str, ConfigSource] = {}
-    overrides = []
-    for key in TOPIC_PROPERTIES:
-        field = _FIELD_OF[key]
-        held = key in log.properties
-        mine, theirs = getattr(process, field), getattr(stored, field)
-        if key in process.explicit:
-            values[field] = mine
-            sources[key] = "log" if held and mine == theirs else "override"
-            if (held or log.recorded) and mine != theirs:  # what every other process applies
-                overrides.append((key, _text(theirs), _text(mine)))
-        elif held:
-            values[field] = theirs
-            sources[key] = "log"
-        else:
-            sources[key] = "default"
-    shorter = next((o for o in overrides if o[0] == DELETE_RETENTION_MS), None)
-    if shorter is not None and int(shorter[2]) < int(shorter[1]):
-        _, theirs, mine = shorter
-        raise ConfigError(
-            f"log {log_path}: this process sets {DELETE_RETENTION_MS}={mine} "
-            f"({_human_ms(int(mine))}), shorter than the log's {theirs} ({_human_ms(int(theirs))}):"
-            f" a consumer lagging between the two would miss deletes. Leave "
-            f"{DELETE_RETENTION_MS} out of this process's settings to use the log's, or change "
-            f"the log's for every process: compacted-sink configs --path {log_path} --alter "
-            f"--add-config {DELETE_RETENTION_MS}={mine}"
-        )
-    config = CleanerConfig(**values)
-    object.__setattr__(config, "_explicit", process.__dict__.get("_explicit", frozenset()))
-    return ResolvedConfig(config, sources, tuple(overrides), log.recorded)
-
-
-def _as_properties(stored: Mapping[str, str]) -> dict[str, str]:
-    # The window is held in Delta's interval text under Delta's name.
-    return {
-        (DELETED_FILE_RETENTION_DURATION if key == FILE_DELETE_DELAY_MS else key): value
-        for key, value in stored.items()
-    }
-
-
-def _human_ms(ms: int) -> str:
-    return format_interval(ms).removeprefix("interval ")

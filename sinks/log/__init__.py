@@ -19,7 +19,7 @@ from sinks.log.history_window import (
     window_of,
 )
 from sinks.log.location import LogLocation
-from sinks.log.log_config import alter_log_config
+from sinks.log.log_config import LogConfig, alter_log_config, resolve, topic_table_properties
 from sinks.log.log_format import COMMIT_INFO_KEY, DELTA_LOG_DIR
 from sinks.log.log_keys import LogKeys, log_keys
 from sinks.log.log_table import LogSnapshot, LogTable, log_arrow_schema, now_ms
@@ -53,6 +53,9 @@ __all__ = [
     "Segment",
     "WrittenSegment",
     "alter_log_config",
+    "LogConfig",
+    "resolve",
+    "topic_table_properties",
     "arrow_filesystem",
     "check_log_location",
     "check_new_log_location",

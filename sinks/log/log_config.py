@@ -10,7 +10,9 @@ lets tools that carry ``compacted.sink.*`` (export, replay) carry them too. The 
 window (``file.delete.delay.ms``) is stored once, as Delta's
 ``delta.deletedFileRetentionDuration``, which other engines' VACUUM obeys.
 
-`opened_log_config` is what every process applies (`sinks.config.resolve`);
+`LogConfig` is what a log holds, `resolve` what a process applies of it beside its own
+settings (Kafka's rule: the topic's config beats the broker's defaults, an explicit
+override beats the topic's); `opened_log_config` is that, for a log a process opens;
 `alter_log_config` changes what the log holds in one Delta commit, validated before
 anything is written (design.md §29).
 """
@@ -19,19 +21,21 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Literal
 
 from sinks.config import (
+    DELETE_RETENTION_MS,
     DELETED_FILE_RETENTION_DURATION,
+    FIELD_OF,
     FILE_DELETE_DELAY_MS,
     KAFKA_TOPIC_CONFIGS_NOT_APPLYING,
     PROPERTY_NAMES,
     TOPIC_CONFIG_PREFIX,
     TOPIC_PROPERTIES,
     CleanerConfig,
-    LogConfig,
-    ResolvedConfig,
-    resolve,
+    format_interval,
+    property_text,
     topic_key,
 )
 from sinks.errors import ConfigError, NotACompactedLogError
@@ -47,13 +51,172 @@ ALTER_OPERATION = "alter topic config"
 """The ``operation`` in an alter commit's ``compactedSink`` info (Delta's: SET TBLPROPERTIES)."""
 
 
+ConfigSource = Literal["log", "override", "default"]
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    """The topic-level settings a log stores (Kafka's ``LogConfig`` overrides of a topic).
+
+    ``properties`` maps Kafka's dotted names to the text the log holds; a setting the log
+    does not hold is absent. ``recorded`` is False for a log created before topic configs
+    were stored (it holds no ``compacted.sink.topic.*`` property): defaults apply there,
+    or what the process passes. A deleted setting is held as an empty value (delta-rs
+    cannot remove a table property) and reads as absent.
+    """
+
+    properties: Mapping[str, str]
+    recorded: bool = True
+
+    @classmethod
+    def from_table_properties(cls, configuration: Mapping[str, str | None]) -> LogConfig:
+        """The config in a log's Delta table properties. Raises `ConfigError` naming the
+        property when a stored value is invalid; an unknown ``compacted.sink.topic.*`` key
+        is ignored with a warning."""
+        stored: dict[str, str] = {}
+        recorded = False
+        for name, value in configuration.items():
+            if not name.startswith(TOPIC_CONFIG_PREFIX):
+                continue
+            recorded = True
+            key = name.removeprefix(TOPIC_CONFIG_PREFIX)
+            if key not in TOPIC_PROPERTIES or key == FILE_DELETE_DELAY_MS:
+                # A newer version's setting, or a hand-made typo: never a reason to stop.
+                logger.warning("table property %s is not a topic config here; ignored", name)
+                continue
+            if value:
+                stored[key] = value
+        window = configuration.get(DELETED_FILE_RETENTION_DURATION)
+        if window:
+            stored[FILE_DELETE_DELAY_MS] = window
+        try:
+            parsed = CleanerConfig.from_properties(_as_properties(stored))
+        except ConfigError as e:
+            raise ConfigError(f"the log's stored config ({TOPIC_CONFIG_PREFIX}*): {e}") from None
+        return cls({key: property_text(getattr(parsed, FIELD_OF[key])) for key in stored}, recorded)
+
+    @property
+    def config(self) -> CleanerConfig:
+        """The log's settings; defaults for what it does not hold."""
+        return CleanerConfig.from_properties(self.properties)
+
+
+def topic_table_properties(config: CleanerConfig) -> dict[str, str]:
+    """The Delta table properties a new log stores ``config``'s topic-level settings in
+    (``file.delete.delay.ms`` goes in as Delta's window, `sinks.log.history_window`)."""
+    return {
+        TOPIC_CONFIG_PREFIX + key: value
+        for key, value in config.topic_properties().items()
+        if key != FILE_DELETE_DELAY_MS
+    }
+
+
+@dataclass(frozen=True)
+class ResolvedConfig:
+    """The settings a process applies to one log, and where each topic-level one comes from.
+
+    ``sources``: per topic-level setting, ``"log"`` (the log holds it), ``"override"``
+    (this process set it explicitly, to another value than the log's, or on a log that
+    holds none) or ``"default"``. ``overrides``: (setting, the log's value, this
+    process's) for every explicit setting that differs from what the log holds.
+    """
+
+    config: CleanerConfig
+    sources: Mapping[str, ConfigSource]
+    overrides: tuple[tuple[str, str, str], ...] = ()
+    recorded: bool = True
+
+    def override_line(self, log_path: str) -> str | None:
+        """The one line that says this process overrides the log's config; None when not."""
+        if not self.overrides:
+            return None
+        changes = ", ".join(f"{key} {theirs} -> {mine}" for key, theirs, mine in self.overrides)
+        return (
+            f"log {log_path}: this process overrides the log's config ({changes}); the log's "
+            f"values stay for every other process (compacted-sink configs --path {log_path} "
+            "--alter changes them)"
+        )
+
+    def describe(self) -> list[tuple[str, str, ConfigSource]]:
+        """(setting, value, source) for every topic-level setting, in `TOPIC_PROPERTIES` order."""
+        values = self.config.topic_properties()
+        return [(key, values[key], self.sources[key]) for key in TOPIC_PROPERTIES]
+
+
+def resolve(log: LogConfig | None, process: CleanerConfig, *, log_path: str) -> ResolvedConfig:
+    """The settings ``process`` applies to a log that stores ``log`` (None: no log yet).
+
+    Kafka's rule: a topic's own config beats the broker's defaults, and an explicit
+    override beats the topic's. Here the log's stored settings beat this process's
+    defaults; a setting the process named (`CleanerConfig.explicit`) beats the log's,
+    and `ResolvedConfig.override_line` says so. Process settings (``log.cleaner.*``)
+    are always the process's own.
+
+    One exception: a process may never shorten the log's ``delete.retention.ms``. A
+    shorter delete horizon loses data where no one looks: a consumer that lags between
+    the two values misses the delete and keeps the key forever, and nothing in the log
+    shows it. So it is refused with `ConfigError`, naming both values and the command
+    that changes the log's config for every process, instead of being kept quietly (the
+    process's settings would then lie about what it does) or applied with a warning
+    that a scheduled job's logs bury. Every other override is reversible or visible in
+    the log itself (retention removes records from every reader at once) and is applied.
+    """
+    if log is None:
+        sources = {k: "override" if k in process.explicit else "default" for k in TOPIC_PROPERTIES}
+        return ResolvedConfig(process, sources)  # type: ignore[arg-type]
+    stored = log.config
+    values = {f.name: getattr(process, f.name) for f in fields(CleanerConfig)}
+    sources: dict[str, ConfigSource] = {}
+    overrides = []
+    for key in TOPIC_PROPERTIES:
+        field = FIELD_OF[key]
+        held = key in log.properties
+        mine, theirs = getattr(process, field), getattr(stored, field)
+        if key in process.explicit:
+            values[field] = mine
+            sources[key] = "log" if held and mine == theirs else "override"
+            if (held or log.recorded) and mine != theirs:  # what every other process applies
+                overrides.append((key, property_text(theirs), property_text(mine)))
+        elif held:
+            values[field] = theirs
+            sources[key] = "log"
+        else:
+            sources[key] = "default"
+    shorter = next((o for o in overrides if o[0] == DELETE_RETENTION_MS), None)
+    if shorter is not None and int(shorter[2]) < int(shorter[1]):
+        _, theirs, mine = shorter
+        raise ConfigError(
+            f"log {log_path}: this process sets {DELETE_RETENTION_MS}={mine} "
+            f"({_human_ms(int(mine))}), shorter than the log's {theirs} ({_human_ms(int(theirs))}):"
+            f" a consumer lagging between the two would miss deletes. Leave "
+            f"{DELETE_RETENTION_MS} out of this process's settings to use the log's, or change "
+            f"the log's for every process: compacted-sink configs --path {log_path} --alter "
+            f"--add-config {DELETE_RETENTION_MS}={mine}"
+        )
+    config = CleanerConfig(**values)
+    object.__setattr__(config, "_explicit", process.__dict__.get("_explicit", frozenset()))
+    return ResolvedConfig(config, sources, tuple(overrides), log.recorded)
+
+
+def _as_properties(stored: Mapping[str, str]) -> dict[str, str]:
+    # The window is held in Delta's interval text under Delta's name.
+    return {
+        (DELETED_FILE_RETENTION_DURATION if key == FILE_DELETE_DELAY_MS else key): value
+        for key, value in stored.items()
+    }
+
+
+def _human_ms(ms: int) -> str:
+    return format_interval(ms).removeprefix("interval ")
+
+
 def log_config(snapshot: LogSnapshot) -> LogConfig:
     """The topic config ``snapshot``'s log stores (as of that version). Reads no data file."""
     return LogConfig.from_table_properties(snapshot.table.metadata().configuration)
 
 
 def opened_log_config(log: LogTable, config: CleanerConfig | None) -> ResolvedConfig:
-    """The settings a process opened on ``log`` with ``config`` applies (`sinks.config.resolve`).
+    """The settings a process opened on ``log`` with ``config`` applies (`resolve`).
 
     None takes the log's settings (defaults where it holds none). A process's explicit
     settings that differ from the log's are applied and said in one warning line; a

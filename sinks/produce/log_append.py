@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 from pyspark.sql import types as T
 
-from sinks.config import CleanerConfig, topic_table_properties
+from sinks.config import CleanerConfig
 from sinks.crash_points import (
     APPEND_BEFORE_COMMIT,
     DEAD_LETTER_BEFORE_APPEND,
@@ -51,6 +51,7 @@ from sinks.errors import (
     SchemaMismatchError,
 )
 from sinks.log.history_window import table_properties
+from sinks.log.log_config import topic_table_properties
 from sinks.log.log_keys import LogKeys
 from sinks.log.log_table import (
     LogSnapshot,

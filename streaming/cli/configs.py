@@ -101,8 +101,8 @@ def from_describe(text: str) -> tuple[dict[str, str], list[str]]:
 
 
 def _configs(args: argparse.Namespace) -> int:
-    from sinks.config import MEANINGS_HERE, CleanerConfig, resolve
-    from sinks.log import LogTable, alter_log_config, normalize_uri
+    from sinks.config import MEANINGS_HERE, CleanerConfig
+    from sinks.log import LogTable, alter_log_config, normalize_uri, resolve
     from sinks.log.log_config import log_config
 
     log = LogTable(normalize_uri(args.path))

@@ -19,9 +19,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from sinks import CleanerConfig, lookup, read_state
-from sinks.config import topic_table_properties
 from sinks.log.history_window import table_properties
 from sinks.log.key_filter import PAGE_INDEX_OFF_ENV, page_index_options
+from sinks.log.log_config import topic_table_properties
 from sinks.log.log_format import CLEANER_OFFSET_TXN, LOG_END_OFFSET_TXN, PARTITIONS_TXN
 from sinks.log.log_keys import LogKeys
 from sinks.log.log_table import LogTable

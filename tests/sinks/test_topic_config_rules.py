@@ -8,9 +8,9 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from sinks.config import CleanerConfig, LogConfig, resolve, topic_table_properties
+from sinks.config import CleanerConfig
 from sinks.errors import CompactedSinkError, ConfigError
-from sinks.log.log_config import alter_log_config
+from sinks.log.log_config import LogConfig, alter_log_config, resolve, topic_table_properties
 from sinks.log.log_table import LogTable
 from streaming.cli.configs import parse_add_config
 
