@@ -14,7 +14,7 @@ existing log with other key columns, or another sequence column, fails with
 `KeyColumnsMismatchError` naming the log's; opened with ``key_columns=None`` it
 takes the log's. A log created before the properties existed has none: its key
 columns are read from its schema (every column before ``value``, the order
-`sinks.log.records.prepare_batch` has always written) and it has no sequence
+`sinks.produce.log_validator.prepare_batch` has always written) and it has no sequence
 column; such a log accepts whatever a sink names, as it did before.
 """
 

@@ -6,7 +6,7 @@ to split off its bad rows when a dead-letter table is set, and to run the append
 task over its rows:
 
 - `SparkRecords`: the ``foreachBatch`` hook's DataFrame. Prepared by
-  `sinks.log.records.prepare_batch`; the task runs on the executors (``mapInArrow``).
+  `sinks.produce.log_validator.prepare_batch`; the task runs on the executors (``mapInArrow``).
 - `ArrowRecords`: rows the data source's executors staged, read on its driver
   (a Python worker without a SparkSession). Prepared here into the same columns, in
   the same order; the task runs in this process.
@@ -33,15 +33,13 @@ from sinks.log.records import (
     PARTITION,
     TIMESTAMP,
     VALUE,
-    PreparedBatch,
     below,
-    log_columns,
-    prepare_batch,
     sql_map,
     sql_name,
 )
 from sinks.produce.append_task import APPEND_TASK_DDL, AppendTask, TaskOutput
 from sinks.produce.dead_letter import SplitBatch, split_arrow_batch, split_batch
+from sinks.produce.log_validator import PreparedBatch, log_columns, prepare_batch
 from sinks.produce.spark_append import PYTHON_WRITER, run_in_jvm
 from sinks.spark_compat import to_arrow
 

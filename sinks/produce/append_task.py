@@ -29,19 +29,19 @@ from pyspark.sql import types as T
 
 from sinks.log.latest import latest_offsets
 from sinks.log.log_keys import LogKeys
-from sinks.log.records import (
-    COUNT_COLUMNS,
-    PARTITION,
-    BatchReport,
-    OffsetAssigner,
-    PartitionCounts,
-    drop_below_log_end,
-)
+from sinks.log.records import PARTITION
 from sinks.log.segment_writer import (
     WRITTEN_ARROW_SCHEMA,
     WRITTEN_SEGMENT_DDL,
     SegmentWriterTask,
     WrittenSegment,
+)
+from sinks.produce.log_validator import (
+    COUNT_COLUMNS,
+    BatchReport,
+    OffsetAssigner,
+    PartitionCounts,
+    drop_below_log_end,
 )
 from sinks.produce.validity import RecordValidator
 from sinks.python_tasks import freeze_imports

@@ -60,15 +60,13 @@ from sinks.log.log_table import (
     now_ms,
 )
 from sinks.log.ownership import check_new_log_location
-from sinks.log.records import (
-    TRANSIENT_COLUMNS,
-    raise_for_problems,
-)
+from sinks.log.records import TRANSIENT_COLUMNS
 from sinks.log.segment_writer import SegmentWriterTask, WrittenSegment, stats_columns
 from sinks.produce.append_batch import ArrowRecords, SparkRecords, TaskRunner
 from sinks.produce.append_task import AppendTask
 from sinks.produce.dead_letter import DeadLetterTable
 from sinks.produce.log_commit import commit_append, commit_empty, discard, moved, overlapping
+from sinks.produce.log_validator import raise_for_problems
 from sinks.produce.redelivery import (
     Redeliveries,
     RowsBelow,

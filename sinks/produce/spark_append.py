@@ -78,8 +78,6 @@ from sinks.log.records import (
     INPUT_ORDER,
     OFFSET,
     PARTITION,
-    BatchReport,
-    PartitionCounts,
     at_or_above,
     spark_at_or_above,
     sql_map,
@@ -89,6 +87,7 @@ from sinks.log.segment import segment_path
 from sinks.log.segment_writer import WrittenSegment, stats_from_footer
 from sinks.log.uris import is_local
 from sinks.produce.append_task import AppendTask, TaskOutput
+from sinks.produce.log_validator import BatchReport, PartitionCounts
 from sinks.produce.validity import spark_row_problems_sql
 
 # Spark's name of each Parquet codec pyarrow names (`CleanerConfig.parquet_codec`): Spark's

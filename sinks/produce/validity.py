@@ -38,15 +38,8 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from sinks.log.log_keys import LogKeys
-from sinks.log.records import (
-    DECODE_ERROR,
-    OFFSET,
-    PARTITION,
-    VALUE,
-    BatchReport,
-    PartitionCounts,
-    sql_name,
-)
+from sinks.log.records import DECODE_ERROR, OFFSET, PARTITION, VALUE, sql_name
+from sinks.produce.log_validator import BatchReport, PartitionCounts
 
 ROW_RULES = (
     "undecodable",

@@ -18,9 +18,9 @@ from pyspark.sql import types as T
 from sinks import BadInputError, CleanerConfig, CompactedStateSink
 from sinks.log.log_keys import LogKeys
 from sinks.log.log_table import LogTable
-from sinks.log.records import OffsetAssigner, PartitionCounts
 from sinks.produce.append_batch import ArrowRecords
 from sinks.produce.log_append import LogAppender
+from sinks.produce.log_validator import OffsetAssigner, PartitionCounts
 from sinks.produce.validity import RecordValidator
 
 NO_CLEAN = CleanerConfig(min_cleanable_dirty_ratio=1.0)
