@@ -92,12 +92,36 @@ CHECKPOINT_TABLE_DIR = "_cleaner-offset-checkpoint"
 class CompactedStateSink:
     """A compacted log of keyed records in a Delta table at ``path``, fed by ``foreachBatch``.
 
-    Parameters (``docs/api.md``): ``key_columns`` (default: the log's, or ``("key",)``),
-    ``config``, ``sequence_column``, ``checkpoint_table``, ``dead_letter_table``,
-    ``sink_id``, ``clock`` (epoch ms), ``storage_options``, ``cleaning`` (``"auto"``,
-    ``"background"`` or ``"inline"``), ``checkpoint_location`` (the query's, needed under
-    Spark Connect), ``schema_evolution`` (``"additive"`` or ``"none"``) and
-    ``value_format`` (``"debezium-json"``: the batch holds Debezium's change events).
+    Parameters:
+
+    - ``path``: the log's Delta table, a local path or an object-store URI; created by
+      the first batch.
+    - ``key_columns``: the key, compared exactly. None takes the log's own (a table
+      property), or ``("key",)`` for a new log; others than an existing log's raise
+      `KeyColumnsMismatchError`.
+    - ``config``: a `CleanerConfig` (Kafka's settings); the log's stored topic config
+      applies where this one does not name a setting.
+    - ``sequence_column``: orders a key's records instead of the offset, ties broken by
+      the offset (a null ranks lowest); None takes the log's.
+    - ``checkpoint_table``: the cleaner-offset checkpoint table; default
+      ``_cleaner-offset-checkpoint`` beside the log.
+    - ``dead_letter_table``: when set, bad rows go there with their reason instead of
+      failing the batch.
+    - ``sink_id``: the producer's identity for exactly once; default from the path.
+    - ``clock``: epoch milliseconds for every timestamp the sink writes; default the
+      wall clock.
+    - ``storage_options``: object-store credentials and endpoints for delta-rs and
+      pyarrow; on S3, default from the session's ``fs.s3a.*`` settings.
+    - ``cleaning``: where passes run: ``"auto"`` (a background worker inside a streaming
+      query, the hook's own call otherwise), ``"background"`` or ``"inline"``.
+    - ``checkpoint_location``: the streaming query's; under Spark Connect the sink reads
+      the query's id from it (needed there unless ``sink_id`` is given).
+    - ``schema_evolution``: ``"additive"`` (a batch may add fields, relax nullability,
+      widen types) or ``"none"`` (every change refused).
+    - ``value_format``: None (the batch's columns as they are) or ``"debezium-json"``
+      (Debezium's change events; ordered by the source position, design.md §52).
+
+    docs/api.md says the same with the rules each follows.
     """
 
     def __init__(
