@@ -65,6 +65,7 @@ from sinks.log.segment import (
 )
 from sinks.log.segment_writer import WrittenSegment
 from sinks.log.snapshot_cache import SnapshotCache
+from sinks.log.trimmed_log import trimmed_under
 from sinks.log.uris import is_local, join
 
 if TYPE_CHECKING:  # the Arrow readers import this module without pyspark (design.md §59)
@@ -357,9 +358,7 @@ class LogSnapshot:
             try:
                 found = self.table.transaction_version(app_id)
             except DeltaError as e:
-                # A commit file, or the checkpoint it was opened from ("Object at
-                # location ... not found"), trimmed since.
-                if "not found" not in str(e).lower():
+                if not trimmed_under(e):
                     raise
                 self.table = self.location.delta_table(self.version)
                 found = self.table.transaction_version(app_id)

@@ -34,16 +34,17 @@ def on_a_trimmed_log(location: LogLocation, table: Any, step: Callable[[Any], _T
         try:
             return step(table)
         except (FileNotFoundError, DeltaError) as e:
-            if not _trimmed_under(e):
+            if not trimmed_under(e):
                 raise
             logger.debug("%s: Delta log trimmed under a read, opened again: %s", location.uri, e)
             table = location.delta_table()
     return step(table)
 
 
-def _trimmed_under(e: Exception) -> bool:
+def trimmed_under(e: Exception) -> bool:
     """Whether delta-rs's error says a file of the Delta log the table was opened from is
-    gone: a commit or checkpoint "not found", or a log segment with no files left."""
+    gone: a commit or checkpoint "not found", or a log segment with no files left. What to
+    do then (open the latest version, or the same version again) is the caller's."""
     text = str(e)
     gone = DELTA_LOG_DIR in text and "not found" in text.lower()
     return gone or "No files in log segment" in text
