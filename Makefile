@@ -161,9 +161,9 @@ wheel:
 # TEST_JOBS=1 runs one thing at a time.
 TEST_JOBS ?= 4
 # The split that ends both lanes closest together on a fresh clone: the other lane starts first
-# (it waits for no class-data archive) and takes every smoke run, the main lane the install
-# tests (figures: docs/benchmarks.md, "The test run's cost, by date").
-MAIN_LANE_SMOKE ?=
+# (it waits for no class-data archive) and takes two smoke runs, the main lane one and the
+# install tests (figures: docs/benchmarks.md, "The test run's cost, by date").
+MAIN_LANE_SMOKE ?= 4.1.4
 OTHER_LANE_SMOKE = $(filter-out $(KAFKA_SPARK) $(MAIN_LANE_SMOKE),$(TEST_SMOKE_SPARKS))
 RESULTS := .test-results
 since = $$(( $$(date +%s) - $(1) ))
@@ -209,7 +209,7 @@ $(VENV)/spark-classes.jsa: $(STAMP)
 # (tests/conftest.py): one worker's waits on subprocesses and timeouts leave the cores to the
 # other. TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 2
-MAIN_SUITE = $(PY) -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadfile \
+MAIN_SUITE = $(PY) -m pytest -q --durations=30 -n $(TEST_WORKERS) --dist loadfile \
 	-m "not kafka and not delta_spark and not install" tests
 test-main: $(STAMP)
 	$(MAIN_SUITE)
@@ -218,7 +218,7 @@ test-main: $(STAMP)
 # $(KAFKA_VENV) in one pytest: one Spark session (their Connect server too) for the three, as
 # `make test-kafka`, `make test-delta-spark` and `make smoke` would run them one by one.
 ON_KAFKA_VENV = COMPACTED_SINK_KAFKA_TESTS=required COMPACTED_SINK_DELTA_TESTS=required \
-	COMPACTED_SINK_RACE_ROUNDS=$(RACE_ROUNDS) $(KAFKA_PY) -m pytest -q --durations=15 \
+	COMPACTED_SINK_RACE_ROUNDS=$(RACE_ROUNDS) $(KAFKA_PY) -m pytest -q --durations=30 \
 	-m "kafka or delta_spark$(if $(filter $(KAFKA_SPARK),$(TEST_SMOKE_SPARKS)), or smoke)" tests
 
 # The package installed beside pyspark 3.5.9 and beside databricks-connect: throwaway venvs
@@ -240,7 +240,7 @@ test-cdc: $(KAFKA_STAMP) jars
 
 # `make test` races the two engines for RACE_ROUNDS rounds; `make race` for 50 (the issue's
 # count: about 1 min a round on a loaded 2-core machine).
-RACE_ROUNDS ?= 8
+RACE_ROUNDS ?= 4
 test-delta-spark: $(KAFKA_STAMP) jars
 	COMPACTED_SINK_DELTA_TESTS=required COMPACTED_SINK_RACE_ROUNDS=$(RACE_ROUNDS) \
 	  $(KAFKA_PY) -m pytest -q --durations=10 -m delta_spark tests
