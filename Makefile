@@ -68,7 +68,7 @@ TEST_SMOKE_SPARKS ?= $(SMOKE_SPARKS)
 # the newest 3.5 plugin on the Maven Central this project's machines reach.
 CONNECT_PLUGIN_3.5 ?= 3.5.7
 
-.PHONY: demo demo-kafka demo-cdc wheel jars test test-setup test-lane-main test-lane-others test-main-suite test-kafka-venv-suite test-main test-install test-kafka test-cdc test-delta-spark race smoke lint bench bench-quick bench-append bench-consumer bench-lookup bench-lookup-pass bench-checkpoint bench-scale bench-cluster soak soak-quick soak-exit soak-faults clean
+.PHONY: demo demo-kafka demo-cdc wheel jars test test-setup test-lane-main test-lane-others test-lane-install test-main-suite test-kafka-venv-suite test-main test-install test-kafka test-cdc test-delta-spark race smoke lint bench bench-quick bench-append bench-consumer bench-lookup bench-lookup-pass bench-checkpoint bench-scale bench-cluster soak soak-quick soak-exit soak-faults clean
 
 $(UV):
 	python3 -m venv $(UV_VENV)
@@ -152,17 +152,17 @@ wheel:
 
 # `make test`: two lanes side by side, each started as soon as its own venv and jars are there
 # (the rest of the set-up goes on beside the tests: it waits on the network more than on the
-# cores). The main lane: the main suite on $(VENV), then the smoke suite on the Sparks of
-# $(MAIN_LANE_SMOKE) and the install tests. The other lane: the Kafka, delta-spark and (when
+# cores), and the install tests beside them. The main lane: the main suite on $(VENV), then the
+# smoke suite on the Sparks of $(MAIN_LANE_SMOKE). The other lane: the Kafka, delta-spark and (when
 # $(TEST_SMOKE_SPARKS) holds $(KAFKA_SPARK)) smoke tests on $(KAFKA_VENV), then the smoke
 # suite on the other Sparks. Every part runs, prints its wall time (`== <part>: N s`, for finding
 # what bounds the whole) and leaves its exit status in $(RESULTS)/<part>; each lane's output
 # is printed when it ends; the target fails when any part or venv does, naming it.
 # TEST_JOBS=1 runs one thing at a time.
-TEST_JOBS ?= 4
+TEST_JOBS ?= 5
 # The split that ends both lanes closest together on a fresh clone: the other lane starts first
-# (it waits for no class-data archive) and takes two smoke runs, the main lane one and the
-# install tests (figures: docs/benchmarks.md, "The test run's cost, by date").
+# (it waits for no class-data archive) and takes two smoke runs, the main lane one (figures:
+# docs/benchmarks.md, "The test run's cost, by date").
 MAIN_LANE_SMOKE ?= 4.1.4
 OTHER_LANE_SMOKE = $(filter-out $(KAFKA_SPARK) $(MAIN_LANE_SMOKE),$(TEST_SMOKE_SPARKS))
 RESULTS := .test-results
@@ -175,13 +175,17 @@ test:
 	@rm -rf $(RESULTS) && mkdir $(RESULTS); t=$$(date +%s); status=0; \
 	$(MAKE) --no-print-directory -k -j$(TEST_JOBS) --output-sync=target \
 	  SMOKE_SPARKS="$(TEST_SMOKE_SPARKS)" SMOKE_AFTER="$(VENV)/spark-classes.jsa" \
-	  test-lane-main test-lane-others || status=1; \
+	  test-lane-main test-lane-others test-lane-install || status=1; \
 	echo "== make test: $(call since,$$t) s (ended $$(date +%T))"; failed=$$(grep -Lx 0 $(RESULTS)/* | xargs -rn1 basename); \
 	if [ -n "$$failed" ]; then echo "== failed:" $$failed; status=1; fi; exit $$status
 
 test-lane-main: test-main-suite $(foreach v,$(MAIN_LANE_SMOKE),$(call smoke-venv,$(v)))
-	@$(foreach v,$(MAIN_LANE_SMOKE),$(call part,smoke-$(v),$(call smoke-run,$(v)));) \
-	$(call part,install,$(MAKE) --no-print-directory test-install)
+	@$(foreach v,$(MAIN_LANE_SMOKE),$(call part,smoke-$(v),$(call smoke-run,$(v)));) true
+
+# The install tests wait on PyPI and pip's builds more than on the cores (on a fresh machine
+# pip's cache is empty: 3 to 6 minutes), so they run beside the two lanes from the start.
+test-lane-install: $(STAMP)
+	@$(call part,install,$(MAKE) --no-print-directory test-install)
 
 test-lane-others: test-kafka-venv-suite $(foreach v,$(OTHER_LANE_SMOKE),$(call smoke-venv,$(v)))
 	@$(foreach v,$(OTHER_LANE_SMOKE),$(call part,smoke-$(v),$(call smoke-run,$(v)));)
