@@ -34,6 +34,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from inspect import getsourcefile, getsourcelines
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,7 @@ from bench.task_placement import (
     tasks_of_jobs,
     tasks_per_executor,
 )
+from sinks.cleaner.cleaner import Cleaner
 from sinks.cleaner.recopy_task import PartitionToClean, packed
 from streaming.jobs.session import local_session
 
@@ -73,6 +75,17 @@ SESSION_CONF = {  # as bench.session's, with the UI on: the REST API is served b
     "spark.driver.bindAddress": "127.0.0.1",
     "spark.pyspark.python": sys.executable,
 }
+
+
+def in_recopy(stage_name: str) -> bool:
+    """Whether a stage runs the pass's recopy: PySpark names a stage by its call site,
+    ``<action> at <file>:<line>``, and the recopy's one action is in `Cleaner.recopy`."""
+    lines, first = getsourcelines(Cleaner.recopy)
+    where = f"{getsourcefile(Cleaner.recopy)}:"
+    _, _, site = stage_name.rpartition(" at ")
+    if not site.startswith(where) or not site[len(where) :].isdigit():
+        return False
+    return first <= int(site[len(where) :]) < first + len(lines)
 
 
 def cluster_conf(cluster: StandaloneCluster) -> dict[str, str]:
@@ -154,7 +167,7 @@ def one_pass(
     assert not stats.work_left, "the dedupe buffer cut the pass short: not one pass"
     jobs = rest.jobs_after(before)
     tasks = tasks_of_jobs(rest, [j["jobId"] for j in jobs])
-    recopy = [t for t in tasks if "recopy" in t["stage_name"]]
+    recopy = [t for t in tasks if in_recopy(t["stage_name"])]
     for t in recopy:  # the recopy stage's task i cleans bin i (one bin a Spark partition)
         t["partitions"] = bins[t["index"]] if t["index"] < len(bins) else None
     records_written = sum(s.num_records for s in sink.log_table.snapshot().all_segments())
