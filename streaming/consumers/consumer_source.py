@@ -148,6 +148,7 @@ class ConsumerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._planned: dict[str, LogSnapshot] = {}  # end offset -> the snapshot that saw it
         self._committed: tuple[Positions, float] | None = None  # last commit, monotonic time
         self._available_now: Positions | None = None  # Trigger.AvailableNow's target
+        self._initial: dict | None = None  # Spark may ask twice; the first answer holds
 
     def prepareForTriggerAvailableNow(self) -> None:
         """``Trigger.AvailableNow``: read up to the log end offsets of now, and no further.
@@ -161,7 +162,10 @@ class ConsumerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._available_now = self.reading.snapshot().log_end_offsets()
 
     def initialOffset(self) -> dict:
-        """The starting positions; a registered consumer's committed offsets come first."""
+        """The starting positions; a registered consumer's committed offsets come first.
+        Asked again, the first answer: with ``latest`` the log may have moved since."""
+        if self._initial is not None:
+            return self._initial
         snapshot = self.reading.snapshot()
         positions = self.reading.starting_positions(snapshot)
         if self.options.consumer_id is not None:
@@ -169,7 +173,8 @@ class ConsumerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             committed = offsets.committed(self.options.path, self.options.consumer_id)
             positions = {**positions, **committed}
             self._commit(positions)  # registered from now on: passes hold its deletes
-        return to_offset(positions)
+        self._initial = to_offset(positions)
+        return self._initial
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.options.max_offsets_per_trigger is None:

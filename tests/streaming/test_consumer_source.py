@@ -17,7 +17,7 @@ from sinks import CleanerConfig, CompactedStateSink
 from streaming.cli import main as cli
 from streaming.consumers.consumer_groups import consumer_report, delete_consumer, reset_offsets
 from streaming.consumers.consumer_position import DataLossError
-from streaming.consumers.datasource import register
+from streaming.consumers.datasource import CompactedStateDataSource, register
 from streaming.status.gauges import log_status
 from streaming.status.status_render import render_table
 
@@ -311,3 +311,18 @@ def test_an_unregistered_or_expired_consumer_may_miss_deletes(spark, lake, clock
     expiring = {"consumer.id": "brief", "consumer.expiration.ms": str(STOPPED_MS // 2)}
     rows, passes = lagging_consumer(spark, lake, clock, "expired", **expiring)
     assert [key for _, _, key, value in rows if value is None] == []
+
+
+def test_a_reader_asked_twice_for_its_start_gives_its_first_answer(spark, lake) -> None:
+    """Spark may ask a stream reader for its initial offset more than once; with ``latest``
+    an append between the two must not move the start of the first batch."""
+    path = str(lake / "users")
+    sink = CompactedStateSink(path, config=NEVER)
+    sink(batch(spark, 0), 0)
+    source = CompactedStateDataSource({"path": path, "startingOffsets": "latest"})
+    reader = source.streamReader(source.schema())
+    first = reader.initialOffset()
+    sink(batch(spark, 1), 1)
+    assert reader.initialOffset() == first
+    fresh = source.streamReader(source.schema()).initialOffset()
+    assert fresh != first, "the append moved no log end offset: the test shows nothing"
