@@ -14,9 +14,11 @@ tail and of the clean records of the tail's keys (`sinks.reading.superseded`, de
 §50); then every segment is read once, on every core, dropping the superseded records
 and the tombstones. Records below a partition's log start offset
 (``compacted-sink/log-start-offset/<p>``) are invisible, as in ``log()``.
-Memory is bounded by the tail's narrow columns and by the segments read ahead (one a
-thread), never by the clean section, so `read_state_batches` serves states larger than
-memory.
+The contenders are weighed a bucket of keys at a time when they would not fit
+``log.cleaner.dedupe.buffer.size`` at once (`sinks.reading.superseded.weighing_buckets`),
+so memory is bounded by that buffer, by the superseded offsets (eight bytes a record) and
+by the row groups read ahead (one a thread), never by the clean section nor the tail, and
+`read_state_batches` serves states larger than memory.
 
 Rows carry the key columns, ``value`` and the payload columns (every other input
 column the log keeps, such as Kafka's ``topic`` or ``headers``), in the log's
@@ -38,8 +40,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
+from sinks.config import CleanerConfig
 from sinks.log.location import LogLocation
 from sinks.log.log_keys import LogKeys, log_keys
 from sinks.log.log_table import AsOf, LogSnapshot, LogTable
@@ -53,24 +55,39 @@ from sinks.reading.segment_reader import (
     row_groups,
 )
 from sinks.reading.state_reader import LogSections, log_sections
-from sinks.reading.superseded import Superseded, superseded
+from sinks.reading.superseded import (
+    Superseded,
+    contenders_bound,
+    rival_files,
+    superseded,
+    weighing_buckets,
+)
 
 DEFAULT_BATCH_ROWS = 65_536
+DEFAULT_DEDUPE_BUFFER_SIZE = CleanerConfig().dedupe_buffer_size
+"""``log.cleaner.dedupe.buffer.size``'s default: what weighing the contenders may hold."""
 
 
 def read_state(
-    path: str, as_of: AsOf | None = None, storage_options: Mapping[str, str] | None = None
+    path: str,
+    as_of: AsOf | None = None,
+    storage_options: Mapping[str, str] | None = None,
+    *,
+    dedupe_buffer_size: int = DEFAULT_DEDUPE_BUFFER_SIZE,
 ) -> pa.Table:
     """One row per live key of the log at ``path``: key columns, ``value``, payload columns.
 
     ``as_of`` (a Delta version, or a timestamp) reads the log as it was then, as
     ``state(as_of=...)`` does; outside the history window it raises the sink's
-    time-travel error. ``storage_options`` use delta-rs's names. Raises
-    `FileNotFoundError` when no log exists at ``path``. The whole state is built in
+    time-travel error. ``storage_options`` use delta-rs's names. ``dedupe_buffer_size``
+    (``log.cleaner.dedupe.buffer.size``, a process's setting as a pass's: default 512 MiB)
+    bounds the memory the dirty tail's contenders are weighed in (`read_state_batches`).
+    Raises `FileNotFoundError` when no log exists at ``path``. The whole state is built in
     memory; for larger states use `read_state_batches`. A live data file that is gone or
     truncated raises `MissingDataFileError` / `CorruptDataFileError` before any is read.
     """
-    return read_state_batches(path, as_of, storage_options).read_all()
+    reader = read_state_batches(path, as_of, storage_options, dedupe_buffer_size=dedupe_buffer_size)
+    return reader.read_all()
 
 
 def read_state_batches(
@@ -79,20 +96,23 @@ def read_state_batches(
     storage_options: Mapping[str, str] | None = None,
     *,
     batch_rows: int = DEFAULT_BATCH_ROWS,
+    dedupe_buffer_size: int = DEFAULT_DEDUPE_BUFFER_SIZE,
 ) -> pa.RecordBatchReader:
     """`read_state`'s rows as a stream of record batches of at most ``batch_rows`` rows.
 
     The winners of the dirty tail are computed before the reader is returned (the
-    snapshot is pinned then: later commits do not show); segments are opened one at
-    a time as the reader is consumed. A segment deleted meanwhile (outside the
-    history window) fails the read with ``FileNotFoundError``.
+    snapshot is pinned then: later commits do not show), from the narrow columns, in as
+    many buckets of keys as keep each bucket's contenders within ``dedupe_buffer_size``
+    (each bucket reads the narrow columns again); segments are opened one at a time as
+    the reader is consumed. A segment deleted meanwhile (outside the history window)
+    fails the read with ``FileNotFoundError``.
     """
     log = LogTable(LogLocation.at(path, storage_options))
     snapshot = log.snapshot(as_of)
     if snapshot is None:
         check_new_log_location(log.location, read_only=True)  # someone else's files
         raise FileNotFoundError(f"no compacted log at {path}")
-    plan = StatePlan.of(snapshot)
+    plan = StatePlan.of(snapshot, dedupe_buffer_size=dedupe_buffer_size)
     return pa.RecordBatchReader.from_batches(plan.schema, plan.batches(batch_rows))
 
 
@@ -123,15 +143,24 @@ class StatePlan:
     threads: int
 
     @classmethod
-    def of(cls, snapshot: LogSnapshot, threads: int | None = None) -> StatePlan:
+    def of(
+        cls,
+        snapshot: LogSnapshot,
+        threads: int | None = None,
+        *,
+        dedupe_buffer_size: int = DEFAULT_DEDUPE_BUFFER_SIZE,
+    ) -> StatePlan:
         """Split ``snapshot`` into sections and find the superseded records (reads narrow
-        columns, on ``threads`` threads: default one a core)."""
+        columns, on ``threads`` threads: default one a core, in buckets of keys whose
+        contenders fit ``dedupe_buffer_size``)."""
         keys = log_keys(snapshot, read_only=True)
         sections = log_sections(snapshot)
         snapshot.check_files([*sections.clean, *sections.dirty])
         reader = SegmentReader.of(snapshot)
         threads = threads or reader_threads()
-        found = superseded(snapshot, keys, sections.clean, sections.dirty, reader, threads)
+        rivals = rival_files(sections.clean, sections.dirty)
+        buckets = weighing_buckets(contenders_bound(rivals, sections.dirty), dedupe_buffer_size)
+        found = superseded(snapshot, keys, rivals, sections.dirty, reader, threads, buckets)
         return cls(snapshot, keys, sections, reader, found, threads)
 
     @property
@@ -142,21 +171,26 @@ class StatePlan:
         """Every live key's row once: the clean section filtered, then the tail's winners."""
         columns = _subschema(self.snapshot.arrow_schema, [*self.schema.names, PARTITION, OFFSET])
         names, schema = self.schema.names, self.schema
-        for records in self.latest(columns):
-            live = records.filter(pc.is_valid(records.column(VALUE)))
+        for live in self.latest(columns, tombstones=False):
             yield from live.select(names).cast(schema).to_batches(batch_rows)
 
-    def latest(self, columns: pa.Schema) -> Iterator[pa.Table]:
-        """Each (partition, key)'s latest record once, tombstones included, with ``columns``
-        (which must hold ``partition``, ``offset`` and the key columns): what an export
-        carries (`sinks.reading.arrow_export`). Row groups are read on ``threads`` threads,
-        at most that many ahead of the consumer (memory: that many row groups, whatever the
-        segments' size); a superseded record's other columns are never decoded when its
-        whole row group is superseded."""
+    def latest(self, columns: pa.Schema, *, tombstones: bool = True) -> Iterator[pa.Table]:
+        """Each (partition, key)'s latest record once, tombstones included unless
+        ``tombstones`` is False, with ``columns`` (which must hold ``partition``, ``offset``, the
+        key columns, and ``value`` without tombstones): what an export carries
+        (`sinks.reading.arrow_export`).
+        Row groups are read on ``threads`` threads, at most that many ahead of the consumer
+        (memory: that many row groups, whatever the segments' size), superseded records and
+        tombstones dropped there; a superseded record's other columns are never decoded
+        when its whole row group is superseded."""
         gone = self.superseded.offsets
+        live = None if tombstones else VALUE
 
         def kept(unit: SegmentRowGroup) -> list[pa.Table]:
-            return list(self.reader.read_kept(unit.segment, columns, gone, row_groups=[unit.index]))
+            tables = self.reader.read_kept(
+                unit.segment, columns, gone, row_groups=[unit.index], live=live
+            )
+            return list(tables)
 
         segments = [*self.sections.clean, *self.sections.dirty]
         units = row_groups(self.reader, segments, self.threads)

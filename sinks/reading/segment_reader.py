@@ -98,12 +98,14 @@ class SegmentReader:
         dropped: Mapping[int, np.ndarray] | None,
         batch_rows: int = BATCH_ROWS,
         row_groups: Sequence[int] | None = None,
+        live: str | None = None,
     ) -> Iterator[pa.Table]:
         """`read`, without the records whose offset ``dropped`` lists for their partition
-        (sorted offsets), of ``row_groups`` (default: all). The partition and offset
-        columns of a row group are read first: a row group none of whose records is kept
-        is never decoded further, and the other columns are decoded only for a row group
-        that keeps some, ``batch_rows`` at a time."""
+        (sorted offsets), nor those whose ``live`` column (if given) is null, of
+        ``row_groups`` (default: all). The partition and offset columns of a row group are
+        read first: a row group none of whose records is kept is never decoded further,
+        and the other columns are decoded only for a row group that keeps some,
+        ``batch_rows`` at a time (one filter a batch drops both kinds)."""
         fs, root = self.location.filesystem()
         wanted = nullable_schema(schema)
         with fs.open_input_file(f"{root}/{segment.path}") as source:
@@ -118,8 +120,9 @@ class SegmentReader:
                 if keep is not None and not keep.any():
                     continue
                 if not rest:
-                    kept = conform(where, wanted)  # the log's types first: a kernel for each
-                    yield kept if keep is None else kept.filter(pa.array(keep))
+                    kept = _filtered(conform(where, wanted), keep, live)  # the log's types first
+                    if kept.num_rows:
+                        yield kept
                     continue
                 start = 0
                 for batch in parquet.iter_batches(
@@ -132,9 +135,9 @@ class SegmentReader:
                         table = table.append_column(name, column)
                     # The log's types before filtering: another engine's file may hold types
                     # (string_view) Arrow's take has no kernel for.
-                    table = conform(table, wanted)
-                    if keep is not None:
-                        table = table.filter(pa.array(keep[start:end]))
+                    table = _filtered(
+                        conform(table, wanted), None if keep is None else keep[start:end], live
+                    )
                     start = end
                     if table.num_rows:
                         yield table
@@ -194,6 +197,15 @@ def row_groups(
         for segment, rows in zip(segments, counts, strict=True)
         for index, records in enumerate(rows)
     ]
+
+
+def _filtered(table: pa.Table, keep: np.ndarray | None, live: str | None) -> pa.Table:
+    """The rows of ``table`` that ``keep`` keeps (all, when None) whose ``live`` column (if
+    given) is not null, in one filter (none when every row stays)."""
+    if live is not None and table.column(live).null_count:
+        valid = table.column(live).is_valid().to_numpy(zero_copy_only=False)
+        keep = valid if keep is None else keep & valid
+    return table if keep is None else table.filter(pa.array(keep))
 
 
 def _among(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:

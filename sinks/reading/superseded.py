@@ -16,7 +16,11 @@ canonical_keys`: as Spark groups them), never by a hash: no key is lost to a col
 The result is each partition's superseded offsets, sorted, and the same as an Arrow
 table (``partition``, ``offset``) for a broadcast anti-join in Spark. Its memory is the
 tail's narrow columns and the rivals'; the clean section's keys are streamed, file by
-file, on every core (`sinks.reading.segment_reader.ordered_map`). Reads only.
+file, on every core (`sinks.reading.segment_reader.ordered_map`). When those would not fit
+``log.cleaner.dedupe.buffer.size``, the contenders are weighed a bucket of keys at a time
+(`weighing_buckets`; `sinks.cleaner.offset_map.key_buckets`, a hash of the canonical key,
+so that a key's records all fall in one bucket and no key is lost to a collision), each
+bucket's losers kept (eight bytes a record) before the next bucket is read. Reads only.
 """
 
 from __future__ import annotations
@@ -28,12 +32,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
-from sinks.cleaner.offset_map import canonical_keys, key_buckets
+from sinks.cleaner.offset_map import canonical_keys, key_buckets, max_map_records
 from sinks.log.latest import latest_offsets
 from sinks.log.log_keys import LogKeys
 from sinks.log.log_table import LogSnapshot, LogTable
 from sinks.log.records import OFFSET, PARTITION
-from sinks.log.segment import DataFile
+from sinks.log.segment import DataFile, ForeignFile, Segment
 from sinks.reading.segment_reader import SegmentReader, ordered_map
 
 if TYPE_CHECKING:
@@ -43,15 +47,17 @@ _SEQUENCE = "_sequence"
 _NOT_KEYS = (PARTITION, _SEQUENCE, OFFSET)
 # The fewest clean records joined against the tail's keys at once (`_rivals`).
 MIN_JOIN_ROWS = 65_536
+_HASH_ROWS = 2_048
 
 
 @dataclass(frozen=True)
 class Superseded:
-    """Each partition's superseded offsets (sorted, distinct), and how many contenders
-    were weighed to find them."""
+    """Each partition's superseded offsets (sorted, distinct), how many contenders were
+    weighed to find them, and in how many buckets of keys."""
 
     offsets: dict[int, np.ndarray]
     contenders: int  # -1: not counted (Spark weighed them)
+    buckets: int = 1
 
     @property
     def count(self) -> int:
@@ -96,25 +102,64 @@ def superseded(
     """The superseded records of ``snapshot`` whose live files are ``clean`` (at most one
     record per (partition, key) each) and ``dirty``. Reads the narrow columns only, once
     for each of ``buckets`` buckets of keys (`key_buckets`): the contenders held at a time
-    are a bucket's, about a ``buckets``-th of them."""
+    are a bucket's, about a ``buckets``-th of them, beside the losers of the buckets before
+    (each partition's offsets, eight bytes a record)."""
     sequence = sequence_of(keys)
     names = [PARTITION, *own_keys(keys), *([sequence] if sequence else []), OFFSET]
     narrow = pa.schema([snapshot.arrow_schema.field(n) for n in dict.fromkeys(names)])
-    lost: list[pa.Table] = []
+    lost: dict[int, list[np.ndarray]] = {}
+    # Each file's records' buckets, hashed in the first bucket's scan (a byte a record): the
+    # hash costs more than decoding the narrow columns again.
+    assigned: dict[str, list[np.ndarray]] = {}
     weighed = 0
     for bucket in range(buckets):
 
         def contenders(segment: DataFile, bucket: int = bucket) -> list[pa.Table]:
             tables = [_encoded(t, keys, sequence) for t in reader.read(segment, narrow)]
-            return tables if buckets == 1 else [_in_bucket(t, bucket, buckets) for t in tables]
+            if buckets == 1:
+                return tables
+            if segment.path not in assigned:
+                assigned[segment.path] = [_buckets_of(t, buckets) for t in tables]
+            ids = assigned[segment.path]
+            return [t.filter(pa.array(i == bucket)) for t, i in zip(tables, ids, strict=True)]
 
         found = _bucket_losers(snapshot, clean, dirty, contenders, sequence, threads)
         if found is not None:
-            lost.append(found[0])
+            for partition, offsets in _by_partition(found[0]).items():
+                lost.setdefault(partition, []).append(offsets)
             weighed += found[1]
-    if not lost:
-        return Superseded({}, 0)
-    return Superseded(_by_partition(pa.concat_tables(lost)), weighed)
+    return Superseded({p: _merged(o) for p, o in sorted(lost.items())}, weighed, buckets)
+
+
+def weighing_buckets(contenders: int, dedupe_buffer_size: int) -> int:
+    """How many buckets of keys ``contenders`` are weighed in on this process so that each
+    bucket's fit ``dedupe_buffer_size`` (`max_map_records`: a pass's map's cost a record),
+    however many buckets that takes. Pure."""
+    return max(1, -(-contenders // max_map_records(dedupe_buffer_size)))
+
+
+def rival_files(clean: Sequence[DataFile], dirty: Sequence[DataFile]) -> list[DataFile]:
+    """The ``clean`` files that may hold a rival: those of a partition ``dirty`` may hold
+    records of (every one, beside another engine's file without partition statistics). Pure."""
+    if any(isinstance(f, ForeignFile) and f.partitions is None for f in dirty):
+        return list(clean)
+    segments = [f for f in dirty if isinstance(f, Segment)]
+    foreign = [f for f in dirty if isinstance(f, ForeignFile)]
+    partitions = {s.partition for s in segments}
+
+    def near(file: DataFile) -> bool:
+        if not isinstance(file, Segment):
+            return True
+        return file.partition in partitions or any(f.may_hold(file.partition) for f in foreign)
+
+    return [f for f in clean if near(f)]
+
+
+def contenders_bound(clean: Sequence[DataFile], dirty: Sequence[DataFile]) -> int:
+    """At most how many contenders ``dirty`` and its rivals in ``clean`` (`rival_files`) hold:
+    the tail's records, and as many rivals (one clean record a tail key at most). Pure."""
+    tail = sum(f.num_records for f in dirty)
+    return tail + min(tail, sum(f.num_records for f in clean))
 
 
 BYTES_PER_SUPERSEDED = 16
@@ -187,10 +232,16 @@ def _bucket_losers(
     return pa.concat_tables(lost), weighed
 
 
-def _in_bucket(encoded: pa.Table, bucket: int, buckets: int) -> pa.Table:
-    """The rows of ``encoded`` (`_encoded`) whose key falls in ``bucket``."""
+def _buckets_of(encoded: pa.Table, buckets: int) -> np.ndarray:
+    """Each row's bucket of ``encoded`` (`_encoded`), by its key (`key_buckets`), hashed
+    `_HASH_ROWS` at a time (the hash's temporaries grow with the key's width)."""
     canonical = encoded.select([n for n in encoded.column_names if n not in _NOT_KEYS])
-    return encoded.filter(pa.array(key_buckets(canonical, buckets) == bucket))
+    kind = np.uint8 if buckets <= 256 else np.uint16 if buckets <= 65_536 else np.int64
+    out = np.empty(canonical.num_rows, dtype=kind)
+    for start in range(0, canonical.num_rows, _HASH_ROWS):
+        part = canonical.slice(start, _HASH_ROWS)
+        out[start : start + part.num_rows] = key_buckets(part, buckets)
+    return out
 
 
 def _rivals(clean: Iterator[pa.Table], tail_keys: pa.Table, group: list[str]) -> Iterator[pa.Table]:
@@ -238,6 +289,15 @@ def _by_partition(lost: pa.Table) -> dict[int, np.ndarray]:
         return {int(distinct[0]): np.sort(offsets)}
     # A record loses once: offsets are distinct within a partition (no repeats here).
     return {int(p): np.sort(offsets[partitions == p]) for p in distinct}
+
+
+def _merged(sorted_parts: list[np.ndarray]) -> np.ndarray:
+    """One partition's losers of every bucket, sorted (a key, so a record, is in one bucket)."""
+    if len(sorted_parts) == 1:
+        return sorted_parts[0]
+    merged = np.concatenate(sorted_parts)
+    merged.sort()
+    return merged
 
 
 def _encoded(table: pa.Table, keys: LogKeys, sequence: str | None) -> pa.Table:
