@@ -43,15 +43,23 @@ VALUE_FIELDS = [
 class Topic:
     """A topic of one table's change events, as Debezium's PostgreSQL connector writes them."""
 
-    def __init__(self, *, schemas: bool, fields: list[dict[str, Any]] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        schemas: bool,
+        fields: list[dict[str, Any]] | None = None,
+        compact: bool = False,
+    ) -> None:
         self.schemas = schemas
         self.fields = fields or VALUE_FIELDS
+        # Kafka Connect's JSON converter writes compact JSON; json.dumps' default has spaces.
+        self.separators = (",", ":") if compact else None
         self.offset = 0
         self.records: list[tuple[Any, ...]] = []
 
     def _wrap(self, payload: Any, schema: dict[str, Any]) -> bytes:
         body = {"schema": schema, "payload": payload} if self.schemas else payload
-        return json.dumps(body).encode()
+        return json.dumps(body, separators=self.separators).encode()
 
     def _key(self, id_: int) -> bytes:
         schema = {"type": "struct", "fields": [self.fields[0]], "name": "db.public.t.Key"}
@@ -124,12 +132,13 @@ def row(id_: int, name: str | None, born: int | None = None) -> dict[str, Any]:
     return {"id": id_, "name": name, "born": born}
 
 
+@pytest.mark.parametrize("compact", [False, True], ids=["spaced", "compact"])
 def test_snapshot_changes_deletes_and_redelivery_give_the_table(
-    spark: SparkSession, tmp_path: Path
+    spark: SparkSession, tmp_path: Path, compact: bool
 ) -> None:
     import datetime
 
-    topic = Topic(schemas=True)
+    topic = Topic(schemas=True, compact=compact)
     topic.event("r", 1, 100, row(1, "ann", 0)).event("r", 2, 100, row(2, "bob")).event(
         "r", 3, 100, row(3, "cy")
     )
@@ -157,11 +166,12 @@ def test_snapshot_changes_deletes_and_redelivery_give_the_table(
     sink.close()
 
 
+@pytest.mark.parametrize("compact", [False, True], ids=["schemaless", "compact"])
 def test_a_tombstone_without_its_delete_deletes_and_a_later_insert_wins(
-    spark: SparkSession, tmp_path: Path
+    spark: SparkSession, tmp_path: Path, compact: bool
 ) -> None:
     """Kafka compaction of the source topic may leave a delete's tombstone alone."""
-    topic = Topic(schemas=False)
+    topic = Topic(schemas=compact, compact=compact)
     topic.event("c", 1, 10, row(1, "a")).event("c", 2, 11, row(2, "b")).event(
         "c", 3, 12, row(3, "c")
     )
@@ -172,7 +182,9 @@ def test_a_tombstone_without_its_delete_deletes_and_a_later_insert_wins(
     # An older event of 1 redelivered after its tombstone loses to it.
     topic.event("u", 1, 10, row(1, "a"))
     sink(topic.batch(spark), 1)
-    expected = spark.createDataFrame([(2, "b2"), (3, "c")], "id long, name string")
+    # A schema's int32 is an int; without schemas JSON's inference says long.
+    id_type = "int" if compact else "long"
+    expected = spark.createDataFrame([(2, "b2"), (3, "c")], f"id {id_type}, name string")
     assert_df_equality(
         _state(sink).select("id", "name"), expected, ignore_row_order=True, ignore_nullable=True
     )
@@ -182,10 +194,11 @@ def test_a_tombstone_without_its_delete_deletes_and_a_later_insert_wins(
     sink.close()
 
 
+@pytest.mark.parametrize("compact", [False, True], ids=["spaced", "compact"])
 def test_unchanged_toast_values_keep_the_previous_value(
-    spark: SparkSession, tmp_path: Path
+    spark: SparkSession, tmp_path: Path, compact: bool
 ) -> None:
-    topic = Topic(schemas=True)
+    topic = Topic(schemas=True, compact=compact)
     topic.event("c", 1, 10, row(1, "long text")).event("c", 2, 11, row(2, "other"))
     topic.event("u", 1, 12, row(1, UNAVAILABLE_VALUE, 5))  # from the same batch
     sink = CompactedStateSink(tmp_path / "log", ("id",), value_format="debezium-json")
@@ -203,12 +216,13 @@ def test_unchanged_toast_values_keep_the_previous_value(
     sink.close()
 
 
+@pytest.mark.parametrize("compact", [False, True], ids=["spaced", "compact"])
 def test_a_primary_key_change_keeps_the_old_keys_unchanged_toast_values(
-    spark: SparkSession, tmp_path: Path
+    spark: SparkSession, tmp_path: Path, compact: bool
 ) -> None:
     # UPDATE t SET id = new WHERE id = old on a row whose TOASTed text is unchanged: Debezium
     # sends a d of the old key and a c of the new one at one LSN, the c with the placeholder.
-    topic = Topic(schemas=True)
+    topic = Topic(schemas=True, compact=compact)
     topic.event("c", 1, 10, row(1, "long one")).event("c", 2, 11, row(2, "long two"))
     topic.event("c", 7, 12, row(7, "gone")).event("d", 7, 13).tombstone(7)
     sink = CompactedStateSink(tmp_path / "log", ("id",), value_format="debezium-json")
@@ -292,11 +306,14 @@ def test_truncate_and_other_ops_are_refused_by_name(spark: SparkSession, tmp_pat
     sink.close()
 
 
-def test_a_column_added_at_the_source_evolves_the_log(spark: SparkSession, tmp_path: Path) -> None:
-    old = Topic(schemas=True)
+@pytest.mark.parametrize("compact", [False, True], ids=["spaced", "compact"])
+def test_a_column_added_at_the_source_evolves_the_log(
+    spark: SparkSession, tmp_path: Path, compact: bool
+) -> None:
+    old = Topic(schemas=True, compact=compact)
     old.event("c", 1, 10, row(1, "a")).event("c", 2, 11, row(2, "b"))
     wider = [*VALUE_FIELDS, {"type": "int64", "optional": True, "field": "score"}]
-    new = Topic(schemas=True, fields=wider)
+    new = Topic(schemas=True, fields=wider, compact=compact)
     new.offset = old.offset
     new.event("u", 2, 20, {**row(2, "b2"), "score": 7})
     sink = CompactedStateSink(tmp_path / "log", ("id",), value_format="debezium-json")
@@ -366,4 +383,126 @@ def test_mysql_events_are_ordered_by_binlog_file_position_and_row(
     sink = CompactedStateSink(tmp_path / "log", ("id",), value_format="debezium-json")
     sink(spark.createDataFrame(records, KAFKA), 0)
     assert {r["id"]: r["name"] for r in _state(sink).collect()} == {1: "b", 2: "x"}
+    sink.close()
+
+
+def _batch(spark: SparkSession, *topics: Topic) -> DataFrame:
+    """The records of ``topics`` (one topic's partition written by several) in offset order."""
+    records = sorted((r for t in topics for r in t.records), key=lambda r: r[4])
+    for t in topics:
+        t.records = []
+    return spark.createDataFrame(records, KAFKA)
+
+
+def test_one_batch_of_two_schema_versions_evolves_the_log(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A column added while the connector's events are in flight: both schema versions in
+    one batch, each found by its text; a type changed in one batch is refused."""
+    old = Topic(schemas=True, compact=True)
+    wider = [*VALUE_FIELDS, {"type": "int64", "optional": True, "field": "score"}]
+    new = Topic(schemas=True, fields=wider, compact=True)
+    old.event("c", 1, 10, row(1, "a")).event("c", 2, 11, row(2, "b"))
+    new.offset = old.offset
+    new.event("u", 2, 20, {**row(2, "b2"), "score": 7})
+    new.event("c", 3, 21, {**row(3, "c"), "score": 1}).event("d", 3, 22).tombstone(3)
+    old.offset = new.offset
+    old.event("u", 1, 23, row(1, "a1"))
+    sink = CompactedStateSink(tmp_path / "log", ("id",), value_format="debezium-json")
+    sink(_batch(spark, old, new), 0)
+    state = {r["id"]: (r["name"], r["score"]) for r in _state(sink).collect()}
+    assert state == {1: ("a1", None), 2: ("b2", 7)}
+    assert _state(sink).columns == ["id", "name", "born", "score"]
+
+    other = [VALUE_FIELDS[0], {"type": "int64", "optional": True, "field": "name"}]
+    changed = Topic(schemas=True, fields=other, compact=True)
+    changed.offset = old.offset
+    changed.event("u", 1, 30, {"id": 1, "name": 5})
+    old.offset = changed.offset
+    old.event("u", 2, 31, row(2, "b3"))
+    with pytest.raises(BadInputError, match="column 'name' changes type in one batch"):
+        sink(_batch(spark, old, changed), 1)
+    sink.close()
+
+
+def test_tombstones_right_after_their_delete_and_apart_from_it_both_delete(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A tombstone just after its key's record, one after a gap (the source topic
+    compacted) and one after another key's record each delete their key, once."""
+    topic = Topic(schemas=True, compact=True)
+    for i in range(1, 7):
+        topic.event("c", i, 10 + i, row(i, f"n{i}"))
+    topic.event("d", 6, 20)  # its tombstone opens the next batch
+    sink = CompactedStateSink(tmp_path / "log", ("id",), value_format="debezium-json")
+    sink(topic.batch(spark), 0)
+
+    topic.tombstone(6).event("d", 5, 21).tombstone(5).tombstone(5)
+    in_order = topic.batch(spark)
+    sink(in_order, 1)
+    assert sorted(r["id"] for r in _state(sink).collect()) == [1, 2, 3, 4]
+
+    topic.event("u", 4, 29, row(4, "n4b"))
+    topic.offset += 3  # 1's d and two other records compacted away
+    topic.tombstone(1).event("d", 2, 30).event("u", 3, 31, row(3, "n3b")).tombstone(2)
+    topic.tombstone(9)  # never seen: deletes nothing
+    topic.event("u", 1, 11, row(1, "n1")).event("c", 7, 32, row(7, "n7"))  # 1 redelivered
+    apart = topic.batch(spark)
+    sink(apart, 2)
+    state = {r["id"]: r["name"] for r in _state(sink).collect()}
+    assert state == {3: "n3b", 4: "n4b", 7: "n7"}
+    positions = {
+        (r["id"], r[SOURCE_POSITION])
+        for r in sink.log().where("value IS NULL").select("id", SOURCE_POSITION).collect()
+    }
+    assert {(1, "00000000000000000011~"), (2, "00000000000000000030~")} <= positions
+    assert {(5, "00000000000000000021~")} <= positions
+    assert not [p for i, p in positions if i == 9]
+    sink.close()
+
+
+def test_a_schema_with_no_change_event_after_it_is_refused_as_before(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A value whose schema is found by its text but whose payload is no change event:
+    the batch's schemas are then parsed, and the batch is taken as one that mixes the
+    wrapping (JSON's types, the value's top level read as the event)."""
+    topic = Topic(schemas=True, compact=True)
+    topic.event("c", 1, 10, row(1, "a")).event("c", 2, 11, row(2, "b"))
+    key, value, *rest = topic.records[-1]
+    topic.records[-1] = (key, value.replace(b'"payload":{', b'"payload":null,"x":{', 1), *rest)
+    sink = CompactedStateSink(tmp_path / "log", ("id",), value_format="debezium-json")
+    with pytest.raises(BadInputError, match=r"1 rows: op=null is not a row change"):
+        sink(_batch(spark, topic), 0)
+    sink.close()
+    dead = str(tmp_path / "dead")
+    sink = CompactedStateSink(
+        tmp_path / "log", ("id",), value_format="debezium-json", dead_letter_table=dead
+    )
+    topic.event("c", 1, 10, row(1, "a"))
+    key, value, *rest = topic.records[-1]
+    topic.records = [(key, value.replace(b'"payload":{', b'"payload":7,"x":{', 1), *rest)]
+    topic.event("c", 2, 11, row(2, "b"))
+    sink(_batch(spark, topic), 0)
+    assert {r["id"]: r["name"] for r in _state(sink).collect()} == {2: "b"}
+    (letter,) = DeadLetterTable(LogLocation(dead)).read().to_pylist()
+    assert "op=null is not a row change" in letter["reason"]
+    sink.close()
+
+
+def test_a_schema_whose_text_holds_the_payloads_mark_is_parsed(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """``},"payload":`` inside a schema (a member of that name after an object): the
+    text found is not one JSON object, and the schemas are parsed."""
+    named = {"type": "string", "optional": True, "field": "name", "parameters": {"x": "y"}}
+    fields = [VALUE_FIELDS[0], {**named, "payload": "p"}, VALUE_FIELDS[2]]
+    topic = Topic(schemas=True, fields=fields, compact=True)
+    assert b'},"payload":"p"' in topic.event("c", 1, 10, row(1, "a")).records[-1][1]
+    topic.event("u", 1, 11, row(1, "a1", 3)).event("c", 2, 12, row(2, "b"))
+    topic.event("d", 2, 13).tombstone(2)
+    sink = CompactedStateSink(tmp_path / "log", ("id",), value_format="debezium-json")
+    sink(topic.batch(spark), 0)
+    expected = _table(spark, [(1, "a1", dt.date(1970, 1, 4))])
+    assert_df_equality(_state(sink), expected, ignore_row_order=True, ignore_nullable=True)
     sink.close()
