@@ -737,12 +737,14 @@ def report(out: str) -> str:
 
     Returns the Markdown. Per workload, the processes' expected states must agree
     (same rows and digest: the same batches, the same hash), and every system's state
-    must equal it.
+    must equal it. A system run by more than one file is reported from the newest run
+    (``generated_utc``): a rerun of some systems updates their rows and keeps the rest.
     """
     runs = []
     for path in sorted(glob.glob(os.path.join(out, "peers-pyspark*.json"))):
         with open(path) as f:
             runs.append({**json.load(f), "file": os.path.basename(path)})
+    runs.sort(key=lambda r: r.get("generated_utc", ""))  # stable: the newest is merged last
     if not runs:
         raise FileNotFoundError(f"no peers-pyspark*.json under {out}: run the peers first")
     merged: dict[str, dict[str, Any]] = {}

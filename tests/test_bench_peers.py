@@ -79,6 +79,22 @@ def test_both_processes_agreeing_make_one_table(tmp_path) -> None:
     assert (tmp_path / "PEERS.md").exists() and (tmp_path / "peers.png").exists()
 
 
+def test_a_system_rerun_is_reported_from_its_newest_run(tmp_path) -> None:
+    older = _run("3.5.9", (90, 7), {"paimon_pk": _system(90, 7, True)})
+    older["workloads"][0]["systems"]["hudi_mor"] = _system(90, 7, True)
+    newer = _run("3.5.9", (90, 7), {"paimon_pk": {**_system(90, 7, True), "state_read_s": 0.25}})
+    newer["generated_utc"] = "2026-12-03 15:00 UTC"
+    # The older file's name sorts after the newer's, as the untagged file does after a tag.
+    _write(tmp_path, "peers-pyspark3.5.9.json", older)
+    _write(tmp_path, "peers-pyspark3.5.9-reads.json", newer)
+
+    report(str(tmp_path))
+
+    systems = json.loads((tmp_path / "results.json").read_text())["workloads"][0]["systems"]
+    assert systems["paimon_pk"]["state_read_s"] == 0.25
+    assert systems["hudi_mor"]["state_read_s"] == 0.5
+
+
 def test_a_system_off_the_expected_state_is_reported(tmp_path) -> None:
     _write(
         tmp_path,
