@@ -394,7 +394,9 @@ jars-peers: $(PAIMON_JARS) $(HUDI_JARS) $(PEERS_DELTA_JARS)
 # The files it writes are the ones bench/peers holds: the peers, the sink and delta-rs MERGE
 # (`-sink-side`), copy-on-write MERGE (`-cow`), the sink with combine.before.append on
 # (`-combined`) and with cleaning off (`-append-only`: its appends alone), then where the
-# sink's state read goes (state_read_profile.txt) and the report.
+# sink's state read goes (state_read_profile.txt) and the report. A rerun of some systems
+# (`--systems ... --tag <name>`) leaves a file of its own beside them; the report takes each
+# system from its newest run.
 bench-peers: $(PEERS_STAMP) jars-peers
 	$(PEERS_PY) -m bench.peers --out $(PEERS_OUT)
 	$(PEERS_PY) -m bench.peers --out $(PEERS_OUT) --systems compacted_sink,merge_per_batch --tag sink-side
