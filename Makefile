@@ -367,11 +367,11 @@ PEERS_DELTA_JARS := $(JARS)/delta-$(PEERS_SPARK)/.fetched
 
 .PHONY: jars-peers bench-peers bench-peers-quick bench-replay
 
-$(PEERS_STAMP):
-	python3 -m venv $(PEERS_VENV)
-	$(PEERS_PY) -m pip install --quiet --upgrade pip
-	$(PEERS_PY) -m pip install --quiet 'pyspark==$(PEERS_SPARK)' 'delta-spark==3.3.2' -e . \
-	  numpy matplotlib 'pypaimon==2.1.0' 'hudi==0.5.0'
+# Built by uv as the test venvs are: pyspark $(PEERS_SPARK)'s wheel is the one the smoke venv of
+# that line built and uv's cache keeps.
+$(PEERS_STAMP): pyproject.toml | $(UV)
+	$(call new-venv,$(PEERS_VENV),'pyspark==$(PEERS_SPARK)' 'delta-spark==3.3.2' -e . \
+	  numpy matplotlib 'pypaimon==2.1.0' 'hudi==0.5.0')
 	touch $@
 
 $(PAIMON_JARS): jvm/paimon/pom.xml
