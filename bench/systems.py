@@ -72,6 +72,7 @@ OPTIONAL_SYSTEMS = (
     "compacted_sink_inline",
     "compacted_sink_not_niced",
     "compacted_sink_dirty_075",
+    "compacted_sink_dirty_020",
     "compacted_sink_combined",
 )
 
@@ -381,6 +382,8 @@ def make_system(name: str, root: str, schema: pa.Schema = TABLE_SCHEMA) -> Syste
         return SinkSystem(root, compact=True, name=name, nice=0)
     if name == "compacted_sink_dirty_075":
         return SinkSystem(root, compact=True, name=name, dirty_ratio=0.75)
+    if name == "compacted_sink_dirty_020":
+        return SinkSystem(root, compact=True, name=name, dirty_ratio=0.2)
     if name == "compacted_sink_combined":
         return SinkSystem(root, compact=True, name=name, combine=True)
     if name == "sink_cleaning_off":

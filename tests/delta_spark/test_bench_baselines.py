@@ -82,10 +82,13 @@ def test_the_sink_at_dirty_ratio_075_ends_on_the_same_state(
     assert 0 < result["systems"]["compacted_sink_dirty_075"]["live_keys"] < 300
 
 
-def test_the_075_system_cleans_at_its_ratio(tmp_path) -> None:
-    system = make_system("compacted_sink_dirty_075", str(tmp_path))
+@pytest.mark.parametrize(
+    ("name", "ratio"), [("compacted_sink_dirty_075", 0.75), ("compacted_sink_dirty_020", 0.2)]
+)
+def test_a_tuned_system_cleans_at_its_ratio(tmp_path, name: str, ratio: float) -> None:
+    system = make_system(name, str(tmp_path))
     try:
-        assert system.sink.config.min_cleanable_dirty_ratio == 0.75
-        assert system.name == "compacted_sink_dirty_075"
+        assert system.sink.config.min_cleanable_dirty_ratio == ratio
+        assert system.name == name
     finally:
         system.close()
