@@ -393,7 +393,8 @@ jars-peers: $(PAIMON_JARS) $(HUDI_JARS) $(PEERS_DELTA_JARS)
 # how long from the quick run).
 # The files it writes are the ones bench/peers holds: the peers, the sink and delta-rs MERGE
 # (`-sink-side`), copy-on-write MERGE (`-cow`), the sink with combine.before.append on
-# (`-combined`) and with cleaning off (`-append-only`: its appends alone), then where the
+# (`-combined`), with cleaning off (`-append-only`: its appends alone) and at
+# min.cleanable.dirty.ratio 0.2 (`-dirty-020`: a cheaper state read), then where the
 # sink's state read goes (state_read_profile.txt) and the report. A rerun of some systems
 # (`--systems ... --tag <name>`) leaves a file of its own beside them; the report takes each
 # system from its newest run.
@@ -403,6 +404,7 @@ bench-peers: $(PEERS_STAMP) jars-peers
 	$(PEERS_PY) -m bench.peers --out $(PEERS_OUT) --systems delta_spark_merge --tag cow
 	$(PEERS_PY) -m bench.peers --out $(PEERS_OUT) --systems compacted_sink_combined --tag combined
 	$(PEERS_PY) -m bench.peers --out $(PEERS_OUT) --systems sink_cleaning_off --tag append-only
+	$(PEERS_PY) -m bench.peers --out $(PEERS_OUT) --systems compacted_sink_dirty_020 --tag dirty-020
 	$(PEERS_PY) -m bench.state_read_profile --out $(PEERS_OUT)
 	$(PEERS_PY) -m bench.peers --report --out $(PEERS_OUT)
 
