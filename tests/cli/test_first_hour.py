@@ -6,6 +6,8 @@
   one line naming the root cause ("is not a Parquet file"), and the terminal shows no
   JVM stack either; without ``file_format`` the format is read from the files.
 - ``status`` on a path with no log exits 1 and says so.
+- Neither ``run`` prints what Spark logs while its JVM starts (its default log4j profile,
+  a loopback hostname, Hadoop's native library): the local session starts it quiet.
 
 The first two run the console script in a process of its own (a signal, and what the
 JVM itself prints, are what they test), which starts its own local session.
@@ -67,6 +69,15 @@ def java_or_traceback_lines(text: str) -> list[str]:
     ]
 
 
+def spark_start_lines(text: str) -> list[str]:
+    """What Spark logs while its JVM starts, before a session's level is set."""
+    return [
+        line
+        for line in text.splitlines()
+        if " WARN " in line or "log4j profile" in line or "default log level" in line
+    ]
+
+
 def test_ctrl_c_on_run_exits_130_with_one_line(tmp_path):
     (tmp_path / "job.toml").write_text(RATE_JOB)
     run = subprocess.Popen(
@@ -93,6 +104,7 @@ def test_ctrl_c_on_run_exits_130_with_one_line(tmp_path):
             os.killpg(run.pid, signal.SIGKILL)
     assert run.returncode == 130, after
     assert java_or_traceback_lines(after) == [], after
+    assert spark_start_lines("".join(before)) == [], "".join(before)
     ended = [line for line in after.splitlines() if line.startswith("run: ")]
     assert ended == ["run: interrupted (Ctrl-C); query job stopped between batches, sinks closed"]
     assert "lake/users: dirty ratio" in stdout
@@ -113,6 +125,7 @@ def test_a_source_that_fails_ends_in_one_line_with_the_root_cause(tmp_path):
     )
     assert done.returncode == 1, done.stderr
     assert java_or_traceback_lines(done.stderr) == [], done.stderr
+    assert spark_start_lines(done.stderr) == [], done.stderr
     (line,) = [x for x in done.stderr.splitlines() if x.startswith("compacted-sink run:")]
     assert "part-0.json is not a Parquet file" in line, done.stderr
 
