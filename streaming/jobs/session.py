@@ -35,7 +35,8 @@ def local_session(
     """A SparkSession for jobs and notebooks: ``local[*]`` unless ``master`` or SPARK_MASTER say.
 
     ``conf`` adds or overrides settings (tests, benchmarks and the cluster harness
-    build their sessions here too, with their own sizes).
+    build their sessions here too, with their own sizes). A JVM started here logs errors
+    only, while it starts too, unless the user configures log4j (`_quiet_start`).
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     settings = {**LOCAL_CONF, **(conf or {})}
