@@ -52,11 +52,13 @@ def local_session(
 
 # What the JVM logs while it starts, before `setLogLevel` can be called (Spark's "default
 # log4j profile" and "default log level" lines, a hostname that resolves to a loopback
-# address, Hadoop's native library): errors only, as after the start (pyspark's gateway, the
-# logger Spark takes a shell's level from, configured at the root's, or Spark prints the level
-# it sets). Log4j reads its
-# configuration file from this variable (the environment's name for log4j2.configurationFile).
+# address, Hadoop's native library): errors only, as after the start. pyspark's gateway is
+# the logger Spark takes a shell's level from: at the root's level, or Spark prints the level
+# it sets. Log4j reads its configuration file from this variable (the environment's name for
+# log4j2.configurationFile).
 LOG4J_ENV = "LOG4J_CONFIGURATION_FILE"
+# The files log4j2 takes from Spark's configuration directory (not the shipped `.template`).
+LOG4J2_FILES = ("log4j2.properties", "log4j2.xml", "log4j2.json", "log4j2.yaml", "log4j2.yml")
 START_LOG4J2 = """\
 rootLogger.level = error
 rootLogger.appenderRef.console.ref = console
@@ -93,7 +95,7 @@ def _quiet_start(settings: Mapping[str, str]) -> Iterator[None]:
 def _own_log4j(settings: Mapping[str, str]) -> bool:
     """Whether the user configures log4j for this JVM: the variable itself, a log4j option
     among the driver's Java options or spark-submit's, or a log4j2 file (or a
-    spark-defaults.conf naming one) in Spark's configuration directory."""
+    spark-defaults.conf naming log4j) in SPARK_CONF_DIR or SPARK_HOME/conf."""
     if LOG4J_ENV in os.environ:
         return True
     options = [
@@ -110,7 +112,7 @@ def _own_log4j(settings: Mapping[str, str]) -> bool:
         conf_dirs.append(os.path.join(os.environ["SPARK_HOME"], "conf"))
     for directory in filter(None, conf_dirs):
         conf = Path(directory)
-        if any(conf.glob("log4j2*")):
+        if any((conf / name).is_file() for name in LOG4J2_FILES):
             return True
         defaults = conf / "spark-defaults.conf"
         if defaults.is_file() and "log4j" in defaults.read_text(errors="replace"):
